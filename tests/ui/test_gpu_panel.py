@@ -1,0 +1,167 @@
+"""Pilot tests of the GPU panel: sizes, a hung NVML call, a lost GPU, no GPU at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pynvml
+
+from tests.conftest import FIXTURES, fake_gpus, make_app
+from vtop.clock import FakeClock
+from vtop.config import Config
+from vtop.sources.fake_nvml import FakeGpu, FakeNvml
+from vtop.sources.nvml import NvmlSource
+from vtop.sources.record import ReplayGpuSource, polls_from_sampler
+from vtop.ui.app import VtopApp
+from vtop.ui.widgets.gpu_panel import GpuCard, layout_for
+
+
+async def feed(app: VtopApp, clock: FakeClock, n: int) -> None:
+    for _ in range(n):
+        await app.poll_gpu_once()
+        clock.advance(1.0)
+
+
+def card_text(card: GpuCard) -> str:
+    return card.render().plain
+
+
+def test_layout_rule() -> None:
+    assert layout_for(8, 80, 16) == (True, 1)  # 8 GPUs at 80x24: one line each
+    assert layout_for(8, 200, 52) == (False, 2)  # 200x60: full cards in two columns
+    assert layout_for(1, 80, 16) == (False, 1)
+    assert layout_for(1, 60, 12) == (False, 1)
+
+
+async def test_eight_gpus_at_80x24_are_one_line_each(clock: FakeClock) -> None:
+    src, _ = fake_gpus(8, clock)
+    app = make_app(src)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(app, clock, 30)
+        await pilot.pause()
+        cards = list(app.query(GpuCard))
+        assert len(cards) == 8
+        for i, c in enumerate(cards):
+            assert c.compact and c.region.height == 1
+            assert 0 < c.region.y < 24 and c.region.width <= 80
+            t = card_text(c)
+            assert t.startswith(f"{i} H200") and "util" in t and "SM" in t and "mem" in t
+            assert "/140G" in t
+        assert "8 × NVIDIA H200" in app.gpu_status_text()
+
+
+async def test_eight_gpus_at_200x60_are_full_cards_in_two_columns(clock: FakeClock) -> None:
+    src, _ = fake_gpus(8, clock)
+    app = make_app(src)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await feed(app, clock, 30)
+        await pilot.pause()
+        cards = list(app.query(GpuCard))
+        assert all(not c.compact and c.region.height == 6 for c in cards)
+        assert len({c.region.x for c in cards}) == 2
+        assert max(c.region.bottom for c in cards) < 60
+        t = card_text(cards[0])
+        for word in ("util", "SM act", "mem", "bw", "W/700", "°C", "GiB", "MHz"):
+            assert word in t
+        assert cards[0].border_title == "GPU 0 · H200"
+        assert "70.0 GiB" in (cards[0].border_subtitle or "")
+
+
+async def test_small_terminal_60x20(clock: FakeClock) -> None:
+    src, _ = fake_gpus(2, clock)
+    app = make_app(src)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await feed(app, clock, 5)
+        await pilot.pause()
+        for c in app.query(GpuCard):
+            assert c.region.right <= 60
+            assert "util" in card_text(c)
+        await pilot.press("c")
+        assert all(c.compact for c in app.query(GpuCard))
+
+
+async def test_hung_nvml_call_keeps_the_ui_answering_and_says_so() -> None:
+    release = threading.Event()
+    hang = {"on": False}
+
+    def util() -> object:
+        if hang["on"]:
+            release.wait(10)
+        return SimpleNamespace(gpu=50, memory=10)
+
+    src = NvmlSource(FakeNvml([FakeGpu(overrides={"utilization": util})]))
+    app = VtopApp(Config(interval=0.25, history=60), gpu_source=src, autopoll=True, hang_after_s=0.6, hostname="t")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.6)
+        assert app.gpu_loop is not None and app.gpu_loop.polls >= 1
+        hang["on"] = True
+        await pilot.pause(1.8)
+        assert app.gpu_loop.in_flight_since is not None
+        t0 = time.monotonic()
+        await pilot.press("c")  # a key is handled at once while NVML is stuck
+        assert time.monotonic() - t0 < 0.5
+        assert all(c.compact for c in app.query(GpuCard))
+        assert "NVML not answering" in app.gpu_status_text()
+        assert app.query_one("GpuPanel").has_class("-stale")
+        hang["on"] = False
+        release.set()
+        await pilot.pause(1.0)
+        assert "NVML not answering" not in app.gpu_status_text()
+        assert not app.query_one("GpuPanel").has_class("-stale")
+
+
+async def test_lost_gpu_is_shown_and_the_other_goes_on(clock: FakeClock) -> None:
+    a, b = FakeGpu(), FakeGpu()
+    src = NvmlSource(FakeNvml([a, b], clock=clock.monotonic), clock=clock)
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(app, clock, 3)
+        b.lost = True
+        await feed(app, clock, 3)
+        await pilot.pause()
+        c0, c1 = app.query(GpuCard)
+        assert c1.has_class("-lost") and "LOST" in (c1.border_title or "")
+        assert "GPU is lost" in card_text(c1)
+        assert "util" in card_text(c0) and "LOST" not in card_text(c0)
+        assert "1 LOST" in app.gpu_status_text()
+        # the lost GPU's chart has a gap (blank cells) where it was lost, not zeros
+        vals = app.gpu_history.tracks[1].series["util"].values()
+        assert vals[-3:] == [None, None, None] and all(v is not None for v in vals[:3])
+
+
+async def test_no_gpu_says_so_and_keeps_running() -> None:
+    src = NvmlSource(FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)))
+    app = make_app(src)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.poll_gpu_once()
+        await pilot.pause()
+        msg = str(app.query_one("#gpu-message").render())
+        assert "GPU: none" in msg and "libnvidia-ml.so.1 not found" in msg
+        assert not list(app.query(GpuCard))
+        await pilot.press("c")  # still alive and answering
+        assert app.is_running
+
+
+async def test_no_gpu_flag() -> None:
+    app = VtopApp(Config(no_gpu=True), autopoll=False, hostname="t")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "--no-gpu" in str(app.query_one("#gpu-message").render())
+        assert app.gpu_status_text() == "GPU: off"
+
+
+async def test_real_h200_recording_replays_into_the_panel() -> None:
+    polls = polls_from_sampler(FIXTURES / "nvml" / "h200-vllm-0.26.0-startup-load-runaway.jsonl")
+    app = make_app(ReplayGpuSource(polls[:400]))
+    async with app.run_test(size=(120, 30)) as pilot:
+        for _ in range(400):
+            await app.poll_gpu_once()
+        await pilot.pause()
+        (card,) = app.query(GpuCard)
+        t = card_text(card)
+        last = polls[399].gpus[0]
+        assert f"{last.util_gpu:3.0f}%" in t
+        assert "/140 GiB" in t and "700" in t
+        assert card.border_title == "GPU 0 · H200"

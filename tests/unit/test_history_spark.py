@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from vtop.core.history import Series, resample
+from vtop.core.spark import spark, spark_rows
+
+
+def test_resample_right_aligned_with_gaps() -> None:
+    s = Series(window_s=10)
+    for t, v in [(1, 10.0), (2, None), (3, 30.0), (9, 90.0), (10, 100.0)]:
+        s.append(t, v)
+    cells = s.buckets(now=10, width=10)
+    # cell i covers (i, i+1]: the sample at t lands in cell t-1; "now" is the last cell
+    assert cells[0] == 10.0
+    assert cells[1] is None  # a None sample is a gap, not a zero
+    assert cells[2] == 30.0
+    assert cells[3:8] == (None, None, None, None, None)
+    assert cells[8] == 90.0
+    assert cells[9] == 100.0
+    assert s.buckets(now=20, width=10) == (None,) * 10  # all of it scrolled out
+
+
+def test_resample_takes_the_max_so_spikes_survive() -> None:
+    pts = [(float(t), 5.0) for t in range(1, 300)]
+    pts[150] = (151.0, 100.0)
+    cells = resample(pts, now=300, width=30, window_s=300)
+    assert max(c for c in cells if c is not None) == 100.0
+    assert sum(1 for c in cells if c == 100.0) == 1
+
+
+def test_series_drops_old_points_and_restarts_when_clock_goes_back() -> None:
+    s = Series(window_s=5)
+    for t in range(10):
+        s.append(float(t), float(t))
+    assert [t for t, _ in s] == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    s.append(3.0, 1.0)
+    assert len(s) == 1 and s.latest() == 1.0
+
+
+def test_spark_is_fixed_scale() -> None:
+    # Textual's own Sparkline draws a steady 95 % as flat and low; ours must draw it high.
+    assert spark([95.0] * 5) == "█████"
+    assert spark([0.0] * 5) == "▁▁▁▁▁"
+    assert spark([50.0]) == "▄"
+    assert spark([None, 0.0, None]) == " ▁ "  # gap vs zero: different cells
+    assert spark([float("nan")]) == " "
+    assert spark([150.0, -5.0]) == "█▁"  # clamped
+
+
+def test_multirow_spark() -> None:
+    rows = spark_rows([100.0, 50.0, 0.0, None], height=2)
+    assert rows == ["█   ", "██▁ "]
+
+
+def test_narrow_cells_hold_the_last_sample_but_a_silence_is_a_gap() -> None:
+    # 1 Hz samples drawn on cells of 0.5 s: every other cell gets no sample.
+    pts = [(float(t), 50.0) for t in range(1, 11)]
+    strict = resample(pts, now=10, width=20, window_s=10)
+    assert None in strict
+    held = resample(pts, now=10, width=20, window_s=10, max_gap=2.5)
+    assert held[1:] == (50.0,) * 19
+    # the source then falls silent for 6 s: the cells after max_gap are gaps
+    held = resample(pts, now=16, width=16, window_s=16, max_gap=2.5)
+    assert held[-4:] == (None,) * 4 and held[-5] == 50.0 and held[-6] == 50.0  # held for 2 s, then a gap
+    # an explicit None sample stays a gap and is not carried forward as a value
+    pts2 = [(1.0, 10.0), (2.0, None), (3.0, 30.0)]
+    assert resample(pts2, now=3, width=6, window_s=3, max_gap=2.5) == (None, 10.0, 10.0, None, None, 30.0)

@@ -1,0 +1,187 @@
+"""The NVML adapter against a fake ``pynvml`` that raises the real binding's errors."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from vtop.clock import FakeClock
+from vtop.sources.fake_nvml import FakeGpu, FakeNvml
+from vtop.sources.gpu import ABSENT, ERROR, OK, decode_throttle
+from vtop.sources.nvml import NvmlSource
+
+
+def src(gpus: list[FakeGpu], clock: FakeClock | None = None, **kw: object) -> tuple[NvmlSource, FakeNvml]:
+    clock = clock or FakeClock()
+    fake = FakeNvml(gpus, clock=clock.monotonic, **kw)  # type: ignore[arg-type]
+    return NvmlSource(fake, clock=clock), fake
+
+
+def test_reads_every_field_of_every_gpu() -> None:
+    s, _ = src([FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-80GB", mem_total=80 * 2**30)])
+    p = s.poll()
+    assert p.status == OK and len(p.gpus) == 2
+    g0, g1 = p.gpus
+    assert g0.name == "NVIDIA H200" and g1.name.startswith("NVIDIA A100")
+    for g in p.gpus:
+        assert g.util_gpu is not None and 0 <= g.util_gpu <= 100
+        assert g.mem_used is not None and 0 < g.mem_used < g.mem_total  # type: ignore[operator]
+        assert g.power_w is not None and g.power_limit_w == 700.0
+        assert g.temp_c is not None and g.sm_clock_mhz is not None and g.mem_clock_mhz == 3201
+        assert g.throttle == ()
+        assert g.procs and g.procs[0].used_bytes == 70 * 2**30
+    assert p.driver and p.driver.startswith("580")
+
+
+def test_not_supported_gives_none_for_that_field_only_and_is_not_asked_again() -> None:
+    gpu = FakeGpu(overrides={"temperature": pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED),
+                             "power": pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)})
+    s, fake = src([gpu])
+    p = s.poll()
+    g = p.gpus[0]
+    assert g.temp_c is None and g.power_w is None
+    assert g.util_gpu is not None and g.mem_used is not None
+    calls = fake.calls
+    s.poll()
+    per_poll = fake.calls - calls
+    # Ask again with the fields supported: the adapter must not retry unsupported ones.
+    gpu.overrides.clear()
+    calls = fake.calls
+    p3 = s.poll()
+    assert p3.gpus[0].temp_c is None
+    assert fake.calls - calls == per_poll
+
+
+def test_gpu_lost_is_marked_while_others_go_on() -> None:
+    clock = FakeClock()
+    a, b = FakeGpu(), FakeGpu()
+    s, _ = src([a, b], clock)
+    s.poll()
+    b.lost = True
+    p = s.poll()
+    assert p.status == OK
+    assert p.message == "GPU 1 lost"
+    assert not p.gpus[0].lost and p.gpus[0].util_gpu is not None
+    assert p.gpus[1].lost and p.gpus[1].util_gpu is None and p.gpus[1].mem_used is None
+    assert p.gpus[1].name == "NVIDIA H200"  # the name it had is kept
+    # Back after the re-look delay.
+    b.lost = False
+    clock.advance(11)
+    p = s.poll()
+    assert not p.gpus[1].lost and p.gpus[1].util_gpu is not None
+
+
+def test_every_gpu_lost_is_an_error() -> None:
+    a = FakeGpu()
+    s, _ = src([a])
+    s.poll()
+    a.lost = True
+    p = s.poll()
+    assert p.status == ERROR and p.message == "every GPU is lost"
+
+
+@pytest.mark.parametrize(
+    "err, words",
+    [
+        (pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), "libnvidia-ml.so.1 not found"),
+        (pynvml.NVMLError_DriverNotLoaded(pynvml.NVML_ERROR_DRIVER_NOT_LOADED), "driver not loaded"),
+        (pynvml.NVMLError_NoPermission(pynvml.NVML_ERROR_NO_PERMISSION), "no permission"),
+        (pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN), "NVML init failed"),
+    ],
+)
+def test_nvml_missing_gives_one_clear_line_and_retries_slowly(err: Exception, words: str) -> None:
+    clock = FakeClock()
+    s, fake = src([FakeGpu()], clock, init_error=err)
+    p = s.poll()
+    assert p.status == ABSENT and words in (p.message or "")
+    assert "\n" not in (p.message or "")
+    s.poll()
+    assert fake.calls == 1  # no retry within the back-off
+    fake.init_error = None
+    clock.advance(31)
+    p = s.poll()
+    assert p.status == OK and len(p.gpus) == 1
+
+
+def test_real_pynvml_without_a_driver_is_absent_not_a_crash() -> None:
+    # This machine has no NVIDIA driver; the real binding must be reported, not raised.
+    p = NvmlSource().poll()
+    if p.status == OK:  # pragma: no cover - only on a GPU box
+        pytest.skip("a real GPU is present")
+    assert p.status == ABSENT and p.message
+
+
+def test_function_not_found_is_noted_once() -> None:
+    gpu = FakeGpu(overrides={"throttle": pynvml.NVMLError_FunctionNotFound(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)})
+    s, _ = src([gpu])
+    p1 = s.poll()
+    p2 = s.poll()
+    assert p1.gpus[0].throttle is None
+    assert any("throttle" in n for n in p1.notes)
+    assert not p2.notes
+
+
+def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
+    s, fake = src([FakeGpu(overrides={"gpm": {2: 95.48, 3: 14.11, 10: 15.85}})])
+    p1 = s.poll()
+    assert p1.gpus[0].sm_active is None  # no previous sample yet
+    for _ in range(5):
+        p = s.poll()
+    g = p.gpus[0]
+    assert g.sm_active == pytest.approx(95.48)
+    assert g.sm_occupancy == pytest.approx(14.11)
+    assert g.dram_bw == pytest.approx(15.85)
+    assert fake.gpm_live == 1  # only the sample kept for the next tick
+    s.close()
+    assert fake.gpm_live == 0
+
+
+def test_gpm_nan_is_none_and_unsupported_gpu_has_no_gpm() -> None:
+    s, _ = src([FakeGpu(overrides={"gpm": {2: float("nan"), 3: 1.0, 10: 2.0}}), FakeGpu(gpm=False)])
+    s.poll()
+    p = s.poll()
+    assert p.gpus[0].sm_active is None and p.gpus[0].sm_occupancy == 1.0
+    assert p.gpus[1].sm_active is None and p.gpus[1].dram_bw is None
+
+
+def test_process_memory_not_available_is_none() -> None:
+    gpu = FakeGpu(overrides={"procs": [SimpleNamespace(pid=7, usedGpuMemory=None),
+                                        SimpleNamespace(pid=8, usedGpuMemory=2**64 - 1)]})
+    s, _ = src([gpu])
+    g = s.poll().gpus[0]
+    assert [(p.pid, p.used_bytes) for p in g.procs or ()] == [(7, None), (8, None)]
+
+
+def test_transient_error_empties_one_field_for_one_tick() -> None:
+    gpu = FakeGpu(overrides={"utilization": pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN)})
+    s, _ = src([gpu])
+    assert s.poll().gpus[0].util_gpu is None
+    gpu.overrides.clear()
+    assert s.poll().gpus[0].util_gpu is not None
+
+
+def test_hung_call_blocks_only_the_polling_thread() -> None:
+    release = threading.Event()
+
+    def hang() -> object:
+        release.wait(5)
+        return SimpleNamespace(gpu=1, memory=2)
+
+    s, _ = src([FakeGpu(overrides={"utilization": hang})])
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(s.poll()))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and not out  # the poll is stuck in "NVML"
+    release.set()
+    t.join(5)
+    assert out and out[0].gpus[0].util_gpu == 1.0  # type: ignore[attr-defined]
+
+
+def test_throttle_bits_decode() -> None:
+    assert decode_throttle(0) == ()
+    assert decode_throttle(None) is None
+    assert decode_throttle(0x4 | 0x40) == ("sw-power-cap", "hw-thermal")

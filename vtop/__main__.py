@@ -1,0 +1,3 @@
+from vtop.cli import main
+
+raise SystemExit(main())

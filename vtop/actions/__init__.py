@@ -1,0 +1,1 @@
+"""Side effects behind keys (snapshot, py-spy, test request). Never imports Textual."""

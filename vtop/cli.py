@@ -1,0 +1,75 @@
+"""Command line: flags -> :class:`~vtop.config.Config` -> the app (or a headless mode).
+
+All of vtop's flags live in this one module. A flag that is not given does not
+override the config file or the environment (``argparse.SUPPRESS`` defaults).
+Bad input ends with one ``vtop: error: ...`` line and exit status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from vtop import __version__
+from vtop.config import MIN_INTERVAL_S, ConfigError, build, parse_duration
+
+S = argparse.SUPPRESS
+
+
+def _duration(name: str) -> Any:
+    def conv(v: str) -> float:
+        try:
+            return parse_duration(v, name)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return conv
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vtop",
+        description="Live terminal dashboard for GPU boxes serving LLMs with vLLM.",
+        epilog=(
+            "Settings also come from $XDG_CONFIG_HOME/vtop/config.toml (keys as the long flags, "
+            "with _ for -) and VTOP_* environment variables (VTOP_INTERVAL=2); flags win. "
+            "For SSH: TEXTUAL_COLOR_SYSTEM=256, NO_COLOR=1 and --theme ansi-dark are honoured."
+        ),
+    )
+    p.add_argument("urls", nargs="*", metavar="URL", default=S, help="vLLM server(s) to watch, e.g. http://localhost:8000")
+    p.add_argument("--interval", type=_duration("interval"), default=S, metavar="SECONDS",
+                   help=f"seconds between polls (default 1, at least {MIN_INTERVAL_S})")
+    p.add_argument("--history", type=_duration("history"), default=S, metavar="DURATION",
+                   help="time window of the sparklines, e.g. 5m (default), 90s, 1h")
+    p.add_argument("--no-gpu", dest="no_gpu", action="store_true", default=S, help="do not use NVML at all")
+    p.add_argument("--simulate-gpus", dest="simulate_gpus", type=int, default=S, metavar="N",
+                   help="N simulated GPUs instead of NVML (for demos and benchmarks)")
+    p.add_argument("--record", default=S, metavar="FILE", help="append every sample to FILE (JSONL; .gz compresses)")
+    p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
+    p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
+    p.add_argument("--version", action="version", version=f"vtop {__version__}")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    ns = vars(p.parse_args(argv))
+    config_file = ns.pop("config_file", None)
+    try:
+        cfg = build(ns, config_file=config_file)
+    except ConfigError as e:
+        p.exit(2, f"vtop: error: {e}\n")
+    try:
+        from vtop.ui.app import VtopApp
+
+        app = VtopApp(cfg)
+    except OSError as e:  # e.g. the --record file cannot be opened
+        p.exit(2, f"vtop: error: {e}\n")
+    rc = app.run()
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""vtop's settings: defaults < TOML config file < ``VTOP_*`` environment < flags.
+
+One frozen :class:`Config` is built at start (by :mod:`vtop.cli`) and handed
+to every part; nothing else reads the environment or the config file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+MIN_INTERVAL_S = 0.25
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class Config:
+    urls: tuple[str, ...] = ()
+    """vLLM servers to watch; empty means discover them on this box."""
+    interval: float = 1.0
+    """Seconds between polls (at least 0.25)."""
+    history: float = 300.0
+    """Seconds of history the sparklines show."""
+    no_gpu: bool = False
+    """Do not touch NVML at all."""
+    simulate_gpus: int = 0
+    """Simulated GPUs instead of NVML (benchmarks and demos)."""
+    record: str | None = None
+    """Append every sample to this JSONL file."""
+    theme: str | None = None
+    """A Textual theme name, e.g. ``ansi-dark`` to use the terminal's own palette."""
+    config_path: str | None = field(default=None, compare=False)
+    """Which config file was read (for the help screen); not a setting."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.I)
+
+
+def parse_duration(value: Any, name: str) -> float:
+    """``"300"``, ``"90s"``, ``"5m"``, ``"1h"``, ``"250ms"`` or a number -> seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a duration like 5m or 30s, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ConfigError(f"{name}: expected a duration like 5m, 30s or 0.5, got {value!r}")
+    n = float(m.group(1))
+    unit = (m.group(2) or "s").lower()
+    return n * {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[unit]
+
+
+def _parse_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in ("interval", "history"):
+        return parse_duration(value, name)
+    if name == "no_gpu":
+        return _parse_bool(value, name)
+    if name == "simulate_gpus":
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
+        if not 0 <= n <= 64:
+            raise ConfigError(f"{name}: expected 0 to 64, got {n}")
+        return n
+    if name == "urls":
+        if isinstance(value, str):
+            value = [u for u in re.split(r"[,\s]+", value) if u]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) for u in value):
+            raise ConfigError(f"urls: expected a list of URLs, got {value!r}")
+        return tuple(value)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{name}: expected text, got {value!r}")
+    return value
+
+
+SETTINGS = tuple(f.name for f in fields(Config) if f.name != "config_path")
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "vtop" / "config.toml"
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read it ({e.strerror})") from None
+    unknown = sorted(set(data) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+    return data
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in SETTINGS:
+        key = "VTOP_" + name.upper()
+        if key in env:
+            out[name] = env[key]
+    return out
+
+
+def build(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, config_file: str | None = None
+) -> Config:
+    """Merge the layers; ``flags`` holds only the flags the user actually gave."""
+    env = os.environ if env is None else env
+    path = Path(config_file).expanduser() if config_file else default_config_path(env)
+    if config_file and not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    merged: dict[str, Any] = {}
+    for layer in (load_file(path), from_env(env), dict(flags)):
+        for k, v in layer.items():
+            merged[k] = _coerce(k, v)
+    cfg = Config(**merged, config_path=str(path) if path.exists() else None)
+    if cfg.interval < MIN_INTERVAL_S:
+        raise ConfigError(f"interval: at least {MIN_INTERVAL_S} s, got {cfg.interval:g}")
+    if cfg.history < 10 * cfg.interval:
+        raise ConfigError(f"history: at least 10 intervals ({10 * cfg.interval:g} s), got {cfg.history:g}")
+    return cfg
+
+
+def replace(cfg: Config, **changes: Any) -> Config:
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,1 @@
+"""Pure logic: histories, rates, phase tracking, diagnosis. No I/O, no Textual."""

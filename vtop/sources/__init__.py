@@ -1,0 +1,1 @@
+"""Data collection (NVML, psutil, /metrics, log tail). Never imports Textual."""

@@ -1,0 +1,233 @@
+"""A stand-in for the ``pynvml`` module: scripted GPUs for tests, benchmarks and ``--simulate-gpus``.
+
+It raises the *real* ``pynvml`` exception classes (importing ``pynvml`` needs no
+driver), so :class:`vtop.sources.nvml.NvmlSource` is exercised exactly as with
+NVIDIA's binding. Each call can cost a little CPU, like the real one (2-9 us a
+call on an H200, see the call-cost table in the recorded H200 probe), so the
+benchmark measures vtop's overhead under realistic call costs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pynvml as _real
+
+NVMLError = _real.NVMLError
+NVMLError_NotSupported = _real.NVMLError_NotSupported
+NVMLError_GpuIsLost = _real.NVMLError_GpuIsLost
+NVMLError_LibraryNotFound = _real.NVMLError_LibraryNotFound
+NVMLError_DriverNotLoaded = _real.NVMLError_DriverNotLoaded
+NVMLError_FunctionNotFound = _real.NVMLError_FunctionNotFound
+NVMLError_NoPermission = _real.NVMLError_NoPermission
+NVMLError_Unknown = _real.NVMLError_Unknown
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_GPM_METRIC_SM_UTIL = 2
+NVML_GPM_METRIC_SM_OCCUPANCY = 3
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+NVML_GPM_METRICS_GET_VERSION = 1
+
+
+@dataclass
+class FakeGpu:
+    """One simulated GPU. ``script`` may override any reading with a value or an exception."""
+
+    name: str = "NVIDIA H200"
+    mem_total: int = 150_754_820_096
+    power_limit_mw: int = 700_000
+    gpm: bool = True
+    lost: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
+    phase: float = 0.0
+
+    def reading(self, key: str, default: Callable[[], Any]) -> Any:
+        if self.lost:
+            raise NVMLError_GpuIsLost(_real.NVML_ERROR_GPU_IS_LOST)
+        v = self.overrides.get(key, _MISSING)
+        if v is _MISSING:
+            return default()
+        if isinstance(v, BaseException) or (isinstance(v, type) and issubclass(v, BaseException)):
+            raise v if isinstance(v, BaseException) else v()
+        if callable(v):
+            return v()
+        return v
+
+
+_MISSING = object()
+
+
+class FakeNvml:
+    """Module-like object: ``NvmlSource(nvml=FakeNvml(...))``."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu] | None = None,
+        *,
+        init_error: BaseException | None = None,
+        call_cost_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gpus = gpus if gpus is not None else [FakeGpu()]
+        self.init_error = init_error
+        self.call_cost_s = call_cost_s
+        self.clock = clock
+        self.calls = 0
+        self.inited = 0
+        self.gpm_live = 0  # allocated GPM samples not yet freed (leak check)
+        self._lock = threading.Lock()
+        # Module constants and classes, so code can use them as on pynvml.
+        for k, v in globals().items():
+            if k.startswith(("NVML_", "NVMLError")):
+                setattr(self, k, v)
+
+    # The real binding checks for this to tell NVIDIA's module from the old project.
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def _cost(self) -> None:
+        with self._lock:
+            self.calls += 1
+        if self.call_cost_s > 0:
+            end = time.perf_counter() + self.call_cost_s
+            while time.perf_counter() < end:
+                pass
+
+    def _gpu(self, h: Any) -> FakeGpu:
+        self._cost()
+        return self.gpus[h]
+
+    def _wave(self, g: FakeGpu, period: float, lo: float, hi: float) -> float:
+        x = math.sin(self.clock() * 2 * math.pi / period + g.phase)
+        return lo + (hi - lo) * (x + 1) / 2
+
+    def nvmlInit(self) -> None:
+        self._cost()
+        if self.init_error is not None:
+            raise self.init_error
+        self.inited += 1
+
+    def nvmlShutdown(self) -> None:
+        self._cost()
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.159.04 (simulated)"
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "13.580.159.04"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._cost()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self._cost()
+        if self.gpus[i].lost:
+            raise NVMLError_GpuIsLost(_real.NVML_ERROR_GPU_IS_LOST)
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        g = self._gpu(h)
+        return g.reading("name", lambda: g.name)
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        g = self._gpu(h)
+        return g.reading("uuid", lambda: f"GPU-fake-{h:04d}")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        g = self._gpu(h)
+        return g.reading("power_limit", lambda: g.power_limit_mw)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        g = self._gpu(h)
+        return g.reading(
+            "utilization",
+            lambda: SimpleNamespace(gpu=round(self._wave(g, 40, 20, 100)), memory=round(self._wave(g, 40, 5, 40))),
+        )
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: Any = None) -> Any:
+        g = self._gpu(h)
+
+        def mem() -> Any:
+            used = int(g.mem_total * self._wave(g, 120, 0.5, 0.92))
+            return SimpleNamespace(total=g.mem_total, used=used, free=g.mem_total - used)
+
+        return g.reading("memory", mem)
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        g = self._gpu(h)
+        return g.reading("power", lambda: int(self._wave(g, 40, 120_000, 690_000)))
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        g = self._gpu(h)
+        return g.reading("temperature", lambda: int(self._wave(g, 200, 38, 71)))
+
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+        g = self._gpu(h)
+        if kind == NVML_CLOCK_MEM:
+            return g.reading("mem_clock", lambda: 3201)
+        return g.reading("sm_clock", lambda: int(self._wave(g, 40, 1455, 1980)))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        g = self._gpu(h)
+        return g.reading("throttle", lambda: 0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        g = self._gpu(h)
+        return g.reading("procs", lambda: [SimpleNamespace(pid=4000 + h, usedGpuMemory=70 * 2**30)])
+
+    # GPM -------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:
+        g = self._gpu(h)
+        if not g.gpm:
+            raise NVMLError_NotSupported(_real.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._cost()
+        with self._lock:
+            self.gpm_live += 1
+        return SimpleNamespace(h=None, t=None)
+
+    def nvmlGpmSampleFree(self, s: Any) -> None:
+        self._cost()
+        with self._lock:
+            self.gpm_live -= 1
+
+    def nvmlGpmSampleGet(self, h: int, s: Any) -> None:
+        g = self._gpu(h)
+        g.reading("gpm_sample", lambda: None)
+        s.h = h
+        s.t = self.clock()
+
+    def c_nvmlGpmMetricsGet_t(self) -> Any:
+        return SimpleNamespace(
+            version=0, numMetrics=0, sample1=None, sample2=None,
+            metrics=[SimpleNamespace(metricId=0, value=0.0) for _ in range(8)],
+        )
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        g = self._gpu(mg.sample2.h)
+        vals = g.reading(
+            "gpm",
+            lambda: {
+                NVML_GPM_METRIC_SM_UTIL: self._wave(g, 40, 5, 95),
+                NVML_GPM_METRIC_SM_OCCUPANCY: self._wave(g, 40, 2, 30),
+                NVML_GPM_METRIC_DRAM_BW_UTIL: self._wave(g, 40, 1, 60),
+            },
+        )
+        for i in range(mg.numMetrics):
+            mg.metrics[i].value = vals.get(mg.metrics[i].metricId, float("nan"))
+        return mg
+
+
+def simulated(n: int, *, call_cost_s: float = 5e-6) -> FakeNvml:
+    """``n`` H200-like GPUs with staggered load waves (for ``--simulate-gpus`` and benchmarks)."""
+    return FakeNvml([FakeGpu(phase=i * 0.7) for i in range(n)], call_cost_s=call_cost_s)

@@ -1,0 +1,147 @@
+"""Plain data that the GPU source hands to the rest of vtop.
+
+Every field that NVML could not give is ``None``: a GPU that does not report
+its temperature must not look like one at 0 degrees, and a lost GPU must not
+look idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Clock-event ("throttle") reason bits, as in nvml.h. Kept here rather than read
+# from pynvml so that decoding works (and is tested) without the library.
+THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x0000000000000001, "idle"),
+    (0x0000000000000002, "app-clocks"),
+    (0x0000000000000004, "sw-power-cap"),
+    (0x0000000000000008, "hw-slowdown"),
+    (0x0000000000000010, "sync-boost"),
+    (0x0000000000000020, "sw-thermal"),
+    (0x0000000000000040, "hw-thermal"),
+    (0x0000000000000080, "hw-power-brake"),
+    (0x0000000000000100, "display-clocks"),
+)
+
+
+def decode_throttle(mask: int | None) -> tuple[str, ...] | None:
+    """Turn a clock-event bit mask into short names; ``None`` stays ``None``."""
+    if mask is None:
+        return None
+    return tuple(name for bit, name in THROTTLE_BITS if mask & bit)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU. ``pid`` is a host PID (NVML's view)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one tick. Percentages are 0-100."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    lost: bool = False
+    util_gpu: float | None = None
+    """Share of time a kernel was running (``utilization.gpu``); not how busy the SMs are."""
+    util_mem: float | None = None
+    """Share of time the memory controller was busy (``utilization.memory``)."""
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle: tuple[str, ...] | None = None
+    procs: tuple[GpuProcess, ...] | None = None
+    sm_active: float | None = None
+    """GPM SM activity over the tick (Hopper+): how busy the SMs really are."""
+    sm_occupancy: float | None = None
+    dram_bw: float | None = None
+    """GPM DRAM bandwidth utilisation over the tick."""
+    error: str | None = None
+
+    @property
+    def mem_pct(self) -> float | None:
+        if self.mem_used is None or not self.mem_total:
+            return None
+        return 100.0 * self.mem_used / self.mem_total
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.procs is not None:
+            d["procs"] = [[p.pid, p.used_bytes] for p in self.procs]
+        if self.throttle is not None:
+            d["throttle"] = list(self.throttle)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuSample:
+        d = dict(d)
+        procs = d.get("procs")
+        if procs is not None:
+            d["procs"] = tuple(GpuProcess(int(p[0]), None if p[1] is None else int(p[1])) for p in procs)
+        thr = d.get("throttle")
+        if thr is not None:
+            d["throttle"] = tuple(thr)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# Source states, shown on screen as they are.
+OK = "ok"
+ABSENT = "absent"  # no NVML / no driver / no GPU on this host
+ERROR = "error"  # NVML answered with an error for the whole poll
+OFF = "off"  # --no-gpu
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPoll:
+    """The result of one poll of every GPU."""
+
+    t: float
+    """Wall-clock time of the sample (Unix seconds)."""
+    mono: float
+    status: str
+    message: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    driver: str | None = None
+    nvml_version: str | None = None
+    duration_s: float | None = None
+    """How long the poll took (for the overhead panel and the benchmarks)."""
+    notes: tuple[str, ...] = field(default=())
+    """One-time remarks, e.g. a function this driver lacks."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "t": self.t,
+            "mono": self.mono,
+            "status": self.status,
+            "message": self.message,
+            "driver": self.driver,
+            "nvml_version": self.nvml_version,
+            "duration_s": self.duration_s,
+            "notes": list(self.notes),
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuPoll:
+        return cls(
+            t=float(d["t"]),
+            mono=float(d.get("mono", d["t"])),
+            status=str(d.get("status", OK)),
+            message=d.get("message"),
+            gpus=tuple(GpuSample.from_json(g) for g in d.get("gpus", ())),
+            driver=d.get("driver"),
+            nvml_version=d.get("nvml_version"),
+            duration_s=d.get("duration_s"),
+            notes=tuple(d.get("notes") or ()),
+        )

@@ -1,0 +1,407 @@
+"""NVML adapter: every GPU on the box, one :class:`GpuPoll` per call.
+
+Design (after nvitop's NVML discipline, written anew):
+
+* ``poll()`` is blocking and is only ever called from a thread worker. It
+  initialises NVML lazily on its first call (``nvmlInit`` can take seconds on
+  a GPU without persistence mode) and caches the device handles.
+* Each field is queried on its own; ``NotSupported`` gives ``None`` for that
+  field alone, and the function is not asked again for that GPU (saves calls
+  on every later tick). ``FunctionNotFound`` (an older driver than the
+  binding) is noted once.
+* ``GpuIsLost`` marks that GPU lost while the others go on; its handle is
+  looked up again every ``relook_s`` seconds in case it comes back.
+* No NVML at all (library missing, driver not loaded, no GPU) is not an
+  error of vtop: the poll says ``absent`` with one plain sentence, and init is
+  retried with a slow back-off (a driver can be loaded later).
+* GPM (Hopper and later): SM activity, SM occupancy and DRAM bandwidth over
+  the tick, from two GPM samples. The first tick has no previous sample, so
+  those fields are ``None`` there.
+* The PCIe throughput counter is never read: it blocks about 20 ms a call.
+
+The ``nvml`` module is injected so tests can pass a fake ``pynvml``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+from vtop.clock import Clock, SystemClock
+from vtop.sources.gpu import ABSENT, ERROR, OK, GpuPoll, GpuProcess, GpuSample, decode_throttle
+
+
+class _GpuLost(Exception):
+    pass
+
+
+class _Unsupported(Exception):
+    pass
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any = None
+    name: str = "GPU"
+    uuid: str | None = None
+    mem_total: int | None = None
+    power_limit_w: float | None = None
+    lost: bool = False
+    lost_at: float = 0.0
+    unsupported: set[str] = field(default_factory=set)
+    gpm_ok: bool | None = None  # None: not asked yet
+    gpm_prev: Any = None
+    static_at: float = -1e9
+
+
+def _load_pynvml() -> ModuleType:
+    import pynvml  # nvidia-ml-py
+
+    if not hasattr(pynvml, "nvmlInitWithFlags"):
+        # The old `pynvml` PyPI project (or a stub) shadows NVIDIA's binding.
+        raise ImportError(
+            "the installed `pynvml` module is not NVIDIA's nvidia-ml-py; "
+            "run: pip uninstall pynvml && pip install nvidia-ml-py"
+        )
+    return pynvml
+
+
+class NvmlSource:
+    """Polls every GPU through NVML. Thread-confined: call ``poll`` from one worker."""
+
+    STATIC_TTL_S = 30.0
+    """Power limit and name change rarely; re-read them this often."""
+
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        *,
+        clock: Clock | None = None,
+        gpm: bool = True,
+        processes: bool = True,
+        relook_s: float = 10.0,
+        init_retry_s: float = 30.0,
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock or SystemClock()
+        self._want_gpm = gpm
+        self._want_procs = processes
+        self._relook_s = relook_s
+        self._init_retry_s = init_retry_s
+        self._inited = False
+        self._absent_msg: str | None = None
+        self._next_init = 0.0
+        self._devices: list[_Device] = []
+        self._driver: str | None = None
+        self._nvml_version: str | None = None
+        self._notes: list[str] = []
+        self._noted: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- init
+    def _init(self) -> None:
+        now = self._clock.monotonic()
+        if self._inited or now < self._next_init:
+            return
+        try:
+            if self._nvml is None:
+                self._nvml = _load_pynvml()
+            N = self._nvml
+            N.nvmlInit()
+        except ImportError as e:
+            self._absent(f"NVML binding not importable: {e}", now, retry=False)
+            return
+        except Exception as e:  # NVMLError subclasses, OSError from ctypes
+            self._absent(self._explain_init_error(e), now, retry=True)
+            return
+        self._inited = True
+        self._absent_msg = None
+        self._driver = self._safe_str(lambda: N.nvmlSystemGetDriverVersion())
+        self._nvml_version = self._safe_str(lambda: N.nvmlSystemGetNVMLVersion())
+        try:
+            count = int(N.nvmlDeviceGetCount())
+        except Exception as e:
+            self._inited = False
+            self._absent(f"NVML could not count GPUs: {self._errname(e)}", now, retry=True)
+            return
+        self._devices = [_Device(index=i) for i in range(count)]
+        for d in self._devices:
+            self._acquire(d, now)
+        if count == 0:
+            self._absent_msg = "NVML works but reports no GPU on this host"
+
+    def _absent(self, msg: str, now: float, *, retry: bool) -> None:
+        self._absent_msg = msg
+        self._next_init = now + self._init_retry_s if retry else float("inf")
+
+    def _explain_init_error(self, e: Exception) -> str:
+        name = self._errname(e)
+        N = self._nvml
+        if N is not None:
+            if isinstance(e, getattr(N, "NVMLError_LibraryNotFound", ())):
+                return "no NVIDIA driver: libnvidia-ml.so.1 not found (no GPU on this host?)"
+            if isinstance(e, getattr(N, "NVMLError_DriverNotLoaded", ())):
+                return "NVIDIA driver not loaded (nvidia-smi would fail too)"
+            if isinstance(e, getattr(N, "NVMLError_NoPermission", ())):
+                return "no permission to open the NVIDIA device files"
+            if isinstance(e, getattr(N, "NVMLError_LibRmVersionMismatch", ())):
+                return "NVIDIA driver/library version mismatch (reboot or reload the driver)"
+        return f"NVML init failed: {name}"
+
+    @staticmethod
+    def _errname(e: BaseException) -> str:
+        s = str(e).strip()
+        return f"{type(e).__name__}: {s}" if s else type(e).__name__
+
+    def _safe_str(self, fn: Callable[[], Any]) -> str | None:
+        try:
+            v = fn()
+        except Exception:
+            return None
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        return str(v)
+
+    def _acquire(self, d: _Device, now: float) -> None:
+        N = self._nvml
+        try:
+            d.handle = N.nvmlDeviceGetHandleByIndex(d.index)
+        except Exception as e:
+            d.handle = None
+            d.lost = True
+            d.lost_at = now
+            self._note(f"gpu{d.index}-handle", f"GPU {d.index}: no handle ({self._errname(e)})")
+            return
+        d.lost = False
+        d.static_at = -1e9
+
+    def _note(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self._notes.append(text)
+
+    # ----------------------------------------------------------------- query
+    def _q(self, d: _Device, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One NVML call for one field: value, or None when unsupported/failed."""
+        if key in d.unsupported:
+            return None
+        N = self._nvml
+        try:
+            return fn(d.handle, *args)
+        except Exception as e:
+            if isinstance(e, getattr(N, "NVMLError_GpuIsLost", ())):
+                raise _GpuLost() from e
+            if isinstance(e, getattr(N, "NVMLError_NotSupported", ())):
+                d.unsupported.add(key)
+                return None
+            if isinstance(e, getattr(N, "NVMLError_FunctionNotFound", ())) or isinstance(
+                e, AttributeError
+            ):
+                d.unsupported.add(key)
+                self._note(f"fnf-{key}", f"this driver lacks the NVML call for {key}")
+                return None
+            # Transient or unknown: leave the field empty this tick only.
+            return None
+
+    def _fn(self, *names: str) -> Callable[..., Any]:
+        """The first function the binding has among ``names`` (API renames across releases)."""
+        for n in names:
+            f = getattr(self._nvml, n, None)
+            if f is not None:
+                return f
+
+        def missing(*_a: Any) -> Any:
+            raise AttributeError(names[0])
+
+        return missing
+
+    def _sample_device(self, d: _Device, now: float) -> GpuSample:
+        N = self._nvml
+        if d.lost:
+            if now - d.lost_at >= self._relook_s:
+                self._acquire(d, now)
+            if d.lost:
+                return GpuSample(index=d.index, name=d.name, uuid=d.uuid, lost=True, error="GPU is lost")
+        try:
+            if now - d.static_at >= self.STATIC_TTL_S:
+                name = self._q(d, "name", N.nvmlDeviceGetName)
+                if name is not None:
+                    d.name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+                uuid = self._q(d, "uuid", N.nvmlDeviceGetUUID)
+                if uuid is not None:
+                    d.uuid = uuid.decode("utf-8", "replace") if isinstance(uuid, bytes) else str(uuid)
+                pl = self._q(d, "power_limit", N.nvmlDeviceGetEnforcedPowerLimit)
+                d.power_limit_w = None if pl is None else pl / 1000.0
+                d.static_at = now
+            util = self._q(d, "utilization", N.nvmlDeviceGetUtilizationRates)
+            mem = self._q(d, "memory", N.nvmlDeviceGetMemoryInfo)
+            power = self._q(d, "power", N.nvmlDeviceGetPowerUsage)
+            temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
+            smc = self._q(d, "sm_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_SM", 1))
+            memc = self._q(d, "mem_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_MEM", 2))
+            thr = self._q(
+                d,
+                "throttle",
+                self._fn("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            )
+            procs: tuple[GpuProcess, ...] | None = None
+            if self._want_procs:
+                raw = self._q(d, "procs", N.nvmlDeviceGetComputeRunningProcesses)
+                if raw is not None:
+                    procs = tuple(
+                        GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw
+                    )
+            sm_active = sm_occ = dram = None
+            if self._want_gpm:
+                sm_active, sm_occ, dram = self._gpm(d)
+        except _GpuLost:
+            d.lost = True
+            d.lost_at = now
+            self._free_gpm(d)
+            return GpuSample(index=d.index, name=d.name, uuid=d.uuid, lost=True, error="GPU is lost")
+        mem_total = None if mem is None else int(mem.total)
+        return GpuSample(
+            index=d.index,
+            name=d.name,
+            uuid=d.uuid,
+            util_gpu=None if util is None else float(util.gpu),
+            util_mem=None if util is None else float(util.memory),
+            mem_used=None if mem is None else int(mem.used),
+            mem_total=mem_total,
+            power_w=None if power is None else power / 1000.0,
+            power_limit_w=d.power_limit_w,
+            temp_c=None if temp is None else float(temp),
+            sm_clock_mhz=None if smc is None else float(smc),
+            mem_clock_mhz=None if memc is None else float(memc),
+            throttle=decode_throttle(None if thr is None else int(thr)),
+            procs=procs,
+            sm_active=sm_active,
+            sm_occupancy=sm_occ,
+            dram_bw=dram,
+        )
+
+    # ------------------------------------------------------------------- GPM
+    def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:
+        N = self._nvml
+        if d.gpm_ok is None:
+            sup = self._q(d, "gpm_support", self._fn("nvmlGpmQueryDeviceSupport"))
+            d.gpm_ok = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
+        if not d.gpm_ok:
+            return None, None, None
+        try:
+            cur = N.nvmlGpmSampleAlloc()
+        except Exception:
+            d.gpm_ok = False
+            return None, None, None
+        try:
+            N.nvmlGpmSampleGet(d.handle, cur)
+        except Exception as e:
+            _free(N, cur)
+            if isinstance(e, getattr(N, "NVMLError_GpuIsLost", ())):
+                raise _GpuLost() from e
+            return None, None, None
+        prev, d.gpm_prev = d.gpm_prev, cur
+        if prev is None:
+            return None, None, None
+        try:
+            mg = N.c_nvmlGpmMetricsGet_t()
+            mg.version = N.NVML_GPM_METRICS_GET_VERSION
+            ids = (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
+            mg.numMetrics = len(ids)
+            mg.sample1 = prev
+            mg.sample2 = cur
+            for i, m in enumerate(ids):
+                mg.metrics[i].metricId = m
+            N.nvmlGpmMetricsGet(mg)
+            vals = tuple(_pct_or_none(mg.metrics[i].value) for i in range(len(ids)))
+        except Exception:
+            vals = (None, None, None)
+        finally:
+            _free(N, prev)
+        return vals  # type: ignore[return-value]
+
+    def _free_gpm(self, d: _Device) -> None:
+        if d.gpm_prev is not None:
+            _free(self._nvml, d.gpm_prev)
+            d.gpm_prev = None
+
+    # ------------------------------------------------------------------ public
+    def poll(self) -> GpuPoll:
+        with self._lock:
+            t0 = time.perf_counter()
+            now = self._clock.monotonic()
+            wall = self._clock.time()
+            self._init()
+            notes = tuple(self._notes)
+            self._notes.clear()
+            if not self._inited or not self._devices:
+                return GpuPoll(
+                    t=wall,
+                    mono=now,
+                    status=ABSENT,
+                    message=self._absent_msg or "no GPU",
+                    driver=self._driver,
+                    nvml_version=self._nvml_version,
+                    duration_s=time.perf_counter() - t0,
+                    notes=notes,
+                )
+            gpus = tuple(self._sample_device(d, now) for d in self._devices)
+            notes = notes + tuple(self._notes)
+            self._notes.clear()
+            lost = [g.index for g in gpus if g.lost]
+            status = OK if len(lost) < len(gpus) else ERROR
+            msg = None
+            if lost:
+                msg = f"GPU {', '.join(map(str, lost))} lost" if status == OK else "every GPU is lost"
+            return GpuPoll(
+                t=wall,
+                mono=now,
+                status=status,
+                message=msg,
+                gpus=gpus,
+                driver=self._driver,
+                nvml_version=self._nvml_version,
+                duration_s=time.perf_counter() - t0,
+                notes=notes,
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            for d in self._devices:
+                self._free_gpm(d)
+            if self._inited:
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:
+                    pass
+            self._inited = False
+
+
+def _free(N: Any, sample: Any) -> None:
+    try:
+        N.nvmlGpmSampleFree(sample)
+    except Exception:
+        pass
+
+
+def _mem_or_none(v: Any) -> int | None:
+    # NVML reports "not available" (e.g. in containers without the right
+    # privileges) as None or as NVML_VALUE_NOT_AVAILABLE (2**64-1).
+    if v is None:
+        return None
+    v = int(v)
+    return None if v >= (1 << 63) else v
+
+
+def _pct_or_none(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if f != f or f < 0:  # NaN: GPM returns it for a metric it could not compute
+        return None
+    return min(f, 100.0)

@@ -1,0 +1,1 @@
+"""Everything Textual."""
