@@ -15,7 +15,7 @@ from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 from vtop.sources.nvml import NvmlSource
 from vtop.sources.record import ReplayGpuSource, polls_from_sampler
 from vtop.ui.app import VtopApp
-from vtop.ui.widgets.gpu_panel import GpuCard, layout_for
+from vtop.ui.widgets.gpu_panel import GpuCard, GpuLines, GpuPanel, layout_for
 
 
 async def feed(app: VtopApp, clock: FakeClock, n: int) -> None:
@@ -41,14 +41,17 @@ async def test_eight_gpus_at_80x24_are_one_line_each(clock: FakeClock) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await feed(app, clock, 30)
         await pilot.pause()
-        cards = list(app.query(GpuCard))
-        assert len(cards) == 8
-        for i, c in enumerate(cards):
-            assert c.compact and c.region.height == 1
-            assert 0 < c.region.y < 24 and c.region.width <= 80
-            t = card_text(c)
+        panel = app.query_one(GpuPanel)
+        assert panel.compact
+        assert not any(c.display for c in app.query(GpuCard))
+        lines = app.query_one(GpuLines)
+        assert lines.region.height == 8 and 0 < lines.region.y and lines.region.bottom < 24
+        assert lines.region.width <= 80
+        text = lines.render().plain.splitlines()
+        assert len(text) == 8
+        for i, t in enumerate(text):
             assert t.startswith(f"{i} H200") and "util" in t and "SM" in t and "mem" in t
-            assert "/140G" in t
+            assert "/140G" in t and len(t) <= 80
         assert "8 × NVIDIA H200" in app.gpu_status_text()
 
 
@@ -59,7 +62,8 @@ async def test_eight_gpus_at_200x60_are_full_cards_in_two_columns(clock: FakeClo
         await feed(app, clock, 30)
         await pilot.pause()
         cards = list(app.query(GpuCard))
-        assert all(not c.compact and c.region.height == 6 for c in cards)
+        assert not app.query_one(GpuPanel).compact
+        assert all(c.display and c.region.height == 6 for c in cards)
         assert len({c.region.x for c in cards}) == 2
         assert max(c.region.bottom for c in cards) < 60
         t = card_text(cards[0])
@@ -79,7 +83,7 @@ async def test_small_terminal_60x20(clock: FakeClock) -> None:
             assert c.region.right <= 60
             assert "util" in card_text(c)
         await pilot.press("c")
-        assert all(c.compact for c in app.query(GpuCard))
+        assert app.query_one(GpuPanel).compact and app.query_one(GpuLines).display
 
 
 async def test_hung_nvml_call_keeps_the_ui_answering_and_says_so() -> None:
@@ -102,7 +106,7 @@ async def test_hung_nvml_call_keeps_the_ui_answering_and_says_so() -> None:
         t0 = time.monotonic()
         await pilot.press("c")  # a key is handled at once while NVML is stuck
         assert time.monotonic() - t0 < 0.5
-        assert all(c.compact for c in app.query(GpuCard))
+        assert app.query_one(GpuPanel).compact
         assert "NVML not answering" in app.gpu_status_text()
         assert app.query_one("GpuPanel").has_class("-stale")
         hang["on"] = False

@@ -64,3 +64,12 @@ def test_narrow_cells_hold_the_last_sample_but_a_silence_is_a_gap() -> None:
     # an explicit None sample stays a gap and is not carried forward as a value
     pts2 = [(1.0, 10.0), (2.0, None), (3.0, 30.0)]
     assert resample(pts2, now=3, width=6, window_s=3, max_gap=2.5) == (None, 10.0, 10.0, None, None, 30.0)
+
+
+def test_one_row_fast_path_matches_the_general_one() -> None:
+    import random
+
+    rnd = random.Random(7)
+    vals = [None if rnd.random() < 0.1 else rnd.uniform(-20, 130) for _ in range(500)] + [float("nan")]
+    assert spark(vals) == spark_rows(vals, 1)[0]
+    assert spark(vals, lo=10, hi=20) == spark_rows(vals, 1, lo=10, hi=20)[0]

@@ -5,70 +5,91 @@ Every chart in vtop shares one time axis: the last ``window_s`` seconds,
 that fell into it (a 1-second spike to 100 % must not vanish when 5 minutes
 are squeezed into 60 cells), or ``None`` when no sample fell into it or all
 were ``None``. So a source that stops answering draws a gap, never a zero.
+
+Points are kept in two parallel lists (times, values) so resampling can find
+each cell's slice with :func:`bisect` and reduce it with the C-level ``max``:
+with 8 GPUs x 3 charts redrawn every second, a per-point Python loop was the
+largest single cost of a tick.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Callable, Iterable, Iterator, Sequence
+from bisect import bisect_right
+from typing import Iterator, Sequence
 
 Point = tuple[float, "float | None"]
 
+_NONE = -math.inf  # how a None value is stored, so max() over a slice stays in C
+
 
 class Series:
-    """A bounded list of ``(monotonic_t, value_or_None)``, oldest first."""
+    """A bounded series of ``(monotonic_t, value_or_None)``, oldest first."""
 
-    __slots__ = ("_pts", "window_s")
+    __slots__ = ("_t", "_v", "_lo", "window_s", "max_points")
 
     def __init__(self, window_s: float, max_points: int = 4096) -> None:
         self.window_s = window_s
-        self._pts: deque[Point] = deque(maxlen=max_points)
+        self.max_points = max_points
+        self._t: list[float] = []
+        self._v: list[float] = []
+        self._lo = 0  # index of the oldest live point; dead ones are dropped in batches
 
     def append(self, t: float, value: float | None) -> None:
-        if self._pts and t < self._pts[-1][0]:
-            # A clock that went back (replay seek, bad input): start over rather than
-            # keep a series that is no longer ordered.
-            self._pts.clear()
-        self._pts.append((t, value))
+        if self._lo < len(self._t) and t < self._t[-1]:
+            # A clock that went back (replay seek, bad input): start over rather
+            # than keep a series that is no longer ordered.
+            self._t.clear()
+            self._v.clear()
+            self._lo = 0
+        self._t.append(t)
+        self._v.append(_NONE if value is None or value != value else float(value))
         cutoff = t - self.window_s
-        while self._pts and self._pts[0][0] < cutoff:
-            self._pts.popleft()
+        lo = bisect_right(self._t, cutoff, self._lo) if self._t[self._lo] < cutoff else self._lo
+        lo = max(lo, len(self._t) - self.max_points)
+        self._lo = lo
+        if lo > 256 and lo > len(self._t) // 2:
+            del self._t[:lo]
+            del self._v[:lo]
+            self._lo = 0
 
     def __len__(self) -> int:
-        return len(self._pts)
+        return len(self._t) - self._lo
 
     def __iter__(self) -> Iterator[Point]:
-        return iter(self._pts)
+        for i in range(self._lo, len(self._t)):
+            v = self._v[i]
+            yield self._t[i], (None if v == _NONE else v)
 
     def latest(self) -> float | None:
         """The newest value, which may be ``None`` (the source gave no value)."""
-        return self._pts[-1][1] if self._pts else None
+        if len(self) == 0:
+            return None
+        v = self._v[-1]
+        return None if v == _NONE else v
 
     def latest_t(self) -> float | None:
-        return self._pts[-1][0] if self._pts else None
+        return self._t[-1] if len(self) else None
 
     def values(self) -> list[float | None]:
-        return [v for _, v in self._pts]
+        return [v for _, v in self]
 
     def buckets(
         self,
         now: float,
         width: int,
         window_s: float | None = None,
-        agg: Callable[[Sequence[float]], float] = max,
         max_gap: float | None = None,
     ) -> tuple[float | None, ...]:
-        """Resample onto ``width`` cells covering ``(now - window, now]``."""
-        return resample(self._pts, now, width, self.window_s if window_s is None else window_s, agg, max_gap)
+        """Resample onto ``width`` cells covering ``(now - window, now]`` (max per cell)."""
+        return _resample(self._t, self._v, self._lo, now, width, self.window_s if window_s is None else window_s, max_gap)
 
 
 def resample(
-    pts: Iterable[Point],
+    pts: Sequence[Point],
     now: float,
     width: int,
     window_s: float,
-    agg: Callable[[Sequence[float]], float] = max,
     max_gap: float | None = None,
 ) -> tuple[float | None, ...]:
     """Cells of ``window_s / width`` seconds, right-closed, newest last.
@@ -76,35 +97,37 @@ def resample(
     With ``max_gap``, a cell that no sample fell into (cells narrower than the
     poll interval, or a poll that came a little late) repeats the last sample
     if that sample is at most ``max_gap`` seconds older than the cell's end:
-    only a real silence of the source draws a gap.
+    only a real silence of the source draws a gap. ``pts`` must be in time order.
     """
+    ts = [t for t, _ in pts]
+    vs = [_NONE if v is None or v != v else v for _, v in pts]
+    return _resample(ts, vs, 0, now, width, window_s, max_gap)
+
+
+def _resample(
+    ts: list[float], vs: list[float], lo: int, now: float, width: int, window_s: float, max_gap: float | None
+) -> tuple[float | None, ...]:
     if width <= 0:
         return ()
     cell = window_s / width
     start = now - window_s
-    cells: list[list[float]] = [[] for _ in range(width)]
-    last: list[Point | None] = [None] * width
-    before: Point | None = None
-    for t, v in pts:
-        if t > now:
-            continue
-        if t <= start:
-            before = (t, v)
-            continue
-        # Cells are right-closed, (start + i*cell, start + (i+1)*cell], so a
-        # sample taken exactly "now" lands in the last cell.
-        i = min(width - 1, max(0, math.ceil((t - start) / cell) - 1))
-        last[i] = (t, v)
-        if v is not None:
-            cells[i].append(v)
+    # Points after `now` are ignored; the first cell starts after `start`.
+    hi_all = bisect_right(ts, now, lo)
+    i0 = bisect_right(ts, start, lo, hi_all)
+    carry_t: float | None = ts[i0 - 1] if i0 > lo else None
+    carry_v = vs[i0 - 1] if i0 > lo else _NONE
     out: list[float | None] = []
-    carry = before
+    a = i0
     for i in range(width):
-        if last[i] is not None:
-            out.append(agg(cells[i]) if cells[i] else None)
-            carry = last[i]
-        elif max_gap is not None and carry is not None and start + (i + 1) * cell - carry[0] <= max_gap:
-            out.append(carry[1])
+        end = start + (i + 1) * cell
+        b = hi_all if i == width - 1 else bisect_right(ts, end, a, hi_all)
+        if b > a:
+            m = max(vs[a:b])
+            out.append(None if m == _NONE else m)
+            carry_t, carry_v = ts[b - 1], vs[b - 1]
+            a = b
+        elif max_gap is not None and carry_t is not None and end - carry_t <= max_gap:
+            out.append(None if carry_v == _NONE else carry_v)
         else:
             out.append(None)
     return tuple(out)

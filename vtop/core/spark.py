@@ -40,4 +40,16 @@ def spark_rows(
 
 
 def spark(values: Sequence[float | None], lo: float = 0.0, hi: float = 100.0) -> str:
-    return spark_rows(values, 1, lo, hi)[0]
+    """One row; the hot path of every redraw, so it avoids the general multi-row code."""
+    span = hi - lo
+    if span <= 0:
+        return spark_rows(values, 1, lo, hi)[0]
+    k = 8.0 / span
+    out = []
+    for v in values:
+        if v is None or v != v:
+            out.append(GAP)
+            continue
+        n = round((v - lo) * k)
+        out.append(BLOCKS[0 if n < 1 else 7 if n > 8 else n - 1])
+    return "".join(out)

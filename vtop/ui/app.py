@@ -23,7 +23,7 @@ from vtop.core.gpu_history import GpuHistory
 from vtop.sources.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.sources.procs import ProcNames
 from vtop.sources.record import Recorder
-from vtop.ui.polling import PollDone, PollLoop
+from vtop.ui.polling import PollLoop
 from vtop.ui.widgets.gpu_panel import GpuPanel
 
 GIB = 2**30
@@ -134,9 +134,6 @@ class VtopApp(App[int]):
         self.proc_names = names
         self._apply_gpu(poll)
 
-    def on_poll_done(self, msg: PollDone) -> None:
-        msg.loop.done(msg)
-
     async def poll_gpu_once(self) -> GpuPoll | None:
         """Tests and replays: one poll through a real thread, applied on the UI thread."""
         if self.gpu_source is None:
@@ -150,7 +147,8 @@ class VtopApp(App[int]):
             self.gpu_history.add(poll)
         panel = self.query_one(GpuPanel)
         self.gpu_hung = False
-        panel.remove_class("-stale")
+        if panel.has_class("-stale"):
+            panel.remove_class("-stale")
         with self.batch_update():
             panel.update_view(poll.mono)
         self.update_status()

@@ -1,0 +1,1396 @@
+"""Startup phases of a vLLM server, read from its log.
+
+Pure logic, no I/O and no Textual: :func:`parse_line` turns one log line into a
+:class:`LogEvent`, and :class:`PhaseTracker` is a state machine fed with
+``(line, arrival)`` pairs, ``arrival`` being the monotonic time the line was
+read. The tracker knows the phases of a start (process start, engine init,
+weights, torch.compile, memory profiling, KV cache sizing, CUDA graph capture,
+warmup, API server, ready), the facts each one reports, per tensor-parallel
+rank timings, the usual fatal errors with their fix, and when a start has gone
+silent for too long.
+
+Why it is built this way (see ``docs/vllm-reference.md`` §2 and §7):
+
+* The log's own timestamps (``MM-DD HH:MM:SS``, no year, no zone, local time of
+  the vLLM host) are the clock of record, so a log replayed from disk gives the
+  same durations as one watched live. Lines without a stamp (tqdm bars, uvicorn,
+  tracebacks) get the last stamp plus the arrival time elapsed since it.
+* The timeline is contiguous: a phase with no start line of its own (torch.compile
+  starts inside the profiling run, the warmup after graph capture is silent)
+  starts where the previous one ended, so the durations add up to the total.
+* vLLM's line formats drift between versions; every message pattern is used with
+  ``re.search`` on the message part, and the prefix parser accepts every format
+  from 0.6 to 0.33 (tag or not, ``file.py:N]`` or ``[file.py:N]``, ANSI or not).
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "DEFAULT_STALL_S",
+    "Failure",
+    "LogEvent",
+    "LogLine",
+    "Phase",
+    "PhaseTracker",
+    "PhaseView",
+    "Progress",
+    "RankTiming",
+    "StallInfo",
+    "StartupFacts",
+    "StartupSnapshot",
+    "banner_version",
+    "is_progress_frame",
+    "parse_line",
+    "split_glued",
+    "strip_ansi",
+    "summarize",
+]
+
+#: Silence (no new line, no progress) after which a start counts as stalled.
+#: Real cold starts have 18-30 s silent gaps (imports, EngineCore spawn, warmup)
+#: and first torch.compile runs of big models take several minutes.
+DEFAULT_STALL_S = 600.0
+
+# --------------------------------------------------------------------------- text helpers
+
+# CSI sequences (colours, cursor moves tqdm uses for nested bars), two-byte
+# escapes, and the caret form ``^[[0;36m`` found in copy-pasted docker output.
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape codes: vLLM ≤0.15 colours its process tag even in files."""
+    if "\x1b" not in text and "^[" not in text:
+        return text
+    return _ANSI_RE.sub("", text)
+
+
+# "7/51 [00:00<00:00, 68.16it/s]" at the end of a tqdm frame. Every tqdm stats
+# bracket (vLLM's shard bar format included) holds "elapsed<remaining", so a
+# line without "<" is never a frame: a cheap check before the regexes.
+_TQDM_BRACKET_RE = re.compile(r"\d+/\d+ \[[^\[\]\r\n<]*<[^\[\]\r\n]*\]")
+_TQDM_TAIL_RE = re.compile(r"\d+/\d+ \[[^\[\]\r\n<]*<[^\[\]\r\n]*\]\s*$")
+# Start of a log record, possibly glued to a tqdm frame (vllm issue #25848).
+_RECORD_START_RE = re.compile(
+    r"(?:\([^()\r\n]+? pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+)
+
+
+def is_progress_frame(text: str) -> bool:
+    """True for a complete tqdm frame such as ``Capturing ...: 14%|█▎ | 7/51 [00:00<00:00, 68.16it/s]``.
+
+    A log record that merely contains such text is not a frame (frames never start with a header).
+    """
+    return (
+        "%" in text and "<" in text and _TQDM_TAIL_RE.search(text) is not None and _RECORD_START_RE.match(text) is None
+    )
+
+
+def split_glued(text: str) -> list[str]:
+    """Split a tqdm frame from the log record glued right after it.
+
+    tqdm on stderr and logging on stdout share the terminal or file, so the last
+    frame of a bar can be followed, on the same physical line, by the next record:
+    ``...| 65/67 [00:15<00:00,  4.58it/s](Worker_TP2 pid=27) INFO 09-29 ...``.
+    Only a record start that follows a tqdm ``n/total [...]`` tail is split off,
+    so a message that merely quotes a log line is left alone.
+    """
+    if "<" not in text or _TQDM_BRACKET_RE.search(text) is None:
+        return [text]
+    out: list[str] = []
+    start = 0
+    for m in _RECORD_START_RE.finditer(text):
+        pos = m.start()
+        if pos <= start:
+            continue
+        head = text[start:pos]
+        if _TQDM_TAIL_RE.search(head):
+            out.append(head)
+            start = pos
+    out.append(text[start:])
+    return out
+
+
+# --------------------------------------------------------------------------- line parser
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+
+_TAG = r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)"
+# docs/vllm-reference.md §2.1 master prefix regex (both "file.py:N]" and "[file.py:N]").
+_RECORD_BODY = (
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mon>\d\d)-(?P<day>\d\d) "
+    r"(?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:\.\d+)? "
+    r"\[?(?P<src>[\w./-]+\.py):(?P<lineno>\d+)\](?: (?P<msg>.*))?$"
+)
+_RECORD_RE = re.compile(r"(?:" + _TAG + r"\s)?" + _RECORD_BODY)
+# One pass for the usual shapes: [tag] record | [tag] uvicorn | tag + anything.
+_LINE_RE = re.compile(
+    r"(?:"
+    + _TAG
+    + r"(?:\s|$))?(?:"
+    + _RECORD_BODY
+    + r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(?P<umsg>.*)$|(?P<rest>.*)$)"
+)
+# Container runtimes: CRI ("2026-04-10T08:52:19.57Z stdout F "), `docker logs -t`,
+# compose ("vllm-1  | ").
+_CONTAINER_PREFIX_RE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr)\s+[FP]\s+)?"
+    r"|[\w.-]+\s+\|\s)"
+)
+
+
+@dataclass(slots=True)
+class LogEvent:
+    """One log line taken apart. ``text`` is the line without ANSI codes.
+
+    A plain slotted dataclass, not a frozen one: one is built per line, and frozen
+    dataclasses are several times slower to construct. Treat it as read-only.
+    """
+
+    text: str
+    message: str
+    kind: str  # "record" | "uvicorn" | "progress" | "raw" | "blank"
+    level: str | None = None
+    proc: str | None = None
+    pid: int | None = None
+    source: str | None = None
+    source_line: int | None = None
+    stamp: tuple[int, int, int, int, int] | None = None  # month, day, hour, minute, second
+
+
+def _from_record(text: str, m: re.Match[str]) -> LogEvent:
+    proc, pid, level, mon, day, hh, mi, ss, src, lineno, msg = m.groups()[:11]
+    return LogEvent(
+        text,
+        msg or "",
+        "record",
+        level,
+        proc,
+        int(pid) if pid else None,
+        src,
+        int(lineno),
+        (int(mon), int(day), int(hh), int(mi), int(ss)),
+    )
+
+
+def _parse_anchored(text: str) -> LogEvent | None:
+    m = _LINE_RE.match(text)
+    if m is None:  # pragma: no cover - the last alternative matches anything
+        return None
+    if m.group("level"):
+        return _from_record(text, m)
+    proc, pid = m.group("proc", "pid")
+    pid_n = int(pid) if pid else None
+    ulevel = m.group("ulevel")
+    if ulevel:
+        return LogEvent(text, m.group("umsg"), "uvicorn", ulevel, proc, pid_n)
+    if proc:
+        rest = m.group("rest")
+        kind = "blank" if not rest.strip() else ("progress" if is_progress_frame(rest) else "raw")
+        return LogEvent(text, rest, kind, None, proc, pid_n)
+    return None
+
+
+def parse_line(line: str) -> LogEvent:
+    """Take one physical log line apart (any vLLM version 0.6-0.33).
+
+    Never raises. Lines that are not log records (tqdm frames, tracebacks, Python
+    warnings, third-party prints) come back as ``raw`` or ``progress`` with the
+    process tag, when there is one, still recognised.
+    """
+    text = strip_ansi(line).rstrip("\r\n")
+    if not text.strip():
+        return LogEvent(text, "", "blank")
+    ev = _parse_anchored(text)
+    if ev is not None:
+        return ev
+    c = _CONTAINER_PREFIX_RE.match(text)
+    if c:
+        ev = _parse_anchored(text[c.end() :])
+        if ev is not None:
+            return LogEvent(text, ev.message, ev.kind, ev.level, ev.proc, ev.pid, ev.source, ev.source_line, ev.stamp)
+    # VLLM_LOGGING_PREFIX or any other prefix: find the record further in.
+    if " " in text and any(lv in text for lv in _LEVELS):
+        m = _RECORD_RE.search(text)
+        if m:
+            return _from_record(text, m)
+    return LogEvent(text, text, "progress" if is_progress_frame(text) else "raw")
+
+
+# --------------------------------------------------------------------------- public result types
+
+
+class Phase(Enum):
+    """Startup phases, in the order vLLM goes through them."""
+
+    PROCESS_START = "process_start"
+    ENGINE_INIT = "engine_init"
+    WEIGHTS = "weights"
+    TORCH_COMPILE = "torch_compile"
+    MEMORY_PROFILING = "memory_profiling"
+    KV_CACHE = "kv_cache"
+    CUDA_GRAPHS = "cuda_graphs"
+    WARMUP = "warmup"
+    API_SERVER = "api_server"
+    READY = "ready"
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    Phase.PROCESS_START: "process start",
+    Phase.ENGINE_INIT: "engine init",
+    Phase.WEIGHTS: "loading weights",
+    Phase.TORCH_COMPILE: "torch.compile",
+    Phase.MEMORY_PROFILING: "memory profiling",
+    Phase.KV_CACHE: "KV cache sizing",
+    Phase.CUDA_GRAPHS: "CUDA graph capture",
+    Phase.WARMUP: "warmup",
+    Phase.API_SERVER: "API server starting",
+    Phase.READY: "ready",
+}
+_ORDER = list(Phase)
+_INDEX = {p: i for i, p in enumerate(_ORDER)}
+
+_STALL_HINTS = {
+    Phase.PROCESS_START: "no line since the start: Python imports and the EngineCore spawn take 20-60 s; "
+    "far longer usually means a hung import or a slow filesystem (py-spy dump shows where)",
+    Phase.ENGINE_INIT: "engine init waits on the workers: often NCCL/distributed init blocked by a busy or "
+    "missing GPU (check nvidia-smi, NCCL_DEBUG=INFO)",
+    Phase.WEIGHTS: "weights load this slowly from a slow disk, a network filesystem or a download; check I/O",
+    Phase.TORCH_COMPILE: "a first torch.compile of a big model takes minutes (cached starts are fast); "
+    "--enforce-eager skips it",
+    Phase.MEMORY_PROFILING: "the profiling run is stuck; py-spy dump of the EngineCore/worker shows where",
+    Phase.KV_CACHE: "KV cache allocation is stuck; check GPU memory and the EngineCore process",
+    Phase.CUDA_GRAPHS: "CUDA graph capture can hang (vllm issues #15935, #23378); --enforce-eager skips it",
+    Phase.WARMUP: "warmup after graph capture is silent for ~20 s normally; longer means a hang",
+    Phase.API_SERVER: "the engine is up but the HTTP server has not started; check the API server process",
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress bar's latest frame (weights shards, CUDA graphs of one kind)."""
+
+    label: str
+    n: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.n / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """When one tensor-parallel rank (one process) finished a phase."""
+
+    name: str  # process tag, e.g. "Worker_TP1"; "main" for untagged lines
+    key: str  # pid, or "main"
+    end: float
+    duration_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    """One phase of the current start, with times on the log's clock (seconds)."""
+
+    phase: Phase
+    start: float | None
+    end: float | None
+    start_arrival: float | None
+    progress: tuple[Progress, ...] = ()
+    ranks: tuple[RankTiming, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.phase.label
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        return max(0.0, self.end - self.start)
+
+    @property
+    def slowest_rank(self) -> RankTiming | None:
+        return max(self.ranks, key=lambda r: r.end) if self.ranks else None
+
+    def progress_for(self, label: str) -> Progress | None:
+        return next((p for p in self.progress if p.label == label), None)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a start (or a running engine) died: the telling line and the usual fix."""
+
+    kind: str  # cuda_oom, kv_no_memory, max_model_len, module_not_found, exception,
+    #            engine_init_failed, engine_died, worker_died
+    line: str
+    message: str
+    fix: str
+    phase: Phase | None
+    at: float | None
+    arrival: float
+
+
+@dataclass(frozen=True)
+class StallInfo:
+    """A start that has printed nothing and made no progress for too long."""
+
+    phase: Phase | None
+    silent_s: float
+    last_line: str
+    hint: str
+
+    @property
+    def label(self) -> str:
+        return self.phase.label if self.phase else "start"
+
+
+@dataclass(frozen=True)
+class StartupFacts:
+    """Numbers the log reports during a start. ``None`` means not (yet) reported."""
+
+    version: str | None = None
+    model: str | None = None
+    architecture: str | None = None
+    engine_version: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    enforce_eager: bool | None = None
+    max_model_len: int | None = None
+    weights_load_s: float | None = None
+    model_memory_gib: float | None = None
+    model_load_s: float | None = None
+    compile_s: float | None = None
+    compile_cached: bool | None = None
+    profile_run_s: float | None = None
+    profiling_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    gpu_blocks: int | None = None
+    cpu_blocks: int | None = None
+    graph_capture_s: float | None = None
+    graph_memory_gib: float | None = None
+    graph_memory_estimate_gib: float | None = None
+    init_engine_s: float | None = None
+    init_compilation_s: float | None = None
+    url: str | None = None
+    shm_broadcast_waits: int = 0
+
+
+_FACT_NAMES = frozenset(f.name for f in fields(StartupFacts))
+
+
+@dataclass(frozen=True)
+class StartupSnapshot:
+    """Everything the tracker knows about the current start, frozen."""
+
+    state: str  # "idle" | "starting" | "ready" | "failed" | "stopped"
+    phases: tuple[PhaseView, ...]
+    current: Phase | None
+    facts: StartupFacts
+    failure: Failure | None
+    started: float | None
+    ready_at: float | None
+    ready_source: str | None  # "log" | "health" | "inferred"
+    restarts: int
+    world_size: int | None
+
+    def phase(self, phase: Phase) -> PhaseView | None:
+        return next((v for v in self.phases if v.phase is phase), None)
+
+    @property
+    def sequence(self) -> tuple[Phase, ...]:
+        return tuple(v.phase for v in self.phases)
+
+    @property
+    def total_s(self) -> float | None:
+        """Start (launch when known, else the first line) to ready."""
+        if self.started is None or self.ready_at is None:
+            return None
+        return self.ready_at - self.started
+
+
+@dataclass(slots=True)
+class LogLine:
+    """A line kept for the log pane (plain and slotted: one per line; treat as read-only)."""
+
+    arrival: float
+    t: float | None
+    level: str | None
+    text: str
+    proc: str | None
+    progress: str | None = None  # bar name for tqdm frames (consecutive frames collapse)
+
+    def at_least(self, level: str) -> bool:
+        return _LEVEL_NUM.get(self.level or "INFO", 20) >= _LEVEL_NUM.get(level, 20)
+
+
+# --------------------------------------------------------------------------- message patterns
+
+_BANNER_RES = (
+    re.compile(r"vLLM API server version (?P<ver>\S+)"),
+    re.compile(r"vLLM server version (?P<ver>[^\s,]+), serving model (?P<model>\S+)"),
+    re.compile(r"[█▀▄]\s+version\s+(?P<ver>\d+\.\d+[\w.+-]*)"),
+)
+_LOGO_MODEL_RE = re.compile(r"[█▀▄]\s+model\s+(?P<model>\S+)")
+
+
+def banner_version(line: str) -> str | None:
+    """The vLLM version if ``line`` is a startup banner (any version's form), else ``None``."""
+    text = strip_ansi(line)
+    for rx in _BANNER_RES:
+        m = rx.search(text)
+        if m:
+            return m.group("ver").rstrip(",")
+    return None
+
+
+_ENGINE_INIT_RE = re.compile(
+    r"Initializing (?:an LLM engine|a V0 LLM engine|a V1 LLM engine) \(v(?P<ver>[^)]+)\) with config: "
+)
+_CFG_RES = {
+    "model": re.compile(r"\bmodel='(?P<v>[^']*)'"),
+    "tensor_parallel_size": re.compile(r"\btensor_parallel_size=(?P<v>\d+)"),
+    "pipeline_parallel_size": re.compile(r"\bpipeline_parallel_size=(?P<v>\d+)"),
+    "enforce_eager": re.compile(r"\benforce_eager=(?P<v>True|False)"),
+    "max_model_len": re.compile(r"\bmax_seq_len=(?P<v>\d+)"),
+}
+_ENGINE_WAIT_RE = re.compile(r"Waiting for init message from front-end\.")
+_ARCH_RE = re.compile(r"Resolved architecture: (?P<v>\w+)")
+_MAX_LEN_RE = re.compile(r"Using max model len (?P<v>\d+)")
+
+_WEIGHTS_START_RE = re.compile(
+    r"Starting to load model (?P<model>.+?)\.\.\.|Loading model from scratch|Using model weights format \["
+)
+_SHARDS_RE = re.compile(
+    r"Loading (?:safetensors|pt|np_cache|\w+) checkpoint shards(?: \(eager\))?:\s+(?P<pct>\d+)% Completed"
+    r" \| (?P<n>\d+)/(?P<tot>\d+) \["
+)
+_WEIGHTS_TOOK_RE = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
+_MODEL_LOADING_RE = re.compile(
+    r"Loading model weights took (?P<gb>[\d.]+) GB"
+    r"|Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
+)
+
+_COMPILE_MARK_RE = re.compile(
+    r"Starting torch\.compile|for vLLM's torch\.compile|Dynamo bytecode transform time"
+    r"|Compiling a graph for|Directly load the compiled graph|Cache the graph of"
+    r"|Warming up model for the compilation"
+)
+_COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph")
+_COMPILE_FRESH_RE = re.compile(r"Compiling a graph for")
+_COMPILE_END_RE = re.compile(
+    r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"
+    r"|torch\.compile and initial profiling/warmup run together took (?P<s2>[\d.]+) s in total"
+)
+
+_PROFILING_TAKES_RE = re.compile(r"Memory profiling takes (?P<s>[\d.]+) seconds")
+_PROFILE_RUN_RE = re.compile(r"Initial profiling/warmup run took (?P<s>[\d.]+) s")
+_PROFILING_MARK_RE = re.compile(r"Profiling CUDA graph memory|CUDA graph memory profiling is enabled")
+_GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB total")
+_KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+_KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
+
+_KV_BLOCKS_RE = re.compile(r"# (?:GPU|cuda|\w+) blocks: (?P<gpu>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
+_KV_TOKENS_RE = re.compile(r"(?:(?P<dev>[A-Z]+)(?: \+ host)? )?KV cache size: (?P<tok>[\d,]+) tokens")
+_KV_CONC_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+_NUM_BLOCKS_RE = re.compile(r"cache_config_info with initialization after num_gpu_blocks is: (?P<n>\d+)")
+
+_CAPTURE_START_RE = re.compile(r"Capturing (?:the model for CUDA graphs|cudagraphs for decoding)\.")
+_CAPTURE_BAR_RE = re.compile(
+    r"Capturing CUDA graph(?:s| shapes)(?: \((?:(?P<kind>[^,()]+), )?(?P<mode>[A-Z_]+)\))?:"
+    r"\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)"
+)
+_CAPTURE_END_RE = re.compile(r"Graph capturing finished in (?P<s>\d+) secs?(?:, took (?P<gib>[\d.]+) GiB)?")
+
+_WARMUP_MARK_RE = re.compile(r"Kernel JIT monitor activated")
+_INIT_ENGINE_RE = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s(?:econds)?"
+    r"(?: \(compilation: (?P<c>[\d.]+) s[^)]*\))?"
+)
+_API_MARK_RE = re.compile(
+    r"Supported[_ ]tasks: \[|Available routes are|Started server process|Waiting for application startup"
+)
+_SERVER_URL_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>\S+)|Uvicorn running on (?P<u2>\S+)")
+_READY_RE = re.compile(r"Application startup complete\.")
+
+_SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
+_STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
+_ACCESS_RE = re.compile(r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S+ HTTP/[\d.]+" \d{3}')
+_SHUTDOWN_RE = re.compile(
+    r"\[shutdown\] API server: shutdown triggered|^Shutting down$|Application shutdown complete\."
+)  # all contain "hut" (the cheap pre-check)
+
+_EXC_LINE_RE = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?P<exc>[A-Z]\w*(?:Error|Exception|Exit|Interrupt)):?(?: (?P<text>.*))?$"
+)
+_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
+_C10D_WARN_RE = re.compile(r"^\[(?:rank\d+\]:\[)?W\d{4} ")
+_C10D_ERR_RE = re.compile(r"^\[(?:rank\d+\]:\[)?E\d{4} ")
+_PYWARN_RE = re.compile(r"\b\w*Warning: ")
+
+# (kind, pattern, priority). Specific causes (3) beat a bare exception (2), which
+# beats the generic "the engine died" markers (1) when choosing the line to show.
+_ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
+    (
+        "cuda_oom",
+        re.compile(
+            r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B))?"
+            r"|CUDA error: out of memory"
+        ),
+        3,
+    ),
+    ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
+    (
+        "max_model_len",
+        re.compile(
+            r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB"
+            r" KV cache is needed, which is larger than the available KV cache memory \((?P<avail>[\d.]+) GiB\)\."
+            r"(?: Based on the available memory, the estimated maximum model length is (?P<est>\d+)\.)?"
+            r"|The model's max seq len \((?P<len0>\d+)\) is larger than the maximum number of tokens that can be"
+            r" stored in KV cache \((?P<cap0>\d+)\)"
+        ),
+        3,
+    ),
+    ("module_not_found", re.compile(r"^(?:[\w.]+\.)?ModuleNotFoundError: No module named '(?P<mod>[^']+)'"), 3),
+    ("worker_died", re.compile(r"Worker proc (?P<who>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"), 1),
+    (
+        "engine_died",
+        re.compile(
+            r"Engine core proc(?:ess)? (?P<who>\S+) died unexpectedly"
+            r"|EngineDeadError: EngineCore encountered an issue|AsyncLLM output_handler failed"
+        ),
+        1,
+    ),
+    (
+        "engine_init_failed",
+        re.compile(
+            r"EngineCore failed to start\.|Engine core initialization failed\.|EngineCore hit an exception"
+            r"|Engine process failed to start"
+        ),
+        1,
+    ),
+)
+_DEATH_KINDS = frozenset({"engine_died", "worker_died"})
+_CAUSE_WINDOW_S = 60.0
+_PACKAGE_FOR_MODULE = {"flashinfer": "flashinfer-python", "vllm_flash_attn": "vllm-flash-attn", "cv2": "opencv-python"}
+
+
+def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
+    """(short message, usual fix) for a failure kind."""
+
+    def g(name: str) -> str | None:
+        return m.groupdict().get(name) if m else None
+
+    where = f" during {phase.label}" if phase and phase is not Phase.READY else ""
+    if kind == "cuda_oom":
+        amt = g("amt")
+        msg = f"CUDA out of memory{where}" + (f" (tried to allocate {amt})" if amt else "")
+        fix = (
+            "Check no other process holds GPU memory (nvidia-smi). Then lower --max-model-len or --max-num-seqs, "
+            "use a smaller or quantized model, or spread it with --tensor-parallel-size; lower "
+            "--gpu-memory-utilization if the GPU is shared. During CUDA graph capture, --enforce-eager avoids it."
+        )
+    elif kind == "kv_no_memory":
+        msg = "no GPU memory left for the KV cache"
+        fix = (
+            "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
+            "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size."
+        )
+    elif kind == "max_model_len":
+        est = g("est")
+        length = g("len") or g("len0")
+        msg = f"the KV cache cannot hold one request of max_model_len {length}" if length else "max_model_len too large"
+        target = f"--max-model-len {est}" if est else "a smaller --max-model-len"
+        fix = (
+            f"Pass {target}, raise --gpu-memory-utilization, or add GPUs with --tensor-parallel-size "
+            "so one full-length request fits in the KV cache."
+        )
+    elif kind == "module_not_found":
+        mod = g("mod") or "?"
+        top = mod.split(".")[0]
+        msg = f"Python module '{mod}' is missing"
+        if top == "flashinfer":
+            fix = (
+                "vLLM imports flashinfer but it is not installed: pip install flashinfer-python (built for your "
+                "torch/CUDA), or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it."
+            )
+        else:
+            pkg = _PACKAGE_FOR_MODULE.get(top, top)
+            fix = f"Install it in vLLM's environment (pip install {pkg}) or turn off the feature that imports it."
+    elif kind == "worker_died":
+        code = g("code")
+        msg = f"worker {g('who') or ''} died".replace("  ", " ") + (f" (exit code {code})" if code else "")
+        fix = (
+            "Exit code -9 is usually the kernel's OOM killer (host RAM: dmesg | grep -i 'killed process'); "
+            "otherwise the worker's traceback is just above this line."
+        )
+    elif kind == "engine_died":
+        msg = "the engine process died"
+        fix = (
+            "Look for the engine's traceback or an OOM kill (dmesg | grep -i 'killed process') just before this "
+            "line; the API server exits afterwards, and its exit code says nothing."
+        )
+    elif kind == "engine_init_failed":
+        msg = f"engine failed to start{where}"
+        fix = "The root cause is the first error or traceback before this line (filter the log to errors)."
+    else:  # exception
+        msg = f"{g('exc') or 'exception'}{where}"
+        fix = "The process raised this during startup and exited; the traceback above shows where."
+    return msg, fix
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+@dataclass
+class _Rec:
+    start: float | None = None
+    end: float | None = None
+    start_arrival: float | None = None
+    end_arrival: float | None = None
+    progress: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rank_end: dict[str, float] = field(default_factory=dict)
+
+
+class PhaseTracker:
+    """State machine over a vLLM log: phases, facts, failure, stall.
+
+    Feed every line with :meth:`feed` (``arrival`` = monotonic seconds when it was
+    read), then read :meth:`snapshot`. A new version banner starts over (a
+    restart); the ring of recent lines survives restarts.
+    """
+
+    # Per start (see _reset_startup).
+    _phases: dict[Phase, _Rec]
+    _current: Phase | None
+    _state: str
+    _facts: dict[str, Any]  # StartupFacts fields, filled as lines report them
+    _failure: Failure | None
+    _failure_prio: int
+    _candidate: tuple[Failure, int] | None
+    _first_t: float | None
+    _last_activity: float | None
+    _last_line: str
+    _world: int | None
+    _rank_names: dict[str, str]
+    _ready_t: float | None
+    _ready_source: str | None
+    _progress_seen: dict[str, int]
+    _expect_logo_model: bool
+
+    def __init__(self, *, year: int | None = None, ring_size: int = 5000) -> None:
+        self._year = year if year is not None else time.localtime().tm_year
+        self._last_month: int | None = None
+        self._anchor: tuple[float, float] | None = None  # (log time, arrival) of the last stamped line
+        self._stamp_cache: tuple[tuple[int, int, int, int, int] | None, float] = (None, 0.0)
+        self._ring: deque[LogLine] = deque(maxlen=ring_size)
+        self._tb_open: dict[str, bool] = {}
+        self._closed_raw_traceback = False
+        self._restarts = 0
+        self._warnings = 0
+        self._errors = 0
+        self._launch_t: float | None = None
+        self._launch_arrival: float | None = None
+        self._reset_startup()
+
+    # ------------------------------------------------------------------ public API
+
+    def feed(self, line: str, arrival: float) -> LogEvent:
+        """Take one line (as read, ANSI allowed) that arrived at monotonic time ``arrival``."""
+        ev = parse_line(line)
+        if ev.kind == "blank" and not ev.proc:
+            return ev
+        self._closed_raw_traceback = False
+        t = self._time_of(ev, arrival)
+        level = self._classify(ev)
+        if ev.kind != "blank":
+            self._remember(ev, t, level, arrival)
+        if self._first_t is None:
+            self._first_t = t
+        active = self._handle(ev, t, arrival, level)
+        if active:
+            self._last_activity = arrival
+            if ev.kind != "blank":
+                self._last_line = ev.text
+        return ev
+
+    def feed_lines(self, lines: Iterable[str], arrival: float) -> None:
+        """Feed a batch read in one poll."""
+        for line in lines:
+            self.feed(line, arrival)
+
+    def mark_process_start(
+        self, epoch: float, *, utc_offset_s: float | None = None, arrival: float | None = None
+    ) -> None:
+        """Record the launch time (e.g. psutil ``create_time()``), so the first phase starts there.
+
+        vLLM stamps lines in the local time of its host with no zone; ``utc_offset_s``
+        is that host's offset (default: this machine's, right when both run on one
+        box). ``arrival`` (monotonic, same clock as :meth:`feed`) lets :meth:`stalled`
+        count silence from the launch before the first line.
+        """
+        if utc_offset_s is None:
+            utc_offset_s = float(time.localtime(epoch).tm_gmtoff)
+        self._launch_t = epoch + utc_offset_s
+        self._launch_arrival = arrival
+        rec = self._phases[Phase.PROCESS_START]
+        if self._state == "idle":
+            if arrival is not None:
+                self._begin(self._launch_t, arrival)
+                self._last_activity = arrival
+        elif rec.start is not None and self._launch_t < rec.start:
+            rec.start = self._launch_t
+
+    def mark_ready(self, arrival: float, source: str = "health") -> None:
+        """The server answered ``/health`` 200 (or is otherwise known to be up)."""
+        if self._state in ("ready", "stopped"):
+            return
+        self._ready(self._time_at(arrival), arrival, source)
+
+    def elapsed(self, now: float, phase: Phase | None = None) -> float | None:
+        """Seconds spent in ``phase`` (default: the current one) as of monotonic ``now``.
+
+        A finished phase gives its duration; a running one the log-clock time since it
+        began (the last stamp extrapolated with arrival time).
+        """
+        phase = phase or self._current
+        if phase is None:
+            return None
+        rec = self._phases[phase]
+        if rec.start is None:
+            return None
+        end = rec.end if rec.end is not None else self._time_at(now)
+        return max(0.0, end - rec.start)
+
+    def stalled(self, now: float, threshold_s: float = DEFAULT_STALL_S) -> StallInfo | None:
+        """Info when a start in progress has shown no new line and no progress for ``threshold_s``.
+
+        A ready server that prints nothing is idle, not stalled; a failed or stopped
+        one is not stalled either. The shm-broadcast "No available shared memory
+        broadcast block" line is a hang symptom, so it does not count as activity.
+        """
+        if self._state != "starting" or self._last_activity is None:
+            return None
+        silent = now - self._last_activity
+        if silent <= threshold_s:
+            return None
+        phase = self._current
+        return StallInfo(phase, silent, self._last_line, _STALL_HINTS.get(phase, "") if phase else "")
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def current(self) -> Phase | None:
+        return self._current
+
+    def recent(self, *, min_level: str | None = None, limit: int | None = None) -> list[LogLine]:
+        """Recent lines for the log pane, optionally only ``WARNING`` and up, newest last."""
+        lines = list(self._ring) if min_level is None else [ln for ln in self._ring if ln.at_least(min_level)]
+        return lines[-limit:] if limit else lines
+
+    @property
+    def warning_count(self) -> int:
+        return self._warnings
+
+    @property
+    def error_count(self) -> int:
+        return self._errors
+
+    def snapshot(self) -> StartupSnapshot:
+        views = []
+        for p in _ORDER:
+            rec = self._phases[p]
+            if rec.start is None:
+                continue
+            ranks = tuple(
+                sorted(
+                    (RankTiming(self._rank_names.get(k, k), k, e, e - rec.start) for k, e in rec.rank_end.items()),
+                    key=lambda r: r.end,
+                )
+            )
+            progress = tuple(Progress(label, n, tot) for label, (n, tot) in rec.progress.items())
+            views.append(PhaseView(p, rec.start, rec.end, rec.start_arrival, progress, ranks))
+        facts = StartupFacts(**{k: v for k, v in self._facts.items() if k in _FACT_NAMES})
+        started = self._phases[Phase.PROCESS_START].start
+        return StartupSnapshot(
+            state=self._state,
+            phases=tuple(views),
+            current=self._current,
+            facts=facts,
+            failure=self._failure,
+            started=started,
+            ready_at=self._ready_t,
+            ready_source=self._ready_source,
+            restarts=self._restarts,
+            world_size=self._world,
+        )
+
+    # ------------------------------------------------------------------ time
+
+    def _time_of(self, ev: LogEvent, arrival: float) -> float:
+        if ev.stamp is not None and ev.stamp == self._stamp_cache[0] and self._anchor is not None:
+            cached = self._stamp_cache[1]
+            self._anchor = (cached, arrival)
+            return cached
+        if ev.stamp is not None:
+            mon, day, hh, mi, ss = ev.stamp
+            if self._last_month is not None and mon < self._last_month - 6:
+                self._year += 1  # December -> January
+            self._last_month = mon
+            t: float | None
+            try:
+                t = float(calendar.timegm((self._year, mon, day, hh, mi, ss, 0, 0, 0)))
+            except (ValueError, OverflowError):
+                t = None
+            if t is not None:
+                if self._anchor is None:
+                    self._rebase(t - arrival)
+                self._anchor = (t, arrival)
+                self._stamp_cache = (ev.stamp, t)
+                return t
+        return self._time_at(arrival)
+
+    def _time_at(self, arrival: float) -> float:
+        if self._anchor is None:
+            return arrival
+        return self._anchor[0] + max(0.0, arrival - self._anchor[1])
+
+    def _rebase(self, delta: float) -> None:
+        """Move times taken on the arrival clock (before any stamp) onto the log's clock."""
+        for p, rec in self._phases.items():
+            if p is Phase.PROCESS_START and self._launch_t is not None and rec.start == self._launch_t:
+                continue
+            if rec.start is not None:
+                rec.start += delta
+            if rec.end is not None:
+                rec.end += delta
+            rec.rank_end = {k: v + delta for k, v in rec.rank_end.items()}
+        if self._first_t is not None:
+            self._first_t += delta
+        if self._ready_t is not None:
+            self._ready_t += delta
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _reset_startup(self) -> None:
+        """Forget the current start (a new banner): everything but the ring and counters."""
+        self._phases = {p: _Rec() for p in _ORDER}
+        self._current = None
+        self._state = "idle"
+        self._facts = {}
+        self._failure = None
+        self._failure_prio = 0
+        self._candidate = None
+        self._first_t = None
+        self._last_activity = None
+        self._last_line = ""
+        self._world = None
+        self._rank_names = {}
+        self._ready_t = None
+        self._ready_source = None
+        self._progress_seen = {}
+        self._expect_logo_model = False
+
+    def _restart(self, t: float) -> None:
+        # A launch time marked for the new process (after the old start's first line) stays.
+        old_first = self._first_t
+        launch = self._launch_t
+        keep = launch is not None and launch <= t + 1 and (old_first is None or launch > old_first)
+        self._reset_startup()
+        self._restarts += 1
+        if not keep:
+            self._launch_t = None
+            self._launch_arrival = None
+
+    def _classify(self, ev: LogEvent) -> str | None:
+        """Level for the log pane; tracebacks and warnings printed raw get one too."""
+        level = ev.level
+        if level == "INFO" or level == "DEBUG":
+            return level
+        if level is None and ev.kind in ("raw", "blank"):
+            key = str(ev.pid) if ev.pid else "main"
+            msg = ev.message.strip()
+            if _TRACEBACK_RE.match(msg):
+                self._tb_open[key] = True
+                level = "ERROR"
+            elif self._tb_open.get(key):
+                if _EXC_LINE_RE.match(msg):
+                    self._tb_open[key] = False
+                    self._closed_raw_traceback = True
+                level = "ERROR"
+            elif _EXC_LINE_RE.match(msg) or _C10D_ERR_RE.match(msg):
+                level = "ERROR"
+            elif _C10D_WARN_RE.match(msg) or _PYWARN_RE.search(msg):
+                level = "WARNING"
+        if level in ("WARNING",):
+            self._warnings += 1
+        elif level in ("ERROR", "CRITICAL"):
+            self._errors += 1
+        return level
+
+    def _remember(self, ev: LogEvent, t: float, level: str | None, arrival: float) -> None:
+        bar = None
+        if ev.kind == "progress":
+            bar = ev.message.split(":", 1)[0].strip()
+            if self._ring and self._ring[-1].progress == bar:
+                self._ring.pop()
+        self._ring.append(LogLine(arrival, t, level, ev.text, ev.proc, bar))
+
+    def _fact(self, name: str, value: object, *, keep_max: bool = False) -> None:
+        if keep_max and isinstance(value, (int, float)):
+            old = self._facts.get(name)
+            if isinstance(old, (int, float)) and old >= value:
+                return
+        self._facts[name] = value
+
+    # ------------------------------------------------------------------ phase machinery
+
+    def _begin(self, t: float, arrival: float) -> None:
+        if self._state != "idle":
+            return
+        self._state = "starting"
+        rec = self._phases[Phase.PROCESS_START]
+        start = t
+        if self._launch_t is not None and self._launch_t <= t:
+            start = self._launch_t
+        rec.start, rec.start_arrival = start, arrival
+        self._current = Phase.PROCESS_START
+
+    def _enter(self, phase: Phase, t: float, arrival: float) -> None:
+        rec = self._phases[phase]
+        if rec.start is not None:
+            return
+        if self._state == "idle":
+            # Attached after the banner: the start began at the first line we saw, if recent.
+            first = self._first_t
+            self._begin(first if first is not None and t - first < 120.0 else t, arrival)
+        idx = _INDEX[phase]
+        if self._current is not None and _INDEX[self._current] > idx:
+            # A phase we had not seen shows up after a later one: keep it, don't go back.
+            rec.start, rec.start_arrival = t, arrival
+            return
+        if phase is Phase.KV_CACHE and self._phases[Phase.MEMORY_PROFILING].start is None:
+            # Every version profiles before sizing the KV cache; V0 0.6 and V1 0.8 just don't say so.
+            self._enter(Phase.MEMORY_PROFILING, t, arrival)
+        prev: _Rec | None = None
+        for p in _ORDER[:idx]:
+            r = self._phases[p]
+            if r.start is None:
+                continue
+            if r.end is None:
+                self._close(p, t, arrival)
+            prev = r
+        start, start_arrival = t, arrival
+        if prev is not None and prev.end is not None and prev.end < t:
+            start = prev.end
+            start_arrival = prev.end_arrival if prev.end_arrival is not None else arrival
+        rec.start, rec.start_arrival = start, start_arrival
+        self._current = phase
+
+    def _close(self, phase: Phase, t: float, arrival: float) -> None:
+        rec = self._phases[phase]
+        if rec.start is None or rec.end is not None:
+            return
+        rec.end = max(rec.rank_end.values()) if rec.rank_end else t
+        rec.end = max(rec.end, rec.start)
+        rec.end_arrival = arrival
+        self._after_end(phase, arrival)
+
+    def _end(self, phase: Phase, t: float, arrival: float) -> None:
+        """An explicit end line for a phase that one process logs."""
+        self._enter(phase, t, arrival)
+        self._close(phase, t, arrival)
+
+    def _rank_done(self, phase: Phase, ev: LogEvent, t: float, arrival: float) -> None:
+        """A per-rank end line ("Model loading took", "Graph capturing finished", ...)."""
+        self._enter(phase, t, arrival)
+        rec = self._phases[phase]
+        key = str(ev.pid) if ev.pid else "main"
+        self._rank_names[key] = ev.proc or "main"
+        rec.rank_end[key] = max(rec.rank_end.get(key, t), t)
+        if rec.end is not None:
+            rec.end = max(rec.end, t)
+        elif len(rec.rank_end) >= (self._world or 1):
+            rec.end = max(rec.rank_end.values())
+            rec.end_arrival = arrival
+            self._after_end(phase, arrival)
+
+    def _after_end(self, phase: Phase, arrival: float) -> None:
+        """Phases that always follow another without a line of their own start right away."""
+        if self._current is not phase:
+            return
+        end = self._phases[phase].end
+        assert end is not None
+        nxt: Phase | None = None
+        if phase is Phase.CUDA_GRAPHS:
+            nxt = Phase.WARMUP
+        elif phase is Phase.WARMUP:
+            nxt = Phase.API_SERVER
+        elif phase is Phase.KV_CACHE and self._facts.get("enforce_eager") is True:
+            nxt = Phase.WARMUP
+        if nxt is not None and self._phases[nxt].start is None:
+            self._enter(nxt, end, arrival)
+
+    def _progress(self, phase: Phase, label: str, n: int, tot: int, t: float, arrival: float) -> bool:
+        rec = self._phases[phase]
+        if rec.start is None:
+            self._enter(phase, t, arrival)
+        rec.progress[label] = (n, tot)
+        key = f"{phase.value}:{label}"
+        changed = self._progress_seen.get(key) != n
+        self._progress_seen[key] = n
+        return changed
+
+    def _ready(self, t: float, arrival: float, source: str) -> None:
+        if self._state == "idle":
+            # Nothing of the start was seen (attached late): ready, with no timeline.
+            self._state = "ready"
+            self._ready_t, self._ready_source = t, source
+            return
+        for p in _ORDER[:-1]:
+            rec = self._phases[p]
+            if rec.start is not None and rec.end is None:
+                rec.end, rec.end_arrival = max(t, rec.start), arrival
+        rec = self._phases[Phase.READY]
+        rec.start = rec.end = t
+        rec.start_arrival = rec.end_arrival = arrival
+        self._current = Phase.READY
+        self._state = "ready"
+        self._ready_t = t
+        self._ready_source = source
+
+    def _fail(self, failure: Failure, prio: int) -> None:
+        if self._state == "failed":
+            if prio > self._failure_prio:
+                self._failure, self._failure_prio = failure, prio
+            return
+        if self._candidate is not None and self._candidate[1] > prio and self._recent(self._candidate[0], failure.at):
+            cand = self._candidate[0]
+            failure = Failure(cand.kind, cand.line, cand.message, cand.fix, failure.phase, failure.at, failure.arrival)
+            prio = self._candidate[1]
+        for p in _ORDER[:-1]:
+            rec = self._phases[p]
+            if rec.start is not None and rec.end is None:
+                rec.end = max(failure.at if failure.at is not None else rec.start, rec.start)
+                rec.end_arrival = failure.arrival
+        self._state = "failed"
+        self._failure, self._failure_prio = failure, prio
+
+    # ------------------------------------------------------------------ the big dispatch
+
+    def _handle(self, ev: LogEvent, t: float, arrival: float, level: str | None) -> bool:
+        """Update state from one line; return False when the line is not a sign of progress."""
+        msg = ev.message
+        if ev.kind == "blank":
+            return True
+
+        if "version" in msg:
+            for i, rx in enumerate(_BANNER_RES):
+                m = rx.search(msg)
+                if m:
+                    self._on_banner(m, t, arrival, logo=i == len(_BANNER_RES) - 1)
+                    return True
+        if self._expect_logo_model:
+            self._expect_logo_model = False
+            m = _LOGO_MODEL_RE.search(msg)
+            if m:
+                self._fact("model", m.group("model"))
+                return True
+
+        if "shared memory broadcast" in msg and _SHM_WAIT_RE.search(msg):
+            self._facts["shm_broadcast_waits"] = int(self._facts.get("shm_broadcast_waits", 0)) + 1
+            return False
+
+        if self._state == "stopped":
+            return True
+        if "hut" in msg and _SHUTDOWN_RE.search(msg) and self._state in ("starting", "ready"):
+            self._state = "stopped"
+            return True
+
+        if level not in ("DEBUG", "INFO", "WARNING") and ev.kind not in ("uvicorn", "progress"):
+            self._check_error(ev, msg, t, arrival, level)
+        if self._state == "failed":
+            return True
+
+        if " on " in msg:
+            m = _SERVER_URL_RE.search(msg)
+            if m:
+                self._fact("url", m.group("url") or m.group("u2"))
+
+        if self._state == "ready":
+            return True
+        if ("throughput" in msg and _STATS_RE.search(msg)) or (
+            ev.kind == "uvicorn" and "HTTP/" in msg and _ACCESS_RE.search(msg)
+        ):
+            self._ready(t, arrival, "inferred")
+            return True
+
+        if ev.kind == "progress":
+            return self._on_progress(msg, t, arrival)
+        self._on_phase_line(ev, msg, t, arrival)
+        return True
+
+    def _on_banner(self, m: re.Match[str], t: float, arrival: float, *, logo: bool) -> None:
+        progressed = self._state in ("ready", "failed", "stopped") or any(
+            self._phases[p].start is not None for p in _ORDER[1:]
+        )
+        if progressed:
+            self._restart(t)
+            self._first_t = t
+        self._fact("version", m.group("ver").rstrip(","))
+        model = m.groupdict().get("model")
+        if model:
+            self._fact("model", model)
+        else:
+            self._expect_logo_model = logo
+        self._begin(t, arrival)
+
+    def _on_progress(self, msg: str, t: float, arrival: float) -> bool:
+        m = _SHARDS_RE.search(msg)
+        if m:
+            return self._progress(Phase.WEIGHTS, "shards", int(m.group("n")), int(m.group("tot")), t, arrival)
+        m = _CAPTURE_BAR_RE.search(msg)
+        if m:
+            label = m.group("mode") or "graphs"
+            prof = self._phases[Phase.MEMORY_PROFILING]
+            if self._current is Phase.MEMORY_PROFILING and prof.end is None:
+                # 0.21+ may capture graphs to measure their memory while profiling.
+                return self._progress(Phase.MEMORY_PROFILING, label, int(m.group("n")), int(m.group("tot")), t, arrival)
+            return self._progress(Phase.CUDA_GRAPHS, label, int(m.group("n")), int(m.group("tot")), t, arrival)
+        return True
+
+    def _on_phase_line(self, ev: LogEvent, msg: str, t: float, arrival: float) -> None:
+        if _READY_RE.search(msg):
+            self._ready(t, arrival, "log")
+            return
+        m = _ENGINE_INIT_RE.search(msg)
+        if m:
+            self._fact("engine_version", m.group("ver"))
+            for name, rx in _CFG_RES.items():
+                c = rx.search(msg)
+                if not c:
+                    continue
+                v = c.group("v")
+                if name == "enforce_eager":
+                    self._fact(name, v == "True")
+                elif name == "model":
+                    self._facts.setdefault("model", v)
+                else:
+                    self._fact(name, int(v))
+            tp = int(self._facts.get("tensor_parallel_size", 1) or 1)
+            pp = int(self._facts.get("pipeline_parallel_size", 1) or 1)
+            self._world = tp * pp
+            self._enter(Phase.ENGINE_INIT, t, arrival)
+            return
+        if _ENGINE_WAIT_RE.search(msg):
+            self._enter(Phase.ENGINE_INIT, t, arrival)
+            return
+        m = _ARCH_RE.search(msg)
+        if m:
+            self._fact("architecture", m.group("v"))
+            return
+        m = _MAX_LEN_RE.search(msg)
+        if m:
+            self._fact("max_model_len", int(m.group("v")))
+            return
+
+        # -- weights
+        m = _WEIGHTS_START_RE.search(msg)
+        if m:
+            if m.group("model"):
+                self._facts.setdefault("model", m.group("model"))
+            self._enter(Phase.WEIGHTS, t, arrival)
+            return
+        m = _WEIGHTS_TOOK_RE.search(msg)
+        if m:
+            self._fact("weights_load_s", float(m.group("s")), keep_max=True)
+            self._rank_done(Phase.WEIGHTS, ev, t, arrival)
+            return
+        m = _MODEL_LOADING_RE.search(msg)
+        if m:
+            gib = m.group("gib") or m.group("gb")
+            self._fact("model_memory_gib", float(gib), keep_max=True)
+            if m.group("s"):
+                self._fact("model_load_s", float(m.group("s")), keep_max=True)
+            self._rank_done(Phase.WEIGHTS, ev, t, arrival)
+            return
+
+        # -- torch.compile
+        m = _COMPILE_END_RE.search(msg)
+        if m:
+            self._fact("compile_s", float(m.group("s") or m.group("s2")), keep_max=True)
+            self._rank_done(Phase.TORCH_COMPILE, ev, t, arrival)
+            return
+        if _COMPILE_MARK_RE.search(msg):
+            if _COMPILE_CACHED_RE.search(msg):
+                self._fact("compile_cached", True)
+            elif _COMPILE_FRESH_RE.search(msg) and "compile_cached" not in self._facts:
+                self._fact("compile_cached", False)
+            self._enter(Phase.TORCH_COMPILE, t, arrival)
+            return
+
+        # -- memory profiling
+        m = _PROFILING_TAKES_RE.search(msg)
+        if m:
+            self._fact("profiling_s", float(m.group("s")), keep_max=True)
+            self._rank_done(Phase.MEMORY_PROFILING, ev, t, arrival)
+            return
+        m = _PROFILE_RUN_RE.search(msg)
+        if m:
+            self._fact("profile_run_s", float(m.group("s")), keep_max=True)
+            self._enter(Phase.MEMORY_PROFILING, t, arrival)
+            return
+        m = _GRAPH_EST_RE.search(msg)
+        if m:
+            self._fact("graph_memory_estimate_gib", float(m.group("gib")), keep_max=True)
+            self._enter(Phase.MEMORY_PROFILING, t, arrival)
+            return
+        if _PROFILING_MARK_RE.search(msg):
+            self._enter(Phase.MEMORY_PROFILING, t, arrival)
+            return
+        m = _KV_AVAILABLE_RE.search(msg) or _KV_CPU_SET_RE.search(msg)
+        if m:
+            self._facts.setdefault("kv_cache_gib", float(m.group("gib")))
+            self._rank_done(Phase.MEMORY_PROFILING, ev, t, arrival)
+            return
+
+        # -- KV cache sizing
+        kv_line = False
+        m = _KV_BLOCKS_RE.search(msg)
+        if m:
+            self._fact("gpu_blocks", int(m.group("gpu")))
+            if m.group("cpu"):
+                self._fact("cpu_blocks", int(m.group("cpu")))
+            kv_line = True
+        m = _KV_TOKENS_RE.search(msg)
+        if m:
+            self._fact("kv_cache_tokens", int(m.group("tok").replace(",", "")))
+            kv_line = True
+        m = _KV_CONC_RE.search(msg)
+        if m:
+            self._fact("max_concurrency", float(m.group("x")))
+            self._fact("max_concurrency_len", int(m.group("len").replace(",", "")))
+            self._end(Phase.KV_CACHE, t, arrival)
+            return
+        if kv_line:
+            self._enter(Phase.KV_CACHE, t, arrival)
+            return
+        m = _NUM_BLOCKS_RE.search(msg)
+        if m:
+            self._facts.setdefault("gpu_blocks", int(m.group("n")))
+            return
+
+        # -- CUDA graphs
+        if _CAPTURE_START_RE.search(msg):
+            self._enter(Phase.CUDA_GRAPHS, t, arrival)
+            return
+        m = _CAPTURE_END_RE.search(msg)
+        if m:
+            self._fact("graph_capture_s", float(m.group("s")), keep_max=True)
+            if m.group("gib"):
+                self._fact("graph_memory_gib", float(m.group("gib")), keep_max=True)
+            self._rank_done(Phase.CUDA_GRAPHS, ev, t, arrival)
+            return
+
+        # -- warmup and API server
+        m = _INIT_ENGINE_RE.search(msg)
+        if m:
+            self._fact("init_engine_s", float(m.group("s")))
+            if m.group("c"):
+                self._fact("init_compilation_s", float(m.group("c")))
+            self._end(Phase.WARMUP, t, arrival)
+            return
+        if _WARMUP_MARK_RE.search(msg):
+            self._enter(Phase.WARMUP, t, arrival)
+            return
+        if _SERVER_URL_RE.search(msg) or _API_MARK_RE.search(msg):
+            self._enter(Phase.API_SERVER, t, arrival)
+            return
+
+    def _check_error(self, ev: LogEvent, msg: str, t: float, arrival: float, level: str | None) -> None:
+        text = msg.strip()
+        kind: str | None = None
+        match: re.Match[str] | None = None
+        prio = 0
+        for k, rx, p in _ERROR_PATTERNS:
+            match = rx.search(text)
+            if match:
+                kind, prio = k, p
+                break
+        uncaught = False
+        if kind is None:
+            match = _EXC_LINE_RE.match(text)
+            if not match or match.group("exc") in ("SystemExit", "KeyboardInterrupt"):
+                return
+            kind, prio = "exception", 2
+            # A raw exception line that closes a raw traceback is uncaught: the process dies.
+            uncaught = self._closed_raw_traceback
+        message, fix = _fix_text(kind, match, self._current)
+        failure = Failure(kind, ev.text, message, fix, self._current, t, arrival)
+        if self._state == "failed":
+            self._fail(failure, prio)
+            return
+        if self._state in ("ready", "idle"):
+            # Serving (or attached without seeing a start): request errors and tracebacks do
+            # not end it, only an engine or worker death; an error before it may be its cause.
+            if kind in _DEATH_KINDS or (self._state == "idle" and kind == "engine_init_failed"):
+                self._fail(failure, prio)
+            else:
+                self._note_candidate(failure, prio)
+            return
+        if prio != 2 or uncaught:
+            self._fail(failure, prio)
+        else:
+            self._note_candidate(failure, prio)
+
+    def _note_candidate(self, failure: Failure, prio: int) -> None:
+        old = self._candidate
+        if old is None or prio >= old[1] or not self._recent(old[0], failure.at):
+            self._candidate = (failure, prio)
+
+    @staticmethod
+    def _recent(cause: Failure, at: float | None) -> bool:
+        """A cause counts for a death marker only when logged shortly before it."""
+        return cause.at is None or at is None or at - cause.at <= _CAUSE_WINDOW_S
+
+
+def summarize(snapshot: StartupSnapshot) -> Mapping[str, object]:
+    """A plain dict of the snapshot for logs, JSON output and debugging."""
+    return {
+        "state": snapshot.state,
+        "phases": [
+            {
+                "phase": v.phase.value,
+                "duration_s": v.duration_s,
+                "progress": {p.label: f"{p.n}/{p.total}" for p in v.progress},
+                "slowest_rank": v.slowest_rank.name if v.slowest_rank and len(v.ranks) > 1 else None,
+            }
+            for v in snapshot.phases
+        ],
+        "total_s": snapshot.total_s,
+        "failure": snapshot.failure.kind if snapshot.failure else None,
+    }

@@ -1,0 +1,642 @@
+"""Follow a vLLM log: a file that may be huge, absent, truncated or rotated, or a pipe.
+
+No Textual and no threads here: vtop calls ``poll()`` from a thread worker, and
+each call does a bounded amount of work (at most ``max_read`` bytes, 4 MiB by
+default), so one poll never stalls the worker however far behind it is.
+
+Why it is built this way (``docs/textual-style.md`` §1 item 10 and §5.2):
+
+* Like toolong, the file is opened unbuffered in binary and read with
+  ``os.pread``; the last startup of a multi-GB log is found by scanning
+  backwards from the end in chunks with ``rfind`` (capped), never by reading
+  the file whole.
+* Unlike toolong, it survives what vLLM logs go through: the file not existing
+  yet, being truncated (``>`` on restart, copytruncate), or replaced (rotation,
+  ``rm`` + restart), detected by comparing ``os.stat(path)`` with ``os.fstat(fd)``
+  and a signature of the bytes just before the read offset.
+* Lines come out as ``str`` with ANSI colour codes removed (vLLM ≤0.15 colours
+  its process tag even in files), tqdm ``\\r`` redraws split into frames, the
+  last frame of a bar split from a record glued after it, and a partial line
+  held back until complete, except a partial that is a complete progress frame,
+  which is passed on at once so progress shows live.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import stat
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from vtop.core.phases import banner_version, is_progress_frame, split_glued, strip_ansi
+
+__all__ = [
+    "DEFAULT_MAX_LINE",
+    "DEFAULT_MAX_READ",
+    "DEFAULT_MAX_SCAN",
+    "LineSplitter",
+    "LogLocation",
+    "LogSource",
+    "LogTailer",
+    "StartupScan",
+    "StreamTailer",
+    "TailState",
+    "find_last_startup",
+    "find_log_for_pid",
+    "open_log",
+]
+
+DEFAULT_MAX_READ = 4 * 1024 * 1024  # bytes per poll
+DEFAULT_MAX_SCAN = 64 * 1024 * 1024  # how far back the startup banner is looked for
+DEFAULT_TAIL_BYTES = 1024 * 1024  # where to start when no banner is found
+DEFAULT_MAX_LINE = 64 * 1024  # longer lines are cut (the engine config line is ~4 KB)
+_READ_CHUNK = 1024 * 1024
+_SCAN_CHUNK = 4 * 1024 * 1024
+_SIG_LEN = 32
+
+# Fixed byte strings every banner form contains; candidates are then checked with
+# the banner regexes (docs/vllm-reference.md §2.2 rows 1 and 1b).
+_BANNER_NEEDLES = (b"API server version ", b"vLLM server version ", b"  version ")
+_TQDM_HINT_RE = re.compile(r"\d/\d+ \[")
+
+
+# --------------------------------------------------------------------------- line splitting
+
+
+class LineSplitter:
+    """Incremental bytes -> lines, for both the file and the pipe tailer.
+
+    ``\\n``, ``\\r\\n`` and a lone ``\\r`` (tqdm redraw) all end a line; empty
+    lines are dropped. A partial last line is kept until it completes, except
+    when it is a complete progress frame: then it is emitted at once and, when
+    the line later completes, only what was added after it comes out (typically
+    the record glued to the bar's last frame). Lines longer than ``max_line``
+    bytes are cut and end with `` …``.
+    """
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self._max = max_line
+        self._buf = b""
+        self._flushed = 0  # bytes at the start of _buf already emitted as a live frame
+        self._skipping = False  # dropping the rest of an over-long line
+
+    def reset(self) -> None:
+        self._buf = b""
+        self._flushed = 0
+        self._skipping = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes held back as an incomplete line."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        buf = self._buf + data if self._buf else data
+        parts = buf.replace(b"\r", b"\n").split(b"\n")
+        partial = parts.pop()
+        if parts:
+            if self._skipping:
+                self._skipping = False
+                parts[0] = b""
+            elif self._flushed:
+                rest = parts[0][self._flushed :]
+                parts[0] = rest if rest.strip() else b""
+                self._flushed = 0
+            self._emit_many(parts, out)
+        elif self._skipping:
+            self._buf = b""
+            return out
+        if len(partial) > self._max:
+            if self._flushed:
+                partial = partial[self._flushed :]
+                self._flushed = 0
+            self._emit_many([partial], out)
+            self._buf = b""
+            self._skipping = True
+            return out
+        self._buf = partial
+        if partial and not self._flushed:
+            text = strip_ansi(partial.decode("utf-8", "replace"))
+            if is_progress_frame(text):
+                out.extend(split_glued(text))
+                self._flushed = len(partial)
+        return out
+
+    def flush(self) -> list[str]:
+        """Emit the held partial line (end of input) and start clean."""
+        out: list[str] = []
+        rest = self._buf[self._flushed :]
+        if rest.strip() and not self._skipping:
+            self._emit_many([rest], out)
+        self.reset()
+        return out
+
+    def _emit_many(self, parts: list[bytes], out: list[str]) -> None:
+        """Decode, clean and split many complete lines at once (one decode, one ANSI pass)."""
+        mx = self._max
+        parts = [p if len(p) <= mx else p[:mx] + " …".encode() for p in parts if p]
+        if not parts:
+            return
+        text = strip_ansi(b"\n".join(parts).decode("utf-8", "replace"))
+        lines = text.split("\n")
+        if "]" in text and _TQDM_HINT_RE.search(text):
+            for line in lines:
+                if line:
+                    out.extend(split_glued(line))
+        else:
+            out.extend(line for line in lines if line)
+
+
+# --------------------------------------------------------------------------- backward banner scan
+
+
+@dataclass(frozen=True)
+class StartupScan:
+    """Where the last startup begins in a file, as found by :func:`find_last_startup`."""
+
+    offset: int  # first byte to read
+    found: bool  # a banner was found (else ``offset`` is a line start near the end)
+    version: str | None
+    scanned: int  # bytes looked at
+
+
+def _line_bounds(fd: int, pos: int, size: int) -> tuple[int, bytes]:
+    """(start offset, bytes) of the line holding ``pos``, looking at most 64 KiB each way."""
+    back = min(pos, 65536)
+    before = os.pread(fd, back, pos - back)
+    nl = max(before.rfind(b"\n"), before.rfind(b"\r"))
+    start = pos - back + nl + 1 if nl >= 0 else pos - back
+    after = os.pread(fd, min(65536, size - pos), pos)
+    end_rel = min((i for i in (after.find(b"\n"), after.find(b"\r")) if i >= 0), default=len(after))
+    return start, before[nl + 1 :] + after[:end_rel] if nl >= 0 else before + after[:end_rel]
+
+
+def _header(line: bytes) -> bytes | None:
+    """The record header up to the source bracket, e.g. ``(APIServer pid=9) INFO 11-30 09:54:35 [api_utils.py:345]``."""
+    i = line.find(b".py:")
+    j = line.find(b"]", i)
+    return line[: j + 1] if i > 0 and j > 0 else None
+
+
+def _logo_start(fd: int, start: int, line: bytes) -> int:
+    """Back up over the two logo lines above the version line (0.13+), which share its header."""
+    head = _header(line)
+    if head is None or start == 0:
+        return start
+    back = min(start, 4096)
+    lines = os.pread(fd, back, start - back).split(b"\n")
+    if lines[-1] != b"":
+        return start
+    lines.pop()
+    if start - back > 0:
+        lines = lines[1:]  # the first one may be cut
+    pos = start
+    for prev in reversed(lines[-2:]):
+        if _header(prev.rstrip(b"\r")) != head:
+            break
+        pos -= len(prev) + 1
+    return pos
+
+
+def find_last_startup(
+    fd: int,
+    size: int | None = None,
+    *,
+    max_scan: int = DEFAULT_MAX_SCAN,
+    tail_bytes: int = DEFAULT_TAIL_BYTES,
+    chunk: int = _SCAN_CHUNK,
+) -> StartupScan:
+    """Find the last vLLM startup banner by scanning backwards from the end.
+
+    Reads ``chunk``-sized windows with ``os.pread`` and ``rfind`` for fixed
+    needles, checks each candidate line with the banner regexes, and stops at the
+    first real banner, so the cost is proportional to what follows the last
+    start, capped at ``max_scan`` bytes. With no banner in reach, returns the start
+    of the first whole line within the last ``tail_bytes``.
+    """
+    if size is None:
+        size = os.fstat(fd).st_size
+    lo_limit = max(0, size - max_scan)
+    longest = max(len(n) for n in _BANNER_NEEDLES)
+    hi = size
+    scanned = 0
+    while hi > lo_limit:
+        lo = max(lo_limit, hi - chunk)
+        data = os.pread(fd, min(size, hi + longest) - lo, lo)
+        scanned += hi - lo
+        limit = hi - lo  # only matches starting before `hi` are new in this window
+        while True:
+            best = -1
+            for needle in _BANNER_NEEDLES:
+                best = max(best, data.rfind(needle, 0, limit + len(needle) - 1))
+            if best < 0:
+                break
+            start, line = _line_bounds(fd, lo + best, size)
+            version = banner_version(line.decode("utf-8", "replace"))
+            if version is not None:
+                return StartupScan(_logo_start(fd, start, line), True, version, scanned)
+            limit = best
+        hi = lo
+    if size <= tail_bytes:
+        return StartupScan(0, False, None, scanned)
+    base = size - tail_bytes
+    window = os.pread(fd, min(tail_bytes, 65536), base)
+    nl = window.find(b"\n")
+    return StartupScan(base + nl + 1 if nl >= 0 else base, False, None, scanned)
+
+
+# --------------------------------------------------------------------------- tailers
+
+
+@dataclass(frozen=True)
+class TailState:
+    """What a tailer is doing, for the status bar."""
+
+    status: str  # "waiting" | "following" | "ended" | "error"
+    source: str  # the path, or "-" for stdin
+    message: str = ""
+    offset: int = 0
+    size: int | None = None
+    restarts: int = 0  # truncations and rotations seen
+    startup_found: bool | None = None  # whether the attach scan found a banner
+
+    @property
+    def behind(self) -> int:
+        """Bytes written but not read yet (catching up after attach)."""
+        return max(0, self.size - self.offset) if self.size is not None else 0
+
+
+class LogSource(Protocol):
+    """What vtop needs from a log source."""
+
+    def poll(self) -> list[str]: ...
+
+    @property
+    def state(self) -> TailState: ...
+
+    def close(self) -> None: ...
+
+
+class LogTailer:
+    """Follow a log file by path.
+
+    The first poll opens the file and, when it already exists, jumps to the last
+    startup (see :func:`find_last_startup`); a file that appears later, or a new
+    file after rotation, is read from its start. Every poll checks for
+    truncation and replacement.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        jump_to_last_startup: bool = True,
+        max_read: int = DEFAULT_MAX_READ,
+        max_scan: int = DEFAULT_MAX_SCAN,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
+        max_line: int = DEFAULT_MAX_LINE,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._jump = jump_to_last_startup
+        self._max_read = max_read
+        self._max_scan = max_scan
+        self._tail_bytes = tail_bytes
+        self._splitter = LineSplitter(max_line)
+        self._file: BinaryIO | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._offset = 0
+        self._sig = b""
+        self._from_start = not jump_to_last_startup
+        self._restarts = 0
+        self._scan: StartupScan | None = None
+        self._state = TailState("waiting", self.path, f"waiting for {self.path}")
+
+    @property
+    def state(self) -> TailState:
+        return self._state
+
+    @property
+    def scan(self) -> StartupScan | None:
+        """The attach scan's result, once the file was opened."""
+        return self._scan
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+
+    def poll(self) -> list[str]:
+        """New complete lines since the last poll (at most ``max_read`` bytes' worth)."""
+        try:
+            return self._poll()
+        except OSError as exc:
+            self.close()
+            self._set("error", f"cannot read {self.path}: {exc.strerror or exc}")
+            return []
+
+    # -- internals
+
+    def _set(self, status: str, message: str = "", size: int | None = None) -> None:
+        self._state = TailState(
+            status,
+            self.path,
+            message,
+            self._offset,
+            size,
+            self._restarts,
+            self._scan.found if self._scan is not None else None,
+        )
+
+    def _open(self) -> bool:
+        try:
+            # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            self._from_start = True  # it will be a new file: read it whole
+            self._set("waiting", f"waiting for {self.path} to appear")
+            return False
+        try:
+            return self._adopt(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _adopt(self, fd: int) -> bool:
+        """Check and position a freshly opened descriptor; False (fd closed) if it is not a file."""
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            os.close(fd)
+            self._set("error", f"{self.path} is a directory, not a log file")
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            self._set("error", f"{self.path} is not a regular file; for a pipe or a FIFO use --log - (stdin)")
+            return False
+        ident = (st.st_dev, st.st_ino)
+        if ident == self._ident and st.st_size >= self._offset:
+            pass  # reopened after an error: resume where we were
+        elif self._ident is None and not self._from_start:
+            self._scan = find_last_startup(fd, st.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes)
+            self._offset = self._scan.offset
+            self._splitter.reset()
+            back = min(_SIG_LEN, self._offset)
+            self._sig = os.pread(fd, back, self._offset - back) if back else b""
+        else:
+            self._offset = 0
+            self._sig = b""
+            self._splitter.reset()
+        f = open(fd, "rb", buffering=0)  # noqa: SIM115 - unbuffered, kept open across polls
+        self._file, self._ident = f, ident
+        return True
+
+    def _sig_ok(self, fd: int) -> bool:
+        if not self._sig:
+            return True
+        n = len(self._sig)
+        return os.pread(fd, n, self._offset - n) == self._sig
+
+    def _read(self, fd: int, budget: int) -> tuple[int, list[str]]:
+        total = 0
+        out: list[str] = []
+        while total < budget:
+            chunk = os.pread(fd, min(_READ_CHUNK, budget - total), self._offset)
+            if not chunk:
+                break
+            self._offset += len(chunk)
+            total += len(chunk)
+            self._sig = chunk[-_SIG_LEN:] if len(chunk) >= _SIG_LEN else (self._sig + chunk)[-_SIG_LEN:]
+            out.extend(self._splitter.feed(chunk))
+        return total, out
+
+    def _poll(self) -> list[str]:
+        if self._file is None and not self._open():
+            return []
+        assert self._file is not None
+        fd = self._file.fileno()
+        out: list[str] = []
+        budget = self._max_read
+        message = ""
+        try:
+            st_path: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            st_path = None
+        st_fd = os.fstat(fd)
+        if st_path is not None and (st_path.st_dev, st_path.st_ino) != self._ident:
+            # Replaced (rotation, or removed and recreated): finish the old file first.
+            used, lines = self._read(fd, budget)
+            out.extend(lines)
+            budget -= used
+            if self._offset < os.fstat(fd).st_size:
+                self._set("following", "log file replaced; finishing the old one", st_fd.st_size)
+                return out
+            out.extend(self._splitter.flush())
+            self.close()
+            self._restarts += 1
+            self._from_start = True
+            if not self._open():
+                return out
+            assert self._file is not None
+            fd = self._file.fileno()
+            st_fd = os.fstat(fd)
+            message = "log file replaced; reading the new one from its start"
+        if st_fd.st_size < self._offset or not self._sig_ok(fd):
+            self._offset = 0
+            self._sig = b""
+            self._splitter.reset()
+            self._restarts += 1
+            message = "log file truncated; reading it again from its start"
+        _, lines = self._read(fd, budget)
+        out.extend(lines)
+        if st_path is None:
+            message = message or f"{self.path} was removed; still reading the open file"
+        elif not message and self._state.status == "following":
+            message = self._state.message if self._state.offset == self._offset else ""
+        self._set("following", message, max(os.fstat(fd).st_size, self._offset))
+        return out
+
+
+class StreamTailer:
+    """Follow a non-seekable stream (``--log -``: ``docker logs -f c 2>&1 | vtop --log -``).
+
+    Reads with ``os.read`` only what ``poll``/``select`` says is there, so a poll
+    never blocks, without setting ``O_NONBLOCK`` on a descriptor the terminal
+    may share. At end of input the last partial line is emitted and the state
+    becomes ``ended``.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        name: str = "-",
+        max_read: int = DEFAULT_MAX_READ,
+        max_line: int = DEFAULT_MAX_LINE,
+        read_chunk: int = 65536,
+    ) -> None:
+        self._fd = fd
+        self._name = name
+        self._max_read = max_read
+        self._chunk = read_chunk
+        self._splitter = LineSplitter(max_line)
+        self._offset = 0
+        self._ended = False
+        self._poller = select.poll() if hasattr(select, "poll") else None
+        if self._poller is not None:
+            self._poller.register(fd, select.POLLIN | select.POLLPRI)
+        self._state = TailState("following", name, "reading standard input" if name == "-" else "")
+
+    @property
+    def state(self) -> TailState:
+        return self._state
+
+    def close(self) -> None:
+        if self._poller is not None:
+            try:
+                self._poller.unregister(self._fd)
+            except (KeyError, ValueError, OSError):
+                pass
+            self._poller = None
+
+    def _readable(self) -> bool:
+        if self._poller is not None:
+            return bool(self._poller.poll(0))
+        r, _, _ = select.select([self._fd], [], [], 0)
+        return bool(r)
+
+    def poll(self) -> list[str]:
+        if self._ended or self._state.status == "error":
+            return []
+        out: list[str] = []
+        total = 0
+        while total < self._max_read:
+            try:
+                if not self._readable():
+                    break
+                data = os.read(self._fd, min(self._chunk, self._max_read - total))
+            except BlockingIOError:
+                break
+            except (OSError, ValueError) as exc:
+                self._state = TailState("error", self._name, f"cannot read input: {exc}", self._offset)
+                break
+            if not data:
+                out.extend(self._splitter.flush())
+                self._ended = True
+                self._state = TailState("ended", self._name, "input ended (the writer closed it)", self._offset)
+                break
+            total += len(data)
+            self._offset += len(data)
+            out.extend(self._splitter.feed(data))
+        if not self._ended and self._state.status != "error":
+            self._state = TailState("following", self._name, self._state.message, self._offset)
+        return out
+
+
+def open_log(spec: str, *, stdin_fd: int = 0, **kwargs: int | bool) -> LogTailer | StreamTailer:
+    """``--log`` argument to a source: ``-`` is standard input (fd 0), anything else a path.
+
+    The CLI must give Textual the terminal (``/dev/tty``) for keys when stdin is the log.
+    """
+    if spec == "-":
+        keep = {k: v for k, v in kwargs.items() if k in ("max_read", "max_line")}
+        return StreamTailer(stdin_fd, **keep)  # type: ignore[arg-type]
+    return LogTailer(spec, **kwargs)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- log of a pid
+
+
+@dataclass(frozen=True)
+class LogLocation:
+    """Where a process's log goes, from ``/proc/PID/fd/1`` and ``/2``."""
+
+    pid: int
+    path: str | None  # a regular file vtop can follow, else None
+    stream: str | None  # "stdout" or "stderr": which one ``path`` is
+    target: str | None  # what stdout points to (readlink), for messages
+    message: str  # why there is no path and what to do, or a note
+
+
+def _describe(pid: int, stream: str, target: str) -> str:
+    if target.startswith("pipe:"):
+        return (
+            f"vLLM (pid {pid}) writes its {stream} to a pipe, so there is no file to follow. Pipe it into vtop: "
+            "`docker logs -f CONTAINER 2>&1 | vtop --log -` or `journalctl -f -o cat -u UNIT | vtop --log -`, "
+            "or start vLLM with `2>&1 | tee vllm.log` and pass `--log vllm.log`."
+        )
+    if target.startswith("socket:"):
+        return (
+            f"vLLM (pid {pid}) writes its {stream} to a socket (systemd journal or a container runtime). Pipe it in: "
+            f"`journalctl -f -o cat _PID={pid} | vtop --log -` or `docker logs -f CONTAINER 2>&1 | vtop --log -`, "
+            "or pass `--log PATH` if it also goes to a file."
+        )
+    if target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console":
+        return (
+            f"vLLM (pid {pid}) writes to a terminal ({target}), which vtop cannot read. Start it with "
+            "`vllm serve ... 2>&1 | tee vllm.log` and pass `--log vllm.log` (or pipe it: `--log -`)."
+        )
+    if target == "/dev/null":
+        return (
+            f"vLLM (pid {pid}) discards its output (/dev/null). Start it with `> vllm.log 2>&1` "
+            "and pass `--log vllm.log`."
+        )
+    return (
+        f"vLLM (pid {pid}) writes its {stream} to {target}, which is not a regular file. "
+        "Pass `--log PATH` (or `--log -` to read a pipe)."
+    )
+
+
+def find_log_for_pid(pid: int, *, proc_root: str = "/proc") -> LogLocation:
+    """Find the log file a process writes to, or say clearly why there is none.
+
+    Reads the links ``/proc/PID/fd/1`` and ``/2`` (stdout first: vLLM's records go
+    there; tqdm bars go to stderr). A regular file gives its path; a file deleted
+    while open is still readable through the ``/proc`` link itself.
+    """
+    first_target: str | None = None
+    first_stream: str | None = None
+    for fdnum, stream in ((1, "stdout"), (2, "stderr")):
+        link = f"{proc_root}/{pid}/fd/{fdnum}"
+        try:
+            target = os.readlink(link)
+        except FileNotFoundError:
+            if not os.path.exists(f"{proc_root}/{pid}"):
+                return LogLocation(pid, None, None, None, f"no process {pid} (it has exited?)")
+            continue
+        except PermissionError:
+            return LogLocation(
+                pid,
+                None,
+                None,
+                None,
+                f"not allowed to read {proc_root}/{pid}/fd: vLLM runs as another user. Run vtop as that user "
+                "(or with sudo), or pass `--log PATH` / `--log -`.",
+            )
+        except OSError as exc:
+            return LogLocation(pid, None, None, None, f"cannot read {link}: {exc.strerror or exc}")
+        if first_target is None:
+            first_target, first_stream = target, stream
+        if target.endswith(" (deleted)"):
+            return LogLocation(
+                pid,
+                link,
+                stream,
+                target,
+                f"the log file {target[: -len(' (deleted)')]} was deleted; reading it via {link}",
+            )
+        if target.startswith("/"):
+            try:
+                st = os.stat(link)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                note = "" if stream == "stdout" else "stdout is not a file; following stderr"
+                return LogLocation(pid, target, stream, target, note)
+    if first_target is None:
+        return LogLocation(pid, None, None, None, f"process {pid} has no stdout or stderr open")
+    assert first_stream is not None
+    return LogLocation(pid, None, None, first_target, _describe(pid, first_stream, first_target))

@@ -1,0 +1,694 @@
+"""Read a vLLM ``/metrics`` payload into a plain, frozen snapshot.
+
+Why this module looks the way it does:
+
+* **The parsing is prometheus_client's**, not ours
+  (:func:`prometheus_client.parser.text_string_to_metric_families`). We only
+  decide *which lines* it sees and *what the samples mean*.
+* **It never raises.** A monitor points at servers that are starting, dying,
+  behind a proxy that answers HTML, or cut off mid-payload. Whatever comes in,
+  a :class:`VllmMetrics` comes out, with ``problems`` saying what could not
+  be read. Missing data is ``None``, never ``0``: "no number" and "zero
+  requests" must look different on the dashboard.
+* **It salvages.** The library's generator dies at the first bad line, which
+  would throw away the rest of the payload. So sample lines are fed to it in
+  one batch and, when it raises, the bad line is reported and parsing
+  resumes on the next line.
+* **It is fast enough to run every second on a 2-core box.** The library
+  walks every label string character by character in Python: 12-25 ms for
+  a whole 50-60 KB vLLM payload, 3.5-7 ms even for only the ~130 sample
+  lines we read (``bench/parse_metrics.py``). So:
+
+  1. Comment lines are dropped and only the sample names we read are kept
+     (a cheap ``startswith`` plus a dict lookup). HELP/TYPE carry nothing we
+     need: the vLLM names are known and the ``_bucket/_sum/_count/_total``
+     suffixes are on the wire (reference §1.1). This also keeps the
+     library's quadratic comment splitting (``_split_quoted``) away from
+     hostile input.
+  2. A line cache: the text left of the value (``name{labels}``) is the same
+     scrape after scrape, so the library's answer for it (name, labels) is
+     remembered and only the value token is converted, with the library's
+     own value rules. A line is cached only after the library parsed it and
+     the cached answer would have given the same result (no timestamp, same
+     value); ``tests/unit/test_prom_properties.py`` checks that cached and
+     uncached parses agree on random and mutated payloads. Results are
+     applied in line order either way. Steady state: 0.5-0.9 ms a payload;
+     the first scrape of a server (cold cache) 6-11 ms.
+  3. Limits: lines over ``MAX_LINE_CHARS`` and cache-miss text beyond
+     ``MAX_LIBRARY_CHARS_PER_PARSE`` are skipped and reported, so hostile
+     input costs at most about a second instead of the library's quadratic
+     corners (long runs of backslashes and escaped quotes).
+
+Metric names follow ``shared/docs/vllm-reference.md`` §1 (0.6 to 0.33):
+``kv_cache_usage_perc`` is preferred over ``gpu_cache_usage_perc`` (both are
+0..1 fractions; 0.9.2-0.10 expose both), ``inter_token_latency_seconds``
+over ``time_per_output_token_seconds``, counters always end in ``_total`` on
+the wire, ``engine`` is the data-parallel index (absent in V0 and 0.7), and
+``num_requests_swapped`` only exists in V0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "FINISH_REASONS",
+    "EngineMetrics",
+    "Histogram",
+    "VllmMetrics",
+    "clear_line_cache",
+    "parse_vllm_metrics",
+]
+
+#: Finish reasons vLLM pre-creates in V1 (``error`` since 0.15, ``repetition``
+#: since 0.20). Others are kept too if a server reports them.
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+
+# Guards against input that would make the library slow (see module doc).
+MAX_PAYLOAD_CHARS = 16 * 1024 * 1024
+MAX_LINE_CHARS = 2048
+MAX_LIBRARY_CHARS_PER_PARSE = 512 * 1024
+MAX_PROBLEMS = 40
+_CACHE_MAX_ENTRIES = 16384
+
+# --- what we read ---------------------------------------------------------
+
+# Plain gauges: sample name -> attribute.
+_GAUGES: dict[str, str] = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_swapped": "swapped",  # V0 only (0.6-0.8.5)
+    "vllm:kv_cache_usage_perc": "kv_new",  # 0.9.2+
+    "vllm:gpu_cache_usage_perc": "kv_old",  # <=0.11
+}
+# Plain counters (the ``_total`` suffix is always on the wire).
+_COUNTERS: dict[str, str] = {
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:num_preemptions_total": "preemptions_total",
+    "vllm:prefix_cache_queries_total": "pc_queries_new",  # 0.9.2+
+    "vllm:prefix_cache_hits_total": "pc_hits_new",
+    "vllm:gpu_prefix_cache_queries_total": "pc_queries_old",  # 0.7.3-0.10
+    "vllm:gpu_prefix_cache_hits_total": "pc_hits_old",
+}
+# Gauges/counters split by one label: sample name -> (attribute, label).
+_LABELLED: dict[str, tuple[str, str]] = {
+    "vllm:num_requests_waiting_by_reason": ("waiting_by_reason", "reason"),  # 0.20+
+    "vllm:request_success_total": ("request_success_total", "finished_reason"),
+}
+# Histograms: family name -> attribute.
+_HISTOGRAMS: dict[str, str] = {
+    "vllm:time_to_first_token_seconds": "time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds": "itl_new",  # 0.11+
+    "vllm:time_per_output_token_seconds": "itl_old",  # <=0.12
+    "vllm:e2e_request_latency_seconds": "e2e_request_latency_seconds",
+    "vllm:request_params_max_tokens": "request_params_max_tokens",
+    "vllm:request_prompt_tokens": "request_prompt_tokens",
+    "vllm:request_generation_tokens": "request_generation_tokens",
+}
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+
+# sample name -> (kind, attribute, extra): one dict lookup per line.
+_WANTED: dict[str, tuple[str, str, str]] = {}
+for _n, _a in _GAUGES.items():
+    _WANTED[_n] = ("gauge", _a, "")
+for _n, _a in _COUNTERS.items():
+    _WANTED[_n] = ("counter", _a, "")
+for _n, (_a, _l) in _LABELLED.items():
+    _WANTED[_n] = ("labelled", _a, _l)
+for _n, _a in _HISTOGRAMS.items():
+    for _s in _HIST_SUFFIXES:
+        _WANTED[_n + _s] = ("hist" + _s, _a, _n)
+
+_NAME_RE = re.compile(r"[^{\s]*")
+
+
+# --- the snapshot -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """One Prometheus histogram as scraped: lifetime, cumulative.
+
+    ``buckets`` are ``(upper_bound, cumulative_count)`` sorted by bound,
+    ``+Inf`` last when present. Windowed quantiles come from *differences*
+    of these between scrapes (:mod:`vtop.core.rates`), never from the
+    lifetime counts, which after an hour say nothing about "now".
+    """
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float | None
+    count: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Values:
+    """Fields shared by one engine's row and the whole-server total."""
+
+    model_name: str | None = None
+    running: float | None = None
+    waiting: float | None = None
+    swapped: float | None = None
+    #: KV-cache usage as a fraction 0..1 (multiply by 100 for a percentage).
+    kv_cache_usage: float | None = None
+    waiting_by_reason: Mapping[str, float] = field(default_factory=dict, hash=False)
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    preemptions_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    #: ``vllm:request_success_total`` by ``finished_reason``.
+    request_success_total: Mapping[str, float] = field(default_factory=dict, hash=False)
+    time_to_first_token_seconds: Histogram | None = None
+    #: ``inter_token_latency_seconds`` (0.11+) or else ``time_per_output_token_seconds``.
+    inter_token_latency_seconds: Histogram | None = None
+    e2e_request_latency_seconds: Histogram | None = None
+    request_params_max_tokens: Histogram | None = None
+    request_prompt_tokens: Histogram | None = None
+    request_generation_tokens: Histogram | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics(_Values):
+    """One data-parallel engine's row.
+
+    ``engine`` is the ``engine`` label ("0".."N-1"), or ``None`` for V0 and
+    0.7.x, which have no such label.
+    """
+
+    engine: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmMetrics(_Values):
+    """A whole ``/metrics`` payload. The value fields are the server total:
+    counts, counters and histograms summed over engines, KV usage averaged
+    (as vLLM's own log aggregator does).
+    """
+
+    #: Any ``vllm:`` family seen. False with ``--disable-log-stats`` (V1
+    #: then exports no ``vllm:*`` at all) or when this is not vLLM.
+    is_vllm: bool = False
+    engines: tuple[EngineMetrics, ...] = ()
+    model_names: tuple[str, ...] = ()
+    #: Human-readable, one per thing that could not be read.
+    problems: tuple[str, ...] = ()
+    #: Sample lines we wanted but could not read.
+    skipped_lines: int = 0
+    #: Which KV gauge was read ("vllm:kv_cache_usage_perc"/"vllm:gpu_cache_usage_perc").
+    kv_cache_metric: str | None = None
+    #: Which inter-token histogram was read.
+    inter_token_metric: str | None = None
+
+
+# --- the line cache ---------------------------------------------------------
+
+class _Rec:
+    """Everything a sample line says except its value, decoded once.
+
+    The line cache maps ``name{labels}`` to one of these, so a warm parse
+    only converts the value token and files it.
+    """
+
+    __slots__ = ("key", "name", "kind", "attr", "engine", "model", "sub", "bad")
+
+    def __init__(self, name: str, labels: Mapping[str, str]) -> None:
+        kind, attr, extra = _WANTED[name]
+        items = tuple(sorted(labels.items()))
+        #: the series identity (a str: its hash is cached).
+        self.key = name + repr(items)
+        self.name = name
+        self.kind = kind
+        self.attr = attr
+        self.engine: str | None = labels.get("engine")
+        self.model: str | None = labels.get("model_name")
+        #: reason / finished_reason label, bucket bound, or histogram family.
+        self.sub: Any = extra
+        #: why the sample cannot be used, or "".
+        self.bad = ""
+        if kind == "labelled":
+            self.sub = labels.get(extra)
+            if self.sub is None:
+                self.bad = f"{name}: sample without the {extra!r} label"
+        elif kind == "hist_bucket":
+            le = labels.get("le")
+            try:
+                bound = float(le) if le is not None else math.nan
+            except ValueError:
+                bound = math.nan
+            if math.isnan(bound):
+                self.bad = f"{name}: bucket with bad le={le!r}"
+            self.sub = (extra, bound)
+
+
+# "name{labels}" (the line left of the value) -> _Rec, or None for a line
+# whose name we do not read.
+_LINE_CACHE: dict[str, _Rec | None] = {}
+
+
+def clear_line_cache() -> None:
+    """Forget cached lines (for benchmarks of the cold path, and tests)."""
+    _LINE_CACHE.clear()
+
+
+def _value(tok: str) -> float:
+    """A value token, by the library's rules (``parser._parse_value``:
+    ``int`` then ``float``, no ``_``, no surrounding whitespace). ``float``
+    alone gives the same number: both roundings are correct, and every
+    token ``int`` accepts ``float`` accepts too.
+    """
+    if "_" in tok or tok != tok.strip():
+        raise ValueError(tok)
+    return float(tok)
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+# --- parsing ----------------------------------------------------------------
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.dropped = 0
+
+    def add(self, msg: str) -> None:
+        if len(self.items) < MAX_PROBLEMS:
+            self.items.append(msg)
+        else:
+            self.dropped += 1
+
+    def result(self) -> tuple[str, ...]:
+        if self.dropped:
+            return (*self.items, f"... and {self.dropped} more problems")
+        return tuple(self.items)
+
+
+def _short(s: str, n: int = 80) -> str:
+    s = s.replace("\x00", "\\0")
+    return repr(s if len(s) <= n else s[:n] + "...")
+
+
+def _library_samples(lines: list[str]) -> Iterator[tuple[int, Any, Exception | None]]:
+    """Feed sample lines (no comments) to the library, resuming after a bad one.
+
+    Without HELP/TYPE lines the library yields one untyped family per
+    line, in order, so the i-th sample belongs to the i-th line. When the
+    generator raises, line ``i`` is the bad one: report it, restart on
+    ``i + 1``.
+    """
+    start = 0
+    n = len(lines)
+    while start < n:
+        i = start
+        try:
+            for fam in text_string_to_metric_families("\n".join(lines[start:])):
+                for s in fam.samples:
+                    yield i, s, None
+                i += 1
+            return
+        except Exception as exc:  # the library raises ValueError, IndexError, ...
+            if i >= n:  # cannot happen, but never loop forever
+                return
+            yield i, None, exc
+            start = i + 1
+
+
+class _Collector:
+    """Per-engine raw values, filled sample by sample."""
+
+    def __init__(self, problems: _Problems) -> None:
+        self.problems = problems
+        # engine -> attribute -> series key -> value (several series of one
+        # attribute, e.g. an unexpected extra label, are summed later)
+        self.plain: dict[str | None, dict[str, dict[str, float]]] = {}
+        # engine -> attribute -> label value -> value
+        self.labelled: dict[str | None, dict[str, dict[str, float]]] = {}
+        # engine -> family -> {"le": {bound: count}, "sum": x, "count": y}
+        self.hists: dict[str | None, dict[str, dict[str, Any]]] = {}
+        self.models: dict[str | None, str] = {}
+        self.model_names: list[str] = []
+        self.seen: set[str] = set()
+        self.duplicates = 0
+
+    def add(self, rec: _Rec, value: float) -> None:
+        problems = self.problems
+        if rec.key in self.seen:
+            self.duplicates += 1
+            if self.duplicates <= 3:
+                problems.add(f"duplicate series {rec.key}: kept the last value")
+        else:
+            self.seen.add(rec.key)
+        if rec.bad:
+            problems.add(rec.bad)
+            return
+        engine = rec.engine
+        model = rec.model
+        if model is not None and engine not in self.models:
+            self.models[engine] = model
+            if model not in self.model_names:
+                self.model_names.append(model)
+        kind = rec.kind
+        if kind == "gauge" or kind == "counter" or kind == "labelled":
+            if not (0.0 <= value < math.inf):  # also False for NaN
+                problems.add(f"{rec.key}: unusable value {value!r}")
+                return
+            if kind == "labelled":
+                self.labelled.setdefault(engine, {}).setdefault(rec.attr, {})[rec.sub] = value
+            else:
+                self.plain.setdefault(engine, {}).setdefault(rec.attr, {})[rec.key] = value
+        elif kind == "hist_bucket":
+            family, bound = rec.sub
+            self.hists.setdefault(engine, {}).setdefault(family, {"le": {}})["le"][bound] = value
+        else:
+            h = self.hists.setdefault(engine, {}).setdefault(rec.sub, {"le": {}})
+            h["sum" if kind == "hist_sum" else "count"] = value
+
+
+def _build_histogram(family: str, engine: str | None, raw: dict[str, Any], problems: _Problems) -> Histogram:
+    buckets = tuple(sorted(raw["le"].items()))
+    where = f"{family}{{engine={engine!r}}}"
+    if buckets:
+        counts = [c for _, c in buckets]
+        if any(b < a for a, b in zip(counts, counts[1:])):
+            problems.add(f"{where}: bucket counts go down (not cumulative)")
+        if buckets[-1][0] != math.inf:
+            problems.add(f"{where}: no +Inf bucket")
+        elif raw.get("count") is not None and not _same(raw["count"], buckets[-1][1]):
+            problems.add(f"{where}: _count {raw['count']} differs from +Inf bucket {buckets[-1][1]}")
+    return Histogram(buckets=buckets, sum=raw.get("sum"), count=raw.get("count"))
+
+
+def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> EngineMetrics:
+    plain = {attr: math.fsum(series.values()) for attr, series in col.plain.get(engine, {}).items()}
+    lab = col.labelled.get(engine, {})
+    hists = {
+        fam: _build_histogram(fam, engine, raw, problems) for fam, raw in col.hists.get(engine, {}).items()
+    }
+
+    def hist(attr: str) -> Histogram | None:
+        for fam, a in _HISTOGRAMS.items():
+            if a == attr and fam in hists:
+                return hists[fam]
+        return None
+
+    kv = plain.get("kv_new", plain.get("kv_old"))
+    if kv is not None and kv > 1.0 + 1e-9:
+        problems.add(f"KV-cache usage {kv!r} on engine {engine!r} is above 1 (expected a fraction)")
+        kv = None
+    use_new_pc = "pc_queries_new" in plain
+    return EngineMetrics(
+        engine=engine,
+        model_name=col.models.get(engine),
+        running=plain.get("running"),
+        waiting=plain.get("waiting"),
+        swapped=plain.get("swapped"),
+        kv_cache_usage=kv,
+        waiting_by_reason=dict(lab.get("waiting_by_reason", {})),
+        prompt_tokens_total=plain.get("prompt_tokens_total"),
+        generation_tokens_total=plain.get("generation_tokens_total"),
+        preemptions_total=plain.get("preemptions_total"),
+        prefix_cache_queries_total=plain.get("pc_queries_new" if use_new_pc else "pc_queries_old"),
+        prefix_cache_hits_total=plain.get("pc_hits_new" if use_new_pc else "pc_hits_old"),
+        request_success_total=dict(lab.get("request_success_total", {})),
+        time_to_first_token_seconds=hist("time_to_first_token_seconds"),
+        inter_token_latency_seconds=hists.get("vllm:inter_token_latency_seconds")
+        or hists.get("vllm:time_per_output_token_seconds"),
+        e2e_request_latency_seconds=hist("e2e_request_latency_seconds"),
+        request_params_max_tokens=hist("request_params_max_tokens"),
+        request_prompt_tokens=hist("request_prompt_tokens"),
+        request_generation_tokens=hist("request_generation_tokens"),
+    )
+
+
+def _first(e: tuple[int, Any, Any]) -> int:
+    return e[0]
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) if present else None
+
+
+def _sum_maps(maps: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _sum_hists(name: str, hs: list[Histogram | None], problems: _Problems) -> Histogram | None:
+    present = [h for h in hs if h is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    bounds = [b for b, _ in present[0].buckets]
+    if any([b for b, _ in h.buckets] != bounds for h in present[1:]):
+        problems.add(f"{name}: engines have different buckets, no total")
+        return None
+    buckets = tuple((b, math.fsum(h.buckets[i][1] for h in present)) for i, b in enumerate(bounds))
+    sums = [h.sum for h in present]
+    counts = [h.count for h in present]
+    return Histogram(
+        buckets=buckets,
+        sum=None if None in sums else math.fsum(s for s in sums if s is not None),
+        count=None if None in counts else math.fsum(c for c in counts if c is not None),
+    )
+
+
+def _engine_sort_key(e: str | None) -> tuple[int, int, str]:
+    if e is None:
+        return (0, 0, "")
+    if e.isascii() and e.isdigit() and len(e) < 18:
+        return (1, int(e), e)
+    return (2, 0, e)
+
+
+_HIST_ATTRS = (
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "e2e_request_latency_seconds",
+    "request_params_max_tokens",
+    "request_prompt_tokens",
+    "request_generation_tokens",
+)
+
+
+def _coerce_text(payload: object, problems: _Problems) -> str | None:
+    if isinstance(payload, str):
+        return payload
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        raw = bytes(payload)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.add("payload is not valid UTF-8: undecodable bytes replaced")
+            return raw.decode("utf-8", errors="replace")
+    problems.add(f"payload is not text ({type(payload).__name__})")
+    return None
+
+
+def parse_vllm_metrics(payload: str | bytes, *, use_cache: bool = True) -> VllmMetrics:
+    """Parse a ``/metrics`` payload (text or bytes). Never raises.
+
+    ``use_cache=False`` sends every wanted line through the library (the
+    reference behaviour the cache is tested against).
+    """
+    problems = _Problems()
+    try:
+        return _parse(payload, problems, use_cache)
+    except Exception as exc:  # a bug of ours must not take the dashboard down
+        problems.add(f"internal error while parsing: {type(exc).__name__}: {exc}")
+        return VllmMetrics(problems=problems.result())
+
+
+def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics:
+    text = _coerce_text(payload, problems)
+    if text is None:
+        return VllmMetrics(problems=problems.result())
+    if not text.strip():
+        problems.add("empty payload")
+        return VllmMetrics(problems=problems.result())
+    if len(text) > MAX_PAYLOAD_CHARS:
+        cut = text.rfind("\n", 0, MAX_PAYLOAD_CHARS)
+        text = text[: cut + 1 if cut >= 0 else MAX_PAYLOAD_CHARS]
+        problems.add(f"payload larger than {MAX_PAYLOAD_CHARS} characters: the rest was ignored")
+
+    cut_off = 0
+    lines = text.split("\n")  # the library splits on "\n" only (io.StringIO)
+    if lines and lines[-1].strip():
+        # prometheus_client always ends with a newline. A last line without
+        # one is a cut-off payload; its value may be cut too ("3398" of
+        # "339800.0"), which would read as a counter reset. Drop it.
+        last = lines[-1].strip()
+        if _NAME_RE.match(last).group() in _WANTED:  # type: ignore[union-attr]
+            problems.add(f"payload cut off: ignored the unterminated last line {_short(last)}")
+            cut_off = 1
+        lines[-1] = ""
+
+    is_vllm = False
+    col = _Collector(problems)
+    skipped = cut_off
+    cache = _LINE_CACHE
+    # (line number, record or None, value or problem text). Cache hits and
+    # library results are applied in line order, so that the cache can
+    # never change which of two duplicate lines wins, or the problem order.
+    events: list[tuple[int, _Rec | None, Any]] = []
+    misses: list[str] = []
+    miss_lineno: list[int] = []
+    miss_chars = 0
+    lib_budget_hit = False
+    saw_sample_shape = False
+
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            if not is_vllm and (line.startswith("# TYPE vllm:") or line.startswith("# HELP vllm:")):
+                is_vllm = True
+            continue
+        if use_cache and "\t" not in line:
+            head, sep, tok = line.rpartition(" ")
+            if sep and head in cache:
+                rec = cache[head]
+                if rec is None:  # a name we do not read
+                    continue
+                try:
+                    v = _value(tok)
+                except (ValueError, OverflowError):
+                    pass  # let the library say what is wrong
+                else:
+                    events.append((lineno, rec, v))
+                    continue
+        if not line.startswith("vllm:"):
+            continue
+        name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
+        if name not in _WANTED:
+            if use_cache and "\t" not in line:
+                head, sep, _ = line.rpartition(" ")
+                if sep:
+                    if len(cache) >= _CACHE_MAX_ENTRIES:
+                        cache.clear()
+                    cache[head] = None
+            continue
+        saw_sample_shape = True
+        if len(line) > MAX_LINE_CHARS:
+            skipped += 1
+            events.append((lineno, None, f"line {lineno}: {len(line)} characters, too long to parse: {_short(line)}"))
+            continue
+        if miss_chars + len(line) > MAX_LIBRARY_CHARS_PER_PARSE:
+            skipped += 1
+            lib_budget_hit = True
+            continue
+        miss_chars += len(line) + 1
+        misses.append(line)
+        miss_lineno.append(lineno)
+
+    if lib_budget_hit:
+        problems.add(f"more than {MAX_LIBRARY_CHARS_PER_PARSE} characters of new lines: the rest was skipped")
+
+    if misses:
+        for i, sample, exc in _library_samples(misses):
+            line = misses[i]
+            if exc is not None:
+                skipped += 1
+                msg = f"line {miss_lineno[i]}: unreadable {_short(line)} ({type(exc).__name__}: {_short(str(exc), 60)})"
+                events.append((miss_lineno[i], None, msg))
+                continue
+            if sample.name not in _WANTED:
+                continue
+            rec = _Rec(sample.name, sample.labels)
+            value = float(sample.value)
+            events.append((miss_lineno[i], rec, value))
+            if use_cache and sample.timestamp is None and "\t" not in line:
+                head, sep, tok = line.rpartition(" ")
+                try:
+                    ok = bool(sep) and _same(_value(tok), value)
+                except (ValueError, OverflowError):
+                    ok = False
+                if ok:
+                    if len(cache) >= _CACHE_MAX_ENTRIES:
+                        cache.clear()
+                    cache[head] = rec
+        events.sort(key=_first)
+
+    for _, rec, what in events:
+        if rec is None:
+            problems.add(what)
+        else:
+            col.add(rec, what)
+            is_vllm = True
+            saw_sample_shape = True
+
+    engine_keys = sorted(set(col.plain) | set(col.labelled) | set(col.hists), key=_engine_sort_key)
+    rows = tuple(_engine_row(e, col, problems) for e in engine_keys)
+
+    if not is_vllm:
+        low = text.lstrip()[:200].lower()
+        if low.startswith("<") or "<html" in low:
+            problems.add("payload looks like HTML, not Prometheus text")
+        elif not saw_sample_shape and "# TYPE " not in text:
+            problems.add("payload does not look like Prometheus text")
+        else:
+            problems.add("no vllm: metrics (V1 with --disable-log-stats exports none)")
+    elif rows:
+        core = {
+            "vllm:num_requests_running": [r.running for r in rows],
+            "vllm:num_requests_waiting": [r.waiting for r in rows],
+            "vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc": [r.kv_cache_usage for r in rows],
+            "vllm:prompt_tokens_total": [r.prompt_tokens_total for r in rows],
+            "vllm:generation_tokens_total": [r.generation_tokens_total for r in rows],
+        }
+        for what, vals in core.items():
+            if all(v is None for v in vals):
+                problems.add(f"{what} missing")
+            elif any(v is None for v in vals):
+                problems.add(f"{what} missing on some engines: total is partial")
+
+    kv_vals = [r.kv_cache_usage for r in rows if r.kv_cache_usage is not None]
+    hists = {
+        attr: _sum_hists(attr, [getattr(r, attr) for r in rows], problems) if len(rows) > 1 else
+        (getattr(rows[0], attr) if rows else None)
+        for attr in _HIST_ATTRS
+    }
+    any_kv_new = any("kv_new" in p for p in col.plain.values())
+    any_kv_old = any("kv_old" in p for p in col.plain.values())
+    any_itl_new = any("vllm:inter_token_latency_seconds" in h for h in col.hists.values())
+    any_itl_old = any("vllm:time_per_output_token_seconds" in h for h in col.hists.values())
+    return VllmMetrics(
+        is_vllm=is_vllm,
+        engines=rows,
+        model_name=col.model_names[0] if col.model_names else None,
+        model_names=tuple(col.model_names),
+        running=_sum(r.running for r in rows),
+        waiting=_sum(r.waiting for r in rows),
+        swapped=_sum(r.swapped for r in rows),
+        kv_cache_usage=math.fsum(kv_vals) / len(kv_vals) if kv_vals else None,
+        waiting_by_reason=_sum_maps(r.waiting_by_reason for r in rows),
+        prompt_tokens_total=_sum(r.prompt_tokens_total for r in rows),
+        generation_tokens_total=_sum(r.generation_tokens_total for r in rows),
+        preemptions_total=_sum(r.preemptions_total for r in rows),
+        prefix_cache_queries_total=_sum(r.prefix_cache_queries_total for r in rows),
+        prefix_cache_hits_total=_sum(r.prefix_cache_hits_total for r in rows),
+        request_success_total=_sum_maps(r.request_success_total for r in rows),
+        problems=problems.result(),
+        skipped_lines=skipped,
+        kv_cache_metric="vllm:kv_cache_usage_perc"
+        if any_kv_new
+        else ("vllm:gpu_cache_usage_perc" if any_kv_old else None),
+        inter_token_metric="vllm:inter_token_latency_seconds"
+        if any_itl_new
+        else ("vllm:time_per_output_token_seconds" if any_itl_old else None),
+        **hists,
+    )
