@@ -1,0 +1,213 @@
+"""Properties: parse_vllm_metrics never raises, says when it skipped something,
+and its line cache never changes an answer. Plus the rate helpers' invariants.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vtop.core.rates import CounterWindow, HistogramWindow, histogram_quantile
+from vtop.sources import prom
+from vtop.sources.prom import Histogram, VllmMetrics, parse_vllm_metrics
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
+REAL = (FIX / "cpu-0.32.0-metrics-load.txt").read_text()
+REAL_LINES = REAL.split("\n")
+# the lines parse_vllm_metrics reads (for targeted mutations)
+WANTED_IDX = [i for i, line in enumerate(REAL_LINES) if line.split("{")[0].split(" ")[0] in prom._WANTED]
+assert len(WANTED_IDX) > 100
+
+# VTOP_HYPOTHESIS_EXAMPLES=5000 for a long local run.
+EXAMPLES = int(os.environ.get("VTOP_HYPOTHESIS_EXAMPLES", "60"))
+FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check(m: VllmMetrics) -> None:
+    """Invariants of every snapshot, whatever the input."""
+    assert isinstance(m, VllmMetrics)
+    assert not any(p.startswith("internal error") for p in m.problems), m.problems
+    if m.skipped_lines:
+        assert m.problems
+    for v in (m.running, m.waiting, m.swapped, m.prompt_tokens_total, m.generation_tokens_total):
+        assert v is None or (math.isfinite(v) and v >= 0)
+    assert m.kv_cache_usage is None or 0 <= m.kv_cache_usage <= 1 + 1e-9
+    hash(m)  # frozen and hashable (dict fields are left out of the hash)
+
+
+def both(text: str | bytes) -> VllmMetrics:
+    """Parse with the warm cache and without: the answers must be identical."""
+    cached = parse_vllm_metrics(text)
+    reference = parse_vllm_metrics(text, use_cache=False)
+    assert cached == reference
+    check(cached)
+    return cached
+
+
+@FAST
+@given(st.text())
+def test_random_text(text: str) -> None:
+    both(text)
+
+
+@FAST
+@given(st.binary(max_size=4096))
+def test_random_bytes(raw: bytes) -> None:
+    both(raw)
+    check(parse_vllm_metrics(raw.decode("latin-1")))
+
+
+_line_alphabet = st.sampled_from(list('vlm:_{}="\\, \t#+-.eE0123456789aInfN\x00\r'))
+vllm_ish_line = st.builds(
+    lambda name, body: name + body,
+    st.sampled_from(
+        ["vllm:num_requests_running", "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc"]
+    ),
+    st.text(_line_alphabet, max_size=60),
+)
+
+
+@FAST
+@given(st.lists(vllm_ish_line, max_size=30))
+def test_vllm_looking_garbage(lines: list[str]) -> None:
+    both("\n".join(lines) + "\n")
+
+
+# --- mutations of a real payload -------------------------------------------------------
+
+mutation = st.one_of(
+    st.tuples(st.just("delete"), st.integers(0, len(REAL_LINES) - 1)),
+    st.tuples(st.just("duplicate"), st.integers(0, len(REAL_LINES) - 1)),
+    st.tuples(st.just("swap_chars"), st.integers(0, len(REAL) - 2)),
+    st.tuples(st.just("replace_char"), st.integers(0, len(REAL) - 1), st.characters()),
+    st.tuples(st.just("insert"), st.integers(0, len(REAL)), st.text(max_size=20)),
+    st.tuples(st.just("corrupt_wanted"), st.sampled_from(WANTED_IDX), st.integers(0, 200), st.characters()),
+)
+
+
+def apply(text: str, op: tuple) -> str:  # type: ignore[type-arg]
+    kind = op[0]
+    if kind in ("delete", "duplicate", "corrupt_wanted"):
+        lines = text.split("\n")
+        i = op[1] % len(lines)
+        if kind == "delete":
+            del lines[i]
+        elif kind == "duplicate":
+            lines.insert(i, lines[i])
+        else:
+            line = lines[i]
+            j = op[2] % (len(line) + 1)
+            lines[i] = line[:j] + op[3] + line[j + 1 :]
+        return "\n".join(lines)
+    i = min(op[1], max(len(text) - 1, 0))
+    if kind == "swap_chars":
+        if len(text) < 2:
+            return text
+        i = min(i, len(text) - 2)
+        return text[:i] + text[i + 1] + text[i] + text[i + 2 :]
+    if kind == "replace_char":
+        return text[:i] + op[2] + text[i + 1 :]
+    return text[: op[1]] + op[2] + text[op[1] :]
+
+
+@FAST
+@given(st.lists(mutation, min_size=1, max_size=6), st.one_of(st.none(), st.integers(0, len(REAL))))
+def test_mutated_real_payload(ops: list[tuple], truncate_at: int | None) -> None:  # type: ignore[type-arg]
+    text = REAL
+    for op in ops:
+        text = apply(text, op)
+    if truncate_at is not None:
+        text = text[:truncate_at]
+    m = both(text)
+    if truncate_at is None and m.is_vllm:
+        # most of the payload survives a handful of mutations
+        assert m.engines
+
+
+@FAST
+@given(st.sampled_from(WANTED_IDX), st.sampled_from(['{', '"', "}", "=", "\\", " x", ",,"]))
+def test_a_broken_wanted_line_is_reported(i: int, junk: str) -> None:
+    lines = list(REAL_LINES)
+    line = lines[i]
+    cut = line.index("{") + 1
+    lines[i] = line[:cut] + junk + line[cut:]
+    text = "\n".join(lines)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        list(text_string_to_metric_families(lines[i]))
+        library_ok = True
+    except Exception:
+        library_ok = False
+    m = both(text)
+    if not library_ok:
+        assert m.skipped_lines >= 1
+        assert any(f"line {i + 1}:" in p for p in m.problems)
+    # the other metrics are still there
+    assert m.generation_tokens_total == 2289.0 or REAL_LINES[i].startswith("vllm:generation_tokens_total")
+
+
+def test_huge_payload_is_bounded() -> None:
+    line = 'vllm:num_requests_running{engine="0",model_name="' + "a\\\"" * 300 + '"} 1\n'
+    m = parse_vllm_metrics(line * 20000)  # ~12 MB of lines that must go to the library
+    check(m)
+    assert any("characters of new lines" in p for p in m.problems)
+
+
+# --- rates ---------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.01, 5.0), st.one_of(st.none(), st.floats(0, 1e9))), max_size=60),
+    st.floats(1.0, 120.0),
+)
+def test_counter_rate_is_never_negative(steps: list[tuple[float, float | None]], window: float) -> None:
+    w = CounterWindow(window)
+    t = 0.0
+    for dt, v in steps:
+        t += dt
+        w.add(t, v)
+        r = w.rate()
+        assert r.rate is None or r.rate >= 0
+        assert r.delta is None or r.delta >= 0
+
+
+counts = st.lists(st.floats(0, 1e6, allow_nan=False), min_size=2, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts, st.floats(0, 1))
+def test_quantile_stays_within_the_finite_bounds(raw: list[float], q: float) -> None:
+    bounds = [0.01 * (i + 1) for i in range(len(raw) - 1)] + [math.inf]
+    cum = []
+    acc = 0.0
+    for c in raw:
+        acc += c
+        cum.append(acc)
+    v = histogram_quantile(q, tuple(zip(bounds, cum)))
+    if cum[-1] == 0:
+        assert v is None
+    else:
+        assert v is not None and 0 <= v <= bounds[-2] + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(counts, min_size=1, max_size=8))
+def test_histogram_window_never_negative_counts(snaps: list[list[float]]) -> None:
+    w = HistogramWindow(30.0)
+    n = len(snaps[0])
+    bounds = [0.1 * (i + 1) for i in range(n - 1)] + [math.inf]
+    for t, raw in enumerate(snaps):
+        raw = (raw + [0.0] * n)[:n]
+        cum = [sum(raw[: i + 1]) for i in range(n)]
+        w.add(float(t), Histogram(tuple(zip(bounds, cum)), None, cum[-1]))
+        d = w.delta()
+        if d is not None:
+            assert all(c >= 0 for _, c in d.buckets)
+        q = w.quantiles()
+        assert q.p50 is None or q.p50 >= 0
