@@ -47,6 +47,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate-gpus", dest="simulate_gpus", type=int, default=S, metavar="N",
                    help="N simulated GPUs instead of NVML (for demos and benchmarks)")
     p.add_argument("--record", default=S, metavar="FILE", help="append every sample to FILE (JSONL; .gz compresses)")
+    p.add_argument("--log", default=S, metavar="PATH",
+                   help="the vLLM log to follow; - reads standard input (docker logs -f C 2>&1 | vtop --log -)")
+    p.add_argument("--stall-threshold", dest="stall_threshold", type=_duration("stall_threshold"), default=S,
+                   metavar="DURATION", help="flag a start that prints nothing and makes no progress this long (default 10m)")
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
@@ -61,14 +65,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
         p.exit(2, f"vtop: error: {e}\n")
+    log_fd = None
+    if cfg.log == "-":
+        try:
+            log_fd = _stdin_for_log()
+        except OSError as e:
+            p.exit(2, f"vtop: error: --log - needs a terminal for the keys: {e.strerror or e}\n")
     try:
         from vtop.ui.app import VtopApp
 
-        app = VtopApp(cfg)
+        app = VtopApp(cfg, log_fd=log_fd)
     except OSError as e:  # e.g. the --record file cannot be opened
         p.exit(2, f"vtop: error: {e}\n")
     rc = app.run()
     return int(rc or 0)
+
+
+def _stdin_for_log() -> int:
+    """``--log -``: keep the piped log on a new descriptor and give Textual the terminal.
+
+    Textual reads keys from file descriptor 0. When the log arrives on stdin
+    (``docker logs -f c | vtop --log -``), move the pipe to another descriptor
+    and put ``/dev/tty`` on 0, so the keys still work.
+    """
+    import os
+
+    log_fd = os.dup(0)
+    tty = os.open("/dev/tty", os.O_RDONLY)
+    os.dup2(tty, 0)
+    os.close(tty)
+    return log_fd
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,6 +42,10 @@ class Config:
     """Append every sample to this JSONL file."""
     theme: str | None = None
     """A Textual theme name, e.g. ``ansi-dark`` to use the terminal's own palette."""
+    log: str | None = None
+    """The vLLM log to follow (a path, or ``-`` for standard input)."""
+    stall_threshold: float = 600.0
+    """Seconds without a log line or progress before a start is flagged as a possible hang."""
     config_path: str | None = field(default=None, compare=False)
     """Which config file was read (for the help screen); not a setting."""
 
@@ -75,7 +79,7 @@ def _parse_bool(value: Any, name: str) -> bool:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("interval", "history"):
+    if name in ("interval", "history", "stall_threshold"):
         return parse_duration(value, name)
     if name == "no_gpu":
         return _parse_bool(value, name)

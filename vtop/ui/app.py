@@ -24,7 +24,10 @@ from vtop.sources.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.sources.procs import ProcNames
 from vtop.sources.record import Recorder
 from vtop.ui.polling import PollLoop
+from vtop.sources.logwatch import LogView, LogWatch
 from vtop.ui.widgets.gpu_panel import GpuPanel
+from vtop.ui.widgets.log_pane import LogPane
+from vtop.ui.widgets.startup_panel import StartupPanel
 
 GIB = 2**30
 SERVER_PANEL_MIN_ROWS = 6
@@ -54,6 +57,9 @@ class VtopApp(App[int]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("c", "toggle_compact", "Compact"),
+        Binding("p", "toggle_phases", "Phases"),
+        Binding("l", "toggle_log", "Log"),
+        Binding("w", "toggle_warnings", "Warn only"),
     ]
 
     def __init__(
@@ -64,6 +70,8 @@ class VtopApp(App[int]):
         autopoll: bool = True,
         hang_after_s: float | None = None,
         hostname: str | None = None,
+        log_watch: LogWatch | None | str = "auto",
+        log_fd: int | None = None,
     ) -> None:
         super().__init__()
         self.hostname = hostname or socket.gethostname()
@@ -80,6 +88,13 @@ class VtopApp(App[int]):
         self._names = ProcNames()
         self.recorder = Recorder(config.record) if config.record else None
         self.gpu_loop: PollLoop | None = None
+        self.log_watch: LogWatch | None
+        if isinstance(log_watch, str):
+            self.log_watch = self._make_log_watch(config, log_fd)
+        else:
+            self.log_watch = log_watch
+        self.log_loop: PollLoop | None = None
+        self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
 
@@ -89,6 +104,8 @@ class VtopApp(App[int]):
         with VerticalScroll(id="body"):
             yield GpuPanel(self.gpu_history, procs_line=self.procs_line, id="gpus")
             yield Static("", id="servers")
+            yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
+        yield LogPane(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -103,6 +120,9 @@ class VtopApp(App[int]):
             if self.gpu_source is not None:
                 self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result)
                 self.gpu_loop.start()
+            if self.log_watch is not None:
+                self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result)
+                self.log_loop.start()
             self.set_interval(1.0, self._watchdog, name="watchdog")
 
     def on_resize(self) -> None:
@@ -152,6 +172,47 @@ class VtopApp(App[int]):
         with self.batch_update():
             panel.update_view(poll.mono)
         self.update_status()
+
+    # ---------------------------------------------------------------- the log
+    @staticmethod
+    def _make_log_watch(config: Config, log_fd: int | None) -> LogWatch | None:
+        if not config.log:
+            return None
+        from vtop.sources.logtail import LogTailer, StreamTailer
+
+        src = StreamTailer(log_fd if log_fd is not None else 0) if config.log == "-" else LogTailer(config.log)
+        return LogWatch(src, stall_threshold_s=config.stall_threshold)
+
+    async def poll_log_once(self) -> LogView | None:
+        """Tests: one log poll through a real thread, applied on the UI thread."""
+        if self.log_watch is None:
+            return None
+        view = await asyncio.to_thread(self.log_watch.poll)
+        self._on_log_result(view, None)
+        return view
+
+    def _on_log_result(self, view: Any, error: BaseException | None) -> None:
+        panel = self.query_one(StartupPanel)
+        if error is not None:
+            panel.set_message(f"vLLM log: reading failed: {type(error).__name__}: {error}")
+            return
+        self.log_view = view
+        panel.show(view)
+        self.query_one(LogPane).show(view)
+
+    def gpu_activity(self, since_mono: float) -> tuple[float | None, float | None]:
+        """Mean GPU util and SM activity since ``since_mono`` (the busiest GPU), for the stall note."""
+        best: tuple[float | None, float | None] = (None, None)
+        for tr in self.gpu_history.tracks.values():
+            util = [v for t, v in tr.series["util"] if t >= since_mono and v is not None]
+            sm = [v for t, v in tr.series["sm"] if t >= since_mono and v is not None]
+            if not util:
+                continue
+            u = sum(util) / len(util)
+            s = sum(sm) / len(sm) if sm else None
+            if best[0] is None or u > best[0]:
+                best = (u, s)
+        return best
 
     def _watchdog(self) -> None:
         loop = self.gpu_loop
@@ -207,11 +268,24 @@ class VtopApp(App[int]):
     def action_toggle_compact(self) -> None:
         self.query_one(GpuPanel).toggle_compact()
 
+    def action_toggle_phases(self) -> None:
+        self.query_one(StartupPanel).toggle()
+
+    def action_toggle_log(self) -> None:
+        pane = self.query_one(LogPane)
+        pane.display = not pane.display
+
+    def action_toggle_warnings(self) -> None:
+        pane = self.query_one(LogPane)
+        pane.display = True
+        pane.toggle_filter()
+
     async def action_quit(self) -> None:
         self.exit(0)
 
     def on_unmount(self) -> None:
-        if self.gpu_loop is not None:
-            self.gpu_loop.stop()
+        for loop in (self.gpu_loop, self.log_loop):
+            if loop is not None:
+                loop.stop()
         if self.recorder is not None:
             self.recorder.close()

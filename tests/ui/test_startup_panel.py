@@ -1,0 +1,164 @@
+"""The startup tracker and log pane in the app, fed by real vLLM logs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tests.conftest import FIXTURES, fake_gpus, make_app
+from vtop.clock import FakeClock
+from vtop.config import Config
+from vtop.sources.logtail import LogTailer, StreamTailer
+from vtop.sources.logwatch import LogWatch
+from vtop.ui.app import VtopApp
+from vtop.ui.widgets.log_pane import LogPane
+from vtop.ui.widgets.startup_panel import StartupPanel
+
+LOGS = FIXTURES / "logs"
+
+
+def app_with_log(path: Path, clock: FakeClock | None = None, **kw: object) -> VtopApp:
+    watch = LogWatch(LogTailer(path), clock=clock or FakeClock(), **kw)  # type: ignore[arg-type]
+    return VtopApp(Config(no_gpu=True), autopoll=False, hostname="t", log_watch=watch)
+
+
+def panel_text(app: VtopApp) -> str:
+    return app.query_one(StartupPanel).build().plain
+
+
+async def test_real_h200_start_folds_to_one_line_and_unfolds_on_p() -> None:
+    app = app_with_log(LOGS / "vllm-0.26.0-h200-startup.log")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        # the recorded log ends with a clean shutdown after serving
+        assert text.startswith("■ vLLM start v0.26.0 · /tmp/tiny: stopped")
+        await pilot.press("p")
+        text = panel_text(app)
+        assert "PIECEWISE 51/51" in text and "FULL 51/51" in text
+        assert "9,103,456 tokens" in text and "69.45 GiB" in text and "277.8x" in text
+        assert "torch.compile" in text and "11.2 s" in text
+
+
+async def test_startup_walks_phases_as_lines_arrive(tmp_path: Path) -> None:
+    src = (LOGS / "vllm-0.26.0-h200-startup.log").read_bytes()
+    cut = src.index(b"Capturing CUDA graphs")  # stop in the middle of the start
+    log = tmp_path / "vllm.log"
+    log.write_bytes(src[:cut])
+    clock = FakeClock()
+    app = app_with_log(log, clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        assert "starting" in text.splitlines()[0]
+        assert "▶ KV cache sizing" in text or "▶ memory profiling" in text
+        assert "· API server starting" in text  # still to come
+        assert "100% GPU is expected" in text
+        # the capture begins: progress shows as it goes
+        more = src[cut:].split(b"\n", 1)[0]
+        with log.open("ab") as f:
+            f.write(more + b"\n")
+        clock.advance(2)
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        assert "▶ CUDA graph capture" in text and "PIECEWISE" in text
+
+
+async def test_failure_shows_the_line_and_the_fix() -> None:
+    app = app_with_log(LOGS / "vllm-0.26.0-h200-failure.log")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        assert "FAILED" in text and "No module named 'flashinfer'" in text
+        assert "VLLM_USE_FLASHINFER_SAMPLER=0" in text
+        assert app.query_one(StartupPanel).has_class("-failed")
+
+
+async def test_stall_is_flagged_with_gpu_activity_and_clears(tmp_path: Path) -> None:
+    src = (LOGS / "vllm-0.26.0-h200-startup.log").read_bytes()
+    cut = src.index(b"Capturing CUDA graphs")
+    log = tmp_path / "vllm.log"
+    log.write_bytes(src[:cut])
+    clock = FakeClock()
+    gpu, _ = fake_gpus(1, clock)
+    watch = LogWatch(LogTailer(log), clock=clock, stall_threshold_s=30)
+    app = VtopApp(Config(), gpu_source=gpu, autopoll=False, hostname="t", log_watch=watch)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        for _ in range(40):  # 40 s of silence in the log while the GPU keeps working
+            clock.advance(1)
+            await app.poll_gpu_once()
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        assert "POSSIBLE HANG" in text and "40 s" in text
+        assert "GPU during the silence:" in text and "util" in text
+        assert "py-spy dump" in text
+        assert app.query_one(StartupPanel).has_class("-stall")
+        with log.open("ab") as f:  # it moves again
+            f.write(src[cut:].split(b"\n", 1)[0] + b"\n")
+        await app.poll_log_once()
+        await pilot.pause()
+        assert "POSSIBLE HANG" not in panel_text(app)
+
+
+async def test_idle_ready_server_is_not_a_stall() -> None:
+    clock = FakeClock()
+    app = app_with_log(LOGS / "vllm-0.32.0-cpu-startup.log", clock, stall_threshold_s=5)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        clock.advance(3600)
+        await app.poll_log_once()
+        await pilot.pause()
+        text = panel_text(app)
+        assert "ready" in text.splitlines()[0] and "POSSIBLE HANG" not in text
+
+
+async def test_log_pane_filters_warnings_on_w() -> None:
+    app = app_with_log(LOGS / "vllm-0.26.0-h200-failure.log")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one(LogPane)
+        all_lines = pane.line_count
+        await pilot.press("w")
+        await pilot.pause()
+        assert 0 < pane.line_count < all_lines
+        view = app.log_view
+        assert view is not None
+        problems = [ln for ln in view.recent if ln.at_least("WARNING")]
+        assert pane.line_count == min(300, len(problems))
+        assert any(ln.level == "INFO" for ln in view.recent)  # there was something to filter out
+        assert any("No module named 'flashinfer'" in ln for ln in pane.lines)
+        await pilot.press("l")
+        assert not pane.display
+
+
+async def test_no_log_says_how_to_pass_it() -> None:
+    app = make_app(None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "--log PATH" in panel_text(app)
+
+
+async def test_log_from_a_pipe() -> None:
+    r, w = os.pipe()
+    watch = LogWatch(StreamTailer(r), clock=FakeClock())
+    app = VtopApp(Config(no_gpu=True), autopoll=False, hostname="t", log_watch=watch)
+    data = (LOGS / "vllm-0.32.0-cpu-startup.log").read_bytes()
+    async with app.run_test(size=(120, 40)) as pilot:
+        os.write(w, data[: len(data) // 2])
+        await app.poll_log_once()
+        first = panel_text(app)
+        assert "starting" in first.splitlines()[0]
+        os.write(w, data[len(data) // 2 :])
+        os.close(w)
+        for _ in range(3):
+            await app.poll_log_once()
+        await pilot.pause()
+        assert "ready" in panel_text(app).splitlines()[0]

@@ -1,0 +1,108 @@
+"""The vLLM log as one source: a tailer plus the phase tracker, polled from a thread.
+
+The tracker is fed in the polling thread (a big catch-up after attach can be
+thousands of lines), and the UI only ever receives a frozen :class:`LogView`.
+Events that come from elsewhere (``/health`` answered 200, the launch time
+of the process) are handed in through thread-safe methods and applied at the
+next poll.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from vtop.clock import Clock, SystemClock
+from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
+from vtop.sources.logtail import LogSource, TailState, open_log
+
+RECENT_LINES = 400
+
+
+@dataclass(frozen=True)
+class LogView:
+    """What the startup panel and the log pane show, at one poll."""
+
+    mono: float
+    tail: TailState
+    snapshot: StartupSnapshot
+    stall: StallInfo | None
+    current_elapsed_s: float | None
+    recent: tuple[LogLine, ...]
+    lines_total: int
+    """Lines read since vtop started (tells the log pane whether to repaint)."""
+    warnings: int
+    errors: int
+
+    @property
+    def state(self) -> str:
+        return self.snapshot.state
+
+
+class LogWatch:
+    def __init__(
+        self,
+        source: LogSource,
+        *,
+        clock: Clock | None = None,
+        stall_threshold_s: float = DEFAULT_STALL_S,
+        tracker: PhaseTracker | None = None,
+    ) -> None:
+        self.source = source
+        self.clock = clock or SystemClock()
+        self.stall_threshold_s = stall_threshold_s
+        self.tracker = tracker or PhaseTracker()
+        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lines_total = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, spec: str, **kw: Any) -> LogWatch:
+        return cls(open_log(spec), **kw)
+
+    # Thread-safe inputs -----------------------------------------------------
+    def mark_ready(self, mono: float, source: str = "health") -> None:
+        self._events.put(("ready", (mono, source)))
+
+    def mark_process_start(self, epoch: float, mono: float | None = None) -> None:
+        self._events.put(("launch", (epoch, mono)))
+
+    # Polled from one thread ---------------------------------------------------
+    def poll(self) -> LogView:
+        with self._lock:
+            now = self.clock.monotonic()
+            lines = self.source.poll()
+            # Lines first, then outside events: a /health 200 seen during a catch-up
+            # must not mark "ready" before the log's own lines say where the start is.
+            if lines:
+                self.tracker.feed_lines(lines, now)
+                self._lines_total += len(lines)
+            while True:
+                try:
+                    kind, arg = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "ready":
+                    self.tracker.mark_ready(arg[0], arg[1])
+                elif kind == "launch":
+                    self.tracker.mark_process_start(arg[0], arrival=arg[1])
+            snap = self.tracker.snapshot()
+            return LogView(
+                mono=now,
+                tail=self.source.state,
+                snapshot=snap,
+                stall=self.tracker.stalled(now, self.stall_threshold_s),
+                current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
+                recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
+                lines_total=self._lines_total,
+                warnings=self.tracker.warning_count,
+                errors=self.tracker.error_count,
+            )
+
+    def close(self) -> None:
+        self.source.close()
+
+
+__all__ = ["LogView", "LogWatch", "Phase"]

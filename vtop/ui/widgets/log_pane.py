@@ -1,0 +1,47 @@
+"""The last lines of the vLLM log, optionally only warnings and errors (``w``).
+
+Rebuilt from the tracker's ring only when new lines arrived, so an idle
+server costs nothing here. tqdm frames arrive already collapsed (one line per
+bar), ANSI codes already stripped.
+"""
+
+from __future__ import annotations
+
+from textual.widgets import Log
+
+from vtop.core.phases import LogLine
+from vtop.sources.logwatch import LogView
+
+
+def fmt_line(ln: LogLine) -> str:
+    """The line as vLLM wrote it (its own time stamp and level are in it), ANSI removed."""
+    return ln.text
+
+
+class LogPane(Log):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(max_lines=1000, highlight=False, auto_scroll=True, **kw)  # type: ignore[arg-type]
+        self.only_problems = False
+        self._key: tuple[int, bool] | None = None
+        self.view: LogView | None = None
+
+    def show(self, view: LogView) -> None:
+        self.view = view
+        self._redraw()
+
+    def toggle_filter(self) -> None:
+        self.only_problems = not self.only_problems
+        self.border_title = "log: warnings and errors only (w: all)" if self.only_problems else "log (w: warnings and errors only)"
+        self._redraw()
+
+    def _redraw(self) -> None:
+        v = self.view
+        if v is None:
+            return
+        key = (v.lines_total, self.only_problems)
+        if key == self._key:
+            return
+        self._key = key
+        lines = [ln for ln in v.recent if not self.only_problems or ln.at_least("WARNING")]
+        self.clear()
+        self.write_lines(fmt_line(ln) for ln in lines[-300:])

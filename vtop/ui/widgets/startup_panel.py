@@ -1,0 +1,211 @@
+"""The startup-phase tracker: which phase, for how long, its progress, stalls and failures.
+
+While vLLM starts (or when it failed, or stalled) the panel shows the whole
+timeline; once the server is ready it folds to one line ("started in 84 s:
+weights 1 s, compile 12 s, graphs 1 s") that the ``p`` key unfolds. The text
+is rebuilt only when it changes, so an idle server costs no repaint.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.text import Text
+from textual.widgets import Static
+
+from vtop.core.phases import Phase, PhaseView, StartupSnapshot
+from vtop.sources.logwatch import LogView
+
+# Phases that pin the GPU at 100 % by design.
+BUSY_PHASES = {Phase.MEMORY_PROFILING, Phase.CUDA_GRAPHS, Phase.TORCH_COMPILE, Phase.WARMUP, Phase.KV_CACHE}
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None:
+        return ""
+    if s < 60:
+        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+    m, sec = divmod(int(round(s)), 60)
+    if m < 60:
+        return f"{m} min {sec:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
+
+
+def bar(frac: float, width: int = 12) -> str:
+    n = max(0, min(width, round(frac * width)))
+    return "█" * n + "░" * (width - n)
+
+
+def phase_facts(v: PhaseView, snap: StartupSnapshot) -> str:
+    f = snap.facts
+    bits: list[str] = []
+    if v.phase is Phase.WEIGHTS:
+        if f.model_memory_gib is not None:
+            bits.append(f"{f.model_memory_gib:.2f} GiB")
+        if f.model_load_s is not None:
+            bits.append(f"in {f.model_load_s:.1f} s")
+    elif v.phase is Phase.TORCH_COMPILE and f.compile_s is not None:
+        bits.append(f"{f.compile_s:.1f} s" + (" (from cache)" if f.compile_cached else ""))
+    elif v.phase is Phase.KV_CACHE:
+        if f.kv_cache_gib is not None:
+            bits.append(f"{f.kv_cache_gib:.2f} GiB")
+        if f.kv_cache_tokens is not None:
+            bits.append(f"{f.kv_cache_tokens:,} tokens")
+        if f.max_concurrency is not None:
+            at = f" @ {f.max_concurrency_len:,} tok" if f.max_concurrency_len else ""
+            bits.append(f"max concurrency {f.max_concurrency:.1f}x{at}")
+    elif v.phase is Phase.CUDA_GRAPHS and f.graph_memory_gib is not None:
+        bits.append(f"{f.graph_memory_gib:.2f} GiB of graphs")
+    elif v.phase is Phase.READY and f.url:
+        bits.append(f.url)
+    return " · ".join(bits)
+
+
+def progress_text(v: PhaseView) -> str:
+    parts = []
+    for p in v.progress:
+        label = "" if p.label in ("", "weights", "shards") else f"{p.label} "
+        parts.append(f"{label}{p.n}/{p.total} {bar(p.fraction, 8)}")
+    return "  ".join(parts)
+
+
+class StartupPanel(Static):
+    """Timeline of the current vLLM start."""
+
+    def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]], **kw: object) -> None:
+        super().__init__("", **kw)  # type: ignore[arg-type]
+        self.gpu_activity = gpu_activity
+        self.view: LogView | None = None
+        self.unfolded = False
+        self.message: str | None = None
+        self._last: str | None = None
+
+    def set_message(self, text: str | None) -> None:
+        """A line about the log itself (not found, how to pass it)."""
+        self.message = text
+        self.redraw()
+
+    def show(self, view: LogView) -> None:
+        self.view = view
+        self.redraw()
+
+    def toggle(self) -> None:
+        self.unfolded = not self.unfolded
+        self.redraw()
+
+    def redraw(self) -> None:
+        text = self.build()
+        plain = text.plain
+        if plain == self._last:
+            return
+        self._last = plain
+        self.update(text)
+        v = self.view
+        state = v.state if v else "none"
+        for s in ("starting", "ready", "failed", "idle", "stopped", "none"):
+            self.set_class(state == s, f"-{s}")
+        self.set_class(bool(v and v.stall), "-stall")
+
+    def build(self) -> Text:
+        v = self.view
+        out = Text()
+        if v is None or (v.state == "idle" and not v.recent):
+            msg = self.message or "vLLM log: not watched (pass --log PATH, or --log - to read a pipe)"
+            out.append(msg, style="dim")
+            if v is not None and v.tail.message:
+                out.append(f"\n{v.tail.message}", style="dim")
+            return out
+        snap = v.snapshot
+        f = snap.facts
+        head = "vLLM start"
+        if f.version:
+            head += f" v{f.version}"
+        if f.model:
+            head += f" · {f.model}"
+        if snap.world_size and snap.world_size > 1:
+            head += f" · TP={snap.world_size}"
+        if snap.state == "ready":
+            total = fmt_s(snap.total_s)
+            out.append(f"✓ {head}: ready" + (f" in {total}" if total else ""), style="bold")
+            slow = sorted((p for p in snap.phases if p.duration_s), key=lambda p: -(p.duration_s or 0))[:3]
+            if slow:
+                out.append("  (" + ", ".join(f"{p.label} {fmt_s(p.duration_s)}" for p in slow) + ")")
+            if not self.unfolded:
+                return out
+            out.append("\n")
+        elif snap.state == "stopped":
+            total = fmt_s(snap.total_s)
+            out.append(f"■ {head}: stopped (the log shows a shutdown)", style="bold")
+            if total:
+                out.append(f"; it had started in {total}")
+            if not self.unfolded:
+                return out
+            out.append("\n")
+        elif snap.state == "failed":
+            out.append(f"✗ {head}: FAILED", style="bold red")
+            out.append("\n")
+        else:
+            out.append(f"▶ {head}: starting", style="bold")
+            if snap.restarts:
+                out.append(f" (restart #{snap.restarts})")
+            out.append("\n")
+        self._timeline(out, v)
+        if snap.failure is not None:
+            fl = snap.failure
+            out.append("\n✗ ", style="bold red")
+            out.append(fl.message, style="bold red")
+            out.append(f"\n  line: {fl.line[:300]}", style="red")
+            out.append(f"\n  fix:  {fl.fix}", style="bold")
+        if v.stall is not None:
+            st = v.stall
+            util, sm = self.gpu_activity(v.mono - st.silent_s)
+            out.append(f"\n⚠ POSSIBLE HANG: no log line and no progress for {fmt_s(st.silent_s)} in {st.label}.",
+                       style="bold yellow")
+            if util is None:
+                gpu = "GPU activity unknown (no GPU data)"
+            else:
+                busy = util >= 50
+                gpu = f"GPU during the silence: {'busy' if busy else 'idle'} (util {util:.0f}%"
+                gpu += f", SM activity {sm:.0f}%)" if sm is not None else ")"
+            out.append(f"\n  {gpu}. Take a py-spy dump of the EngineCore to see where it is stuck"
+                       " (py-spy dump --pid <EngineCore pid>).")
+            if st.hint:
+                out.append(f"\n  {st.hint}", style="dim")
+        elif snap.state == "starting" and snap.current in BUSY_PHASES:
+            out.append("\n  100% GPU is expected while vLLM compiles, profiles memory and captures CUDA graphs.",
+                       style="dim")
+        return out
+
+    def _timeline(self, out: Text, v: LogView) -> None:
+        snap = v.snapshot
+        done = {p.phase: p for p in snap.phases}
+        shown = [p for p in Phase if p in done or (snap.state == "starting" and p is not Phase.READY)]
+        for i, ph in enumerate(shown):
+            if i:
+                out.append("\n")
+            pv = done.get(ph)
+            current = snap.state == "starting" and ph is snap.current
+            failed_here = snap.failure is not None and snap.failure.phase is ph
+            if failed_here:
+                mark, style = "✗", "bold red"
+            elif current:
+                mark, style = "▶", "bold reverse"
+            elif pv is not None and (pv.done or ph is Phase.READY):
+                mark, style = "✓", ""
+            else:
+                mark, style = "·", "dim"
+            if current:
+                dur = fmt_s(v.current_elapsed_s)
+            elif pv is not None:
+                dur = fmt_s(pv.duration_s)
+            else:
+                dur = ""
+            out.append(f" {mark} {ph.label:<20}", style=style)
+            out.append(f" {dur:>11}", style=style)
+            if pv is not None:
+                extra = "  ".join(x for x in (progress_text(pv), phase_facts(pv, snap)) if x)
+                if pv.slowest_rank is not None and len(pv.ranks) > 1:
+                    extra += f"  slowest: {pv.slowest_rank.name}"
+                if extra:
+                    out.append("  " + extra, style="" if not current else "bold")
