@@ -114,6 +114,9 @@ class VtopApp(App[int]):
         )
         if self.gpu_source is None:
             self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
+        # No log watched: the pane would only take room from the charts.
+        self.query_one(LogPane).display = self.log_watch is not None
+        self.query_one(StartupPanel).redraw()
         self._size_panels()
         self.update_status()
         if self.autopoll:

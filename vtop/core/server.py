@@ -1,0 +1,479 @@
+"""What one vLLM server is doing, from its polls and its process. Pure: no I/O.
+
+:class:`ServerTracker` is fed one :class:`~vtop.sources.vllm.ServerPoll` per
+poll (plus what discovery knows about the process) and answers
+:meth:`ServerTracker.view`, a frozen :class:`ServerView` the UI renders.
+
+Why the states are what they are (``shared/docs/vllm-reference.md`` §3, §7;
+``shared/docs/textual-style.md`` §5.2):
+
+* ``starting``: the port refuses but a vLLM process exists. vLLM binds its
+  port and does not listen until it is ready, for minutes (§7.1), so
+  "refused" alone cannot say dead.
+* ``down``: refused or unreachable and no vLLM process (or vtop cannot see
+  the processes, e.g. a remote URL: then the message says so).
+* ``up``: ``/metrics`` answers with vLLM metrics in time.
+* ``stale``: it answers slower than ``stale_after_s``, times out, drops the
+  connection, or the last good scrape is older than 3 poll intervals (the
+  monitor itself may be starved, §7.24). Old numbers are kept but marked.
+* ``restarted``: counters went back (a new process) or the process'
+  create_time changed; shown for ``restarted_for_s`` after it comes back,
+  then ``up``. Rates re-baseline (:mod:`vtop.core.rates`), never negative.
+* ``not vllm``: something answers but it is not vLLM metrics (HTML, another
+  exporter, ``--disable-log-stats``, 4xx).
+* ``engine dead``: ``/health`` answers 500/503 (EngineDeadError) while
+  ``/metrics`` may still answer; the API server may exit next.
+
+Series keep gaps: a poll without data appends ``None``, never ``0``.
+Rates and quantiles come from windows over cumulative counters, so a
+burst shows as it happened and one bad scrape does not spike anything.
+
+``core`` must not import ``sources`` at run time; the poll and process
+types are only used for type checking, the code reads attributes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+from vtop.clock import Clock
+from vtop.core.history import Series
+from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
+
+if TYPE_CHECKING:
+    from vtop.sources.discovery import ServerProcess
+    from vtop.sources.prom import VllmMetrics
+    from vtop.sources.vllm import ModelsInfo, ServerPoll
+
+__all__ = [
+    "STATES",
+    "UNKNOWN",
+    "EngineRow",
+    "ServerTracker",
+    "ServerView",
+]
+
+STATES = ("starting", "up", "stale", "down", "restarted", "not vllm", "engine dead")
+State = Literal["starting", "up", "stale", "down", "restarted", "not vllm", "engine dead"]
+
+#: pass as ``process=`` when the process table cannot tell (remote server,
+#: discovery not run yet)
+UNKNOWN: Literal["unknown"] = "unknown"
+ProcessArg = Union["ServerProcess", None, Literal["unknown"]]
+
+SERIES_NAMES = ("running", "waiting", "kv_pct", "gen_tps", "prompt_tps")
+
+_NO_Q = Quantiles(None, None, None, None, None, 0.0, False)
+_CONNECT_FAILS = ("refused", "dns", "other")
+_SLOW_FAILS = ("timeout", "reset")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRow:
+    """One data-parallel engine (or ``label="all"`` for the server total)."""
+
+    label: str
+    running: float | None
+    waiting: float | None
+    #: KV-cache usage in percent, 0..100
+    kv_pct: float | None
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """Everything the UI shows about one server, as of one moment."""
+
+    url: str
+    state: State
+    #: plain words: what is wrong and since when
+    message: str
+    #: monotonic time the current state began
+    since: float
+    #: monotonic time of the last good scrape (None: never)
+    last_ok_mono: float | None
+    #: wall time of the last good scrape
+    last_ok_t: float | None
+    #: the last poll's error kind and message (None when it was fine)
+    last_error: str | None
+    last_error_message: str | None
+    #: last good metrics (may be old: check state / last_ok_mono)
+    metrics: VllmMetrics | None = field(repr=False)
+    #: windowed rates (per second); None when unknown
+    prompt_tps: float | None
+    gen_tps: float | None
+    preemptions_ps: float | None
+    #: prefix-cache hit rate in the window, 0..1
+    prefix_hit_rate: float | None
+    ttft: Quantiles
+    itl: Quantiles
+    e2e: Quantiles
+    #: finished requests by reason within the window (None: < 2 samples)
+    finished: Mapping[str, float] | None
+    window_s: float
+    #: live Series objects (running, waiting, kv_pct, gen_tps, prompt_tps)
+    series: Mapping[str, Series] = field(repr=False)
+    #: per-engine rows (one per ``engine`` label) and the sum
+    engines: tuple[EngineRow, ...]
+    total: EngineRow | None
+    model_id: str | None
+    max_model_len: int | None
+    version: str | None
+    #: last /health status seen (None: never polled/answered)
+    health: int | None
+    latency_s: float | None
+    #: the process as last fed (None: none found; "unknown": not known)
+    process: Any = field(repr=False)
+    #: restarts seen by this tracker (counter resets or new process)
+    restarts: int
+    #: the poll interval the tracker measured
+    interval_s: float
+
+    @property
+    def is_live(self) -> bool:
+        """Numbers are current (not stale, not down)."""
+        return self.state in ("up", "restarted", "engine dead")
+
+
+class ServerTracker:
+    """Turns a stream of polls into a :class:`ServerView`. Not thread-safe:
+    feed and view from the same thread (the UI thread is fine: a feed is a
+    few dict updates and window appends)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        window_s: float = 60.0,
+        history_s: float = 300.0,
+        stale_after_s: float = 3.0,
+        clock: Clock,
+        restarted_for_s: float = 30.0,
+        interval_s: float = 1.0,
+        spark_rate_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.window_s = window_s
+        self.stale_after_s = stale_after_s
+        self.restarted_for_s = restarted_for_s
+        self._clock = clock
+        self._default_interval = interval_s
+        self._feeds: deque[float] = deque(maxlen=9)
+
+        self._prompt = CounterWindow(window_s)
+        self._gen = CounterWindow(window_s)
+        self._preempt = CounterWindow(window_s)
+        self._pc_hits = CounterWindow(window_s)
+        self._pc_queries = CounterWindow(window_s)
+        self._ttft = HistogramWindow(window_s)
+        self._itl = HistogramWindow(window_s)
+        self._e2e = HistogramWindow(window_s)
+        self._finished = CounterMapWindow(window_s)
+        # short windows for the sparklines: a 60 s average would flatten a burst
+        self._gen_short = CounterWindow(spark_rate_s)
+        self._prompt_short = CounterWindow(spark_rate_s)
+        self._series: dict[str, Series] = {n: Series(history_s) for n in SERIES_NAMES}
+
+        self._state: State = "down"
+        self._since: float = clock.monotonic()
+        self._started = False
+        self._msg_detail = ""
+        self._last_poll: ServerPoll | None = None
+        self._last_ok_mono: float | None = None
+        self._last_ok_t: float | None = None
+        self._first_fail_mono: float | None = None
+        self._metrics: VllmMetrics | None = None
+        self._health: int | None = None
+        self._health_bad_since: float | None = None
+        self._models: ModelsInfo | None = None
+        self._version: str | None = None
+        self._process: ProcessArg = UNKNOWN
+        self._proc_key: tuple[int, float] | None = None
+        self._restart_pending = False
+        self._restart_at: float | None = None
+        self._restart_why = ""
+        self.restarts = 0
+
+    # -- feeding --
+
+    def feed(self, poll: ServerPoll, *, process: ProcessArg = UNKNOWN) -> None:
+        """Take one poll and what discovery says about the server's process."""
+        mono = poll.mono
+        if self._feeds and mono <= self._feeds[-1]:
+            # Out of order or repeated: keep the newest view; no clock goes back.
+            if mono < self._feeds[-1]:
+                return
+        self._feeds.append(mono)
+        self._last_poll = poll
+        self._note_process(process)
+
+        if poll.health is not None:
+            self._health = poll.health
+            if poll.health >= 500:
+                if self._health_bad_since is None:
+                    self._health_bad_since = mono
+            else:
+                self._health_bad_since = None
+        if poll.models is not None:
+            self._models = poll.models
+        if poll.version is not None:
+            self._version = poll.version
+
+        if poll.ok and poll.metrics is not None:
+            self._take_metrics(poll, poll.metrics)
+            self._first_fail_mono = None
+            state = self._ok_state(poll)
+        else:
+            self._gap(mono)
+            if self._first_fail_mono is None:
+                self._first_fail_mono = mono
+            state = self._fail_state(poll)
+        if state != self._state or not self._started:
+            self._state = state
+            self._since = mono
+            self._started = True
+
+    def _note_process(self, process: ProcessArg) -> None:
+        self._process = process
+        if process is None or isinstance(process, str):
+            return
+        key = (int(process.pid), float(process.create_time))
+        if self._proc_key is not None and key != self._proc_key:
+            self._restart_pending = True
+            self._restart_why = f"new vLLM process (pid {process.pid})"
+        self._proc_key = key
+
+    def _take_metrics(self, poll: ServerPoll, m: VllmMetrics) -> None:
+        t = poll.mono
+        reset = False
+        for w, v in (
+            (self._prompt, m.prompt_tokens_total),
+            (self._gen, m.generation_tokens_total),
+            (self._preempt, m.preemptions_total),
+            (self._pc_hits, m.prefix_cache_hits_total),
+            (self._pc_queries, m.prefix_cache_queries_total),
+            (self._gen_short, m.generation_tokens_total),
+            (self._prompt_short, m.prompt_tokens_total),
+        ):
+            reset |= w.add(t, v)
+        reset |= self._finished.add(t, m.request_success_total or None)
+        for hw, h in (
+            (self._ttft, m.time_to_first_token_seconds),
+            (self._itl, m.inter_token_latency_seconds),
+            (self._e2e, m.e2e_request_latency_seconds),
+        ):
+            reset |= hw.add(t, h)
+        if reset and not self._restart_pending:
+            self._restart_pending = True
+            self._restart_why = "counters went back to zero"
+        if self._restart_pending:
+            self._restart_pending = False
+            self._restart_at = t
+            self.restarts += 1
+
+        self._metrics = m
+        self._last_ok_mono = t
+        self._last_ok_t = poll.t
+        s = self._series
+        s["running"].append(t, m.running)
+        s["waiting"].append(t, m.waiting)
+        s["kv_pct"].append(t, None if m.kv_cache_usage is None else 100.0 * m.kv_cache_usage)
+        s["gen_tps"].append(t, self._gen_short.rate(t).rate)
+        s["prompt_tps"].append(t, self._prompt_short.rate(t).rate)
+
+    def _gap(self, t: float) -> None:
+        for s in self._series.values():
+            s.append(t, None)
+
+    # -- states --
+
+    def _ok_state(self, poll: ServerPoll) -> State:
+        if self._health_bad_since is not None:
+            return "engine dead"
+        if poll.latency_s is not None and poll.latency_s > self.stale_after_s:
+            return "stale"
+        if self._restart_at is not None and poll.mono - self._restart_at < self.restarted_for_s:
+            return "restarted"
+        return "up"
+
+    def _fail_state(self, poll: ServerPoll) -> State:
+        kind = poll.error or "other"
+        if kind in _CONNECT_FAILS:
+            return "starting" if self._has_process() else "down"
+        if kind in _SLOW_FAILS:
+            return "stale"
+        if kind.startswith("http 5"):
+            return "engine dead" if self._health_bad_since is not None else "stale"
+        return "not vllm"  # not vllm, garbage, too large, http 4xx
+
+    def _has_process(self) -> bool:
+        p = self._process
+        return p is not None and not isinstance(p, str)
+
+    @property
+    def interval_s(self) -> float:
+        """The poll interval, measured (median spacing of recent feeds)."""
+        f = self._feeds
+        if len(f) < 3:
+            return self._default_interval
+        gaps = [b - a for a, b in zip(f, list(f)[1:]) if b > a]
+        return min(30.0, max(0.1, statistics.median(gaps))) if gaps else self._default_interval
+
+    # -- the view --
+
+    def view(self) -> ServerView:
+        now = self._clock.monotonic()
+        state = self._state
+        since = self._since
+        interval = self.interval_s
+        age_limit = 3 * interval
+        stale_by_age = False
+        if state in ("up", "restarted", "engine dead") and self._last_ok_mono is not None:
+            if now - self._last_ok_mono > max(age_limit, self.stale_after_s):
+                stale_by_age = state != "engine dead"
+        if state == "restarted" and self._restart_at is not None and now - self._restart_at >= self.restarted_for_s:
+            state, since = "up", self._restart_at + self.restarted_for_s
+        if stale_by_age:
+            state, since = "stale", self._last_ok_mono  # type: ignore[assignment]
+
+        live = state in ("up", "restarted", "engine dead", "stale")
+        m = self._metrics
+        poll = self._last_poll
+        gen = self._gen.rate(now).rate if live else None
+        prompt = self._prompt.rate(now).rate if live else None
+        pre = self._preempt.rate(now).rate if live else None
+        hit_rate = None
+        if live:
+            dq = self._pc_queries.rate(now).delta
+            dh = self._pc_hits.rate(now).delta
+            if dq and dh is not None and dq > 0:
+                hit_rate = min(1.0, dh / dq)
+        fin = self._finished.delta(now).deltas if live else None
+        engines, total = _engine_rows(m)
+        model_id = self._models.model_id if self._models else None
+        if model_id is None and m is not None and m.model_names:
+            model_id = m.model_names[0]
+        if model_id is None and self._has_process():
+            model_id = self._process.served_name  # type: ignore[union-attr]
+        max_len = self._models.max_model_len if self._models else None
+        if max_len is None and self._has_process():
+            max_len = self._process.max_model_len  # type: ignore[union-attr]
+        return ServerView(
+            url=self.url,
+            state=state,
+            message=self._message(state, since, now, stale_by_age),
+            since=since,
+            last_ok_mono=self._last_ok_mono,
+            last_ok_t=self._last_ok_t,
+            last_error=None if poll is None or poll.ok else poll.error,
+            last_error_message=None if poll is None or poll.ok else poll.message,
+            metrics=m,
+            prompt_tps=prompt,
+            gen_tps=gen,
+            preemptions_ps=pre,
+            prefix_hit_rate=hit_rate,
+            ttft=self._ttft.quantiles(now) if live else _NO_Q,
+            itl=self._itl.quantiles(now) if live else _NO_Q,
+            e2e=self._e2e.quantiles(now) if live else _NO_Q,
+            finished=MappingProxyType(dict(fin)) if fin is not None else None,
+            window_s=self.window_s,
+            series=MappingProxyType(self._series),
+            engines=engines,
+            total=total,
+            model_id=model_id,
+            max_model_len=max_len,
+            version=self._version,
+            health=self._health,
+            latency_s=poll.latency_s if poll is not None else None,
+            process=self._process,
+            restarts=self.restarts,
+            interval_s=interval,
+        )
+
+    def _message(self, state: State, since: float, now: float, stale_by_age: bool) -> str:
+        poll = self._last_poll
+        if poll is None:
+            return f"waiting for the first poll of {self.url}"
+        dur = _dur(now - since)
+        at = self._wall_of(since, poll)
+        last_ok = (
+            f"last good data {_dur(now - self._last_ok_mono)} ago" if self._last_ok_mono is not None else "no data yet"
+        )
+        proc = self._process
+        if state == "up":
+            return f"up for {dur}" if self.restarts == 0 else f"up for {dur} (restarted {self.restarts}x)"
+        if state == "restarted":
+            ago = _dur(now - (self._restart_at or now))
+            return f"restarted {ago} ago ({self._restart_why}); rates start again from then"
+        if state == "engine dead":
+            bad = self._health
+            return (
+                f"engine dead: /health answers {bad} for {dur} (since {at}); the engine crashed or hung "
+                "and the API server may exit"
+            )
+        if state == "stale":
+            if stale_by_age:
+                return f"no fresh data for {dur} (polls are late or not arriving); numbers are from {at}"
+            if poll.ok and poll.latency_s is not None:
+                return f"answers slowly: /metrics took {poll.latency_s:.1f} s (limit {self.stale_after_s:.1f} s)"
+            return f"{poll.message}; stale for {dur}, {last_ok}"
+        if state == "starting":
+            pid = getattr(proc, "pid", "?")
+            port = getattr(proc, "port", None)
+            age = ""
+            ct = getattr(proc, "create_time", None)
+            if isinstance(ct, (int, float)) and ct > 0:
+                age = f", process started {_dur(max(0.0, poll.t - ct))} ago"
+            what = "restarting" if self._restart_pending or self._last_ok_mono is not None else "starting"
+            return (
+                f"{what}: vLLM process {pid} is running{age} but port {port or '?'} refuses connections "
+                "(loading weights, compiling or capturing graphs)"
+            )
+        if state == "down":
+            tail = (
+                "vtop cannot see this server's processes, so it may also be starting"
+                if isinstance(proc, str)
+                else "no vLLM process is running"
+            )
+            return f"down for {dur} (since {at}): {poll.message}; {tail}; {last_ok}"
+        if state == "not vllm":
+            return f"{poll.message} (for {dur})"
+        return poll.message
+
+    @staticmethod
+    def _wall_of(mono: float, poll: ServerPoll) -> str:
+        wall = poll.t - (poll.mono - mono)
+        try:
+            return time.strftime("%H:%M:%S", time.localtime(wall))
+        except (OverflowError, ValueError, OSError):
+            return "?"
+
+
+def _engine_rows(m: VllmMetrics | None) -> tuple[tuple[EngineRow, ...], EngineRow | None]:
+    if m is None:
+        return (), None
+
+    def pct(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else 100.0 * x
+
+    rows = tuple(
+        EngineRow(e.engine if e.engine is not None else "-", e.running, e.waiting, pct(e.kv_cache_usage))
+        for e in m.engines
+    )
+    return rows, EngineRow("all", m.running, m.waiting, pct(m.kv_cache_usage))
+
+
+def _dur(s: float) -> str:
+    """``42s``, ``3m 05s``, ``2h 10m``."""
+    s = max(0.0, s)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"

@@ -1,0 +1,650 @@
+"""Find running vLLM servers on this host from the process table.
+
+Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
+
+* **Blocking, run from a thread.** One ``psutil.process_iter`` pass costs
+  tens of milliseconds on a busy host; the caller runs
+  :func:`discover_servers` in a worker every few seconds, never on the UI
+  thread. Nothing here imports Textual.
+* **Pure core, psutil at the edge.** :func:`discover_servers` builds
+  everything from plain process records (pid, ppid, name, cmdline,
+  create_time), so tests feed it a real ``ps`` capture or hand-written
+  command lines; only :func:`read_processes` touches psutil, and it swallows
+  ``NoSuchProcess``/``AccessDenied``/``ZombieProcess`` per process (a
+  process can vanish between listing and reading).
+* **A server is a command line, not a title.** Titles like
+  ``VLLM::EngineCore`` are set with setproctitle and any process can take
+  one (§7.23), so a server is only a ``vllm serve ...`` or
+  ``python -m vllm.entrypoints.openai.api_server ...`` command line run by
+  Python; titled processes count only as that server's descendants. Titled
+  processes with no server above them are reported as ``orphans`` (an
+  EngineCore left behind by a crashed API server still holds GPU memory).
+* **Forked children keep the parent's command line** (V0, <=0.9 fork), so
+  a server candidate below another one is that server's child, not a
+  second server.
+* **Which PID holds the GPU** (§5, §7.16): the API server never does. The
+  ``Worker*`` processes if there are any (TP/PP > 1, and 0.32's CPU build
+  even at TP=1), else the ``EngineCore`` (V1, TP=1). With no titles at all
+  (<=0.9) it is a guess: the non-helper descendants, else the server itself.
+* **A restart is a new create_time**, not a new pid alone (pids get
+  reused): :attr:`ServerProcess.key` is ``(pid, create_time)``.
+* **The API key may be on the command line.** ``argv`` and ``api_key`` are
+  kept (a later rule reads risky flags; the scraper needs the key) but
+  never shown in ``repr``; use :meth:`ServerProcess.display_argv` to show
+  the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ProcRecord",
+    "ServerProcess",
+    "VllmChild",
+    "Discovery",
+    "discover",
+    "discover_servers",
+    "fallback_url",
+    "parse_human_int",
+    "read_processes",
+    "url_for",
+]
+
+#: Where to look when no server process is found (vLLM's default port).
+fallback_url = "http://localhost:8000"
+
+DEFAULT_PORT = 8000
+_REDACTED = "***"
+
+# --- records -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRecord:
+    """What discovery needs to know about one process."""
+
+    pid: int
+    ppid: int
+    name: str
+    cmdline: tuple[str, ...]
+    create_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class VllmChild:
+    """A process below a server (or an orphan with a vLLM title).
+
+    ``role``: ``engine`` (EngineCore, DPEngineCore), ``worker``
+    (Worker_TPn, VllmWorkerProcess), ``api_server`` (APIServer_N with
+    ``--api-server-count>1``), ``coordinator`` (DPCoordinator), ``helper``
+    (multiprocessing resource tracker), ``child`` (untitled, e.g. a forked
+    V0 engine). ``ranks`` holds what the title says, e.g.
+    ``(("dp", 1), ("tp", 0))``; ``rank`` is the TP rank of a worker or the
+    DP rank of an engine, when known.
+    """
+
+    pid: int
+    ppid: int
+    title: str
+    role: str
+    rank: int | None
+    ranks: tuple[tuple[str, int], ...]
+    create_time: float
+    holds_gpu: bool = False
+    #: depth below the server (1 = direct child)
+    depth: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """One vLLM API server found in the process table."""
+
+    pid: int
+    create_time: float
+    #: ``serve`` (``vllm serve``) or ``api_server`` (the module form)
+    form: str
+    #: host to connect to (0.0.0.0/:: mapped to 127.0.0.1)
+    host: str
+    port: int
+    url: str
+    #: ``--host`` as given, None when absent (all interfaces)
+    bind_host: str | None
+    model: str | None
+    served_model_names: tuple[str, ...]
+    tensor_parallel_size: int | None
+    data_parallel_size: int | None
+    pipeline_parallel_size: int | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    gpu_memory_utilization: float | None
+    headless: bool
+    children: tuple[VllmChild, ...]
+    gpu_pids: tuple[int, ...]
+    #: True when gpu_pids come from a heuristic (no vLLM titles to go by)
+    gpu_pids_guessed: bool
+    #: the raw command line; may hold ``--api-key`` (hence repr=False)
+    argv: tuple[str, ...] = field(repr=False)
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[int, float]:
+        """Identity across polls: a restart gives a new create_time."""
+        return (self.pid, self.create_time)
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_parallel_size or 1
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel_size or 1
+
+    @property
+    def served_name(self) -> str | None:
+        """What vLLM reports as ``model_name`` / ``/v1/models`` id."""
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+    def engine_pids(self) -> tuple[int, ...]:
+        return tuple(c.pid for c in self.children if c.role == "engine")
+
+    def worker_pids(self) -> tuple[int, ...]:
+        return tuple(c.pid for c in self.children if c.role == "worker")
+
+    def display_argv(self) -> str:
+        """The command line for display, with secrets masked."""
+        return " ".join(redact_argv(self.argv))
+
+    def flag(self, name: str) -> str | None:
+        """Raw value of ``--name`` (``--name v`` or ``--name=v``); ``""`` for a bare flag."""
+        return _flags(self.argv).get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    servers: tuple[ServerProcess, ...]
+    #: vLLM-titled processes with no server above them (leaked engines/workers)
+    orphans: tuple[VllmChild, ...]
+
+
+# --- command lines ---------------------------------------------------------------
+
+# Flags whose value is a secret: masked in display_argv().
+_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--ssl-keyfile-password"})
+
+# Flags that take one value (so the next token is not the positional model).
+_VALUE_FLAGS = frozenset(
+    {
+        "--host", "--port", "--model", "--tokenizer", "--revision", "--dtype", "--max-model-len",
+        "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--tensor-parallel-size",
+        "--data-parallel-size", "--pipeline-parallel-size", "--api-key", "--quantization", "--kv-cache-dtype",
+        "--seed", "--swap-space", "--block-size", "--download-dir", "--load-format", "--config",
+        "--chat-template", "--generation-config", "--override-generation-config", "--uvicorn-log-level",
+        "--root-path", "--ssl-keyfile", "--ssl-certfile", "--api-server-count", "--data-parallel-address",
+        "--data-parallel-rpc-port", "--data-parallel-size-local", "--data-parallel-start-rank", "--uds",
+        "--tool-call-parser", "--reasoning-parser", "--compilation-config", "--hf-overrides", "--lora-modules",
+        "--max-loras", "--max-lora-rank", "--distributed-executor-backend", "--cpu-offload-gb",
+        "--limit-mm-per-prompt", "--mm-processor-cache-gb", "--speculative-config", "--hf-token",
+        "--tokenizer-mode", "--trust-remote-code-revision", "--middleware", "--allowed-origins",
+        "--response-role", "--max-log-len", "--served-model-name", "--enable-prefix-caching-hash-algo",
+        "--task", "--runner", "--pooler-config", "--kv-transfer-config", "--ssl-keyfile-password",
+        "-tp", "-dp", "-pp", "-O", "-q", "-cc",
+    }
+)
+# Flags that take one or more values (argparse nargs="+").
+_MULTI_FLAGS = frozenset({"--served-model-name", "--lora-modules", "--allowed-origins", "--middleware"})
+# Short aliases vLLM accepts.
+_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-pp": "--pipeline-parallel-size"}
+
+_PY_RE = re.compile(r"^python[0-9.]*[a-z]?$")
+_API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+_CLI_MODULES = ("vllm.entrypoints.cli.main", "vllm")
+
+
+def _is_bool_flag(tok: str) -> bool:
+    return tok.startswith(("--enable-", "--disable-", "--no-")) or tok in {
+        "--enforce-eager", "--trust-remote-code", "--headless", "--async-scheduling", "--skip-tokenizer-init",
+        "--enable-auto-tool-choice", "--use-v2-block-manager", "--return-tokens-as-token-ids",
+    }
+
+
+def _split_args(args: Iterable[str]) -> tuple[dict[str, str], list[str], dict[str, tuple[str, ...]]]:
+    """argparse-like split: ``({flag: last value}, positionals, {multi flag: values})``.
+
+    Unknown ``--flags`` take the next token as their value unless it starts
+    with ``-`` or the flag looks boolean (``--enable-*``, ``--no-*``...).
+    That is a guess; the positional model right after ``serve`` is taken
+    before any guessing (see :func:`_parse_server_argv`).
+    """
+    toks = list(args)
+    flags: dict[str, str] = {}
+    multi: dict[str, tuple[str, ...]] = {}
+    pos: list[str] = []
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        i += 1
+        if tok == "--":
+            pos.extend(toks[i:])
+            break
+        if not tok.startswith("-") or tok == "-" or _is_number(tok):
+            pos.append(tok)
+            continue
+        name, eq, val = tok.partition("=")
+        if not eq and name.startswith("-O") and len(name) > 2 and not name.startswith("--"):
+            name, val, eq = "-O", name[2:], "="  # -O3
+        name = _ALIASES.get(name, name)
+        if eq:
+            flags[name] = val
+            if name in _MULTI_FLAGS:
+                multi[name] = (val,)
+            continue
+        if name in _MULTI_FLAGS:
+            vals: list[str] = []
+            while i < len(toks) and not (toks[i].startswith("-") and not _is_number(toks[i])):
+                vals.append(toks[i])
+                i += 1
+            multi[name] = tuple(vals)
+            flags[name] = vals[0] if vals else ""
+            continue
+        takes = name in _VALUE_FLAGS or name in _ALIASES.values()
+        if not takes and not _is_bool_flag(name):
+            takes = i < len(toks) and (not toks[i].startswith("-") or _is_number(toks[i]))
+        if takes and i < len(toks):
+            flags[name] = toks[i]
+            i += 1
+        else:
+            flags[name] = ""
+    return flags, pos, multi
+
+
+def _flags(argv: tuple[str, ...]) -> dict[str, str]:
+    found = _server_args(argv)
+    return _split_args(found[1])[0] if found else _split_args(argv)[0]
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """Copy of ``argv`` with the values of secret flags replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for tok in argv:
+        if hide_next:
+            out.append(_REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = tok.partition("=")
+        if name in _SECRET_FLAGS:
+            if eq:
+                out.append(f"{name}={_REDACTED}")
+            else:
+                out.append(tok)
+                hide_next = True
+            continue
+        out.append(tok)
+    return out
+
+
+def _skip_python(argv: tuple[str, ...]) -> int | None:
+    """Index just after the interpreter and its own options, or None if
+    ``argv[0]`` is not a Python interpreter."""
+    if not argv or not _PY_RE.match(os.path.basename(argv[0])):
+        return None
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c"):
+        opt = argv[i]
+        i += 1
+        if opt in ("-X", "-W", "-Q") and i < len(argv):
+            i += 1
+    return i
+
+
+def _server_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """``(form, arguments after the entry point)`` if this command line is a
+    vLLM API server, else None.
+
+    Accepted: ``vllm serve ...`` (the console script run directly or by a
+    Python interpreter), ``python -m vllm.entrypoints.cli.main serve ...``,
+    ``python -m vllm.entrypoints.openai.api_server ...``. Wrappers (``sh -c``,
+    ``timeout``, ``uv run``) are not servers: their child is.
+    """
+    if not argv:
+        return None
+    if os.path.basename(argv[0]) == "vllm":
+        i = 1
+    else:
+        j = _skip_python(argv)
+        if j is None or j >= len(argv):
+            return None
+        if argv[j] == "-m" and j + 1 < len(argv):
+            mod = argv[j + 1]
+            if mod in _API_SERVER_MODULES:
+                return "api_server", list(argv[j + 2:])
+            if mod not in _CLI_MODULES:
+                return None
+            i = j + 2
+        elif os.path.basename(argv[j]) == "vllm":
+            i = j + 1
+        else:
+            return None
+    if i < len(argv) and argv[i] == "serve":
+        return "serve", list(argv[i + 1:])
+    return None
+
+
+def parse_human_int(s: str | None) -> int | None:
+    """vLLM's ``human_readable_int``: ``32768``, ``32k`` (x1000), ``32K``
+    (x1024), ``25.6k``, ``1M``... ``-1``/``auto``/unparseable give None."""
+    if s is None:
+        return None
+    s = s.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", s)
+    if not m:
+        return None
+    num, unit = m.groups()
+    if not unit:
+        try:
+            return int(num) if "." not in num else None
+        except ValueError:
+            return None
+    power = "kmgt".index(unit.lower()) + 1
+    base = 1000 if unit.islower() else 1024
+    return int(float(num) * base**power)
+
+
+def _int(s: str | None) -> int | None:
+    if s is None:
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+def _float(s: str | None) -> float | None:
+    if s is None:
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def url_for(host: str | None, port: int) -> tuple[str, str]:
+    """``(connect_host, url)`` for a ``--host`` value: all-interfaces
+    addresses (absent, ``0.0.0.0``, ``::``, ``""``) connect to 127.0.0.1;
+    IPv6 literals get brackets."""
+    h = (host or "").strip().strip("[]")
+    if h in ("", "0.0.0.0", "::", "*"):
+        h = "127.0.0.1"
+    shown = f"[{h}]" if ":" in h else h
+    return h, f"http://{shown}:{port}"
+
+
+def _parse_server_argv(form: str, args: list[str]) -> dict[str, Any]:
+    model: str | None = None
+    rest = args
+    if form == "serve" and args and not args[0].startswith("-"):
+        model, rest = args[0], args[1:]  # the positional right after `serve`
+    flags, pos, multi = _split_args(rest)
+    if model is None and form == "serve" and pos:
+        model = pos[0]
+    if model is None:
+        model = flags.get("--model") or None
+    port = _int(flags.get("--port"))
+    if port is None or not 0 < port < 65536:
+        port = DEFAULT_PORT
+    bind = flags.get("--host")
+    host, url = url_for(bind, port)
+    return {
+        "host": host,
+        "port": port,
+        "url": url,
+        "bind_host": bind,
+        "model": model,
+        "served_model_names": multi.get("--served-model-name", ()),
+        "tensor_parallel_size": _int(flags.get("--tensor-parallel-size")),
+        "data_parallel_size": _int(flags.get("--data-parallel-size")),
+        "pipeline_parallel_size": _int(flags.get("--pipeline-parallel-size")),
+        "max_model_len": parse_human_int(flags.get("--max-model-len")),
+        "max_num_seqs": _int(flags.get("--max-num-seqs")),
+        "gpu_memory_utilization": _float(flags.get("--gpu-memory-utilization")),
+        "headless": "--headless" in flags,
+        "api_key": flags.get("--api-key") or None,
+    }
+
+
+# --- titles ------------------------------------------------------------------------
+
+_TITLE_RE = re.compile(r"^([A-Za-z0-9_]+)::(\S+)")
+_RANK_RE = re.compile(r"_(DP|PP|TP|EP)(\d+)")
+
+
+def _title(rec: ProcRecord, *, any_prefix: bool = True) -> str | None:
+    """The vLLM process title (``VLLM::Worker_TP0``), from the command line
+    (setproctitle pads it with spaces) or else the 15-char ``comm``.
+
+    Below a server any ``PREFIX::`` counts (``VLLM_PROCESS_NAME_PREFIX`` can
+    change it); elsewhere (orphans) only ``VLLM::``, so that some other
+    program's ``foo::Worker`` is not taken for a leaked vLLM worker.
+    """
+    for text in (" ".join(rec.cmdline).strip(), rec.name.strip()):
+        m = _TITLE_RE.match(text)
+        if m and m.group(1) != "ray" and (any_prefix or m.group(1) == "VLLM"):
+            return m.group(0)
+    return None
+
+
+def _classify(title: str) -> tuple[str, int | None, tuple[tuple[str, int], ...]]:
+    """``(role, rank, ranks)`` from a title. Truncated ``comm`` names
+    (``VLLM::EngineCor``, ``VLLM::Worker_TP``) still classify, without ranks."""
+    name = title.split("::", 1)[1]
+    ranks = tuple((k.lower(), int(v)) for k, v in _RANK_RE.findall(name))
+    rd = dict(ranks)
+    base = name.split("_", 1)[0]
+    if "EngineCor" in base and "_TP" in name:
+        role = "worker"  # 0.10 fork: EngineCore_TP0 is a worker
+    elif "EngineCor" in base:
+        role = "engine"
+    elif base.startswith(("Worker", "VllmWorker", "RayWorker")):
+        role = "worker"
+    elif base.startswith("APIServer"):
+        role = "api_server"
+        m = re.search(r"_(\d+)$", name)
+        if m:
+            rd.setdefault("api", int(m.group(1)))
+            ranks = ranks + (("api", int(m.group(1))),)
+    elif base.startswith("DPCoordinator"):
+        role = "coordinator"
+    else:
+        role = "other"
+    if role == "engine" and base.startswith("DPEngineCore"):
+        m = re.search(r"_(\d+)$", name)
+        if m and "dp" not in rd:
+            rd["dp"] = int(m.group(1))
+            ranks = ranks + (("dp", int(m.group(1))),)
+    rank = rd.get("tp") if role == "worker" else rd.get("dp") if role == "engine" else rd.get("api")
+    return role, rank, ranks
+
+
+def _is_helper(rec: ProcRecord) -> bool:
+    text = " ".join(rec.cmdline)
+    return "multiprocessing.resource_tracker" in text or "multiprocessing.semaphore_tracker" in text
+
+
+# --- the scan ----------------------------------------------------------------------
+
+
+def _coerce(rec: Any) -> ProcRecord | None:
+    """Accept ProcRecord, any object with the five attributes, or a mapping."""
+    if isinstance(rec, ProcRecord):
+        return rec
+    try:
+        get = rec.get if isinstance(rec, Mapping) else lambda k, d=None: getattr(rec, k, d)
+        cmd = get("cmdline", None) or ()
+        if isinstance(cmd, str):
+            cmd = tuple(cmd.split())
+        return ProcRecord(
+            pid=int(get("pid")),
+            ppid=int(get("ppid", 0) or 0),
+            name=str(get("name", "") or ""),
+            cmdline=tuple(str(c) for c in cmd),
+            create_time=float(get("create_time", 0.0) or 0.0),
+        )
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def read_processes() -> list[ProcRecord]:
+    """The live process table via psutil (blocking). Processes that vanish
+    or deny access while being read are skipped or kept with what could be
+    read; nothing raises."""
+    import psutil
+
+    out: list[ProcRecord] = []
+    try:
+        it = psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time"], ad_value=None)
+        for p in it:
+            try:
+                info = p.info
+                out.append(
+                    ProcRecord(
+                        pid=int(info["pid"]),
+                        ppid=int(info.get("ppid") or 0),
+                        name=str(info.get("name") or ""),
+                        cmdline=tuple(info.get("cmdline") or ()),
+                        create_time=float(info.get("create_time") or 0.0),
+                    )
+                )
+            except (psutil.Error, KeyError, TypeError, ValueError):
+                continue
+    except (psutil.Error, OSError):
+        pass
+    return out
+
+
+def discover(procs: Iterable[Any] | None = None) -> Discovery:
+    """Servers and orphan vLLM processes in ``procs`` (default: the live
+    table via :func:`read_processes`). Never raises on odd records."""
+    records: dict[int, ProcRecord] = {}
+    for raw in read_processes() if procs is None else procs:
+        rec = _coerce(raw)
+        if rec is not None:
+            records[rec.pid] = rec
+    kids: dict[int, list[int]] = {}
+    for rec in records.values():
+        if rec.ppid != rec.pid:
+            kids.setdefault(rec.ppid, []).append(rec.pid)
+
+    cand: dict[int, tuple[str, list[str]]] = {}
+    for rec in records.values():
+        found = _server_args(rec.cmdline)
+        if found is not None:
+            cand[rec.pid] = found
+
+    def has_candidate_ancestor(pid: int) -> bool:
+        seen = {pid}
+        cur = records[pid].ppid
+        while cur in records and cur not in seen:
+            if cur in cand:
+                return True
+            seen.add(cur)
+            cur = records[cur].ppid
+        return False
+
+    roots = sorted((pid for pid in cand if not has_candidate_ancestor(pid)), key=lambda p: (records[p].create_time, p))
+    claimed: set[int] = set()
+    servers: list[ServerProcess] = []
+    for pid in roots:
+        form, args = cand[pid]
+        rec = records[pid]
+        info = _parse_server_argv(form, args)
+        children = _walk(pid, records, kids)
+        claimed.update(c.pid for c in children)
+        children, gpu, guessed = _mark_gpu(pid, children)
+        servers.append(
+            ServerProcess(
+                pid=pid,
+                create_time=rec.create_time,
+                form=form,
+                children=children,
+                gpu_pids=gpu,
+                gpu_pids_guessed=guessed,
+                argv=rec.cmdline,
+                **info,
+            )
+        )
+    orphans: list[VllmChild] = []
+    for rec in records.values():
+        if rec.pid in claimed or rec.pid in cand:
+            continue
+        title = _title(rec, any_prefix=False)
+        if title is None:
+            continue
+        role, rank, ranks = _classify(title)
+        if role == "other":
+            continue
+        orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0))
+    orphans.sort(key=lambda c: c.pid)
+    return Discovery(tuple(servers), tuple(orphans))
+
+
+def discover_servers(procs: Iterable[Any] | None = None) -> list[ServerProcess]:
+    """vLLM API servers in ``procs`` (default: this host's processes),
+    oldest first. Blocking: call it from a thread."""
+    return list(discover(procs).servers)
+
+
+def _walk(root: int, records: Mapping[int, ProcRecord], kids: Mapping[int, list[int]]) -> list[VllmChild]:
+    out: list[VllmChild] = []
+    stack = [(c, 1) for c in sorted(kids.get(root, ()), reverse=True)]
+    seen = {root}
+    while stack:
+        pid, depth = stack.pop()
+        if pid in seen or pid not in records:
+            continue
+        seen.add(pid)
+        rec = records[pid]
+        title = _title(rec)
+        if title is not None:
+            role, rank, ranks = _classify(title)
+        elif _is_helper(rec):
+            title, role, rank, ranks = (rec.name or "python"), "helper", None, ()
+        else:
+            title, role, rank, ranks = (rec.name or "?"), "child", None, ()
+        out.append(VllmChild(pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=depth))
+        stack.extend((c, depth + 1) for c in sorted(kids.get(pid, ()), reverse=True))
+    return out
+
+
+def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChild, ...], tuple[int, ...], bool]:
+    """Which descendants hold the GPU (§5): workers, else engine cores; with
+    no vLLM titles at all, the untitled descendants (a guess), else the
+    server itself."""
+    workers = [c.pid for c in children if c.role == "worker"]
+    engines = [c.pid for c in children if c.role == "engine"]
+    guessed = False
+    if workers:
+        gpu = workers
+    elif engines:
+        gpu = engines
+    else:
+        guessed = True
+        gpu = [c.pid for c in children if c.role == "child"] or [server_pid]
+    gset = set(gpu)
+    marked = tuple(
+        VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth)
+        for c in children
+    )
+    return marked, tuple(gpu), guessed

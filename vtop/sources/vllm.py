@@ -1,0 +1,530 @@
+"""Poll one vLLM server over HTTP: ``/metrics`` every time, the rest less often.
+
+Why it is built this way (``shared/docs/vllm-reference.md`` §3, §7;
+``shared/docs/textual-style.md`` §5.1-5.2):
+
+* **``poll()`` never raises.** Every failure becomes a :class:`ServerPoll`
+  with an error kind (``refused``, ``timeout``, ``http 500``, ``not vllm``,
+  ``garbage``, ``too large``, ``reset``, ``dns``, ``other``) and one plain
+  sentence. A dashboard that shows "connection refused" beats one that
+  dies; only cancellation (the caller stopping the worker) propagates.
+* **Refused is not dead.** vLLM binds its port but does not listen during
+  the whole startup (minutes), so ``refused`` only says "nothing answers";
+  :mod:`vtop.core.server` decides between ``starting`` and ``down`` with the
+  process table.
+* **Bounded in time and memory.** Explicit timeouts (connect 1 s, read
+  2 s; httpx's 5 s default is too long for a 1 s poll) plus a deadline for
+  the whole request, because httpx's read timeout is per chunk and a server
+  trickling bytes would never trip it. The body is streamed and reading
+  stops at ``max_body_bytes`` (16 MiB; a real payload is ~50 KB), and
+  ``Accept-Encoding: identity`` is sent so a small gzip body cannot inflate
+  into a huge one.
+* **Parsing stays off the event loop when it could hurt.** A real 50 KB
+  payload parses in under 1 ms warm (``vtop.sources.prom``), so it is
+  parsed inline; bodies over ``thread_parse_bytes`` (256 KiB) go through
+  ``asyncio.to_thread``.
+* **``/health``, ``/v1/models``, ``/version`` are polled less often**
+  (health every ``health_every_s``, models/version every ``info_every_s``),
+  and all of them right after a (re)connect, when the model or version may
+  have changed. While ``/health`` is not 200 it is polled every time so
+  recovery shows at once.
+* **The API key goes to ``/v1/*`` only** (vLLM's ``/metrics``, ``/health``,
+  ``/version`` need none, §3) and is scrubbed from every string this module
+  produces, including error pages a proxy might echo headers into; no
+  response body from ``/v1/*`` is ever copied into a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import math
+import re
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from vtop.clock import Clock
+from vtop.sources.prom import VllmMetrics, parse_vllm_metrics
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ERROR_KINDS",
+    "ModelsInfo",
+    "ServerPoll",
+    "VllmScraper",
+    "classify_body",
+    "poll_from_body",
+    "poll_from_error",
+]
+
+#: connect 1 s, read 2 s (per chunk), write/pool 1 s.
+DEFAULT_TIMEOUT = httpx.Timeout(connect=1.0, read=2.0, write=1.0, pool=1.0)
+MAX_BODY_BYTES = 16 * 1024 * 1024
+THREAD_PARSE_BYTES = 256 * 1024
+_INFO_BODY_BYTES = 1024 * 1024  # /v1/models with many LoRA adapters is still far below
+
+#: Error kinds; ``http <code>`` is written with the status, e.g. ``http 500``.
+ERROR_KINDS = ("refused", "timeout", "http", "not vllm", "garbage", "too large", "reset", "dns", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsInfo:
+    """What ``/v1/models`` says: the served names and the context length."""
+
+    ids: tuple[str, ...]
+    #: ``max_model_len`` of the first (base) model
+    max_model_len: int | None
+    #: ``root`` of the first model: the path or HF id actually loaded
+    root: str | None
+
+    @property
+    def model_id(self) -> str | None:
+        return self.ids[0] if self.ids else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPoll:
+    """One poll of one server. ``ok`` means ``/metrics`` answered with vLLM
+    metrics; ``health``/``models``/``version`` are ``None`` when they were not
+    polled this time (see ``info_polled``/``health_polled``) or failed."""
+
+    #: wall-clock time the poll started (for display)
+    t: float
+    #: monotonic time the poll started (for rates and ages)
+    mono: float
+    url: str
+    ok: bool
+    #: None when ok; else one of ERROR_KINDS (``http 500`` style for HTTP)
+    error: str | None
+    #: one line for a person
+    message: str
+    #: seconds for /metrics (until the body was read or the error came)
+    latency_s: float | None
+    body_bytes: int
+    metrics: VllmMetrics | None = field(default=None, repr=False)
+    #: HTTP status of /metrics, when one came back
+    status: int | None = None
+    #: /health status code, when polled and answered
+    health: int | None = None
+    health_polled: bool = False
+    #: error kind of /health when polled and it did not answer
+    health_error: str | None = None
+    models: ModelsInfo | None = None
+    version: str | None = None
+    info_polled: bool = False
+    #: problems with /health, /v1/models, /version (plain words, scrubbed)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def connected(self) -> bool:
+        """Something answered HTTP on the port (even an error page)."""
+        return self.status is not None
+
+
+# --- classification (shared with replays) ---------------------------------------
+
+_SAMPLE_RE = re.compile(rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^\n]*\})?[ \t]+[-+0-9.eEnaNIf]+", re.M)
+
+
+def classify_body(body: bytes, metrics: VllmMetrics) -> tuple[str | None, str]:
+    """``(error kind or None, message)`` for a 200 answer on ``/metrics``."""
+    n = len(body)
+    if metrics.is_vllm:
+        return None, f"ok: {n} bytes of vLLM metrics"
+    head = body[:4096].lstrip()
+    low = head[:200].lower()
+    if not head:
+        return "not vllm", "/metrics answered an empty page: not a vLLM server"
+    if low.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
+        return "not vllm", "/metrics answered an HTML page, not Prometheus metrics (a proxy or another web app?)"
+    if low.startswith((b"{", b"[")):
+        return "not vllm", "/metrics answered JSON, not Prometheus metrics: not a vLLM server"
+    try:
+        body[:65536].decode("utf-8")
+        text_ok = True
+    except UnicodeDecodeError as exc:
+        text_ok = exc.start > 65500  # cut in the middle of a character
+    if text_ok and (_SAMPLE_RE.search(body[:65536]) or b"# TYPE " in body[:65536]):
+        return "not vllm", (
+            "/metrics has Prometheus metrics but none from vLLM "
+            "(another exporter on this port, or vLLM run with --disable-log-stats)"
+        )
+    return "garbage", f"/metrics answered {n} bytes that are not Prometheus text"
+
+
+def poll_from_body(
+    url: str,
+    body: bytes | str,
+    *,
+    t: float,
+    mono: float,
+    latency_s: float | None = None,
+    status: int = 200,
+    metrics: VllmMetrics | None = None,
+    **extra: Any,
+) -> ServerPoll:
+    """A :class:`ServerPoll` for a ``/metrics`` answer (used by the scraper
+    and by replays of recorded timelines). ``extra`` sets the other fields
+    (health, models, version...)."""
+    raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
+    if status != 200:
+        return ServerPoll(
+            t=t, mono=mono, url=url, ok=False, error=f"http {status}",
+            message=f"/metrics answered HTTP {status}{_reason(status)}", latency_s=latency_s,
+            body_bytes=len(raw), status=status, **extra,
+        )
+    m = metrics if metrics is not None else parse_vllm_metrics(raw)
+    kind, msg = classify_body(raw, m)
+    return ServerPoll(
+        t=t, mono=mono, url=url, ok=kind is None, error=kind, message=msg, latency_s=latency_s,
+        body_bytes=len(raw), metrics=m, status=status, **extra,
+    )
+
+
+def poll_from_error(
+    url: str, kind: str, *, t: float, mono: float, message: str | None = None, latency_s: float | None = None,
+    body_bytes: int = 0, **extra: Any,
+) -> ServerPoll:
+    """A failed :class:`ServerPoll` (also for replays: a recorded
+    ``ConnectError`` on loopback is ``refused``)."""
+    return ServerPoll(
+        t=t, mono=mono, url=url, ok=False, error=kind, message=message or _default_message(kind, url),
+        latency_s=latency_s, body_bytes=body_bytes, **extra,
+    )
+
+
+def _reason(status: int) -> str:
+    try:
+        from http import HTTPStatus
+
+        return f" ({HTTPStatus(status).phrase})"
+    except ValueError:
+        return ""
+
+
+def _hostport(url: str) -> str:
+    try:
+        u = httpx.URL(url)
+        return f"{u.host}:{u.port or (443 if u.scheme == 'https' else 80)}"
+    except Exception:
+        return url
+
+
+def _default_message(kind: str, url: str) -> str:
+    hp = _hostport(url)
+    return {
+        "refused": f"nothing listens on {hp} (connection refused): vLLM is starting or not running",
+        "timeout": f"no answer from {url} in time",
+        "reset": f"{hp} dropped the connection before the answer was complete",
+        "dns": f"cannot resolve the host of {url}",
+        "too large": f"{url}/metrics sent more than {MAX_BODY_BYTES // (1024 * 1024)} MiB; stopped reading",
+        "garbage": f"{url}/metrics answered something that is not Prometheus text",
+        "not vllm": f"{url}/metrics answers but is not a vLLM server",
+    }.get(kind, f"cannot reach {url}")
+
+
+# --- the scraper ------------------------------------------------------------------
+
+
+class _Fail(Exception):
+    """Internal: a request failed with a kind and a message."""
+
+    def __init__(self, kind: str, message: str, body_bytes: int = 0, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.body_bytes = body_bytes
+        self.status = status
+
+
+class VllmScraper:
+    """Polls one server. Give it one long-lived ``httpx.AsyncClient`` (shared
+    by all scrapers) and call :meth:`poll` about once a second from an async
+    worker; one poll at a time per scraper."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: httpx.AsyncClient,
+        api_key: str | None = None,
+        clock: Clock,
+        timeout: httpx.Timeout | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        thread_parse_bytes: int = THREAD_PARSE_BYTES,
+        health_every_s: float = 5.0,
+        info_every_s: float = 10.0,
+        deadline_s: float | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._client = client
+        self._api_key = api_key or None
+        self._clock = clock
+        self.timeout = timeout or DEFAULT_TIMEOUT
+        self.max_body_bytes = max_body_bytes
+        self.thread_parse_bytes = thread_parse_bytes
+        self.health_every_s = health_every_s
+        self.info_every_s = info_every_s
+        t = self.timeout
+        #: whole-request budget: httpx's read timeout is per chunk
+        self.deadline_s = deadline_s if deadline_s is not None else (t.connect or 1.0) + (t.read or 2.0)
+        self._connected = False
+        self._last_health: float | None = None
+        self._last_info: float | None = None
+        self._health_bad = False
+
+    def __repr__(self) -> str:
+        return f"VllmScraper(url={self.url!r}, api_key={'***' if self._api_key else None})"
+
+    # -- helpers --
+
+    def _scrub(self, text: str) -> str:
+        """Remove the API key (and any bearer token) from text we produce."""
+        if self._api_key and self._api_key in text:
+            text = text.replace(self._api_key, "***")
+        return re.sub(r"(?i)(bearer\s+)\S+", r"\1***", text)
+
+    def _kind_of(self, exc: BaseException) -> tuple[str, str]:
+        """Map an httpx/OS exception to ``(kind, message)``."""
+        hp = _hostport(self.url)
+        if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError)):
+            what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "answer"
+            return "timeout", f"no {what} from {self.url} within {self._budget(exc):.1f} s"
+        chain: list[BaseException] = []
+        e: BaseException | None = exc
+        while e is not None and len(chain) < 8:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        for c in chain:
+            if isinstance(c, socket.gaierror):
+                return "dns", f"cannot resolve {httpx.URL(self.url).host!r} (DNS)"
+            if isinstance(c, ConnectionRefusedError) or (
+                isinstance(c, OSError) and c.errno == errno.ECONNREFUSED
+            ):
+                return "refused", f"nothing listens on {hp} (connection refused): vLLM is starting or not running"
+        text = " ".join(str(c) for c in chain).lower()
+        if isinstance(exc, httpx.ConnectError):
+            if "refused" in text:
+                return "refused", f"nothing listens on {hp} (connection refused): vLLM is starting or not running"
+            if "name or service" in text or "nodename" in text or "getaddrinfo" in text or "name resolution" in text:
+                return "dns", f"cannot resolve {httpx.URL(self.url).host!r} (DNS)"
+            return "other", f"cannot connect to {hp}: {self._scrub(_short(exc))}"
+        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)) or isinstance(
+            exc, (ConnectionResetError, BrokenPipeError)
+        ):
+            return "reset", f"{hp} dropped the connection before the answer was complete"
+        return "other", f"error talking to {hp}: {self._scrub(_short(exc))}"
+
+    def _budget(self, exc: BaseException) -> float:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return self.timeout.connect or 1.0
+        if isinstance(exc, httpx.ReadTimeout):
+            return self.timeout.read or 2.0
+        return self.deadline_s
+
+    async def _get(self, path: str, limit: int, *, auth: bool = False) -> tuple[int, bytes]:
+        """GET with a deadline and a bounded body. Raises :class:`_Fail`."""
+        headers = {"Accept-Encoding": "identity"}
+        if auth and self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        got = 0
+
+        async def fetch() -> tuple[int, bytes]:
+            nonlocal got
+            async with self._client.stream("GET", self.url + path, headers=headers, timeout=self.timeout) as resp:
+                cl = resp.headers.get("content-length")
+                if cl is not None and cl.isdigit() and int(cl) > limit:
+                    raise _Fail("too large", f"{path} announced {_mib(int(cl))}; not reading more than {_mib(limit)}",
+                                int(cl), resp.status_code)
+                # We ask for identity; a server that compresses anyway is
+                # inflated here with a bound (httpx's decoder has none).
+                enc = resp.headers.get("content-encoding", "").strip().lower()
+                dec = zlib.decompressobj(47 if enc in ("gzip", "x-gzip") else 15) if enc in (
+                    "gzip", "x-gzip", "deflate") else None
+                buf = bytearray()
+                async for chunk in resp.aiter_raw():
+                    got += len(chunk)
+                    if dec is not None:
+                        try:
+                            chunk = dec.decompress(chunk, limit - len(buf) + 1)
+                        except zlib.error as exc:
+                            raise _Fail("garbage", f"{path}: broken {enc} body", got, resp.status_code) from exc
+                        if dec.unconsumed_tail:
+                            chunk += b"x"  # more than the limit is waiting
+                    if len(buf) + len(chunk) > limit:
+                        raise _Fail("too large", f"{path} sent more than {_mib(limit)}; stopped reading",
+                                    got, resp.status_code)
+                    buf += chunk
+                return resp.status_code, bytes(buf)
+
+        try:
+            return await asyncio.wait_for(fetch(), timeout=self.deadline_s)
+        except _Fail:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise _Fail("timeout", f"{path}: no complete answer from {self.url} within {self.deadline_s:.1f} s",
+                        got) from exc
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a kind
+            kind, msg = self._kind_of(exc)
+            if kind == "reset" and got:
+                msg = f"{_hostport(self.url)} dropped the connection in the middle of {path} ({got} bytes received)"
+            raise _Fail(kind, msg, got) from exc
+
+    # -- the poll --
+
+    async def poll(self) -> ServerPoll:
+        """One poll. Never raises (except cancellation)."""
+        t = self._clock.time()
+        mono = self._clock.monotonic()
+        try:
+            return await self._poll(t, mono)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug here must not kill the panel
+            self._connected = False
+            return poll_from_error(
+                self.url, "other", t=t, mono=mono,
+                message=self._scrub(f"internal error while polling: {_short(exc)}"),
+            )
+
+    async def _poll(self, t: float, mono: float) -> ServerPoll:
+        start = self._clock.monotonic()
+        try:
+            status, body = await self._get("/metrics", self.max_body_bytes)
+        except _Fail as f:
+            latency = self._clock.monotonic() - start
+            was = self._connected
+            self._connected = f.status is not None
+            extra: dict[str, Any] = {}
+            if f.status is not None:
+                extra = await self._extras(mono, reconnect=not was)
+            return poll_from_error(
+                self.url, f.kind, t=t, mono=mono, message=self._scrub(f.message), latency_s=latency,
+                body_bytes=f.body_bytes, status=f.status, **extra,
+            )
+        latency = self._clock.monotonic() - start
+        reconnect = not self._connected
+        self._connected = True
+        metrics: VllmMetrics | None = None
+        if status == 200:
+            if len(body) > self.thread_parse_bytes:
+                metrics = await asyncio.to_thread(parse_vllm_metrics, body)
+            else:
+                metrics = parse_vllm_metrics(body)
+        extra = await self._extras(mono, reconnect=reconnect)
+        p = poll_from_body(self.url, body, t=t, mono=mono, latency_s=latency, status=status, metrics=metrics, **extra)
+        return p
+
+    async def _extras(self, mono: float, *, reconnect: bool) -> dict[str, Any]:
+        """/health, /v1/models, /version when due; their results as
+        ServerPoll fields. Never raises."""
+        want_health = (
+            reconnect or self._health_bad or self._last_health is None or mono - self._last_health >= self.health_every_s
+        )
+        want_info = reconnect or self._last_info is None or mono - self._last_info >= self.info_every_s
+        out: dict[str, Any] = {}
+        notes: list[str] = []
+        jobs: list[Any] = []
+        if want_health:
+            jobs.append(self._health())
+        if want_info:
+            jobs.append(self._models())
+            jobs.append(self._version())
+        if not jobs:
+            return out
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        i = 0
+        if want_health:
+            self._last_health = mono
+            r = results[i]
+            i += 1
+            out["health_polled"] = True
+            if isinstance(r, _Fail):
+                out["health_error"] = r.kind
+                notes.append(self._scrub(f"/health: {r.message}"))
+                self._health_bad = True
+            elif isinstance(r, int):
+                out["health"] = r
+                self._health_bad = r != 200
+                if r != 200:
+                    notes.append(f"/health answered HTTP {r}{_reason(r)}")
+            else:
+                out["health_error"] = "other"
+                self._health_bad = True
+        if want_info:
+            self._last_info = mono
+            out["info_polled"] = True
+            rm, rv = results[i], results[i + 1]
+            if isinstance(rm, ModelsInfo):
+                out["models"] = rm
+            elif isinstance(rm, _Fail):
+                hint = " (set VLLM_API_KEY or --api-key)" if rm.kind in ("http 401", "http 403") else ""
+                notes.append(self._scrub(f"/v1/models: {rm.message}{hint}"))
+            elif isinstance(rm, BaseException):
+                notes.append(self._scrub(f"/v1/models: {_short(rm)}"))
+            if isinstance(rv, str):
+                out["version"] = rv
+            elif isinstance(rv, _Fail):
+                notes.append(self._scrub(f"/version: {rv.message}"))
+            elif isinstance(rv, BaseException):
+                notes.append(self._scrub(f"/version: {_short(rv)}"))
+        if notes:
+            out["notes"] = tuple(notes)
+        return out
+
+    async def _health(self) -> int:
+        status, _ = await self._get("/health", 65536)
+        return status
+
+    async def _json(self, path: str, *, auth: bool) -> Any:
+        status, body = await self._get(path, _INFO_BODY_BYTES, auth=auth)
+        if status != 200:
+            # Never quote the body: a proxy may echo our headers into it.
+            raise _Fail(f"http {status}", f"HTTP {status}{_reason(status)}", len(body), status)
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise _Fail("garbage", f"not JSON ({len(body)} bytes)", len(body), status) from exc
+
+    async def _models(self) -> ModelsInfo:
+        doc = await self._json("/v1/models", auth=True)
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list):
+            raise _Fail("garbage", "no model list in the answer")
+        ids: list[str] = []
+        max_len: int | None = None
+        root: str | None = None
+        for i, item in enumerate(x for x in data if isinstance(x, dict)):
+            mid = item.get("id")
+            if isinstance(mid, str):
+                ids.append(self._scrub(mid))
+            if i == 0:
+                ml = item.get("max_model_len")
+                if isinstance(ml, (int, float)) and not isinstance(ml, bool) and math.isfinite(ml) and ml > 0:
+                    max_len = int(ml)
+                r = item.get("root")
+                root = self._scrub(r) if isinstance(r, str) else None
+        return ModelsInfo(tuple(ids), max_len, root)
+
+    async def _version(self) -> str:
+        doc = await self._json("/version", auth=False)
+        v = doc.get("version") if isinstance(doc, dict) else None
+        if not isinstance(v, str):
+            raise _Fail("garbage", "no version in the answer")
+        return self._scrub(v[:64])
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.0f} MiB" if n >= 1024 * 1024 else f"{n} bytes"
+
+
+def _short(exc: BaseException, n: int = 160) -> str:
+    s = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return s if len(s) <= n else s[: n - 1] + "…"
