@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the vLLM log to follow; - reads standard input (docker logs -f C 2>&1 | vtop --log -)")
     p.add_argument("--stall-threshold", dest="stall_threshold", type=_duration("stall_threshold"), default=S,
                    metavar="DURATION", help="flag a start that prints nothing and makes no progress this long (default 10m)")
+    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
+                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")

@@ -44,6 +44,8 @@ class Config:
     """A Textual theme name, e.g. ``ansi-dark`` to use the terminal's own palette."""
     log: str | None = None
     """The vLLM log to follow (a path, or ``-`` for standard input)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token for the server's /v1 endpoints (else VLLM_API_KEY, else the server's --api-key). Never shown."""
     stall_threshold: float = 600.0
     """Seconds without a log line or progress before a start is flagged as a possible hang."""
     config_path: str | None = field(default=None, compare=False)

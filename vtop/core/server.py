@@ -231,6 +231,9 @@ class ServerTracker:
             state = self._ok_state(poll)
         else:
             self._gap(mono)
+            if (poll.error or "other") in _CONNECT_FAILS:
+                # Nothing listens: an old /health verdict says nothing about the next process.
+                self._health_bad_since = None
             if self._first_fail_mono is None:
                 self._first_fail_mono = mono
             state = self._fail_state(poll)
@@ -425,15 +428,20 @@ class ServerTracker:
             return f"{poll.message}; stale for {dur}, {last_ok}"
         if state == "starting":
             pid = getattr(proc, "pid", "?")
-            port = getattr(proc, "port", None)
+            port = getattr(proc, "port", None) or "?"
             age = ""
             ct = getattr(proc, "create_time", None)
             if isinstance(ct, (int, float)) and ct > 0:
-                age = f", process started {_dur(max(0.0, poll.t - ct))} ago"
-            what = "restarting" if self._restart_pending or self._last_ok_mono is not None else "starting"
+                age = f" (started {_dur(max(0.0, poll.t - ct))} ago)"
+            if self._restart_pending:
+                return (f"restarting: new vLLM process {pid}{age}; port {port} refuses connections until it is "
+                        f"ready; {last_ok}")
+            if self._last_ok_mono is not None:
+                return (f"vLLM process {pid} still runs but port {port} stopped accepting connections for {dur} "
+                        f"(shutting down, or restarting inside the same process); {last_ok}")
             return (
-                f"{what}: vLLM process {pid} is running{age} but port {port or '?'} refuses connections "
-                "(loading weights, compiling or capturing graphs)"
+                f"starting: vLLM process {pid} is running{age}, port {port} refuses connections until it is "
+                "ready (loading weights, compiling, capturing graphs)"
             )
         if state == "down":
             tail = (

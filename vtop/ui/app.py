@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any, Protocol
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from vtop import __version__
@@ -25,6 +26,7 @@ from vtop.sources.procs import ProcNames
 from vtop.sources.record import Recorder
 from vtop.ui.polling import PollLoop
 from vtop.sources.logwatch import LogView, LogWatch
+from vtop.ui.server_watch import ServerWatch
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel
@@ -94,6 +96,7 @@ class VtopApp(App[int]):
         else:
             self.log_watch = log_watch
         self.log_loop: PollLoop | None = None
+        self.servers = ServerWatch(self)
         self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
@@ -103,15 +106,15 @@ class VtopApp(App[int]):
         yield Static("", id="status")
         with VerticalScroll(id="body"):
             yield GpuPanel(self.gpu_history, procs_line=self.procs_line, id="gpus")
-            yield Static("", id="servers")
+            with Vertical(id="servers"):
+                yield Static("vLLM: looking for servers on this box…", id="servers-msg")
             yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
         yield LogPane(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#servers", Static).update(
-            "vLLM: no server watched yet (server panels are not built in this version)"
-        )
+        self.servers.on_view.append(self._on_server_view)
+        self.servers.on_first_discovery.append(self._on_first_discovery)
         if self.gpu_source is None:
             self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
@@ -124,8 +127,8 @@ class VtopApp(App[int]):
                 self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result)
                 self.gpu_loop.start()
             if self.log_watch is not None:
-                self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result)
-                self.log_loop.start()
+                self._start_log_loop()
+            self.servers.start()
             self.set_interval(1.0, self._watchdog, name="watchdog")
 
     def on_resize(self) -> None:
@@ -186,6 +189,44 @@ class VtopApp(App[int]):
         src = StreamTailer(log_fd if log_fd is not None else 0) if config.log == "-" else LogTailer(config.log)
         return LogWatch(src, stall_threshold_s=config.stall_threshold)
 
+    def _start_log_loop(self) -> None:
+        assert self.log_watch is not None
+        self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result)
+        self.log_loop.start()
+
+    def _on_first_discovery(self, servers: list[Any]) -> None:
+        """No --log given: follow the log of the first server found, or say why not."""
+        if self.config.log or self.log_watch is not None:
+            return
+        panel = self.query_one(StartupPanel)
+        if not servers:
+            panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -)")
+            return
+        sp = servers[0]
+        from vtop.sources.logtail import LogTailer, find_log_for_pid
+
+        loc = find_log_for_pid(sp.pid)
+        if loc.path is None:
+            panel.set_message(f"vLLM log: {loc.message}")
+            return
+        self.log_watch = LogWatch(LogTailer(loc.path), stall_threshold_s=self.config.stall_threshold)
+        now = time.monotonic()
+        self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
+        panel.set_message(f"vLLM log: {loc.path} (stdout of pid {sp.pid})")
+        self.query_one(LogPane).display = True
+        if self.autopoll:
+            self._start_log_loop()
+
+    def mount_server_card(self, card: Any) -> None:
+        box = self.query_one("#servers", Vertical)
+        box.mount(card)
+        self.query_one("#servers-msg", Static).display = False
+
+    def _on_server_view(self, entry: Any, view: Any) -> None:
+        if self.log_watch is not None and view.health == 200 and view.state in ("up", "restarted"):
+            self.log_watch.mark_ready(time.monotonic())
+        self.update_status()
+
     async def poll_log_once(self) -> LogView | None:
         """Tests: one log poll through a real thread, applied on the UI thread."""
         if self.log_watch is None:
@@ -218,6 +259,7 @@ class VtopApp(App[int]):
         return best
 
     def _watchdog(self) -> None:
+        self.servers.tick()
         loop = self.gpu_loop
         if loop is None:
             return
@@ -248,8 +290,20 @@ class VtopApp(App[int]):
             txt += f" · {lost} LOST"
         return txt
 
+    def server_status_text(self) -> str:
+        views = [e.last_view for e in self.servers.entries.values() if e.last_view is not None]
+        if not views:
+            return "vLLM: looking…"
+        if len(views) == 1:
+            return f"vLLM: {views[0].state}"
+        counts: dict[str, int] = {}
+        for v in views:
+            counts[v.state] = counts.get(v.state, 0) + 1
+        return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
+
     def update_status(self) -> None:
-        text = f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ every {self.config.interval:g} s"
+        text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
+                f" │ every {self.config.interval:g} s")
         if text != self._status_text:
             self._status_text = text
             self.query_one("#status", Static).update(text)
@@ -259,7 +313,7 @@ class VtopApp(App[int]):
             return "no compute process" if g.procs is not None else ""
         parts = []
         for p in sorted(g.procs, key=lambda p: -(p.used_bytes or 0))[:3]:
-            name = self.proc_names.get(p.pid, "")
+            name = self.servers.gpu_owner.get(p.pid) or self.proc_names.get(p.pid, "")
             mem = "" if p.used_bytes is None else f" {p.used_bytes / GIB:.1f} GiB"
             parts.append(f"{name} {p.pid}{mem}".strip())
         more = len(g.procs) - 3
@@ -284,11 +338,13 @@ class VtopApp(App[int]):
         pane.toggle_filter()
 
     async def action_quit(self) -> None:
+        await self.servers.aclose()
         self.exit(0)
 
     def on_unmount(self) -> None:
         for loop in (self.gpu_loop, self.log_loop):
             if loop is not None:
                 loop.stop()
+        self.servers.stop()
         if self.recorder is not None:
             self.recorder.close()

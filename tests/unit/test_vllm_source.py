@@ -1,0 +1,421 @@
+"""The scraper against real HTTP servers on 127.0.0.1, serving recorded vLLM
+payloads and faults. Each poll must return (never raise) with the right
+error kind and a clear message, within its time budget."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import json
+import socket
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vtop.clock import SystemClock
+from vtop.sources.vllm import ServerPoll, VllmScraper
+
+FIX = Path(__file__).parent.parent / "fixtures" / "vllm"
+SHARED = Path(__file__).parent.parent / "fixtures"
+PAYLOAD = (FIX / "cpu-0.32.0-metrics-load-waiting.txt").read_bytes()
+MODELS = json.dumps(
+    {"object": "list", "data": [{"id": "/tmp/tinyllama", "object": "model", "root": "/tmp/tinyllama",
+                                 "parent": None, "max_model_len": 2048}]}
+).encode()
+SECRET = "sk-test-SECRET-7f3a9"
+
+Handler = Callable[[str, dict[str, str], asyncio.StreamWriter], Awaitable[None]]
+
+
+def head(status: int, body_len: int | None, ctype: str = "text/plain; version=0.0.4") -> bytes:
+    lines = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", "Connection: close"]
+    if body_len is not None:
+        lines.append(f"Content-Length: {body_len}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def send(w: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "text/plain") -> None:
+    w.write(head(status, len(body), ctype) + body)
+    await w.drain()
+
+
+class Server:
+    """A tiny HTTP/1.1 server; ``routes`` maps a path to a handler."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Handler] = {}
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+        self._srv: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._srv = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = self._srv.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)  # type: ignore[arg-type]
+        try:
+            line = (await r.readline()).decode()
+            headers: dict[str, str] = {}
+            while True:
+                h = (await r.readline()).decode()
+                if h in ("\r\n", "\n", ""):
+                    break
+                k, _, v = h.partition(":")
+                headers[k.strip().lower()] = v.strip()
+            path = line.split()[1] if len(line.split()) > 1 else "/"
+            self.seen.append((path, headers))
+            handler = self.routes.get(path)
+            if handler is None:
+                await send(w, 404, b"not found")
+            else:
+                await handler(path, headers, w)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.tasks.discard(task)  # type: ignore[arg-type]
+            try:
+                w.close()
+            except Exception:
+                pass
+
+    async def stop(self) -> None:
+        assert self._srv is not None
+        self._srv.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.sleep(0)
+
+
+def vllm_routes(s: Server, *, metrics: bytes = PAYLOAD, health: int = 200) -> None:
+    async def m(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 200, metrics)
+
+    async def he(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, health, b"")
+
+    async def mo(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 200, MODELS, "application/json")
+
+    async def ve(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 200, b'{"version": "0.32.0"}', "application/json")
+
+    s.routes.update({"/metrics": m, "/health": he, "/v1/models": mo, "/version": ve})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    s = Server()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as c:
+        yield c
+
+
+SHORT = httpx.Timeout(connect=0.5, read=0.3, write=0.5, pool=0.5)
+
+
+def scraper(url: str, client: httpx.AsyncClient, **kw: object) -> VllmScraper:
+    kw.setdefault("timeout", SHORT)
+    return VllmScraper(url, client=client, clock=SystemClock(), **kw)  # type: ignore[arg-type]
+
+
+def all_text(p: ServerPoll) -> str:
+    parts = [repr(p), str(p)]
+    for f in dataclasses.fields(p):
+        parts.append(repr(getattr(p, f.name)))
+    return "\n".join(parts)
+
+
+# --- the good path --------------------------------------------------------------------
+
+
+async def test_real_payload_and_info(server: Server, client: httpx.AsyncClient) -> None:
+    vllm_routes(server)
+    sc = scraper(server.url, client, timeout=None)
+    p = await sc.poll()
+    assert p.ok and p.error is None, p.message
+    assert p.metrics is not None and p.metrics.running == 2 and p.metrics.waiting == 6
+    assert p.body_bytes == len(PAYLOAD) and p.status == 200
+    assert p.latency_s is not None and 0 <= p.latency_s < 2
+    # first poll = a (re)connect: health, models and version come too
+    assert p.health == 200 and p.health_polled and p.info_polled
+    assert p.models is not None and p.models.model_id == "/tmp/tinyllama" and p.models.max_model_len == 2048
+    assert p.version == "0.32.0"
+    # next poll right away: only /metrics
+    n = len(server.seen)
+    p2 = await sc.poll()
+    assert p2.ok and not p2.info_polled and not p2.health_polled and p2.models is None
+    assert [x[0] for x in server.seen[n:]] == ["/metrics"]
+    # no compression asked for (bounded memory), and no key sent anywhere without one
+    assert server.seen[0][1].get("accept-encoding") == "identity"
+    assert all("authorization" not in h for _, h in server.seen)
+
+
+async def test_big_body_is_parsed_in_a_thread(server: Server, client: httpx.AsyncClient,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm_routes(server)
+    called: list[object] = []
+    real = asyncio.to_thread
+
+    async def spy(fn, *a, **k):  # type: ignore[no-untyped-def]
+        called.append(fn)
+        return await real(fn, *a, **k)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    p = await scraper(server.url, client, timeout=None, thread_parse_bytes=1024).poll()
+    assert p.ok and called
+    called.clear()
+    p = await scraper(server.url, client, timeout=None).poll()
+    assert p.ok and not called  # 14 KB: inline
+
+
+# --- faults ------------------------------------------------------------------------------
+
+
+async def test_slow_server_times_out_in_budget(server: Server, client: httpx.AsyncClient) -> None:
+    async def slow(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+        await send(w, 200, PAYLOAD)
+
+    server.routes["/metrics"] = slow
+    sc = scraper(server.url, client)
+    t0 = time.monotonic()
+    p = await sc.poll()
+    took = time.monotonic() - t0
+    assert not p.ok and p.error == "timeout"
+    assert took < sc.deadline_s + 0.5
+    assert "no answer" in p.message or "no complete answer" in p.message
+
+
+async def test_trickling_body_hits_the_deadline(server: Server, client: httpx.AsyncClient) -> None:
+    async def trickle(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.write(head(200, 100000))
+        for _ in range(100):
+            w.write(b"#" * 10)
+            await w.drain()
+            await asyncio.sleep(0.1)  # each chunk well inside the read timeout
+
+    server.routes["/metrics"] = trickle
+    sc = scraper(server.url, client, deadline_s=1.0)
+    t0 = time.monotonic()
+    p = await sc.poll()
+    assert p.error == "timeout" and time.monotonic() - t0 < 1.6
+
+
+async def test_http_500(server: Server, client: httpx.AsyncClient) -> None:
+    async def err(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 500, b"Internal Server Error")
+
+    vllm_routes(server, health=503)
+    server.routes["/metrics"] = err
+    p = await scraper(server.url, client).poll()
+    assert not p.ok and p.error == "http 500" and p.status == 500
+    assert "HTTP 500" in p.message and "Internal Server Error" in p.message
+    assert p.health == 503  # the port answers HTTP, so /health was asked too
+
+
+async def test_html_page_is_not_vllm(server: Server, client: httpx.AsyncClient) -> None:
+    async def html(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 200, b"<!DOCTYPE html><html><body>Grafana</body></html>", "text/html")
+
+    server.routes["/metrics"] = html
+    p = await scraper(server.url, client).poll()
+    assert not p.ok and p.error == "not vllm" and "HTML" in p.message
+
+
+async def test_other_exporter_is_not_vllm(server: Server, client: httpx.AsyncClient) -> None:
+    body = b"# HELP node_load1 1m load.\n# TYPE node_load1 gauge\nnode_load1 0.42\n"
+    vllm_routes(server, metrics=body)
+    p = await scraper(server.url, client).poll()
+    assert p.error == "not vllm" and "--disable-log-stats" in p.message
+    assert p.metrics is not None and not p.metrics.is_vllm
+
+
+async def test_garbage(server: Server, client: httpx.AsyncClient) -> None:
+    vllm_routes(server, metrics=bytes(range(256)) * 40)
+    p = await scraper(server.url, client).poll()
+    assert not p.ok and p.error == "garbage" and "not Prometheus text" in p.message
+
+
+async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: httpx.AsyncClient) -> None:
+    chunk = b"x" * (1024 * 1024)
+
+    async def huge(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.write(head(200, None))  # no Content-Length: the reader must count
+        for _ in range(50):
+            w.write(chunk)
+            await w.drain()
+
+    server.routes["/metrics"] = huge
+    gc.collect()
+    tracemalloc.start()
+    try:
+        p = await scraper(server.url, client, timeout=httpx.Timeout(5.0)).poll()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not p.ok and p.error == "too large" and "16 MiB" in p.message
+    assert 16 * 1024 * 1024 <= p.body_bytes < 20 * 1024 * 1024
+    assert peak < 40 * 1024 * 1024, peak
+
+
+async def test_announced_huge_body_is_not_read(server: Server, client: httpx.AsyncClient) -> None:
+    async def announced(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.write(head(200, 50 * 1024 * 1024) + b"x" * 1000)
+        await w.drain()
+        await asyncio.sleep(2)
+
+    server.routes["/metrics"] = announced
+    t0 = time.monotonic()
+    p = await scraper(server.url, client).poll()
+    assert p.error == "too large" and time.monotonic() - t0 < 1.0
+
+
+async def test_connection_reset_mid_body(server: Server, client: httpx.AsyncClient) -> None:
+    async def cut(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.write(head(200, len(PAYLOAD)) + PAYLOAD[:5000])
+        await w.drain()
+        sock = w.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        w.transport.abort()
+
+    server.routes["/metrics"] = cut
+    p = await scraper(server.url, client).poll()
+    assert not p.ok and p.error == "reset", p.message
+    assert "dropped the connection" in p.message
+
+
+async def test_closed_mid_body_without_rst(server: Server, client: httpx.AsyncClient) -> None:
+    async def cut(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.write(head(200, len(PAYLOAD)) + PAYLOAD[:5000])
+        await w.drain()
+
+    server.routes["/metrics"] = cut
+    p = await scraper(server.url, client).poll()
+    assert p.error == "reset" and "5000 bytes received" in p.message
+
+
+async def test_connection_refused(client: httpx.AsyncClient) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = await scraper(f"http://127.0.0.1:{port}", client).poll()
+    assert not p.ok and p.error == "refused"
+    assert "connection refused" in p.message and f"127.0.0.1:{port}" in p.message
+    assert p.status is None and not p.health_polled  # nothing else is tried on a closed port
+
+
+async def test_dns_failure(client: httpx.AsyncClient) -> None:
+    p = await scraper("http://no-such-host.invalid:8000", client).poll()
+    assert not p.ok and p.error in ("dns", "timeout", "other")
+    assert p.message
+
+
+async def test_engine_dead_health(server: Server, client: httpx.AsyncClient) -> None:
+    vllm_routes(server, health=503)
+    sc = scraper(server.url, client, timeout=None)
+    p = await sc.poll()
+    assert p.ok and p.health == 503 and any("503" in n for n in p.notes)
+    # while /health is bad it is asked every poll, to see recovery at once
+    p2 = await sc.poll()
+    assert p2.health_polled and p2.health == 503
+
+
+async def test_reconnect_refreshes_info(server: Server, client: httpx.AsyncClient) -> None:
+    vllm_routes(server)
+    sc = scraper(server.url, client, timeout=None)
+    assert (await sc.poll()).info_polled
+    assert not (await sc.poll()).info_polled
+    saved = server.routes.pop("/metrics")
+
+    async def err(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        w.transport.abort()
+
+    server.routes["/metrics"] = err
+    assert (await sc.poll()).error == "reset"
+    server.routes["/metrics"] = saved
+    p = await sc.poll()
+    assert p.ok and p.info_polled and p.version == "0.32.0"
+
+
+# --- the API key ----------------------------------------------------------------------------
+
+
+async def test_api_key_only_to_v1_and_never_in_output(server: Server, client: httpx.AsyncClient) -> None:
+    async def echo(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        body = ("<html>Unauthorized. You sent: " + json.dumps(h) + "</html>").encode()
+        await send(w, 401, body, "text/html")
+
+    vllm_routes(server)
+    server.routes["/v1/models"] = echo
+    sc = scraper(server.url, client, api_key=SECRET, timeout=None)
+    assert SECRET not in repr(sc) and SECRET not in str(sc)
+    p = await sc.poll()
+    assert p.ok and p.models is None
+    assert any("401" in n and "VLLM_API_KEY" in n for n in p.notes)
+    sent = {path: h.get("authorization") for path, h in server.seen}
+    assert sent["/v1/models"] == f"Bearer {SECRET}"
+    assert sent["/metrics"] is None and sent["/health"] is None and sent["/version"] is None
+    assert SECRET not in all_text(p)
+
+
+async def test_api_key_not_in_errors_when_everything_echoes(server: Server, client: httpx.AsyncClient) -> None:
+    async def echo(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        await send(w, 500, ("error, headers were " + json.dumps(h)).encode())
+
+    async def echo_models(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        # a hostile "success": the key inside the model id and root
+        auth = h.get("authorization", "")
+        doc = {"data": [{"id": f"m {auth}", "root": auth, "max_model_len": 10}]}
+        await send(w, 200, json.dumps(doc).encode(), "application/json")
+
+    for path in ("/metrics", "/health", "/version"):
+        server.routes[path] = echo
+    server.routes["/v1/models"] = echo_models
+    p = await scraper(server.url, client, api_key=SECRET, timeout=None).poll()
+    assert p.error == "http 500"
+    assert p.models is not None and p.models.max_model_len == 10
+    assert SECRET not in all_text(p)
+
+
+async def test_api_key_not_in_connection_errors(client: httpx.AsyncClient) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    sc = scraper(f"http://127.0.0.1:{port}", client, api_key=SECRET)
+    p = await sc.poll()
+    assert p.error == "refused" and SECRET not in all_text(p) and SECRET not in repr(sc)
+
+
+async def test_poll_never_raises_on_internal_errors(server: Server, client: httpx.AsyncClient,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm_routes(server)
+    import vtop.sources.vllm as mod
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError(f"parser bug with {SECRET}")
+
+    monkeypatch.setattr(mod, "parse_vllm_metrics", boom)
+    p = await scraper(server.url, client, api_key=SECRET).poll()
+    assert not p.ok and p.error == "other" and "internal error" in p.message
+    assert SECRET not in all_text(p)

@@ -1,0 +1,211 @@
+"""Which vLLM servers to watch, and the async loops that poll them.
+
+* URLs on the command line win; with none, servers are discovered in the
+  process table (a thread, every few seconds) and each gets a card; with
+  none found, ``http://localhost:8000`` is watched so a server started later,
+  or one vtop cannot see (another container), still shows up.
+* Each server is polled by one asyncio task on the UI loop (httpx is async,
+  with explicit timeouts; the task awaits its poll before sleeping, so polls
+  of one server never overlap). One ``httpx.AsyncClient`` serves them all.
+* Discovery also tells the trackers whether a vLLM process exists (refused
+  + process = ``starting``, refused + none = ``down``), which PIDs hold the
+  GPUs (for the GPU cards), and where the first server's log goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlsplit
+
+import httpx
+
+from vtop.clock import Clock, SystemClock
+from vtop.core.server import UNKNOWN, ServerTracker, ServerView
+from vtop.sources.discovery import ServerProcess, discover_servers
+from vtop.sources.vllm import ServerPoll, VllmScraper
+from vtop.ui.polling import PollLoop
+from vtop.ui.widgets.server_panel import ServerCard
+
+if TYPE_CHECKING:
+    from vtop.ui.app import VtopApp
+
+FALLBACK_URL = "http://localhost:8000"
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "[::1]"}
+
+
+def _hostport(url: str) -> tuple[str, int]:
+    u = urlsplit(url if "://" in url else "http://" + url)
+    return (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else "http://" + url
+
+
+@dataclass
+class ServerEntry:
+    url: str
+    scraper: VllmScraper
+    tracker: ServerTracker
+    card: ServerCard
+    from_cli: bool
+    process: ServerProcess | None = None
+    task: asyncio.Task[None] | None = None
+    last_view: ServerView | None = None
+    polls: int = 0
+    history: list[str] = field(default_factory=list)
+    """States seen, in order (tests and the record)."""
+
+
+class ServerWatch:
+    def __init__(self, app: VtopApp, *, clock: Clock | None = None, discover: Callable[[], list[ServerProcess]] | None = None) -> None:
+        self.app = app
+        self.config = app.config
+        self.clock = clock or SystemClock()
+        self.discover = discover or discover_servers
+        self.entries: dict[str, ServerEntry] = {}
+        self.processes: list[ServerProcess] = []
+        self.discovered_once = False
+        self.gpu_owner: dict[int, str] = {}
+        """GPU-holding PID -> what it is (``EngineCore of :8000``)."""
+        self.on_view: list[Callable[[ServerEntry, ServerView], None]] = []
+        self.on_first_discovery: list[Callable[[list[ServerProcess]], None]] = []
+        self._client: httpx.AsyncClient | None = None
+        self._disc_loop: PollLoop | None = None
+        self.api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None
+
+    # -------------------------------------------------------------- set-up
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            # Loopback by default; never let environment proxies reroute a local scrape.
+            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False,
+                                             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        return self._client
+
+    def start(self, *, autopoll: bool = True) -> None:
+        for url in self.config.urls:
+            self.add(normalize_url(url), from_cli=True, autopoll=autopoll)
+        if autopoll:
+            self._disc_loop = PollLoop(self.app, "discovery", max(5.0, 5 * self.config.interval),
+                                       self._discover_blocking, self._on_discovery)
+            self._disc_loop.start()
+
+    def add(self, url: str, *, from_cli: bool, autopoll: bool = True) -> ServerEntry:
+        if url in self.entries:
+            return self.entries[url]
+        scraper = VllmScraper(url, client=self.client, api_key=self.api_key, clock=self.clock)
+        tracker = ServerTracker(url, window_s=60.0, history_s=self.config.history * 2, clock=self.clock,
+                                interval_s=self.config.interval)
+        card = ServerCard(url, window_s=self.config.history, max_gap=max(2.5 * self.config.interval, self.config.interval + 1.0),
+                          classes="server-card")
+        entry = ServerEntry(url, scraper, tracker, card, from_cli)
+        self.entries[url] = entry
+        self.app.mount_server_card(card)
+        if autopoll:
+            entry.task = asyncio.get_running_loop().create_task(self._run(entry), name=f"scrape {url}")
+        return entry
+
+    def stop(self) -> None:
+        if self._disc_loop is not None:
+            self._disc_loop.stop()
+        for e in self.entries.values():
+            if e.task is not None:
+                e.task.cancel()
+
+    async def aclose(self) -> None:
+        self.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    # ----------------------------------------------------------- discovery
+    def _discover_blocking(self) -> list[ServerProcess]:
+        return self.discover()
+
+    def _on_discovery(self, result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            return  # keep what we knew; discovery is best effort (psutil can be denied)
+        self.apply_discovery(list(result))
+
+    def apply_discovery(self, servers: list[ServerProcess], *, autopoll: bool = True) -> None:
+        first = not self.discovered_once
+        self.discovered_once = True
+        self.processes = servers
+        if not self.config.urls:
+            for sp in servers:
+                if not any(self._matches(url, sp) for url in self.entries):
+                    self.add(sp.url, from_cli=False, autopoll=autopoll)
+            if not self.entries:
+                self.add(FALLBACK_URL, from_cli=False, autopoll=autopoll)
+        for url, e in self.entries.items():
+            e.process = next((sp for sp in servers if self._matches(url, sp)), None)
+            if e.process is not None:
+                if self.api_key is None and e.process.api_key:
+                    e.scraper._api_key = e.process.api_key  # the server's own --api-key, for /v1 only
+                e.card.max_num_seqs = e.process.max_num_seqs
+                e.card.extra_title = f"pid {e.process.pid}" + (f" TP={e.process.tp}" if e.process.tp > 1 else "")
+        owner: dict[int, str] = {}
+        for sp in servers:
+            port = f":{sp.port}"
+            for c in sp.children:
+                if c.holds_gpu:
+                    name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
+                    owner[c.pid] = f"{name} of {port}"
+            if not sp.children and sp.pid:
+                owner.setdefault(sp.pid, f"vLLM {port}")
+        self.gpu_owner = owner
+        if first:
+            for cb in self.on_first_discovery:
+                cb(servers)
+
+    @staticmethod
+    def _matches(url: str, sp: ServerProcess) -> bool:
+        host, port = _hostport(url)
+        if port != sp.port:
+            return False
+        return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")
+
+    def process_arg(self, e: ServerEntry) -> Any:
+        if not self.discovered_once:
+            return UNKNOWN
+        host, _ = _hostport(e.url)
+        if e.process is None and host not in LOCAL_HOSTS:
+            return UNKNOWN  # a remote server: the local process table says nothing about it
+        return e.process
+
+    def tick(self) -> None:
+        """Once a second on the UI thread: a server whose poll is stuck turns stale on screen too."""
+        now = self.clock.monotonic()
+        for e in self.entries.values():
+            if e.last_view is None:
+                continue
+            view = e.tracker.view()
+            if view.state != e.last_view.state:
+                e.last_view = view
+                e.card.show(view, now)
+
+    # -------------------------------------------------------------- polling
+    async def _run(self, e: ServerEntry) -> None:
+        while True:
+            started = self.clock.monotonic()
+            await self.poll_once(e)
+            await asyncio.sleep(max(0.05, self.config.interval - (self.clock.monotonic() - started)))
+
+    async def poll_once(self, e: ServerEntry, poll: ServerPoll | None = None) -> ServerView:
+        """One scrape (or a given poll, for replays and tests), fed and shown."""
+        if poll is None:
+            poll = await e.scraper.poll()
+        e.tracker.feed(poll, process=self.process_arg(e))
+        view = e.tracker.view()
+        e.polls += 1
+        if not e.history or e.history[-1] != view.state:
+            e.history.append(view.state)
+        e.last_view = view
+        e.card.show(view, self.clock.monotonic())
+        for cb in self.on_view:
+            cb(e, view)
+        return view

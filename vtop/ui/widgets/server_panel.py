@@ -1,0 +1,192 @@
+"""One card per vLLM server: state, queues and KV cache on the GPU panel's time axis, rates, latency.
+
+Laid out like a GPU card (label, value, sparkline, a right-hand column) so
+the sparklines of both panels start and end in the same columns and cover
+the same window: a memory climb on a GPU card and a waiting queue on a
+server card line up by eye. Running and waiting have no natural ceiling, so
+their charts scale to the larger of the window's maximum and the server's
+``--max-num-seqs`` when known, and say which.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from rich.text import Text
+
+from vtop.core.rates import Quantiles
+from vtop.core.server import ServerView
+from vtop.ui.widgets.gpu_panel import Run, _RunsWidget, spark
+
+STATE_WORDS = {
+    "up": "UP",
+    "starting": "STARTING",
+    "stale": "STALE",
+    "down": "DOWN",
+    "restarted": "RESTARTED",
+    "not vllm": "NOT vLLM",
+    "engine dead": "ENGINE DEAD",
+}
+BAD_STATES = {"down", "engine dead", "not vllm"}
+WARN_STATES = {"stale", "starting", "restarted"}
+
+
+def fmt_num(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    if v >= 10_000:
+        return f"{v / 1000:.0f}k"
+    if v >= 1000:
+        return f"{v / 1000:.1f}k"
+    if v >= 100 or v == int(v):
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def fmt_secs(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v < 1:
+        return f"{v * 1000:.0f}ms"
+    return f"{v:.2f}s" if v < 10 else f"{v:.0f}s"
+
+
+def fmt_q(name: str, q: Quantiles) -> str:
+    if q.p50 is None:
+        return f"{name} -"
+    return f"{name} p50 {fmt_secs(q.p50)} p95 {fmt_secs(q.p95)} p99 {fmt_secs(q.p99)}"
+
+
+def _state_line(v: ServerView) -> str:
+    word = STATE_WORDS.get(v.state, v.state)
+    msg = v.message
+    if msg.lower().startswith(v.state + ":"):
+        msg = msg[len(v.state) + 1 :].lstrip()
+    return f"{word}: {msg}"
+
+
+class ServerCard(_RunsWidget):
+    COMPONENT_CLASSES = {
+        "gpu-card--label", "gpu-card--util", "gpu-card--sm", "gpu-card--mem",
+        "gpu-card--bw", "gpu-card--hot", "gpu-card--dim", "gpu-card--lost",
+        "gpu-card--warn",
+    }
+
+    def __init__(self, key: str, *, window_s: float, max_gap: float, **kw: object) -> None:
+        super().__init__(**kw)
+        self.key = key
+        self.view: ServerView | None = None
+        self.window_s = window_s
+        self.max_gap = max_gap
+        self.now = 0.0
+        self.max_num_seqs: int | None = None
+        self.extra_title = ""
+
+    def show(self, view: ServerView, now: float) -> None:
+        self.view = view
+        self.now = now
+        word = STATE_WORDS.get(view.state, view.state.upper())
+        bits = [f"vLLM {view.url}", word]
+        if view.model_id:
+            bits.append(view.model_id)
+        if view.version:
+            bits.append(f"v{view.version}")
+        if view.max_model_len:
+            bits.append(f"max_model_len {view.max_model_len:,}")
+        if self.extra_title:
+            bits.append(self.extra_title)
+        title = " · ".join(bits)
+        if title != self.border_title:
+            self.border_title = title
+        n = len(self.lines(self.content_region.width or 80))
+        if n != getattr(self, "_nlines", None):
+            self._nlines = n
+            self.refresh(layout=True)
+        for st in STATE_WORDS:
+            cls = "-" + st.replace(" ", "-")
+            if (view.state == st) != self.has_class(cls):
+                self.set_class(view.state == st, cls)
+        self.invalidate()
+
+    def _spark(self, name: str, width: int, hi: float) -> Run:
+        assert self.view is not None
+        s = self.view.series.get(name)
+        if s is None:
+            return (" " * width, "dim")
+        vals = s.buckets(self.now, width, self.window_s, max_gap=self.max_gap)
+        return (spark(vals, 0.0, hi), "util" if name != "kv_pct" else "mem")
+
+    def _scale(self, name: str) -> tuple[float, str]:
+        assert self.view is not None
+        s = self.view.series.get(name)
+        peak = max((v for _, v in s if v is not None), default=0.0) if s is not None else 0.0
+        if name == "kv_pct":
+            return 100.0, ""
+        if name == "running" and self.max_num_seqs:
+            return float(max(self.max_num_seqs, peak, 1)), f"of {self.max_num_seqs}"
+        return max(peak, 1.0), f"max {fmt_num(peak)}"
+
+    def lines(self, width: int) -> list[list[Run]]:
+        v = self.view
+        if v is None:
+            return [[("waiting for the first poll…", "dim")]]
+        if v.metrics is None:
+            # Never answered with metrics: empty charts would only hide the message.
+            style = "lost" if v.state in BAD_STATES else "warn"
+            return [[(ln, style)] for ln in textwrap.wrap(_state_line(v), max(20, width))]
+        label_w = 9
+        extras = self._extras(v)
+        extra_w = max((len(e) for e in extras), default=0)
+        spark_w = max(8, width - label_w - 6 - extra_w - 2)
+        total = v.total
+        rows = [
+            ("running", "running", total.running if total else None),
+            ("waiting", "waiting", total.waiting if total else None),
+            ("KV cache", "kv_pct", total.kv_pct if total else None),
+            ("gen tok/s", "gen_tps", v.gen_tps),
+        ]
+        out: list[list[Run]] = []
+        for i, (label, name, val) in enumerate(rows):
+            hi, note = self._scale(name)
+            if name == "kv_pct":
+                value: Run = (" n/a " if val is None else f"{val:4.0f}%", "hot" if (val or 0) >= 95 else "")
+            else:
+                value = (f"{fmt_num(val):>5}", "hot" if name == "waiting" and (val or 0) > 0 else "")
+            sp = self._spark(name, spark_w - (len(note) + 1 if note else 0), hi)
+            row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), sp]
+            if note:
+                row.append((" " + note, "dim"))
+            row += [(" ", ""), (extras[i] if i < len(extras) else "", "label")]
+            out.append(row)
+        out.append([(fmt_q("TTFT", v.ttft) + " · " + fmt_q("ITL", v.itl) + " · " + fmt_q("e2e", v.e2e), "label")])
+        fin = v.finished or {}
+        done = " · ".join(f"{k} {fmt_num(n)}" for k, n in sorted(fin.items()) if n) or "none"
+        out.append([(f"finished in the last {v.window_s:.0f} s: {done}", "label")])
+        if len(v.engines) > 1:
+            eng = "  ".join(
+                f"engine {e.label}: run {fmt_num(e.running)} wait {fmt_num(e.waiting)} KV {fmt_num(e.kv_pct)}%"
+                for e in v.engines
+            )
+            out.append([(eng, "label")])
+        if v.state != "up":
+            style = "lost" if v.state in BAD_STATES else "warn"
+            for ln in textwrap.wrap(_state_line(v), max(20, width)):
+                out.append([(ln, style)])
+        return out
+
+    @staticmethod
+    def _extras(v: ServerView) -> list[str]:
+        pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s"
+        hit = "" if v.prefix_hit_rate is None else f" · prefix hit {100 * v.prefix_hit_rate:.0f}%"
+        return [
+            f"prompt {fmt_num(v.prompt_tps)} tok/s",
+            f"preempt {pre}",
+            f"latency {fmt_secs(v.latency_s)}{hit}",
+            "",
+        ]
+
+    def get_content_height(self, container: object, viewport: object, width: int) -> int:
+        return max(1, len(self.lines(width)))
+
+    def render(self) -> Text:  # noqa: D102 - plain text for tests
+        return super().render()
