@@ -31,6 +31,17 @@ CARD_ROWS = 4  # util, SM, mem, bw
 CARD_HEIGHT = CARD_ROWS + 2  # + border
 MIN_CARD_WIDTH = 70
 
+# Every card (GPU or server) puts its sparklines between the same two columns,
+# so at equal card widths the charts share a time axis cell for cell: a memory
+# climb on a GPU card sits right above the waiting queue that caused it.
+SPARK_LEFT = 16  # label + value + a space
+RIGHT_COL = 30  # the right-hand column of numbers
+
+
+def spark_width(width: int) -> int:
+    return max(8, width - SPARK_LEFT - RIGHT_COL - 1)
+
+
 Run = tuple[str, str]
 """A piece of text and the name of its style (a component class, "" for plain)."""
 
@@ -258,10 +269,9 @@ class GpuCard(_RunsWidget):
         if g.lost:
             return [[("GPU is lost: NVML says it fell off the bus or hung", "lost")],
                      [("(see dmesg, nvidia-smi -q). The other GPUs go on.", "lost")]]
-        label_w = 7
         extras = self._card_extras(g)
-        extra_w = max((len(e) for e in extras), default=0)
-        spark_w = max(8, width - label_w - 4 - extra_w - 2)
+        spark_w = spark_width(width)
+        label_w = SPARK_LEFT - 5
         rows: list[tuple[str, str, float | None]] = [
             ("util", "util", g.util_gpu),
             ("SM act", "sm", g.sm_active if tr.gpm_seen else None),
@@ -276,7 +286,7 @@ class GpuCard(_RunsWidget):
                 runs += [self._value(None), (" ", ""), (f"{note:<{spark_w}}"[:spark_w], "dim")]
             else:
                 runs += [self._value(val, hot=95.0 if key == "mem" else 90.0), (" ", ""), self._spark(tr, key, spark_w)]
-            runs += [(" ", ""), (extras[i], "label")]
+            runs += [(" ", ""), (extras[i][:RIGHT_COL], "label")]
             out.append(runs)
         return out
 

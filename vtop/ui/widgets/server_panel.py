@@ -16,7 +16,7 @@ from rich.text import Text
 
 from vtop.core.rates import Quantiles
 from vtop.core.server import ServerView
-from vtop.ui.widgets.gpu_panel import Run, _RunsWidget, spark
+from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark, spark_width
 
 STATE_WORDS = {
     "up": "UP",
@@ -124,7 +124,7 @@ class ServerCard(_RunsWidget):
             return 100.0, ""
         if name == "running" and self.max_num_seqs:
             return float(max(self.max_num_seqs, peak, 1)), f"of {self.max_num_seqs}"
-        return max(peak, 1.0), f"max {fmt_num(peak)}"
+        return max(peak, 1.0), f"max {peak:.0f}" if name in ("running", "waiting") and peak < 100_000 else f"max {fmt_num(peak)}"
 
     def lines(self, width: int) -> list[list[Run]]:
         v = self.view
@@ -134,10 +134,9 @@ class ServerCard(_RunsWidget):
             # Never answered with metrics: empty charts would only hide the message.
             style = "lost" if v.state in BAD_STATES else "warn"
             return [[(ln, style)] for ln in textwrap.wrap(_state_line(v), max(20, width))]
-        label_w = 9
+        label_w = SPARK_LEFT - 6
         extras = self._extras(v)
-        extra_w = max((len(e) for e in extras), default=0)
-        spark_w = max(8, width - label_w - 6 - extra_w - 2)
+        spark_w = spark_width(width)
         total = v.total
         rows = [
             ("running", "running", total.running if total else None),
@@ -145,18 +144,22 @@ class ServerCard(_RunsWidget):
             ("KV cache", "kv_pct", total.kv_pct if total else None),
             ("gen tok/s", "gen_tps", v.gen_tps),
         ]
+        scales = [self._scale(name) for _, name, _ in rows]
+        note_w = max(len(note) for _, note in scales)
         out: list[list[Run]] = []
         for i, (label, name, val) in enumerate(rows):
-            hi, note = self._scale(name)
+            hi, note = scales[i]
             if name == "kv_pct":
                 value: Run = (" n/a " if val is None else f"{val:4.0f}%", "hot" if (val or 0) >= 95 else "")
+            elif name in ("running", "waiting"):
+                # Queue lengths are counted exactly: "1.0k" would hide max_num_seqs=1024.
+                txt = "n/a" if val is None else f"{val:.0f}" if val < 100_000 else fmt_num(val)
+                value = (f"{txt:>5}", "hot" if name == "waiting" and (val or 0) > 0 else "")
             else:
-                value = (f"{fmt_num(val):>5}", "hot" if name == "waiting" and (val or 0) > 0 else "")
-            sp = self._spark(name, spark_w - (len(note) + 1 if note else 0), hi)
-            row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), sp]
-            if note:
-                row.append((" " + note, "dim"))
-            row += [(" ", ""), (extras[i] if i < len(extras) else "", "label")]
+                value = (f"{fmt_num(val):>5}", "")
+            row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), self._spark(name, spark_w, hi)]
+            right = f"{note:<{note_w}} " if note_w else ""
+            row += [(" ", ""), (right, "dim"), ((extras[i] if i < len(extras) else "")[: RIGHT_COL - len(right)], "label")]
             out.append(row)
         out.append([(fmt_q("TTFT", v.ttft) + " · " + fmt_q("ITL", v.itl) + " · " + fmt_q("e2e", v.e2e), "label")])
         fin = v.finished or {}
@@ -177,12 +180,12 @@ class ServerCard(_RunsWidget):
     @staticmethod
     def _extras(v: ServerView) -> list[str]:
         pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s"
-        hit = "" if v.prefix_hit_rate is None else f" · prefix hit {100 * v.prefix_hit_rate:.0f}%"
+        hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%"
         return [
-            f"prompt {fmt_num(v.prompt_tps)} tok/s",
+            f"prompt {fmt_num(v.prompt_tps)}/s",
             f"preempt {pre}",
-            f"latency {fmt_secs(v.latency_s)}{hit}",
-            "",
+            f"scrape {fmt_secs(v.latency_s)}",
+            hit,
         ]
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:

@@ -1,0 +1,67 @@
+"""The server card against the real H200 recording and in its edge states."""
+
+from __future__ import annotations
+
+import re
+
+from tests import h200_replay as rp
+from tests.conftest import make_app
+from vtop.config import Config
+from vtop.ui.app import VtopApp
+from vtop.ui.widgets.server_panel import ServerCard
+
+
+def app_for_replay(clock):  # type: ignore[no-untyped-def]
+    app = VtopApp(Config(no_gpu=False, history=120), gpu_source=None, autopoll=False, hostname="h200")
+    app.servers.clock = clock
+    return app
+
+
+async def test_burst_shows_running_1024_and_waiting_queue() -> None:
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=107.5)  # the waiting queue's peak
+        await pilot.pause()
+        card = app.query_one(ServerCard)
+        text = card.render().plain
+        assert re.search(r"running\s+792 ", text) and re.search(r"waiting\s+708 ", text)
+        e = app.servers.entries[rp.URL]
+        assert e.history[0] == "starting" or e.history[0] == "down"
+        assert "up" in e.history
+        await rp.feed(app, clock, until_t=108.5, from_t=107.5)
+        await pilot.pause()
+        text = card.render().plain
+        assert re.search(r"running\s+1024 ", text) and re.search(r"waiting\s+476 ", text)
+        # the H200's memory is on the same time axis: the KV-cache allocation made it ~71 GiB
+        assert "71.4/140 GiB" in app.query_one("GpuCard").render().plain
+
+
+async def test_runaway_generation_rate_and_up_state() -> None:
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=190)
+        await pilot.pause()
+        v = app.servers.entries[rp.URL].last_view
+        assert v is not None and v.state == "up"
+        assert v.gen_tps is not None and 440 < v.gen_tps < 480  # one request decoding alone
+        text = app.query_one(ServerCard).render().plain
+        assert re.search(r"running\s+1 ", text) and "gen tok/s" in text
+        assert "max_model_len 32,768" in (app.query_one(ServerCard).border_title or "")
+
+
+async def test_down_without_metrics_is_just_the_message() -> None:
+    app = make_app(None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.servers.apply_discovery([], autopoll=False)  # nothing on this box: watch the fallback
+        e = app.servers.entries["http://localhost:8000"]
+        from vtop.sources.vllm import poll_from_error
+
+        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=app.servers.clock.monotonic()))
+        await pilot.pause()
+        text = e.card.render().plain
+        assert text.startswith("DOWN:") and "localhost:8000" in text
+        assert "gen tok/s" not in text and "KV cache" not in text  # no empty charts
+        assert e.card.has_class("-down")
+        assert app.server_status_text() == "vLLM: down"
