@@ -97,6 +97,7 @@ class VtopApp(App[int]):
             self.log_watch = log_watch
         self.log_loop: PollLoop | None = None
         self.servers = ServerWatch(self)
+        self._launch_marked: Any = None
         self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
@@ -115,6 +116,7 @@ class VtopApp(App[int]):
     def on_mount(self) -> None:
         self.servers.on_view.append(self._on_server_view)
         self.servers.on_first_discovery.append(self._on_first_discovery)
+        self.servers.on_discovery.append(self._on_discovery)
         if self.gpu_source is None:
             self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
@@ -212,10 +214,22 @@ class VtopApp(App[int]):
         self.log_watch = LogWatch(LogTailer(loc.path), stall_threshold_s=self.config.stall_threshold)
         now = time.monotonic()
         self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
+        self._launch_marked = sp.key
         panel.set_message(f"vLLM log: {loc.path} (stdout of pid {sp.pid})")
         self.query_one(LogPane).display = True
         if self.autopoll:
             self._start_log_loop()
+
+    def _on_discovery(self, servers: list[Any]) -> None:
+        """A log given with --log: take the launch time of the server that writes it from the process table."""
+        if self.log_watch is None or not servers:
+            return
+        sp = servers[0]
+        if self._launch_marked == sp.key:
+            return
+        self._launch_marked = sp.key
+        now = time.monotonic()
+        self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
 
     def mount_server_card(self, card: Any) -> None:
         box = self.query_one("#servers", Vertical)

@@ -74,6 +74,7 @@ class ServerWatch:
         """GPU-holding PID -> what it is (``EngineCore of :8000``)."""
         self.on_view: list[Callable[[ServerEntry, ServerView], None]] = []
         self.on_first_discovery: list[Callable[[list[ServerProcess]], None]] = []
+        self.on_discovery: list[Callable[[list[ServerProcess]], None]] = []
         self._client: httpx.AsyncClient | None = None
         self._disc_loop: PollLoop | None = None
         self.api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None
@@ -161,6 +162,8 @@ class ServerWatch:
         if first:
             for cb in self.on_first_discovery:
                 cb(servers)
+        for cb in self.on_discovery:
+            cb(servers)
 
     @staticmethod
     def _matches(url: str, sp: ServerProcess) -> bool:

@@ -44,4 +44,7 @@ class LogPane(Log):
         self._key = key
         lines = [ln for ln in v.recent if not self.only_problems or ln.at_least("WARNING")]
         self.clear()
-        self.write_lines(fmt_line(ln) for ln in lines[-300:])
+        self.write_lines((fmt_line(ln) for ln in lines[-300:]), scroll_end=False)
+        # Log.auto_scroll only follows when the view was already at the end, which
+        # clear() undoes; the newest line is what matters here.
+        self.scroll_end(animate=False, immediate=True)
