@@ -507,9 +507,90 @@ def _coerce(rec: Any) -> ProcRecord | None:
 
 
 def read_processes() -> list[ProcRecord]:
-    """The live process table via psutil (blocking). Processes that vanish
-    or deny access while being read are skipped or kept with what could be
-    read; nothing raises."""
+    """The live process table (blocking). Processes that vanish or deny access
+    while being read are skipped or kept with what could be read; nothing raises.
+
+    On Linux it reads ``/proc/PID/stat`` and ``/proc/PID/cmdline`` directly: two
+    small reads a process. psutil's ``process_iter`` with the same attributes
+    cost about 20 ms of CPU for 75 processes on the 2-core dev box, which at one
+    discovery every 5 s was 0.4 % of a core, as much as the whole GPU panel;
+    the direct reads take a few ms. Elsewhere psutil is used.
+    """
+    if os.path.isdir("/proc/self") and os.path.exists("/proc/stat"):
+        try:
+            return _read_proc_linux()
+        except OSError:
+            pass
+    return _read_psutil()
+
+
+# comm (the kernel's 15-character name) of processes that may be vLLM or its children:
+# "vllm" (the launcher), "python3.12", "VLLM::EngineCor", "pt_main_thread", "ray::..".
+_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy")
+
+_BOOT: float | None = None
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _boot_time() -> float:
+    global _BOOT
+    if _BOOT is None:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    _BOOT = float(line.split()[1])
+                    break
+            else:
+                _BOOT = 0.0
+    return _BOOT
+
+
+def _read_proc_linux() -> list[ProcRecord]:
+    boot = _boot_time()
+    out: list[ProcRecord] = []
+    for entry in os.scandir("/proc"):
+        name = entry.name
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        lp, rp = stat.find(b"("), stat.rfind(b")")
+        if lp < 0 or rp < 0:
+            continue
+        comm = stat[lp + 1 : rp].decode("utf-8", "replace")
+        raw = b""
+        if comm.lower().startswith(_MAYBE_VLLM):
+            # Only a process that can be vLLM (a Python interpreter, the vllm
+            # launcher, a VLLM:: title) is worth a second read: on a GPU box most
+            # processes are kernel threads and daemons.
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+        rest = stat[rp + 2 :].split()
+        try:
+            ppid = int(rest[1])
+            start_ticks = int(rest[19])
+        except (IndexError, ValueError):
+            continue
+        parts = raw.split(b"\0")
+        if parts and parts[-1] == b"":
+            parts.pop()
+        if len(parts) == 1 and b" " in parts[0]:
+            # A process that rewrote its title (setproctitle): one string with spaces.
+            parts = parts[0].split()
+        cmd = tuple(x.decode("utf-8", "replace") for x in parts)
+        out.append(ProcRecord(pid=int(name), ppid=ppid, name=comm, cmdline=cmd,
+                              create_time=boot + start_ticks / _TICKS))
+    return out
+
+
+def _read_psutil() -> list[ProcRecord]:
     import psutil
 
     out: list[ProcRecord] = []

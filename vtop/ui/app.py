@@ -204,6 +204,14 @@ class VtopApp(App[int]):
         if not servers:
             panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -)")
             return
+        if self.config.urls:
+            # URLs given: only a server behind one of them is ours to follow.
+            mine = [sp for sp in servers if any(self.servers._matches(u, sp) for u in self.servers.entries)]
+            if not mine:
+                panel.set_message("vLLM log: none of the given URLs is served by a vLLM process on this box; "
+                                  "pass --log PATH (or --log -)")
+                return
+            servers = mine
         sp = servers[0]
         from vtop.sources.logtail import LogTailer, find_log_for_pid
 

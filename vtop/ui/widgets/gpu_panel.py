@@ -134,6 +134,8 @@ class _RunsWidget(Widget):
         self._strips_key: tuple[int, int, bool] | None = None
         self._strips: list[Strip] = []
         self._styles: dict[str, Style] = {}
+        self._lines_key: tuple[int, int] | None = None
+        self._lines: list[list[Run]] = []
 
     def lines(self, width: int) -> list[list[Run]]:
         raise NotImplementedError
@@ -155,6 +157,14 @@ class _RunsWidget(Widget):
             self._styles[key] = st
         return st
 
+    def lines_cached(self, width: int) -> list[list[Run]]:
+        """``lines(width)``, computed once per data version and width."""
+        key = (self._version, width)
+        if key != self._lines_key:
+            self._lines_key = key
+            self._lines = self.lines(width)
+        return self._lines
+
     def render_line(self, y: int) -> Strip:
         width = self.content_region.width or self.size.width
         key = (self._version, width, False)
@@ -162,7 +172,7 @@ class _RunsWidget(Widget):
             self._strips_key = key
             base = self.rich_style
             self._strips = []
-            for runs in self.lines(width):
+            for runs in self.lines_cached(width):
                 segs = [Segment(text, self._seg_style(k, base)) for text, k in runs if text]
                 self._strips.append(Strip(segs).crop_extend(0, width, base))
         if y < len(self._strips):

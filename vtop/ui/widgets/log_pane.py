@@ -24,6 +24,8 @@ class LogPane(Log):
         self.only_problems = False
         self._key: tuple[int, bool] | None = None
         self.view: LogView | None = None
+        self._last: LogLine | None = None
+        self._last_text = ""
 
     def show(self, view: LogView) -> None:
         self.view = view
@@ -35,16 +37,36 @@ class LogPane(Log):
         self._redraw()
 
     def _redraw(self) -> None:
+        """Append what is new; rebuild only when the filter changed or the ring moved past us.
+
+        Rebuilding (clear + 300 lines) on every new log line cost a layout pass
+        and a full repaint each second under load.
+        """
         v = self.view
         if v is None:
             return
         key = (v.lines_total, self.only_problems)
         if key == self._key:
             return
+        rebuild = self._key is None or key[1] != self._key[1]
         self._key = key
         lines = [ln for ln in v.recent if not self.only_problems or ln.at_least("WARNING")]
-        self.clear()
-        self.write_lines((fmt_line(ln) for ln in lines[-300:]), scroll_end=False)
-        # Log.auto_scroll only follows when the view was already at the end, which
-        # clear() undoes; the newest line is what matters here.
-        self.scroll_end(animate=False, immediate=True)
+        new: list[LogLine] | None = None
+        if not rebuild and self._last is not None:
+            for i in range(len(lines) - 1, -1, -1):
+                if lines[i] is self._last:
+                    new = lines[i + 1 :]
+                    break
+            if new is not None and self._last_text != fmt_line(self._last):
+                new = None  # the last line changed in place (a progress bar moved on)
+        if new is None:
+            self.clear()
+            new = lines[-300:]
+        if new:
+            self.write_lines((fmt_line(ln) for ln in new), scroll_end=False)
+            # Log.auto_scroll only follows when the view was already at the end,
+            # which clear() undoes; the newest line is what matters here.
+            self.scroll_end(animate=False, immediate=True)
+        if lines:
+            self._last = lines[-1]
+            self._last_text = fmt_line(lines[-1])

@@ -98,7 +98,8 @@ class ServerCard(_RunsWidget):
         title = " · ".join(bits)
         if title != self.border_title:
             self.border_title = title
-        n = len(self.lines(self.content_region.width or 80))
+        self._version += 1
+        n = len(self.lines_cached(self.content_region.width or 80))
         if n != getattr(self, "_nlines", None):
             self._nlines = n
             self.refresh(layout=True)
@@ -106,7 +107,7 @@ class ServerCard(_RunsWidget):
             cls = "-" + st.replace(" ", "-")
             if (view.state == st) != self.has_class(cls):
                 self.set_class(view.state == st, cls)
-        self.invalidate()
+        self.refresh()
 
     def _spark(self, name: str, width: int, hi: float) -> Run:
         assert self.view is not None
@@ -189,7 +190,7 @@ class ServerCard(_RunsWidget):
         ]
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
-        return max(1, len(self.lines(width)))
+        return max(1, len(self.lines_cached(width)))
 
     def render(self) -> Text:  # noqa: D102 - plain text for tests
         return super().render()

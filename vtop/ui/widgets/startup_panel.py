@@ -80,6 +80,7 @@ class StartupPanel(Static):
         self.unfolded = False
         self.message: str | None = None
         self._last: str | None = None
+        self._lines = 0
 
     def set_message(self, text: str | None) -> None:
         """A line about the log itself (not found, how to pass it)."""
@@ -99,8 +100,12 @@ class StartupPanel(Static):
         plain = text.plain
         if plain == self._last:
             return
+        lines = plain.count("\n") + 1
+        # A layout pass re-renders the whole screen; only ask for one when the
+        # panel's height changes (the elapsed time ticking does not change it).
+        self.update(text, layout=lines != self._lines)
+        self._lines = lines
         self._last = plain
-        self.update(text)
         v = self.view
         state = v.state if v else "none"
         for s in ("starting", "ready", "failed", "idle", "stopped", "none"):
