@@ -65,3 +65,15 @@ async def test_down_without_metrics_is_just_the_message() -> None:
         assert "gen tok/s" not in text and "KV cache" not in text  # no empty charts
         assert e.card.has_class("-down")
         assert app.server_status_text() == "vLLM: down"
+
+
+async def test_polls_back_off_while_nothing_listens() -> None:
+    from vtop.sources.vllm import poll_from_error
+
+    app = make_app(None, interval=1.0)
+    async with app.run_test(size=(80, 24)):
+        app.servers.apply_discovery([], autopoll=False)
+        e = app.servers.entries["http://localhost:8000"]
+        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=app.servers.clock.monotonic()))
+        delays = [app.servers.next_delay(e, n) for n in range(5)]
+        assert delays[0] == 1.0 and delays == sorted(delays) and delays[-1] == 5.0

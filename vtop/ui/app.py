@@ -97,6 +97,7 @@ class VtopApp(App[int]):
             self.log_watch = log_watch
         self.log_loop: PollLoop | None = None
         self.servers = ServerWatch(self)
+        self._dirty: set[str] = set()
         self._launch_marked: Any = None
         self.log_view: LogView | None = None
         self.gpu_hung = False
@@ -131,7 +132,7 @@ class VtopApp(App[int]):
             if self.log_watch is not None:
                 self._start_log_loop()
             self.servers.start()
-            self.set_interval(1.0, self._watchdog, name="watchdog")
+            self.set_interval(self.config.interval, self._tick, name="paint")
 
     def on_resize(self) -> None:
         self._size_panels()
@@ -173,13 +174,36 @@ class VtopApp(App[int]):
     def _apply_gpu(self, poll: GpuPoll) -> None:
         if poll.status in (ABSENT, OFF) or poll.gpus:
             self.gpu_history.add(poll)
-        panel = self.query_one(GpuPanel)
         self.gpu_hung = False
-        if panel.has_class("-stale"):
-            panel.remove_class("-stale")
+        self._dirty.add("gpu")
+        self._paint_soon()
+
+    def _paint_soon(self) -> None:
+        """Paint now when driven by hand (tests, replays); else at the next paint tick."""
+        if not self.autopoll:
+            self.paint()
+
+    def paint(self) -> None:
+        """Apply everything that arrived since the last paint, in one batch.
+
+        Sources deliver whenever their poll ends (NVML after 1 ms, a scrape after
+        20 ms, the log in between); painting each as it came meant up to three
+        full compositor passes a second. One paint per interval is one pass.
+        """
+        dirty, self._dirty = self._dirty, set()
         with self.batch_update():
-            panel.update_view(poll.mono)
-        self.update_status()
+            if "gpu" in dirty:
+                panel = self.query_one(GpuPanel)
+                if panel.has_class("-stale") and not self.gpu_hung:
+                    panel.remove_class("-stale")
+                poll = self.gpu_history.last_poll
+                panel.update_view(poll.mono if poll else 0.0)
+            if "log" in dirty and self.log_view is not None:
+                self.query_one(StartupPanel).show(self.log_view)
+                self.query_one(LogPane).show(self.log_view)
+            if "servers" in dirty:
+                self.servers.paint()
+            self.update_status()
 
     # ---------------------------------------------------------------- the log
     @staticmethod
@@ -247,7 +271,8 @@ class VtopApp(App[int]):
     def _on_server_view(self, entry: Any, view: Any) -> None:
         if self.log_watch is not None and view.health == 200 and view.state in ("up", "restarted"):
             self.log_watch.mark_ready(time.monotonic())
-        self.update_status()
+        self._dirty.add("servers")
+        self._paint_soon()
 
     async def poll_log_once(self) -> LogView | None:
         """Tests: one log poll through a real thread, applied on the UI thread."""
@@ -263,8 +288,8 @@ class VtopApp(App[int]):
             panel.set_message(f"vLLM log: reading failed: {type(error).__name__}: {error}")
             return
         self.log_view = view
-        panel.show(view)
-        self.query_one(LogPane).show(view)
+        self._dirty.add("log")
+        self._paint_soon()
 
     def gpu_activity(self, since_mono: float) -> tuple[float | None, float | None]:
         """Mean GPU util and SM activity since ``since_mono`` (the busiest GPU), for the stall note."""
@@ -280,8 +305,13 @@ class VtopApp(App[int]):
                 best = (u, s)
         return best
 
-    def _watchdog(self) -> None:
+    def _tick(self) -> None:
+        """Every interval: paint what arrived, and notice sources that went quiet."""
         self.servers.tick()
+        self.paint()
+        self._watchdog()
+
+    def _watchdog(self) -> None:
         loop = self.gpu_loop
         if loop is None:
             return

@@ -57,6 +57,7 @@ class ServerEntry:
     task: asyncio.Task[None] | None = None
     last_view: ServerView | None = None
     polls: int = 0
+    dirty: bool = False
     history: list[str] = field(default_factory=list)
     """States seen, in order (tests and the record)."""
 
@@ -181,22 +182,45 @@ class ServerWatch:
         return e.process
 
     def tick(self) -> None:
-        """Once a second on the UI thread: a server whose poll is stuck turns stale on screen too."""
-        now = self.clock.monotonic()
+        """Every paint tick: a server whose poll is stuck turns stale on screen too."""
         for e in self.entries.values():
             if e.last_view is None:
                 continue
             view = e.tracker.view()
             if view.state != e.last_view.state:
                 e.last_view = view
-                e.card.show(view, now)
+                e.dirty = True
+                self.app._dirty.add("servers")
+
+    def paint(self) -> None:
+        """On the UI thread, from the app's paint: show the views that changed."""
+        now = self.clock.monotonic()
+        for e in self.entries.values():
+            if e.dirty and e.last_view is not None:
+                e.dirty = False
+                e.card.show(e.last_view, now)
 
     # -------------------------------------------------------------- polling
+    def next_delay(self, e: ServerEntry, failures: int) -> float:
+        """Seconds until the next poll: the interval while the server answers; backing
+        off (doubling) while nothing listens, up to 2 s while a vLLM process is starting
+        (ready should show within 2 s) and 5 s when there is none (a refused connect and
+        its name lookup every second were a sixth of vtop's CPU on an idle box)."""
+        base = self.config.interval
+        v = e.last_view
+        if v is None or failures == 0 or v.state not in ("down", "starting"):
+            return base
+        cap = 2.0 if v.state == "starting" else 5.0
+        return min(max(cap, base), base * 2 ** min(failures, 6))
+
     async def _run(self, e: ServerEntry) -> None:
+        failures = 0
         while True:
             started = self.clock.monotonic()
-            await self.poll_once(e)
-            await asyncio.sleep(max(0.05, self.config.interval - (self.clock.monotonic() - started)))
+            view = await self.poll_once(e)
+            failures = 0 if view.state not in ("down", "starting") or view.last_error is None else failures + 1
+            delay = self.next_delay(e, failures)
+            await asyncio.sleep(max(0.05, delay - (self.clock.monotonic() - started)))
 
     async def poll_once(self, e: ServerEntry, poll: ServerPoll | None = None) -> ServerView:
         """One scrape (or a given poll, for replays and tests), fed and shown."""
@@ -208,7 +232,7 @@ class ServerWatch:
         if not e.history or e.history[-1] != view.state:
             e.history.append(view.state)
         e.last_view = view
-        e.card.show(view, self.clock.monotonic())
+        e.dirty = True
         for cb in self.on_view:
             cb(e, view)
         return view
