@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
                    metavar="DURATION", help="flag a start that prints nothing and makes no progress this long (default 10m)")
     p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
                    help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    p.add_argument("--readonly", action="store_true", default=S,
+                   help="disable the action keys (snapshot, py-spy dump, test request)")
+    p.add_argument("--snapshot-dir", dest="snapshot_dir", default=S, metavar="DIR",
+                   help="where s writes incident bundles (default: the current directory)")
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")

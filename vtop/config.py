@@ -46,6 +46,10 @@ class Config:
     """The vLLM log to follow (a path, or ``-`` for standard input)."""
     api_key: str | None = field(default=None, repr=False)
     """Bearer token for the server's /v1 endpoints (else VLLM_API_KEY, else the server's --api-key). Never shown."""
+    readonly: bool = False
+    """Disable the action keys (snapshot, py-spy, test request)."""
+    snapshot_dir: str = "."
+    """Where the snapshot key writes its incident bundles."""
     stall_threshold: float = 600.0
     """Seconds without a log line or progress before a start is flagged as a possible hang."""
     config_path: str | None = field(default=None, compare=False)
@@ -83,7 +87,7 @@ def _parse_bool(value: Any, name: str) -> bool:
 def _coerce(name: str, value: Any) -> Any:
     if name in ("interval", "history", "stall_threshold"):
         return parse_duration(value, name)
-    if name == "no_gpu":
+    if name in ("no_gpu", "readonly"):
         return _parse_bool(value, name)
     if name == "simulate_gpus":
         try:

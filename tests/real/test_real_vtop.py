@@ -165,3 +165,42 @@ async def test_a_stopped_engine_mid_start_is_flagged_and_clears(real_vllm_fresh_
         await w.until(pilot, lambda: app.log_view is not None and app.log_view.stall is None
                       and app.log_view.state in ("starting", "ready"), 240, "the alarm to clear")
     await asyncio.to_thread(srv.wait_health)
+
+
+async def test_action_keys_on_the_real_server(real_vllm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """d dumps the real EngineCore; t sends a real request with max_tokens; s bundles the real log."""
+    from vtop.ui.screens import ProbeScreen, PySpyScreen
+
+    srv = real_vllm
+    app = VtopApp(Config(urls=(srv.url,), log=str(srv.log_path), no_gpu=True, interval=0.5,
+                         snapshot_dir=str(tmp_path)), hostname="cpu-box")
+    async with app.run_test(size=(120, 44)) as pilot:
+        w = Watch(app, srv.url)
+        await w.until(pilot, lambda: w.view() is not None and w.view().state == "up"
+                      and app.servers.entries[srv.url].process is not None, 30, "up, with its process")
+        await pilot.press("d")
+        screen = app.screen
+        assert isinstance(screen, PySpyScreen)
+        assert screen.target.pid == srv.engine_pid()
+        await w.until(pilot, lambda: screen.result is not None, 60, "the py-spy dump")
+        assert screen.result.ok, screen.result.message
+        frames = [f.text for th in screen.result.threads for f in th.frames]
+        assert any("vllm" in f for f in frames)
+        shot(app, "pyspy-real-enginecore.svg")
+        await pilot.press("escape")
+        await pilot.press("t")
+        probe = app.screen
+        assert isinstance(probe, ProbeScreen)
+        probe.query_one("#max-tokens").value = "16"
+        probe.query_one("#max-tokens").focus()
+        await pilot.press("enter")
+        await w.until(pilot, lambda: probe.result is not None, 120, "the test request")
+        r = probe.result
+        assert r.ok and r.finish_reason == "length" and r.output_tokens == 16, r
+        shot(app, "test-request-real.svg")
+        await pilot.press("escape")
+        await pilot.press("s")
+        await w.until(pilot, lambda: app.last_snapshot is not None, 60, "the snapshot")
+        assert app.last_snapshot.ok, app.last_snapshot.message
+        assert (app.last_snapshot.path / "vllm.log").stat().st_size == srv.log_path.stat().st_size or \
+            (app.last_snapshot.path / "vllm.log").stat().st_size > 0

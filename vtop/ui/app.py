@@ -9,10 +9,12 @@ one-shot timer chain (:mod:`vtop.ui.polling`).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from typing import Any, Protocol
 
+from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -62,7 +64,11 @@ class VtopApp(App[int]):
         Binding("p", "toggle_phases", "Phases"),
         Binding("l", "toggle_log", "Log"),
         Binding("w", "toggle_warnings", "Warn only"),
+        Binding("s", "snapshot", "Snapshot"),
+        Binding("d", "pyspy", "py-spy"),
+        Binding("t", "test_request", "Test req"),
     ]
+    ACTION_KEYS = ("snapshot", "pyspy", "test_request")
 
     def __init__(
         self,
@@ -98,6 +104,11 @@ class VtopApp(App[int]):
         self.log_loop: PollLoop | None = None
         self.servers = ServerWatch(self)
         self._dirty: set[str] = set()
+        from vtop.actions.snapshot import SnapshotRunner
+
+        self.snapshots = SnapshotRunner()
+        self._snapshot_busy = False
+        self.last_snapshot: Any = None
         self._launch_marked: Any = None
         self.log_view: LogView | None = None
         self.gpu_hung = False
@@ -355,7 +366,7 @@ class VtopApp(App[int]):
 
     def update_status(self) -> None:
         text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-                f" │ every {self.config.interval:g} s")
+                f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else ""))
         if text != self._status_text:
             self._status_text = text
             self.query_one("#status", Static).update(text)
@@ -372,6 +383,107 @@ class VtopApp(App[int]):
         if more > 0:
             parts.append(f"+{more}")
         return " · ".join(parts)
+
+    # ------------------------------------------------------------ action keys
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """--readonly: the action keys show dimmed in the footer and do nothing."""
+        if action in self.ACTION_KEYS and self.config.readonly:
+            return None
+        return True
+
+    def _action_entry(self) -> Any:
+        """The server the action keys act on: the first one with a process, else the first."""
+        entries = list(self.servers.entries.values())
+        with_proc = [e for e in entries if e.process is not None]
+        return (with_proc or entries or [None])[0]
+
+    def latest_snapshot_folder(self) -> Any:
+        from vtop.actions.snapshot import latest_bundle
+
+        return self.snapshots.last_path or latest_bundle(self.config.snapshot_dir)
+
+    def history_json(self) -> dict[str, Any]:
+        def pts(series: Any) -> list[list[float | None]]:
+            return [[round(t, 3), v] for t, v in series]
+
+        return {
+            "gpus": {str(i): {k: pts(s) for k, s in tr.series.items()} for i, tr in self.gpu_history.tracks.items()},
+            "servers": {url: {k: pts(s) for k, s in e.last_view.series.items()} if e.last_view else {}
+                        for url, e in self.servers.entries.items()},
+        }
+
+    def action_snapshot(self) -> None:
+        if self.snapshots.running or self._snapshot_busy:
+            self.notify("a snapshot is already being written; wait for it to finish", severity="warning")
+            return
+        self.notify(f"snapshot: writing an incident bundle under {self.config.snapshot_dir} …")
+        self._snapshot_busy = True
+        self._snapshot_worker()
+
+    @work(exclusive=True, group="snapshot", exit_on_error=False)
+    async def _snapshot_worker(self) -> None:
+        try:
+            await self._write_snapshot()
+        finally:
+            self._snapshot_busy = False
+
+    async def _write_snapshot(self) -> None:
+        from vtop.core.phases import summarize
+        from vtop.sources.logtail import LogTailer
+
+        metrics: dict[str, bytes | None] = {}
+        for url in self.servers.entries:
+            try:
+                r = await self.servers.client.get(url + "/metrics", timeout=3.0)
+                metrics[url] = r.content
+            except Exception:  # the bundle says the server gave nothing
+                metrics[url] = None
+        src = getattr(self.log_watch, "source", None)
+        log_path = src.path if isinstance(src, LogTailer) else None
+        phases = dict(summarize(self.log_view.snapshot)) if self.log_view else None
+        secrets = [k for k in (self.config.api_key, os.environ.get("VLLM_API_KEY")) if k]
+        fut = self.snapshots.start(
+            self.config.snapshot_dir,
+            log_path=log_path,
+            servers=[e.process for e in self.servers.entries.values() if e.process is not None],
+            metrics_texts=metrics,
+            history_json=self.history_json(),
+            phases_json=phases,
+            alerts=[],
+            screen_svg=self.export_screenshot(),
+            secrets=secrets,
+        )
+        res = await asyncio.wrap_future(fut)
+        self.last_snapshot = res
+        sev = "information" if res.ok else ("warning" if res.refused or res.path else "error")
+        self.notify(res.message, severity=sev, timeout=10)
+
+    def action_pyspy(self) -> None:
+        from vtop.actions.pyspy import pick_targets
+        from vtop.ui.screens import PySpyScreen
+
+        e = self._action_entry()
+        if e is None or e.process is None:
+            self.notify("py-spy: no vLLM process found on this box to dump (a remote URL cannot be dumped)",
+                        severity="warning")
+            return
+        targets = pick_targets(e.process)
+        if not targets:
+            self.notify(f"py-spy: no process to dump under pid {e.process.pid}", severity="warning")
+            return
+        self.push_screen(PySpyScreen(targets[0]))
+
+    def action_test_request(self) -> None:
+        from vtop.ui.screens import ProbeScreen
+
+        e = self._action_entry()
+        if e is None:
+            self.notify("test request: no vLLM server watched", severity="warning")
+            return
+        v = e.last_view
+        models = [v.model_id] if v is not None and v.model_id else ([e.process.served_name] if e.process and e.process.served_name else [])
+        self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
+                                     client=self.servers.client, api_key=self.servers.api_key))
 
     # ----------------------------------------------------------------- actions
     def action_toggle_compact(self) -> None:

@@ -1,0 +1,170 @@
+"""Modal screens behind the action keys: the py-spy dump (``d``) and the test request (``t``).
+
+Both run their work in async workers (``exclusive=True`` per screen), so the
+screen and the dashboard behind it keep answering while a dump or a request
+takes its time; each ends in a result or a clear error written on screen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from vtop.actions.probe import ProbeResult, send_test_request
+from vtop.actions.pyspy import PySpyResult, Target, dump
+
+if TYPE_CHECKING:
+    from vtop.ui.app import VtopApp
+
+DEFAULT_MAX_TOKENS = 64
+WHY_MAX_TOKENS = (
+    "vtop never sends a request without max_tokens: a chat request that omits it may generate "
+    "up to max_model_len minus the prompt, and hold a GPU slot for minutes."
+)
+
+
+def dump_text(r: PySpyResult, label: str) -> Text:
+    out = Text()
+    if not r.ok:
+        out.append(f"py-spy dump of {label} failed\n", style="bold red")
+        out.append(r.message + "\n", style="red")
+        if r.stderr:
+            out.append(r.stderr.strip()[-800:] + "\n", style="dim")
+        return out
+    title = (r.process_title or "").splitlines()[0][:80] if r.process_title else ""
+    out.append(f"{label}: {title} ({r.python_version or 'Python ?'})", style="bold")
+    out.append(f"  {len(r.threads)} threads, {r.elapsed_s:.1f} s\n\n")
+    for th in r.threads:
+        out.append(f"Thread {th.tid} ({th.status}): {th.name}\n", style="bold" if th.active else "dim")
+        for fr in th.frames:
+            out.append(f"    {fr.text}\n")
+    return out
+
+
+class PySpyScreen(ModalScreen[None]):
+    """A py-spy dump of one process, scrollable; ``n`` re-runs with native frames."""
+
+    BINDINGS = [
+        Binding("escape,q", "dismiss", "Close"),
+        Binding("n", "native", "Native frames"),
+        Binding("s", "save", "Save to snapshot"),
+    ]
+
+    def __init__(self, target: Target, *, timeout_s: float = 20.0, pyspy: str | None = None) -> None:
+        super().__init__()
+        self.target = target
+        self.timeout_s = timeout_s
+        self.pyspy = pyspy
+        self.result: PySpyResult | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(f"py-spy dump · {self.target.label} (pid {self.target.pid})", id="dialog-title")
+            with VerticalScroll(id="dump-scroll"):
+                yield Static(f"running py-spy dump --pid {self.target.pid} …", id="dump")
+            yield Label("esc close · n native frames · s save into the latest snapshot", id="dialog-keys")
+
+    def on_mount(self) -> None:
+        self.run_dump(False)
+
+    @work(exclusive=True, group="pyspy", exit_on_error=False)
+    async def run_dump(self, native: bool) -> None:
+        self.query_one("#dump", Static).update(
+            f"running py-spy dump{' --native' if native else ''} --pid {self.target.pid} …")
+        r = await dump(self.target.pid, native=native, timeout_s=self.timeout_s, pyspy=self.pyspy)
+        self.result = r
+        self.query_one("#dump", Static).update(dump_text(r, self.target.label))
+
+    def action_native(self) -> None:
+        self.run_dump(True)
+
+    def action_save(self) -> None:
+        app: VtopApp = self.app  # type: ignore[assignment]
+        if self.result is None or not self.result.ok:
+            self.notify("nothing to save yet", severity="warning")
+            return
+        folder = app.latest_snapshot_folder()
+        if folder is None:
+            self.notify("no snapshot folder yet: press s on the dashboard first", severity="warning")
+            return
+        saved = self.result.save_into(folder)
+        self.notify(saved.message, severity="information" if saved.ok else "error")
+
+
+class ProbeScreen(ModalScreen[None]):
+    """The test request form. max_tokens is required."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close")]
+
+    def __init__(self, url: str, *, models: list[str], max_model_len: int | None, client: Any,
+                 api_key: str | None) -> None:
+        super().__init__()
+        self.url = url
+        self.models = models
+        self.max_model_len = max_model_len
+        self.client = client
+        self.api_key = api_key
+        self.result: ProbeResult | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(f"Test request · {self.url}", id="dialog-title")
+            yield Input(self.models[0] if self.models else "", placeholder="model", id="model")
+            with Horizontal(id="probe-row"):
+                yield Select([("chat", "chat"), ("completions", "completions")], value="chat",
+                             allow_blank=False, id="endpoint")
+                yield Input(str(DEFAULT_MAX_TOKENS), placeholder="max_tokens (required)", id="max-tokens",
+                            type="integer")
+            yield Input("Say hello in five words.", placeholder="prompt", id="prompt")
+            limit = f" (at most {self.max_model_len:,}, this server's max_model_len)" if self.max_model_len else ""
+            yield Static(f"max_tokens is required{limit}. {WHY_MAX_TOKENS} temperature 0.", id="probe-why")
+            yield Button("Send", id="send", variant="primary")
+            with VerticalScroll(id="probe-scroll"):
+                yield Static("", id="probe-result")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "send":
+            self.send()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.send()
+
+    @work(exclusive=True, group="probe", exit_on_error=False)
+    async def send(self) -> None:
+        out = self.query_one("#probe-result", Static)
+        raw = self.query_one("#max-tokens", Input).value.strip()
+        try:
+            max_tokens: int | None = int(raw)
+        except ValueError:
+            max_tokens = None
+        model = self.query_one("#model", Input).value.strip()
+        endpoint = str(self.query_one("#endpoint", Select).value)
+        prompt = self.query_one("#prompt", Input).value
+        out.update(Text(f"sending to {self.url} ({endpoint}, max_tokens {raw or '-'}) …", style="dim"))
+        r = await send_test_request(self.url, model=model, endpoint=endpoint,  # type: ignore[arg-type]
+                                    prompt=prompt, max_tokens=max_tokens, max_model_len=self.max_model_len,
+                                    api_key=self.api_key, client=self.client)
+        self.result = r
+        out.update(probe_text(r))
+
+
+def probe_text(r: ProbeResult) -> Text:
+    out = Text()
+    out.append(("✓ " if r.ok else "✗ ") + r.message + "\n", style="bold" if r.ok else "bold red")
+    if r.sent and r.status is not None:
+        def f(v: float | None, unit: str) -> str:
+            return "-" if v is None else f"{v:.3f} {unit}" if unit == "s" else f"{v:.1f} {unit}"
+
+        out.append(f"TTFT {f(r.ttft_s, 's')} · total {f(r.total_s, 's')} · {f(r.tokens_per_s, 'tok/s')} · "
+                   f"output tokens {r.output_tokens if r.output_tokens is not None else '-'}"
+                   f"{'' if r.tokens_from_usage else ' (counted)'} · finish_reason {r.finish_reason or '-'}\n")
+        if r.text:
+            out.append("\n" + r.text + ("…" if r.text_truncated else "") + "\n", style="italic")
+    return out
