@@ -139,13 +139,18 @@ async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path,
         screen = app.screen
         assert isinstance(screen, PySpyScreen) and screen.target.pid == python_child.pid
         t0 = time.monotonic()
-        await pilot.press("n")  # the screen answers while py-spy runs
+        await pilot.press("down")  # the screen answers (scrolls) while py-spy runs
         assert time.monotonic() - t0 < 0.5
         await wait_for(pilot, lambda: screen.result is not None, 30)
         assert screen.result.ok, screen.result.message
         text = str(app.screen.query_one("#dump").render())
         assert "vtop_test_busy_loop" in text
+        first = screen.result
+        await pilot.press("n")  # again, with native frames
+        await wait_for(pilot, lambda: screen.result is not first, 30)
+        assert screen.result.ok and screen.result.native
         if SHOTS:
+            Path(SHOTS).mkdir(parents=True, exist_ok=True)
             app.save_screenshot(str(Path(SHOTS) / "pyspy-screen.svg"))
         await pilot.press("escape")
         assert not isinstance(app.screen, PySpyScreen)
@@ -194,6 +199,7 @@ async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm
         text = str(screen.query_one("#probe-result").render())
         assert "finish_reason length" in text and "TTFT" in text
         if SHOTS:
+            Path(SHOTS).mkdir(parents=True, exist_ok=True)
             app.save_screenshot(str(Path(SHOTS) / "test-request-result.svg"))
 
 

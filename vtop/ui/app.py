@@ -60,13 +60,13 @@ class VtopApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "Quit"),
-        Binding("c", "toggle_compact", "Compact"),
+        Binding("c", "toggle_compact", "Cards"),
         Binding("p", "toggle_phases", "Phases"),
         Binding("l", "toggle_log", "Log"),
-        Binding("w", "toggle_warnings", "Warn only"),
-        Binding("s", "snapshot", "Snapshot"),
+        Binding("w", "toggle_warnings", "Warn"),
+        Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
-        Binding("t", "test_request", "Test req"),
+        Binding("t", "test_request", "Test"),
     ]
     ACTION_KEYS = ("snapshot", "pyspy", "test_request")
 
@@ -123,7 +123,7 @@ class VtopApp(App[int]):
                 yield Static("vLLM: looking for servers on this box…", id="servers-msg")
             yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
         yield LogPane(id="log")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.servers.on_view.append(self._on_server_view)

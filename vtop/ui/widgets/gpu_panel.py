@@ -104,7 +104,7 @@ def gpu_line(view: "GpuPanel", tr: GpuTrack, width: int) -> list[Run]:
     mem = f"{gib(g.mem_used)}/{gib(g.mem_total)}G"
     pw = "" if g.power_w is None else f"{g.power_w:.0f}W"
     tc = "" if g.temp_c is None else f"{g.temp_c:.0f}C"
-    tail = f" {mem:>9} {pw:>4} {tc:>3}" if width >= 76 else f" {mem:>9}"
+    tail = f" {mem:>9} {pw:>4} {tc:>3}" if width >= 100 else f" {mem:>9}"  # charts first when narrow
     keys = [("util", "util", g.util_gpu)]
     if tr.gpm_seen:
         keys.append(("SM", "sm", g.sm_active))
