@@ -68,6 +68,19 @@ def sleeper() -> Iterator[tuple[int, int]]:
     }
     a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    # Popen returns once the child is forked; until it has exec'd, /proc shows the parent's
+    # command line and environment. Wait for the exec (flaky under load otherwise).
+    import time
+
+    deadline = time.monotonic() + 10
+    for p in (a, b):
+        while time.monotonic() < deadline:
+            try:
+                if b"VLLM_API_KEY=" in open(f"/proc/{p.pid}/environ", "rb").read():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
     yield a.pid, b.pid
     for p in (a, b):
         p.kill()

@@ -104,6 +104,7 @@ class VtopApp(App[int]):
         self.log_loop: PollLoop | None = None
         self.servers = ServerWatch(self)
         self._dirty: set[str] = set()
+        self._widgets: dict[str, Any] = {}
         from vtop.actions.snapshot import SnapshotRunner
 
         self.snapshots = SnapshotRunner()
@@ -125,15 +126,39 @@ class VtopApp(App[int]):
         yield LogPane(id="log")
         yield Footer(compact=True)
 
+    @property
+    def w_gpu(self) -> GpuPanel:
+        return self._widget("gpu", GpuPanel)
+
+    @property
+    def w_startup(self) -> StartupPanel:
+        return self._widget("startup", StartupPanel)
+
+    @property
+    def w_log(self) -> LogPane:
+        return self._widget("log", LogPane)
+
+    def _widget(self, key: str, cls: Any) -> Any:
+        """Panels are looked up once and kept: a tick that fires while the app shuts
+        down (or under a modal screen) must not fail on a DOM query, and a query per
+        tick is work for nothing."""
+        w = self._widgets.get(key)
+        if w is None:
+            w = self._widgets[key] = self.query_one(cls)
+        return w
+
     def on_mount(self) -> None:
+        self._widget("gpu", GpuPanel)
+        self._widget("startup", StartupPanel)
+        self._widget("log", LogPane)
         self.servers.on_view.append(self._on_server_view)
         self.servers.on_first_discovery.append(self._on_first_discovery)
         self.servers.on_discovery.append(self._on_discovery)
         if self.gpu_source is None:
             self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
-        self.query_one(LogPane).display = self.log_watch is not None
-        self.query_one(StartupPanel).redraw()
+        self.w_log.display = self.log_watch is not None
+        self.w_startup.redraw()
         self._size_panels()
         self.update_status()
         if self.autopoll:
@@ -149,7 +174,7 @@ class VtopApp(App[int]):
         self._size_panels()
 
     def _size_panels(self) -> None:
-        panel = self.query_one(GpuPanel)
+        panel = self.w_gpu
         panel.max_gap = max(2.5 * self.config.interval, self.config.interval + 1.0)
         panel.max_height = max(1, self.size.height - 2 - SERVER_PANEL_MIN_ROWS)
         panel.relayout()
@@ -204,14 +229,14 @@ class VtopApp(App[int]):
         dirty, self._dirty = self._dirty, set()
         with self.batch_update():
             if "gpu" in dirty:
-                panel = self.query_one(GpuPanel)
+                panel = self.w_gpu
                 if panel.has_class("-stale") and not self.gpu_hung:
                     panel.remove_class("-stale")
                 poll = self.gpu_history.last_poll
                 panel.update_view(poll.mono if poll else 0.0)
             if "log" in dirty and self.log_view is not None:
-                self.query_one(StartupPanel).show(self.log_view)
-                self.query_one(LogPane).show(self.log_view)
+                self.w_startup.show(self.log_view)
+                self.w_log.show(self.log_view)
             if "servers" in dirty:
                 self.servers.paint()
             self.update_status()
@@ -235,7 +260,7 @@ class VtopApp(App[int]):
         """No --log given: follow the log of the first server found, or say why not."""
         if self.config.log or self.log_watch is not None:
             return
-        panel = self.query_one(StartupPanel)
+        panel = self.w_startup
         if not servers:
             panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -)")
             return
@@ -259,7 +284,7 @@ class VtopApp(App[int]):
         self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
         self._launch_marked = sp.key
         panel.set_message(f"vLLM log: {loc.path} (stdout of pid {sp.pid})")
-        self.query_one(LogPane).display = True
+        self.w_log.display = True
         if self.autopoll:
             self._start_log_loop()
 
@@ -294,7 +319,7 @@ class VtopApp(App[int]):
         return view
 
     def _on_log_result(self, view: Any, error: BaseException | None) -> None:
-        panel = self.query_one(StartupPanel)
+        panel = self.w_startup
         if error is not None:
             panel.set_message(f"vLLM log: reading failed: {type(error).__name__}: {error}")
             return
@@ -329,7 +354,7 @@ class VtopApp(App[int]):
         hung = loop.in_flight_for() > self.hang_after_s
         if hung or self.gpu_hung:
             self.gpu_hung = hung
-            self.query_one(GpuPanel).set_class(hung, "-stale")
+            self.w_gpu.set_class(hung, "-stale")
             self.update_status()
 
     # ------------------------------------------------------------------ status
@@ -369,7 +394,8 @@ class VtopApp(App[int]):
                 f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else ""))
         if text != self._status_text:
             self._status_text = text
-            self.query_one("#status", Static).update(text)
+            status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
+            status.update(text)
 
     def procs_line(self, g: GpuSample) -> str:
         if not g.procs:
@@ -487,17 +513,17 @@ class VtopApp(App[int]):
 
     # ----------------------------------------------------------------- actions
     def action_toggle_compact(self) -> None:
-        self.query_one(GpuPanel).toggle_compact()
+        self.w_gpu.toggle_compact()
 
     def action_toggle_phases(self) -> None:
-        self.query_one(StartupPanel).toggle()
+        self.w_startup.toggle()
 
     def action_toggle_log(self) -> None:
-        pane = self.query_one(LogPane)
+        pane = self.w_log
         pane.display = not pane.display
 
     def action_toggle_warnings(self) -> None:
-        pane = self.query_one(LogPane)
+        pane = self.w_log
         pane.display = True
         pane.toggle_filter()
 

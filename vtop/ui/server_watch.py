@@ -79,6 +79,7 @@ class ServerWatch:
         self._client: httpx.AsyncClient | None = None
         self._disc_loop: PollLoop | None = None
         self.api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None
+        self._autopoll = False
 
     # -------------------------------------------------------------- set-up
     @property
@@ -90,8 +91,12 @@ class ServerWatch:
         return self._client
 
     def start(self, *, autopoll: bool = True) -> None:
+        # Scraping starts after the first process scan (a few ms): a refused port
+        # means "starting" if a vLLM process exists, "down" if not, and polling
+        # before the scan would flash a wrong "down" at every start.
+        self._autopoll = autopoll
         for url in self.config.urls:
-            self.add(normalize_url(url), from_cli=True, autopoll=autopoll)
+            self.add(normalize_url(url), from_cli=True, autopoll=False)
         if autopoll:
             self._disc_loop = PollLoop(self.app, "discovery", max(5.0, 5 * self.config.interval),
                                        self._discover_blocking, self._on_discovery)
@@ -129,9 +134,17 @@ class ServerWatch:
         return self.discover()
 
     def _on_discovery(self, result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            return  # keep what we knew; discovery is best effort (psutil can be denied)
-        self.apply_discovery(list(result))
+        if error is None:
+            self.apply_discovery(list(result))
+        # Discovery is best effort (the process table can be denied): poll anyway.
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        if not self._autopoll:
+            return
+        for e in self.entries.values():
+            if e.task is None:
+                e.task = asyncio.get_running_loop().create_task(self._run(e), name=f"scrape {e.url}")
 
     def apply_discovery(self, servers: list[ServerProcess], *, autopoll: bool = True) -> None:
         first = not self.discovered_once
