@@ -165,7 +165,7 @@ async def test_pyspy_key_without_a_process_says_so(tmp_path: Path) -> None:
 
 
 async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm_like, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    vllm_like["delay"] = 3.0  # a slow server
+    vllm_like["delay"] = 1.5  # a slow server
     app = app_for(vllm_like["url"], tmp_path)
     async with app.run_test(size=(110, 36)) as pilot:
         await pilot.pause(1.0)
