@@ -149,6 +149,12 @@ async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path,
         await pilot.press("n")  # again, with native frames
         await wait_for(pilot, lambda: screen.result is not first, 30)
         assert screen.result.ok and screen.result.native
+        second = screen.result
+        await pilot.press("a")  # the API server instead: pid 4242 is not a real process here
+        await wait_for(pilot, lambda: screen.result is not second, 30)
+        assert screen.target.role == "api_server" and screen.target.pid == 4242
+        assert not screen.result.ok and screen.result.kind == "gone"
+        assert "4242" in str(app.screen.query_one("#dump").render())
         if SHOTS:
             Path(SHOTS).mkdir(parents=True, exist_ok=True)
             app.save_screenshot(str(Path(SHOTS) / "pyspy-screen.svg"))
@@ -214,3 +220,28 @@ async def test_readonly_turns_the_action_keys_off(vllm_like, tmp_path: Path) -> 
         assert app.last_snapshot is None and not list(tmp_path.iterdir())
         assert "READ-ONLY" in app._status_text
         assert app.check_action("snapshot", ()) is None and app.check_action("toggle_log", ()) is True
+        assert app.check_action("readonly_info", ()) is True  # "READ-ONLY: s d t off" in the footer
+
+
+async def test_readonly_note_is_not_in_a_normal_footer(tmp_path: Path) -> None:
+    app = VtopApp(Config(no_gpu=True), autopoll=False, hostname="t")
+    async with app.run_test(size=(100, 30)):
+        assert app.check_action("readonly_info", ()) is False and app.check_action("snapshot", ()) is True
+
+
+async def test_pyspy_dump_is_saved_into_the_latest_snapshot(vllm_like, tmp_path: Path, python_child) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "vtop-snapshot-20261130-120000").mkdir(mode=0o700)
+    app = app_for(vllm_like["url"], tmp_path)
+    port = int(vllm_like["url"].rsplit(":", 1)[1])
+    recs = [
+        ProcRecord(4242, 1, "vllm", ("/usr/bin/python3", "/usr/bin/vllm", "serve", "tiny", "--port", str(port)), 1.0),
+        ProcRecord(python_child.pid, 4242, "VLLM::EngineCor", ("VLLM::EngineCore",), 2.0),
+    ]
+    async with app.run_test(size=(110, 36)) as pilot:
+        app.servers.apply_discovery(list(discover(recs).servers), autopoll=False)
+        await pilot.press("d")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.result is not None, 30)
+        saved = list((tmp_path / "vtop-snapshot-20261130-120000").glob("pyspy-*.txt"))
+        assert len(saved) == 1 and "vtop_test_busy_loop" in saved[0].read_text()
+        assert stat.S_IMODE(saved[0].stat().st_mode) == 0o600

@@ -67,6 +67,7 @@ class VtopApp(App[int]):
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
+        Binding("question_mark", "readonly_info", "READ-ONLY: s d t off"),
     ]
     ACTION_KEYS = ("snapshot", "pyspy", "test_request")
 
@@ -109,6 +110,8 @@ class VtopApp(App[int]):
 
         self.snapshots = SnapshotRunner()
         self._snapshot_busy = False
+        self._snap_pct = -5
+        self._snap_text = ""
         self.last_snapshot: Any = None
         self._launch_marked: Any = None
         self.log_view: LogView | None = None
@@ -391,7 +394,8 @@ class VtopApp(App[int]):
 
     def update_status(self) -> None:
         text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-                f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else ""))
+                f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else "")
+                + (f" │ {self._snap_text}" if getattr(self, "_snap_text", "") else ""))
         if text != self._status_text:
             self._status_text = text
             status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
@@ -415,7 +419,12 @@ class VtopApp(App[int]):
         """--readonly: the action keys show dimmed in the footer and do nothing."""
         if action in self.ACTION_KEYS and self.config.readonly:
             return None
+        if action == "readonly_info":
+            return True if self.config.readonly else False  # shown in the footer only when read-only
         return True
+
+    def action_readonly_info(self) -> None:
+        self.notify("read-only (--readonly): the snapshot, py-spy and test-request keys are off")
 
     def _action_entry(self) -> Any:
         """The server the action keys act on: the first one with a process, else the first."""
@@ -452,6 +461,9 @@ class VtopApp(App[int]):
             await self._write_snapshot()
         finally:
             self._snapshot_busy = False
+            self._snap_pct = -5
+            self._snap_text = ""
+            self.update_status()
 
     async def _write_snapshot(self) -> None:
         from vtop.core.phases import summarize
@@ -478,11 +490,26 @@ class VtopApp(App[int]):
             alerts=[],
             screen_svg=self.export_screenshot(),
             secrets=secrets,
+            progress=self._snapshot_progress_from_thread,
         )
         res = await asyncio.wrap_future(fut)
         self.last_snapshot = res
         sev = "information" if res.ok else ("warning" if res.refused or res.path else "error")
         self.notify(res.message, severity=sev, timeout=10)
+
+    def _snapshot_progress_from_thread(self, done: int, total: int) -> None:
+        """Called from the bundle's thread while it copies the log."""
+        pct = int(100 * done / total) if total else 100
+        if pct // 5 != self._snap_pct // 5:
+            self._snap_pct = pct
+            try:
+                self.call_from_thread(self._show_snapshot_progress, pct)
+            except RuntimeError:  # the app is gone
+                pass
+
+    def _show_snapshot_progress(self, pct: int) -> None:
+        self._snap_text = f"snapshot: copying the log {pct}%" if pct < 100 else ""
+        self.update_status()
 
     def action_pyspy(self) -> None:
         from vtop.actions.pyspy import pick_targets
@@ -497,7 +524,7 @@ class VtopApp(App[int]):
         if not targets:
             self.notify(f"py-spy: no process to dump under pid {e.process.pid}", severity="warning")
             return
-        self.push_screen(PySpyScreen(targets[0]))
+        self.push_screen(PySpyScreen(targets[0], server=e.process))
 
     def action_test_request(self) -> None:
         from vtop.ui.screens import ProbeScreen

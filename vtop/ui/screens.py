@@ -54,12 +54,14 @@ class PySpyScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,q", "dismiss", "Close"),
         Binding("n", "native", "Native frames"),
+        Binding("a", "api_server", "API server"),
         Binding("s", "save", "Save to snapshot"),
     ]
 
-    def __init__(self, target: Target, *, timeout_s: float = 20.0, pyspy: str | None = None) -> None:
+    def __init__(self, target: Target, *, server: Any = None, timeout_s: float = 20.0, pyspy: str | None = None) -> None:
         super().__init__()
         self.target = target
+        self.server = server
         self.timeout_s = timeout_s
         self.pyspy = pyspy
         self.result: PySpyResult | None = None
@@ -69,7 +71,8 @@ class PySpyScreen(ModalScreen[None]):
             yield Label(f"py-spy dump · {self.target.label} (pid {self.target.pid})", id="dialog-title")
             with VerticalScroll(id="dump-scroll"):
                 yield Static(f"running py-spy dump --pid {self.target.pid} …", id="dump")
-            yield Label("esc close · n native frames · s save into the latest snapshot", id="dialog-keys")
+            yield Label("esc close · n native frames · a the API server instead · s save into the latest snapshot",
+                        id="dialog-keys")
 
     def on_mount(self) -> None:
         self.run_dump(False)
@@ -81,6 +84,29 @@ class PySpyScreen(ModalScreen[None]):
         r = await dump(self.target.pid, native=native, timeout_s=self.timeout_s, pyspy=self.pyspy)
         self.result = r
         self.query_one("#dump", Static).update(dump_text(r, self.target.label))
+        self.query_one("#dialog-title", Label).update(f"py-spy dump · {self.target.label} (pid {self.target.pid})")
+        if r.ok:
+            self._autosave(r)
+
+    def _autosave(self, r: PySpyResult) -> None:
+        """Into the latest snapshot folder, when there is one (the incident's bundle)."""
+        folder = getattr(self.app, "latest_snapshot_folder", lambda: None)()
+        if folder is not None:
+            saved = r.save_into(folder)
+            self.notify(saved.message, severity="information" if saved.ok else "error")
+
+    def action_api_server(self) -> None:
+        from vtop.actions.pyspy import pick_targets
+
+        if self.server is None:
+            self.notify("no server process known", severity="warning")
+            return
+        targets = pick_targets(self.server, role="api_server")
+        if not targets:
+            self.notify("no API server process found", severity="warning")
+            return
+        self.target = targets[0]
+        self.run_dump(False)
 
     def action_native(self) -> None:
         self.run_dump(True)
