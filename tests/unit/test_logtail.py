@@ -443,3 +443,18 @@ def test_a_record_quoting_a_bar_is_not_flushed_as_a_frame() -> None:
     sp = LineSplitter()
     assert sp.feed(b"INFO 11-30 09:55:00 [m.py:1] was 50%| 1/2 [00:01<00:01, 1.0it/s]") == []
     assert sp.feed(b" and more\n") == ["INFO 11-30 09:55:00 [m.py:1] was 50%| 1/2 [00:01<00:01, 1.0it/s] and more"]
+
+
+def test_record_glued_after_a_bar_is_not_cut_when_it_looks_like_a_bar() -> None:
+    """Found by hypothesis: a record glued to a bar's last frame, itself ending in
+    "n/m [a<b]" while half-written, was emitted early and cut in two."""
+    from vtop.sources.logtail import LineSplitter
+
+    rec = "(EngineCore pid=7) INFO 11-30 09:55:00 [m.py:0] 0000/0 [<]0000"
+    data = (b"\rBar 0:   0%|          | 0/10 [00:00<00:00, 9.0it/s]"
+            b"\rBar 0: 100%|##########| 10/10 [00:00<00:00, 9.10it/s]" + rec.encode() + b"\n")
+    for cut in range(1, len(data)):
+        sp = LineSplitter()
+        lines = [x.rstrip() for x in sp.feed(data[:cut]) + sp.feed(data[cut:]) + sp.flush()]
+        assert rec in lines, cut
+        assert "Bar 0: 100%|##########| 10/10 [00:00<00:00, 9.10it/s]" in lines, cut

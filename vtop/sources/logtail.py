@@ -121,8 +121,13 @@ class LineSplitter:
         if partial and not self._flushed:
             text = strip_ansi(partial.decode("utf-8", "replace"))
             if is_progress_frame(text):
-                out.extend(split_glued(text))
-                self._flushed = len(partial)
+                pieces = split_glued(text)
+                # A record glued after the frame may itself end in "n/m [a<b]" while it is
+                # still being written: emitting it now would cut it in two. Wait for its
+                # newline then (the frame comes out with it); found by hypothesis.
+                if len(pieces) == 1:
+                    out.extend(pieces)
+                    self._flushed = len(partial)
         return out
 
     def flush(self) -> list[str]:
