@@ -262,10 +262,6 @@ class GpuCard(_RunsWidget):
         if g.lost != self.has_class("-lost"):
             self.set_class(g.lost, "-lost")
 
-    def _spark(self, tr: GpuTrack, key: str, width: int) -> Run:
-        return spark_run(self.view, tr, key, width)
-
-    _value = staticmethod(lambda v, hot=90.0: value_run(v, hot=hot))
 
     def lines(self, width: int) -> list[list[Run]]:
         tr = self.track()
@@ -293,9 +289,9 @@ class GpuCard(_RunsWidget):
             runs: list[Run] = [(f"{label:<{label_w}}", "label")]
             if key == "sm" and not tr.gpm_seen:
                 note = "SM activity needs GPM (Hopper+)" if g.util_gpu is not None else ""
-                runs += [self._value(None), (" ", ""), (f"{note:<{spark_w}}"[:spark_w], "dim")]
+                runs += [value_run(None), (" ", ""), (f"{note:<{spark_w}}"[:spark_w], "dim")]
             else:
-                runs += [self._value(val, hot=95.0 if key == "mem" else 90.0), (" ", ""), self._spark(tr, key, spark_w)]
+                runs += [value_run(val, hot=95.0 if key == "mem" else 90.0), (" ", ""), spark_run(self.view, tr, key, spark_w)]
             runs += [(" ", ""), (extras[i][:RIGHT_COL], "label")]
             out.append(runs)
         return out
@@ -328,6 +324,7 @@ class GpuPanel(Container):
         self._compact_forced: bool | None = None
         self._layout: tuple[bool, int] | None = None
         self._message: str | None = None
+        self._cards: dict[int, GpuCard] = {}
 
     def compose(self) -> ComposeResult:
         yield Static("", id="gpu-message")
@@ -339,7 +336,8 @@ class GpuPanel(Container):
 
     @property
     def cards(self) -> list[GpuCard]:
-        return list(self.query(GpuCard))
+        """The cards in GPU order; kept as they are mounted (no DOM query per tick)."""
+        return [self._cards[i] for i in sorted(self._cards)]
 
     def toggle_compact(self) -> None:
         compact, _ = self._layout or (False, 1)
@@ -370,6 +368,7 @@ class GpuPanel(Container):
         new = [GpuCard(i, self) for i in want if i not in have]
         for c in new:
             c.display = not self.compact
+            self._cards[c.index] = c
         if new:
             self.mount_all(new)
             self.call_after_refresh(self.relayout)
