@@ -63,7 +63,61 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+SUBCOMMANDS = ("replay", "demo", "doctor")
+
+
+def replay_parser(prog: str) -> argparse.ArgumentParser:
+    demo = prog.endswith("demo")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=("Play vtop's demo: a real vLLM 0.26.0 on an H200 starting up, serving a burst and a "
+                     "runaway request, recorded by vtop itself." if demo else
+                     "Play a recording made with vtop --record in the same UI, on the recorded clock."),
+        epilog="Keys: space pause, . step, + - speed, left/right 10 s, [ ] 1 min, home/end, q quit.",
+    )
+    if not demo:
+        p.add_argument("file", metavar="FILE", help="a recording (JSONL, or .gz)")
+    p.add_argument("--speed", type=float, default=10.0 if demo else 1.0, help="1 to 60 (default %(default)s)")
+    p.add_argument("--paused", action="store_true", help="start paused at the beginning")
+    p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark")
+    return p
+
+
+def _run_replay(argv: Sequence[str], prog: str) -> int:
+    p = replay_parser(prog)
+    ns = p.parse_args(argv)
+    if not 1 <= ns.speed <= 60:
+        p.exit(2, f"{prog}: error: --speed: 1 to 60, got {ns.speed:g}\n")
+    if prog.endswith("demo"):
+        from vtop.demo import demo_path
+
+        path = str(demo_path())
+    else:
+        path = ns.file
+    try:
+        cfg = build({k: v for k, v in vars(ns).items() if k == "theme"}, env={})
+        from vtop.ui.replay import replay_app
+
+        app = replay_app(path, config=cfg, speed=ns.speed, name="demo" if prog.endswith("demo") else None)
+    except FileNotFoundError:
+        p.exit(2, f"{prog}: error: {path}: no such file\n")
+    except (OSError, ValueError, EOFError) as e:
+        p.exit(2, f"{prog}: error: {path}: cannot play it: {e}\n")
+    except ConfigError as e:
+        p.exit(2, f"{prog}: error: {e}\n")
+    if ns.paused:
+        app.replay.paused = True
+    return int(app.run() or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("replay", "demo"):
+        return _run_replay(argv[1:], f"vtop {argv[0]}")
+    if argv and argv[0] == "doctor":
+        from vtop.headless import doctor_main
+
+        return doctor_main(argv[1:])
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)

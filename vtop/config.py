@@ -40,6 +40,12 @@ class Config:
     """Simulated GPUs instead of NVML (benchmarks and demos)."""
     record: str | None = None
     """Append every sample to this JSONL file."""
+    record_max_mb: int = 200
+    """The recording stops growing at this size (MB); nothing before is lost."""
+    redact_prompts: bool = True
+    """Remove prompt text from log lines copied into recordings and snapshots."""
+    runaway_threshold: float = 120.0
+    """Seconds with requests running and none finishing before a runaway decode is flagged."""
     theme: str | None = None
     """A Textual theme name, e.g. ``ansi-dark`` to use the terminal's own palette."""
     log: str | None = None
@@ -85,10 +91,18 @@ def _parse_bool(value: Any, name: str) -> bool:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("interval", "history", "stall_threshold"):
+    if name in ("interval", "history", "stall_threshold", "runaway_threshold"):
         return parse_duration(value, name)
-    if name in ("no_gpu", "readonly"):
+    if name in ("no_gpu", "readonly", "redact_prompts"):
         return _parse_bool(value, name)
+    if name == "record_max_mb":
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a whole number of MB, got {value!r}") from None
+        if n < 1:
+            raise ConfigError(f"{name}: expected at least 1, got {n}")
+        return n
     if name == "simulate_gpus":
         try:
             n = int(value)

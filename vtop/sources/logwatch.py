@@ -57,6 +57,8 @@ class LogWatch:
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
         self._lock = threading.Lock()
+        #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
+        self.recorder: Any = None
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
@@ -65,9 +67,14 @@ class LogWatch:
     # Thread-safe inputs -----------------------------------------------------
     def mark_ready(self, mono: float, source: str = "health") -> None:
         self._events.put(("ready", (mono, source)))
+        if self.recorder is not None:
+            self.recorder.logmark("ready", t=self.clock.time(), mono=mono, source=source)
 
     def mark_process_start(self, epoch: float, mono: float | None = None) -> None:
         self._events.put(("launch", (epoch, mono)))
+        if self.recorder is not None:
+            self.recorder.logmark("launch", t=self.clock.time(), mono=mono if mono is not None else self.clock.monotonic(),
+                                  epoch=epoch)
 
     # Polled from one thread ---------------------------------------------------
     def poll(self) -> LogView:
@@ -79,6 +86,8 @@ class LogWatch:
             if lines:
                 self.tracker.feed_lines(lines, now)
                 self._lines_total += len(lines)
+                if self.recorder is not None:
+                    self.recorder.log(self.clock.time(), now, lines)
             while True:
                 try:
                     kind, arg = self._events.get_nowait()

@@ -1,13 +1,32 @@
 """Recording samples as JSONL, and reading them back.
 
-One JSON object a line. The first line is a header ``{"kind": "header",
-"schema": "vtop-record", "version": 1, ...}``; then ``{"kind": "gpu", ...}``
-lines, each a :class:`~vtop.sources.gpu.GpuPoll` as JSON, and ``{"kind":
-"mark", "label": ...}`` lines that say what was going on (e.g. the load phase
-of a benchmark). Later kinds (server metrics, log events, alerts) are added
-beside these; readers skip kinds they do not know.
+One JSON object a line, ``kind`` saying what it is. The first line is a
+header ``{"kind": "header", "schema": "vtop-record", "version": 2, ...}``
+(with what was recorded, where and by what); then, in the order they
+happened, on the recording box's clocks (``t`` wall, ``mono`` monotonic):
 
-The recorder is called from the polling thread, never from the UI thread.
+* ``gpu``: one :class:`~vtop.sources.gpu.GpuPoll` (fields that are ``None``
+  left out), with ``names``: pid -> process name for the GPU processes.
+* ``server``: one :class:`~vtop.sources.vllm.ServerPoll` without its
+  metrics, plus ``m``: the parsed metrics as numbers, only the fields that
+  changed since this server's previous record, and ``mk: 1`` on a full
+  record (the first, then one a minute, so a reader can start anywhere).
+* ``procs``: the vLLM server processes found (argv with secrets masked),
+  written when the set changes.
+* ``log``: lines read from the vLLM log in one poll (prompts redacted unless
+  asked otherwise), and ``logmark``: ``ready`` / ``launch`` events handed to
+  the phase tracker from elsewhere.
+* ``alerts``: the diagnosis when it changes (for people reading the file; a
+  replay works them out again from the samples).
+* ``mark``: a label for what was going on (benchmarks, tests).
+
+Readers skip kinds they do not know, and damaged lines (a crash mid-line).
+Version 1 files (``gpu`` and ``mark`` only) read the same.
+
+Writes never happen on the caller's thread: calls put a dict on a queue and
+one daemon writer thread encodes, writes and flushes it (once a second), so
+the UI thread never waits on a disk. The file stops growing at ``max_bytes``
+(default 200 MB) with a one-line reason on screen; nothing before is lost.
 """
 
 from __future__ import annotations
@@ -16,16 +35,19 @@ import gzip
 import json
 import os
 import platform
+import queue
 import socket
 import threading
+import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from vtop import __version__
 from vtop.sources.gpu import GpuPoll
 
 SCHEMA = "vtop-record"
-VERSION = 1
+VERSION = 2
+KEYFRAME_EVERY = 60
 
 
 def _open(path: Path, mode: str) -> IO[str]:
@@ -34,17 +56,40 @@ def _open(path: Path, mode: str) -> IO[str]:
     return open(path, mode, encoding="utf-8")
 
 
-class Recorder:
-    """Appends samples to a JSONL file (``.gz`` for gzip); stops at ``max_bytes``."""
+def _compact_gpu(poll: GpuPoll) -> dict[str, Any]:
+    d = _nan_to_none(poll.to_json())
+    d["gpus"] = [{k: v for k, v in g.items() if v is not None and v is not False} for g in d["gpus"]]
+    for k in ("message", "duration_s", "driver", "nvml_version"):
+        if d.get(k) is None:
+            d.pop(k, None)
+    if not d.get("notes"):
+        d.pop("notes", None)
+    return d
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = 200 * 2**20, meta: dict[str, Any] | None = None) -> None:
+
+class Recorder:
+    """Appends samples to a JSONL file (``.gz`` for gzip); stops at ``max_bytes``.
+
+    Thread-safe; every method returns at once (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = 200 * 2**20,
+                 meta: dict[str, Any] | None = None, redact_prompts: bool = True) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.redact_prompts = redact_prompts
         self.stopped_reason: str | None = None
+        self.records = 0
         self._lock = threading.Lock()
         new = not self.path.exists() or self.path.stat().st_size == 0
         self._f = _open(self.path, "a")
         self._written = self.path.stat().st_size if self.path.exists() else 0
+        self._q: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._last_m: dict[str, dict[str, Any]] = {}
+        self._since_key: dict[str, int] = {}
+        self._last_procs: Any = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._writer, name="vtop-recorder", daemon=True)
+        self._thread.start()
         if new:
             header = {
                 "kind": "header",
@@ -53,35 +98,132 @@ class Recorder:
                 "vtop": __version__,
                 "host": socket.gethostname(),
                 "platform": platform.platform(),
+                "started_t": time.time(),
             }
             header.update(meta or {})
-            self._write(header)
+            self._put(header)
+
+    # -- the writer thread --
+    def _put(self, obj: dict[str, Any]) -> None:
+        if not self._closed:
+            self._q.put(obj)
+
+    def _writer(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            try:
+                obj = self._q.get(timeout=1.0)
+            except queue.Empty:
+                obj = {}
+            if obj is None:
+                break
+            ev = obj.get("__flush__") if obj else None
+            if obj and ev is None:
+                self._write(obj)
+            if ev is not None or time.monotonic() - last_flush >= 1.0:
+                last_flush = time.monotonic()
+                with self._lock:
+                    try:
+                        self._f.flush()
+                    except (OSError, ValueError) as e:
+                        self.stopped_reason = self.stopped_reason or f"recording stopped: {e}"
+                if ev is not None:
+                    ev.set()
+        with self._lock:
+            try:
+                self._f.close()
+            except OSError:
+                pass
 
     def _write(self, obj: dict[str, Any]) -> None:
         with self._lock:
             if self.stopped_reason:
                 return
-            line = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+            try:
+                line = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+            except ValueError:
+                line = json.dumps(_nan_to_none(obj), separators=(",", ":"), default=str) + "\n"
             if self._written + len(line) > self.max_bytes:
-                self.stopped_reason = f"recording stopped at its size limit ({self.max_bytes} bytes)"
+                self.stopped_reason = f"recording stopped at its size limit ({self.max_bytes / 2**20:.0f} MB)"
                 self._f.flush()
                 return
-            self._f.write(line)
+            try:
+                self._f.write(line)
+            except (OSError, ValueError) as e:
+                self.stopped_reason = f"recording stopped: {e}"
+                return
             self._written += len(line)
+            self.records += 1
 
-    def gpu(self, poll: GpuPoll) -> None:
-        self._write({"kind": "gpu", **_nan_to_none(poll.to_json())})
+    # -- what can be recorded --
+    def gpu(self, poll: GpuPoll, names: dict[int, str] | None = None) -> None:
+        d = {"kind": "gpu", **_compact_gpu(poll)}
+        if names:
+            d["names"] = {str(k): v for k, v in names.items()}
+        self._put(d)
+
+    def server(self, poll: Any) -> None:
+        """A :class:`~vtop.sources.vllm.ServerPoll`; metrics as changes (see module doc)."""
+        from vtop.sources.codec import metrics_to_json, poll_to_json
+
+        d: dict[str, Any] = {"kind": "server", **poll_to_json(poll, metrics=False)}
+        if poll.metrics is not None:
+            m = metrics_to_json(poll.metrics)
+            prev = self._last_m.get(poll.url)
+            n = self._since_key.get(poll.url, KEYFRAME_EVERY)
+            if prev is None or n >= KEYFRAME_EVERY:
+                d["m"], d["mk"] = m, 1
+                self._since_key[poll.url] = 1
+            else:
+                d["m"] = {k: v for k, v in m.items() if prev.get(k) != v}
+                self._since_key[poll.url] = n + 1
+            self._last_m[poll.url] = m
+        self._put(d)
+
+    def processes(self, t: float, mono: float, servers: Iterable[Any]) -> None:
+        """The server processes found; written only when they changed."""
+        from vtop.sources.codec import process_to_json
+
+        procs = [process_to_json(sp) for sp in servers]
+        if procs == self._last_procs:
+            return
+        self._last_procs = procs
+        self._put({"kind": "procs", "t": t, "mono": mono, "servers": procs})
+
+    def log(self, t: float, mono: float, lines: list[str]) -> None:
+        if not lines:
+            return
+        if self.redact_prompts:
+            from vtop.core.requests import redact_prompts
+
+            lines = [redact_prompts(x) for x in lines]
+        self._put({"kind": "log", "t": t, "mono": mono, "lines": lines})
+
+    def logmark(self, what: str, **kw: Any) -> None:
+        self._put({"kind": "logmark", "what": what, **kw})
+
+    def alerts(self, t: float, mono: float, alerts: list[dict[str, Any]]) -> None:
+        self._put({"kind": "alerts", "t": t, "mono": mono, "alerts": alerts})
 
     def mark(self, t: float, label: str, **extra: Any) -> None:
-        self._write({"kind": "mark", "t": t, "label": label, **extra})
+        self._put({"kind": "mark", "t": t, "label": label, **extra})
 
-    def flush(self) -> None:
-        with self._lock:
-            self._f.flush()
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything put so far is on disk (tests, exit). False on timeout."""
+        ev = threading.Event()
+        self._q.put({"__flush__": ev})
+        return ev.wait(timeout)
 
     def close(self) -> None:
-        with self._lock:
-            self._f.close()
+        if self._closed:
+            return
+        self._closed = True
+        self._q.put(None)
+        self._thread.join(timeout=5.0)
 
 
 def _nan_to_none(obj: Any) -> Any:
@@ -199,3 +341,76 @@ def polls_from_sampler(path: str | os.PathLike[str]) -> list[GpuPoll]:
         )
     flush()
     return out
+
+
+# --- reading a whole recording back, in order ----------------------------------
+
+
+class RecordEvent:
+    """One decoded record: ``kind`` and ``data`` (a GpuPoll, a ServerPoll, a
+    list of ServerProcess, a list of log lines, a dict for the rest)."""
+
+    __slots__ = ("kind", "t", "mono", "data", "extra")
+
+    def __init__(self, kind: str, t: float, mono: float, data: Any, extra: Any = None) -> None:
+        self.kind, self.t, self.mono, self.data, self.extra = kind, t, mono, data, extra
+
+    def __repr__(self) -> str:
+        return f"RecordEvent({self.kind!r}, t={self.t:.3f})"
+
+
+def decode(records: Iterable[dict[str, Any]]) -> Iterator[RecordEvent]:
+    """Turn raw records into typed events, rebuilding each server's metrics
+    from its keyframes and changes. A record that cannot be decoded is skipped
+    (a recording is evidence: one bad line must not lose the rest)."""
+    from vtop.sources.codec import metrics_from_json, poll_from_json, process_from_json
+
+    full: dict[str, dict[str, Any]] = {}
+    for r in records:
+        kind = r.get("kind")
+        try:
+            if kind == "header":
+                yield RecordEvent("header", float(r.get("started_t") or 0.0), 0.0, r)
+            elif kind == "gpu":
+                poll = GpuPoll.from_json(r)
+                names = {int(k): str(v) for k, v in (r.get("names") or {}).items()}
+                yield RecordEvent("gpu", poll.t, poll.mono, poll, names)
+            elif kind == "server":
+                url = str(r["url"])
+                metrics = None
+                m = r.get("m")
+                if isinstance(m, dict):
+                    if r.get("mk") or url not in full:
+                        if not r.get("mk"):
+                            continue  # changes without a keyframe before them: cannot rebuild
+                        full[url] = dict(m)
+                    else:
+                        full[url] = {**full[url], **m}
+                    metrics = metrics_from_json(full[url])
+                poll = poll_from_json(r, metrics)
+                yield RecordEvent("server", poll.t, poll.mono, poll)
+            elif kind == "procs":
+                procs = [process_from_json(p) for p in r.get("servers") or ()]
+                yield RecordEvent("procs", float(r["t"]), float(r["mono"]), procs)
+            elif kind == "log":
+                yield RecordEvent("log", float(r["t"]), float(r["mono"]), [str(x) for x in r.get("lines") or ()])
+            elif kind in ("logmark", "alerts", "mark"):
+                t = float(r.get("t") or 0.0)
+                yield RecordEvent(kind, t, float(r.get("mono", t)), r)
+        except (KeyError, TypeError, ValueError):
+            continue
+
+
+def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[RecordEvent]]:
+    """The header and every event of a recording, sorted by monotonic time
+    (sources write from different threads, so the file is nearly, not exactly, in order)."""
+    header: dict[str, Any] = {}
+    out: list[RecordEvent] = []
+    for ev in decode(read(path)):
+        if ev.kind == "header":
+            if not header:
+                header = ev.data
+            continue
+        out.append(ev)
+    out.sort(key=lambda e: e.mono)
+    return header, out

@@ -81,8 +81,13 @@ class VtopApp(App[int]):
         hostname: str | None = None,
         log_watch: LogWatch | None | str = "auto",
         log_fd: int | None = None,
+        replay: Any = None,
     ) -> None:
         super().__init__()
+        #: a :class:`~vtop.ui.replay.ReplayDriver` when playing a recording
+        self.replay = replay
+        if replay is not None:
+            gpu_source, autopoll = None, False
         self.hostname = hostname or socket.gethostname()
         self.config = config
         if config.theme:
@@ -95,15 +100,24 @@ class VtopApp(App[int]):
         self.gpu_history = GpuHistory(config.history)
         self.proc_names: dict[int, str] = {}
         self._names = ProcNames()
-        self.recorder = Recorder(config.record) if config.record else None
+        self.recorder = (Recorder(config.record, max_bytes=config.record_max_mb * 2**20,
+                                  redact_prompts=config.redact_prompts, meta={"interval": config.interval})
+                         if config.record else None)
         self.gpu_loop: PollLoop | None = None
         self.log_watch: LogWatch | None
-        if isinstance(log_watch, str):
+        if replay is not None:
+            from vtop.ui.replay import FedLog
+
+            self.log_watch = (LogWatch(FedLog(replay.name), clock=replay.clock, stall_threshold_s=config.stall_threshold)
+                              if replay.has_log else None)
+        elif isinstance(log_watch, str):
             self.log_watch = self._make_log_watch(config, log_fd)
         else:
             self.log_watch = log_watch
+        if self.log_watch is not None and self.recorder is not None:
+            self.log_watch.recorder = self.recorder
         self.log_loop: PollLoop | None = None
-        self.servers = ServerWatch(self)
+        self.servers = ServerWatch(self, clock=replay.clock if replay is not None else None)
         self._dirty: set[str] = set()
         self._widgets: dict[str, Any] = {}
         from vtop.actions.snapshot import SnapshotRunner
@@ -157,7 +171,10 @@ class VtopApp(App[int]):
         self.servers.on_view.append(self._on_server_view)
         self.servers.on_first_discovery.append(self._on_first_discovery)
         self.servers.on_discovery.append(self._on_discovery)
-        if self.gpu_source is None:
+        if self.replay is not None:
+            if not self.replay.has_gpu:
+                self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
+        elif self.gpu_source is None:
             self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
         self.w_log.display = self.log_watch is not None
@@ -172,6 +189,12 @@ class VtopApp(App[int]):
                 self._start_log_loop()
             self.servers.start()
             self.set_interval(self.config.interval, self._tick, name="paint")
+        elif self.replay is not None:
+            from vtop.ui.replay import TICK_S
+
+            self.replay.attach(self)
+            self.replay.advance(0.0)
+            self.set_interval(TICK_S, self.replay.on_timer, name="replay")
 
     def on_resize(self) -> None:
         self._size_panels()
@@ -190,7 +213,7 @@ class VtopApp(App[int]):
         pids = sorted({p.pid for g in poll.gpus for p in (g.procs or ())})
         names = self._names.names(pids) if pids else {}
         if self.recorder is not None:
-            self.recorder.gpu(poll)
+            self.recorder.gpu(poll, names)
         return poll, names
 
     def _on_gpu_result(self, result: Any, error: BaseException | None) -> None:
@@ -219,7 +242,7 @@ class VtopApp(App[int]):
 
     def _paint_soon(self) -> None:
         """Paint now when driven by hand (tests, replays); else at the next paint tick."""
-        if not self.autopoll:
+        if not self.autopoll and self.replay is None:
             self.paint()
 
     def paint(self) -> None:
@@ -261,7 +284,7 @@ class VtopApp(App[int]):
 
     def _on_first_discovery(self, servers: list[Any]) -> None:
         """No --log given: follow the log of the first server found, or say why not."""
-        if self.config.log or self.log_watch is not None:
+        if self.config.log or self.log_watch is not None or self.replay is not None:
             return
         panel = self.w_startup
         if not servers:
@@ -283,6 +306,7 @@ class VtopApp(App[int]):
             panel.set_message(f"vLLM log: {loc.message}")
             return
         self.log_watch = LogWatch(LogTailer(loc.path), stall_threshold_s=self.config.stall_threshold)
+        self.log_watch.recorder = self.recorder
         now = time.monotonic()
         self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
         self._launch_marked = sp.key
@@ -293,7 +317,7 @@ class VtopApp(App[int]):
 
     def _on_discovery(self, servers: list[Any]) -> None:
         """A log given with --log: take the launch time of the server that writes it from the process table."""
-        if self.log_watch is None or not servers:
+        if self.log_watch is None or not servers or self.replay is not None:
             return
         sp = servers[0]
         if self._launch_marked == sp.key:
@@ -308,7 +332,8 @@ class VtopApp(App[int]):
         self.query_one("#servers-msg", Static).display = False
 
     def _on_server_view(self, entry: Any, view: Any) -> None:
-        if self.log_watch is not None and view.health == 200 and view.state in ("up", "restarted"):
+        if (self.log_watch is not None and self.replay is None and view.health == 200
+                and view.state in ("up", "restarted")):
             self.log_watch.mark_ready(time.monotonic())
         self._dirty.add("servers")
         self._paint_soon()
@@ -392,7 +417,29 @@ class VtopApp(App[int]):
             counts[v.state] = counts.get(v.state, 0) + 1
         return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
+    def reset_state(self) -> None:
+        """Forget everything seen (a replay seeking back)."""
+        self.gpu_history.tracks.clear()
+        self.gpu_history.last_poll = None
+        self.proc_names = {}
+        self.servers.reset()
+        if self.log_watch is not None:
+            from vtop.core.phases import PhaseTracker
+
+            self.log_watch.tracker = PhaseTracker()
+            self.log_watch.source.pending.clear() if hasattr(self.log_watch.source, "pending") else None
+        self._dirty.update(("gpu", "log", "servers"))
+        for e in self.servers.entries.values():
+            e.dirty = True
+
     def update_status(self) -> None:
+        if self.replay is not None:
+            text = f" {self.replay.status_text()} │ {self.gpu_status_text()} │ {self.server_status_text()}"
+            if text != self._status_text:
+                self._status_text = text
+                status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
+                status.update(text)
+            return
         text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
                 f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else "")
                 + (f" │ {self._snap_text}" if getattr(self, "_snap_text", "") else ""))
@@ -416,7 +463,10 @@ class VtopApp(App[int]):
 
     # ------------------------------------------------------------ action keys
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """--readonly: the action keys show dimmed in the footer and do nothing."""
+        """--readonly: the action keys show dimmed in the footer and do nothing.
+        A replay hides them: they would act on this box, not the recorded one."""
+        if action in self.ACTION_KEYS and self.replay is not None:
+            return False
         if action in self.ACTION_KEYS and self.config.readonly:
             return None
         if action == "readonly_info":

@@ -102,12 +102,26 @@ class ServerWatch:
                                        self._discover_blocking, self._on_discovery)
             self._disc_loop.start()
 
+    def new_tracker(self, url: str) -> ServerTracker:
+        return ServerTracker(url, window_s=60.0, history_s=self.config.history * 2, clock=self.clock,
+                             interval_s=self.config.interval)
+
+    def reset(self) -> None:
+        """Forget what was seen (a replay seeking back): new trackers, same cards."""
+        for e in self.entries.values():
+            e.tracker = self.new_tracker(e.url)
+            e.last_view = None
+            e.process = None
+            e.polls = 0
+            e.history.clear()
+        self.processes = []
+        self.gpu_owner = {}
+
     def add(self, url: str, *, from_cli: bool, autopoll: bool = True) -> ServerEntry:
         if url in self.entries:
             return self.entries[url]
         scraper = VllmScraper(url, client=self.client, api_key=self.api_key, clock=self.clock)
-        tracker = ServerTracker(url, window_s=60.0, history_s=self.config.history * 2, clock=self.clock,
-                                interval_s=self.config.interval)
+        tracker = self.new_tracker(url)
         card = ServerCard(url, window_s=self.config.history, max_gap=max(2.5 * self.config.interval, self.config.interval + 1.0),
                           classes="server-card")
         entry = ServerEntry(url, scraper, tracker, card, from_cli)
@@ -150,6 +164,9 @@ class ServerWatch:
         first = not self.discovered_once
         self.discovered_once = True
         self.processes = servers
+        rec = self.app.recorder
+        if rec is not None and autopoll:
+            rec.processes(self.clock.time(), self.clock.monotonic(), servers)
         if not self.config.urls:
             for sp in servers:
                 if not any(self._matches(url, sp) for url in self.entries):
@@ -239,6 +256,13 @@ class ServerWatch:
         """One scrape (or a given poll, for replays and tests), fed and shown."""
         if poll is None:
             poll = await e.scraper.poll()
+            rec = self.app.recorder
+            if rec is not None:
+                rec.server(poll)
+        return self.apply_poll(e, poll)
+
+    def apply_poll(self, e: ServerEntry, poll: ServerPoll) -> ServerView:
+        """Feed one poll (live or recorded) to the server's tracker and tell the app."""
         e.tracker.feed(poll, process=self.process_arg(e))
         view = e.tracker.view()
         e.polls += 1
