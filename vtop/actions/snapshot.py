@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import vtop
+from vtop.core.requests import PY_STR_REPR
 from vtop.sources.discovery import ServerProcess, redact_argv
 
 __all__ = [
@@ -151,8 +152,9 @@ def _read_cmdline(pid: int) -> list[str] | None:
 
 # --- log redaction -----------------------------------------------------------------
 
-# Python repr() of a str (vLLM logs the prompt with %r): '...' or "..." with backslash escapes.
-_PYSTR = rb"(?:'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|None)"
+# Python repr() of a str (vLLM logs the prompt with %r): '...' or "..." with backslash escapes;
+# the pattern is vtop.core.requests', which parses the same lines.
+_PYSTR = rb"(?:" + PY_STR_REPR.encode() + rb"|None)"
 _LIST = rb"(?:\[[^\]\n]*\]|None)"
 _RULES: tuple[tuple[re.Pattern[bytes], bytes], ...] = (
     # <=0.11 INFO: "Received request X: prompt: '...', params: ..., prompt_token_ids: [...]"

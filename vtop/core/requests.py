@@ -1,0 +1,722 @@
+"""In-flight requests, read from vLLM's request log. Pure logic: no I/O, no Textual.
+
+:func:`parse_request_line` turns one log line into :class:`RequestEvent` values
+(none for the other lines), and :class:`RequestTracker`, fed every log line
+with its ``arrival`` time (the monotonic clock the line was read on), keeps the
+requests in flight, the recently finished ones, and says how far its ages can
+be trusted. :func:`redact_prompts` hides the prompt a request line carries.
+
+What the log gives, by version (``docs/vllm-reference.md`` §8, and the vLLM
+sources for what §8 leaves out):
+
+* **≤0.9** logs requests by default; 0.10+ only with ``--enable-log-requests``.
+  ``Received request X: prompt: '…', params: SamplingParams(…), …`` carries the
+  prompt as a Python ``repr`` up to 0.11; 0.15+ logs only ``params`` at INFO.
+  ``Added request X.`` follows when the engine takes it.
+* **Finish lines.** V0 logs ``Finished request X.`` (with the in-process engine,
+  ``--disable-frontend-multiprocessing``; the default multiprocess V0 engine
+  does not). V1 logs nothing when a request ends normally, unless
+  ``--enable-log-outputs``: then ``Generated response X: output: …,
+  finish_reason: R`` (``(streaming delta)`` lines are not an end, ``(streaming
+  complete)`` is). Only chat (and responses) log outputs: **``/v1/completions``
+  never logs a Generated response**, so whether an age is exact is decided per
+  endpoint, from the finish lines actually seen.
+* **Aborts**: ``Aborted request X.`` (V0), ``Aborted request(s) a,b.`` (V1,
+  joined with a bare comma; ``", "`` is accepted too).
+* **Ids**: ``chatcmpl-…`` (chat), ``cmpl-…-<i>`` (completion, one per prompt),
+  ``embd-…`` (embedding). n>1 children are ``<k>_<parent>`` in V1 (Added lines
+  only). Since vLLM made engine ids unique, ``Added request`` shows the
+  *internal* id, the API id plus ``-`` and 8 random hex characters
+  (``chatcmpl-8c48a2e3458d224b-1f2e3d4c``), while Received, Generated and
+  Aborted lines use the API id: both resolve to one request here.
+* A chat request that omits ``max_tokens`` is logged with the value the server
+  filled in, ``max_model_len - prompt_len``: close to ``max_model_len``, the mark
+  of a client that set no limit (:attr:`InFlight.no_client_max_tokens`).
+
+Times: ``since``/``ended`` are on the ``arrival`` clock given to
+:meth:`RequestTracker.feed`. A log read as a backlog (vtop attaching to a
+running server replays the log since its start: every line arrives at once)
+would make every request look new, so when a request's own log stamp is
+older than the newest stamped line by more than ``backlog_slack_s`` beyond
+what the arrival clock says, its start is moved back by the log's own clock
+(1 s resolution); a request whose start and end lines came in the same
+backlog gets its duration from the stamps. ``RequestEvent.log_t`` is the line's stamp as seconds on the
+log clock (the vLLM host's local wall time read as UTC, as
+:class:`~vtop.core.phases.PhaseTracker` does; the year is not in the stamp).
+
+Ends the log does not show: ``note_running(0)`` (the ``/metrics`` gauge)
+ends every request in flight, with an "at most" duration; a Received request
+that no Added line follows within ``unadded_timeout_s`` (once Added lines are
+known to be logged) was refused by the server and is dropped as such.
+
+Privacy: the tracker never keeps prompt text, only its length.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from vtop.core.phases import LogEvent, parse_line
+
+__all__ = [
+    "NEVER_ADDED",
+    "PY_STR_REPR",
+    "RUNNING_FELL_TO_ZERO",
+    "FinishedRequest",
+    "InFlight",
+    "RequestEvent",
+    "RequestTracker",
+    "endpoint_of",
+    "parse_request_line",
+    "redact_prompts",
+]
+
+#: A Python ``repr()`` of a ``str`` (vLLM logs prompts and outputs with ``%r``):
+#: ``'…'`` or ``"…"`` with backslash escapes and never a raw newline. Shared with
+#: :mod:`vtop.actions.snapshot`, which compiles it as bytes.
+PY_STR_REPR = r"""(?:'[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")"""
+
+_PY_STR_RE = re.compile(PY_STR_REPR)
+# One escape inside a repr body (each stands for one character).
+_ESC_RE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.S)
+
+# Only lines holding one of these go through parse_line and the message regexes.
+_MARKERS = ("Received request ", "Added request ", "Finished request ", "Aborted request", "Generated response ")
+
+_RECEIVED_RE = re.compile(r"Received request (?P<id>\S+?): (?P<rest>(?:prompt|params): .*)$", re.S)
+_ADDED_RE = re.compile(r"Added request (?P<id>\S+?)\.?\s*$")
+_FINISHED_RE = re.compile(r"Finished request (?P<id>\S+?)\.?\s*$")
+_ABORTED_RE = re.compile(r"Aborted request(?:\(s\))? (?P<ids>\w[^\s,]*?(?:,\s*\w[^\s,]*?)*)\.?\s*$")
+_GENERATED_RE = re.compile(
+    r"Generated response (?P<id>\S+?)(?: \(streaming (?P<stream>delta|complete)\))?: output: (?P<rest>.*)$", re.S
+)
+# The finish reason ends the line; the output before it may quote "finish_reason: x" itself.
+_FINISH_REASON_RE = re.compile(r"finish_reason: (?P<reason>[\w.-]+)\s*$")
+
+_PARAMS_OBJ_RE = re.compile(r"\b(?P<cls>SamplingParams|BeamSearchParams|PoolingParams)\(")
+_MAX_TOKENS_RE = re.compile(r"[(,]\s*max_tokens=(\d{1,12}|None)\b")
+_TEMPERATURE_RE = re.compile(r"[(,]\s*temperature=([-+]?(?:\d{1,12}(?:\.\d{0,20})?(?:[eE][-+]?\d{1,4})?|inf|nan))")
+_N_RE = re.compile(r"[(,]\s*n=(\d{1,9})\b")
+_TOKEN_IDS_RE = re.compile(r"\bprompt_token_ids: \[(?P<ids>[^\]]*)\]")
+_REDACTED_RE = re.compile(r"<redacted (\d{1,12}) chars>")  # what redact_prompts leaves
+
+_CHILD_RE = re.compile(r"\d{1,6}_(?=\S)")
+_INTERNAL_SUFFIX_RE = re.compile(r"(?P<base>\S+)-[0-9a-f]{8}")
+_ENDPOINT_PREFIXES = (
+    ("chatcmpl-", "chat"),
+    ("cmpl-", "completion"),
+    ("embd-", "embedding"),
+    ("resp_", "responses"),
+    ("resp-", "responses"),
+)
+
+# Redaction: where a request line's prompt (or request body) starts.
+_PROMPT_AT_RE = re.compile(r"(?:\bReceived request \S+?: |\bRequest \S+ details: )prompt: ")
+_TOKEN_IDS_AT_RE = re.compile(r"\bprompt_token_ids: \[[^\]\r\n]*\]?")
+_BODY_AT_RE = re.compile(r"\bRequest \S+ JSON body: ")
+_CUT_MARK = " …"  # what vtop.sources.logtail appends to a line it had to cut
+
+#: Reason given to requests that ``note_running(0)`` ends.
+RUNNING_FELL_TO_ZERO = "done (running fell to 0)"
+#: Reason given to a Received request no Added line followed (the server refused it).
+NEVER_ADDED = "never added (rejected?)"
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEvent:
+    """What one request-log line says about one request.
+
+    ``kind`` is ``"received"``, ``"added"``, ``"finished"`` (V0 ``Finished
+    request``, or a non-delta ``Generated response``), ``"aborted"``, or
+    ``"delta"`` (a ``Generated response … (streaming delta)`` line: the request
+    is producing output, it has not ended).
+    """
+
+    kind: str
+    request_id: str
+    log_t: float | None
+    endpoint: str | None
+    max_tokens: int | None
+    temperature: float | None
+    n: int | None
+    finish_reason: str | None
+    prompt_chars: int | None
+    #: Tokens in the logged ``prompt_token_ids`` list (≤0.11 Received lines), when complete.
+    prompt_tokens: int | None = None
+    #: True for a ``Generated response`` line (``--enable-log-outputs``), False for V0's ``Finished request``.
+    output_logged: bool = False
+
+
+def endpoint_of(request_id: str, params_cls: str | None = None) -> str | None:
+    """``"chat"``, ``"completion"``, ``"embedding"``, ``"responses"`` or None, from the id prefix.
+
+    A child id (``0_cmpl-…``) counts as its parent. Without a known prefix, a
+    ``PoolingParams`` request counts as an embedding.
+    """
+    rid = request_id
+    m = _CHILD_RE.match(rid)
+    if m:
+        rid = rid[m.end() :]
+    for prefix, name in _ENDPOINT_PREFIXES:
+        if rid.startswith(prefix):
+            return name
+    if params_cls == "PoolingParams":
+        return "embedding"
+    return None
+
+
+def _repr_len(literal: str) -> int:
+    """Characters of the string a ``repr`` literal (quotes included) stands for."""
+    body = literal[1:-1]
+    if "\\" not in body:
+        return len(body)
+    n = len(body)
+    for m in _ESC_RE.finditer(body):
+        n -= len(m.group()) - 1
+    return n
+
+
+def _to_int(text: str | None) -> int | None:
+    if text is None or text == "None":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _to_float(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _stamp_seconds(stamp: tuple[int, int, int, int, int] | None, year: int) -> float | None:
+    if stamp is None:
+        return None
+    mon, day, hh, mi, ss = stamp
+    try:
+        return float(calendar.timegm((year, mon, day, hh, mi, ss, 0, 0, 0)))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _received(rid: str, rest: str, log_t: float | None) -> RequestEvent:
+    prompt_chars: int | None = None
+    params_text = rest
+    if rest.startswith("prompt: "):
+        m = _PY_STR_RE.match(rest, 8)
+        if m:
+            prompt_chars = _repr_len(m.group())
+            params_text = rest[m.end() :]
+        elif rest.startswith("None", 8):
+            params_text = rest[12:]
+        elif (r := _REDACTED_RE.match(rest, 8)) is not None:  # a line redact_prompts went through
+            prompt_chars = int(r.group(1))
+            params_text = rest[r.end() :]
+        else:  # the line was cut inside the prompt: nothing after it can be read
+            return RequestEvent("received", rid, log_t, endpoint_of(rid), None, None, None, None, None)
+    masked = _PY_STR_RE.sub("''", params_text)  # a stop string may read "max_tokens=1"
+    obj = _PARAMS_OBJ_RE.search(masked)
+    start = obj.start() if obj else 0
+    cls = obj.group("cls") if obj else None
+    mt = _MAX_TOKENS_RE.search(masked, start)
+    te = _TEMPERATURE_RE.search(masked, start)
+    nn = _N_RE.search(masked, start) if cls in (None, "SamplingParams") else None
+    prompt_tokens = None
+    ids = _TOKEN_IDS_RE.search(masked, start)
+    if ids:
+        body = ids.group("ids").strip()
+        prompt_tokens = body.count(",") + 1 if body else 0
+    return RequestEvent(
+        "received",
+        rid,
+        log_t,
+        endpoint_of(rid, cls),
+        _to_int(mt.group(1)) if mt else None,
+        _to_float(te.group(1)) if te else None,
+        _to_int(nn.group(1)) if nn else None,
+        None,
+        prompt_chars,
+        prompt_tokens,
+    )
+
+
+def _events_from(message: str, log_t: float | None) -> list[RequestEvent]:
+    """The events of one record's message part (prefix already removed)."""
+    head = message[:20]
+    if head.startswith("Received request "):
+        m = _RECEIVED_RE.match(message)
+        return [_received(m.group("id"), m.group("rest"), log_t)] if m else []
+    if head.startswith("Added request "):
+        m = _ADDED_RE.match(message)
+        if m:
+            rid = m.group("id")
+            return [RequestEvent("added", rid, log_t, endpoint_of(rid), None, None, None, None, None)]
+        return []
+    if head.startswith("Finished request "):
+        m = _FINISHED_RE.match(message)
+        if m:
+            rid = m.group("id")
+            return [RequestEvent("finished", rid, log_t, endpoint_of(rid), None, None, None, None, None)]
+        return []
+    if head.startswith("Aborted request"):
+        m = _ABORTED_RE.match(message)
+        if not m:
+            return []
+        ids = [i for i in re.split(r"[,\s]+", m.group("ids")) if i]
+        return [RequestEvent("aborted", i, log_t, endpoint_of(i), None, None, None, "abort", None) for i in ids]
+    if head.startswith("Generated response "):
+        m = _GENERATED_RE.match(message)
+        if not m:
+            return []
+        rid = m.group("id")
+        fr = _FINISH_REASON_RE.search(m.group("rest"))
+        reason = fr.group("reason") if fr else None
+        kind = "delta" if m.group("stream") == "delta" else "finished"
+        return [
+            RequestEvent(
+                kind, rid, log_t, endpoint_of(rid), None, None, None, None if reason == "None" else reason, None,
+                None, True,
+            )
+        ]
+    return []
+
+
+def _has_marker(line: str) -> bool:
+    return any(mk in line for mk in _MARKERS)
+
+
+def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEvent]:
+    """The request events of one log line (any vLLM version): ``[]`` for every other line.
+
+    An abort line can name several requests. ``year`` dates the stamp (default:
+    this year). Never raises.
+    """
+    if not _has_marker(line):
+        return []
+    ev = parse_line(line)
+    if ev.kind != "record":
+        return []
+    y = year if year is not None else time.localtime().tm_year
+    return _events_from(ev.message, _stamp_seconds(ev.stamp, y))
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+def redact_prompts(line: str) -> str:
+    """``line`` with the prompt of a request line replaced by ``<redacted N chars>``.
+
+    Covers ``Received request X: prompt: '…'`` (≤0.11 INFO) and ``Request X
+    details: prompt: '…'`` (0.15+ DEBUG), the ``prompt_token_ids`` list that
+    follows them (token ids decode back to the prompt: ``<redacted N ids>``),
+    and 0.15+'s DEBUG ``Request X JSON body: {…}``. A line cut inside the prompt
+    loses everything after ``prompt: ``. Other lines come back unchanged.
+    """
+    if "prompt: " not in line and " JSON body: " not in line:
+        return line
+    body = line.rstrip("\r\n")
+    ending = line[len(body) :]
+    out = body
+    m = _PROMPT_AT_RE.search(body)
+    if m:
+        start = m.end()
+        lit = _PY_STR_RE.match(body, start)
+        if lit:
+            head = body[:start] + f"<redacted {_repr_len(lit.group())} chars>"
+            tail = body[lit.end() :]
+            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, tail, count=1)
+            out = head + tail
+        elif body.startswith("None", start) and not body[start + 4 : start + 5].isalnum():
+            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, body[start:], count=1)
+            out = body[:start] + tail
+        else:  # unterminated (a cut line): the rest of the line may all be prompt
+            rest = body[start:]
+            cut = rest.endswith(_CUT_MARK)
+            if cut:
+                rest = rest[: -len(_CUT_MARK)]
+            out = body[:start] + f"<redacted {len(rest)} chars>" + (_CUT_MARK if cut else "")
+    else:
+        b = _BODY_AT_RE.search(body)
+        if b:
+            rest = body[b.end() :]
+            out = body[: b.end()] + f"<redacted {len(rest)} chars>"
+    return out + ending
+
+
+def _redact_ids(m: re.Match[str]) -> str:
+    ids = m.group()[len("prompt_token_ids: [") :].rstrip("]").strip()
+    n = ids.count(",") + 1 if ids else 0
+    return f"prompt_token_ids: <redacted {n} ids>"
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """One request in flight, as of :meth:`RequestTracker.inflight`."""
+
+    request_id: str
+    endpoint: str | None
+    since: float
+    age_s: float
+    #: True when nothing in this log would say it ended (V1 without
+    #: ``--enable-log-outputs``, or ``/v1/completions``): the age is "at most".
+    age_is_upper_bound: bool
+    max_tokens: int | None
+    temperature: float | None
+    n: int | None
+    #: max_tokens within ``near_fraction`` of max_model_len (or prompt + max_tokens
+    #: reaching it): the server filled the limit in, the client set none.
+    no_client_max_tokens: bool
+    #: An ``Added request`` line was seen (False: received, not yet taken by the engine).
+    added: bool = True
+    prompt_chars: int | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """A request that left the in-flight set, newest first in :meth:`RequestTracker.recent_finished`."""
+
+    request_id: str
+    endpoint: str | None
+    since: float
+    ended: float
+    duration_s: float
+    #: The end was inferred (running fell to 0, or no Added line came), so the request ended at or before ``ended``.
+    duration_is_upper_bound: bool
+    #: ``stop``/``length``/``streaming_complete``… from a Generated response,
+    #: ``finished`` (V0), ``aborted``, ``done (running fell to 0)``, ``never added (rejected?)``.
+    reason: str
+    max_tokens: int | None
+    temperature: float | None
+    n: int | None
+    no_client_max_tokens: bool
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: str
+    endpoint: str | None
+    arrival: float  # arrival clock of its first line
+    log_t: float | None
+    since: float  # arrival, or earlier when the line came in a backlog
+    max_tokens: int | None = None
+    temperature: float | None = None
+    n: int | None = None
+    prompt_chars: int | None = None
+    prompt_tokens: int | None = None
+    added: bool = False
+    alias: str | None = None  # the internal id (API id + "-xxxxxxxx") its Added line used
+
+
+class RequestTracker:
+    """Requests in flight and recently finished, from the log lines of one server.
+
+    Feed every log line (request lines or not: stamped lines keep the log clock
+    current) with :meth:`feed`, the ``/metrics`` running gauge with
+    :meth:`note_running`, and call :meth:`reset` when the server restarts.
+    Memory is bounded: at most ``max_inflight`` requests (the oldest are dropped
+    and counted in :attr:`dropped`) and ``keep_finished`` finished ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_model_len: int | None = None,
+        near_fraction: float = 0.05,
+        keep_finished: int = 200,
+        max_inflight: int = 10000,
+        year: int | None = None,
+        backlog_slack_s: float = 2.0,
+        running_zero_grace_s: float = 2.0,
+        unadded_timeout_s: float = 60.0,
+    ) -> None:
+        self._max_model_len = max_model_len if max_model_len and max_model_len > 0 else None
+        self._near = near_fraction
+        self._max_inflight = max(1, max_inflight)
+        self._year = year if year is not None else time.localtime().tm_year
+        self._last_month: int | None = None
+        self._slack = backlog_slack_s
+        self._grace = running_zero_grace_s
+        self._unadded_timeout = unadded_timeout_s
+        self._inflight: OrderedDict[str, _Entry] = OrderedDict()
+        self._alias: dict[str, str] = {}
+        self._finished: deque[FinishedRequest] = deque(maxlen=max(0, keep_finished))
+        self._anchor: tuple[float, float] | None = None  # (log_t, arrival) of the last stamped line
+        self._logging_seen = False
+        self._v0_finish_seen = False  # "Finished request": every endpoint's end is logged
+        self._output_endpoints: set[str | None] = set()  # endpoints whose Generated responses were seen
+        self._added_seen = False
+        self._dropped = 0
+        self._last_running: float | None = None
+        self._last_waiting: float | None = None
+
+    # ------------------------------------------------------------------ input
+
+    def feed(self, line: str, arrival: float, *, event: LogEvent | None = None) -> list[RequestEvent]:
+        """Take one log line read at monotonic ``arrival``; returns its request events.
+
+        ``event`` is the line already parsed by :func:`~vtop.core.phases.parse_line`
+        (the phase tracker parses every line too), to parse it once.
+        """
+        marked = _has_marker(line)
+        ev = event if event is not None else parse_line(line)
+        log_t = self._log_time(ev, arrival)
+        if not marked or ev.kind != "record":
+            return []
+        events = _events_from(ev.message, log_t)
+        for e in events:
+            self._apply(e, arrival)
+        return events
+
+    def set_max_model_len(self, n: int | None) -> None:
+        self._max_model_len = n if n and n > 0 else None
+
+    def note_running(self, running: float | None, arrival: float, *, waiting: float | None = None) -> None:
+        """``vllm:num_requests_running`` (and, when known, ``…_waiting``) scraped at ``arrival``.
+
+        Running 0 with nothing waiting means every request has ended: those in
+        flight (since longer than ``running_zero_grace_s``, the gauge lags a
+        step) move to the finished list with reason ``done (running fell to 0)``.
+        """
+        self._last_running = running
+        self._last_waiting = waiting
+        if running is None or running != running or running > 0.5:
+            return
+        if waiting is not None and waiting == waiting and waiting > 0.5:
+            return
+        for key in [k for k, e in self._inflight.items() if self._since(e) <= arrival - self._grace]:
+            self._retire(key, RUNNING_FELL_TO_ZERO, arrival, upper_bound=True)
+
+    def reset(self) -> None:
+        """The server restarted: forget the requests in flight (finished ones are kept)."""
+        self._inflight.clear()
+        self._alias.clear()
+        self._anchor = None
+        self._last_month = None
+        self._last_running = None
+        self._last_waiting = None
+
+    # ------------------------------------------------------------------ output
+
+    def inflight(self, now: float) -> list[InFlight]:
+        """Requests in flight as of monotonic ``now``, oldest first."""
+        self._expire(now)
+        rows = []
+        for e in self._inflight.values():
+            since = self._since(e)
+            rows.append(
+                InFlight(
+                    e.key,
+                    e.endpoint,
+                    since,
+                    max(0.0, now - since),
+                    not self._exact(e),
+                    e.max_tokens,
+                    e.temperature,
+                    e.n,
+                    self._no_client(e),
+                    e.added,
+                    e.prompt_chars,
+                    e.prompt_tokens,
+                )
+            )
+        rows.sort(key=lambda r: r.since)
+        return rows
+
+    def recent_finished(self) -> list[FinishedRequest]:
+        """The last ``keep_finished`` requests that ended, newest first."""
+        return list(reversed(self._finished))
+
+    @property
+    def logging_seen(self) -> bool:
+        """A request line was seen: request logging is on."""
+        return self._logging_seen
+
+    @property
+    def finishes_logged(self) -> bool:
+        """A ``Finished request`` or ``Generated response`` line was seen (ends are logged, ages exact)."""
+        return self._v0_finish_seen or bool(self._output_endpoints)
+
+    @property
+    def dropped(self) -> int:
+        """In-flight requests dropped, oldest first, to stay within ``max_inflight``."""
+        return self._dropped
+
+    @property
+    def possibly_finished(self) -> int:
+        """How many of the "at most" requests in flight must have ended, by the last running/waiting gauges.
+
+        V1 children count one each in the gauges, so a request counts ``n``.
+        0 when the gauges are unknown.
+        """
+        if self._last_running is None or self._last_running != self._last_running:
+            return 0
+        busy = self._last_running + (self._last_waiting or 0.0)
+        total = sum(max(1, e.n or 1) for e in self._inflight.values())
+        unsure = sum(max(1, e.n or 1) for e in self._inflight.values() if not self._exact(e))
+        return int(max(0.0, min(float(unsure), total - busy)))
+
+    # ------------------------------------------------------------------ internals
+
+    def _log_time(self, ev: LogEvent, arrival: float) -> float | None:
+        if ev.stamp is None:
+            return None
+        mon = ev.stamp[0]
+        if self._last_month is not None and mon < self._last_month - 6:
+            self._year += 1  # December -> January
+        self._last_month = mon
+        t = _stamp_seconds(ev.stamp, self._year)
+        if t is not None:
+            self._anchor = (t, arrival)
+        return t
+
+    def _since(self, e: _Entry) -> float:
+        """When ``e`` arrived; moved back by the log clock when its line came in a backlog."""
+        if e.log_t is not None and self._anchor is not None:
+            t, a = self._anchor
+            derived = a - (t - e.log_t)
+            if derived < e.arrival - self._slack and derived < e.since:
+                e.since = derived
+        return e.since
+
+    def _exact(self, e: _Entry) -> bool:
+        return self._v0_finish_seen or e.endpoint in self._output_endpoints
+
+    def _no_client(self, e: _Entry) -> bool:
+        mml = self._max_model_len
+        if mml is None or e.max_tokens is None:
+            return False
+        if e.prompt_tokens is not None and e.max_tokens + e.prompt_tokens >= mml:
+            return True
+        return e.max_tokens >= mml * (1.0 - self._near)
+
+    def _resolve(self, rid: str, *, loose: bool = True) -> str | None:
+        """The in-flight key a logged id belongs to (child ids and internal ids too when ``loose``)."""
+        inf = self._inflight
+        if rid in inf:
+            return rid
+        if rid in self._alias:
+            return self._alias[rid]
+        if not loose:
+            return None
+        m = _CHILD_RE.match(rid)
+        if m:
+            base = rid[m.end() :]
+            if base in inf:
+                return base
+            if base in self._alias:
+                return self._alias[base]
+            rid = base
+        s = _INTERNAL_SUFFIX_RE.fullmatch(rid)
+        if s and s.group("base") in inf:
+            key = s.group("base")
+            e = inf[key]
+            if e.alias is None:
+                e.alias = rid
+                self._alias[rid] = key
+            return key
+        return None
+
+    def _new_entry(self, rid: str, ev: RequestEvent, arrival: float) -> _Entry:
+        e = _Entry(rid, ev.endpoint, arrival, ev.log_t, arrival)
+        self._inflight[rid] = e
+        while len(self._inflight) > self._max_inflight:
+            _, old = self._inflight.popitem(last=False)
+            if old.alias is not None:
+                self._alias.pop(old.alias, None)
+            self._dropped += 1
+        return e
+
+    def _apply(self, ev: RequestEvent, arrival: float) -> None:
+        self._logging_seen = True
+        kind = ev.kind
+        if kind == "received":
+            key = self._resolve(ev.request_id, loose=False)
+            e = self._inflight[key] if key is not None else self._new_entry(ev.request_id, ev, arrival)
+            e.max_tokens = ev.max_tokens if ev.max_tokens is not None else e.max_tokens
+            e.temperature = ev.temperature if ev.temperature is not None else e.temperature
+            e.n = ev.n if ev.n is not None else e.n
+            e.prompt_chars = ev.prompt_chars if ev.prompt_chars is not None else e.prompt_chars
+            e.prompt_tokens = ev.prompt_tokens if ev.prompt_tokens is not None else e.prompt_tokens
+            if ev.endpoint is not None:
+                e.endpoint = ev.endpoint
+        elif kind == "added":
+            self._added_seen = True
+            key = self._resolve(ev.request_id)
+            if key is None:
+                rid = ev.request_id
+                m = _CHILD_RE.match(rid)
+                base = rid[m.end() :] if m else rid
+                s = _INTERNAL_SUFFIX_RE.fullmatch(base)
+                e = self._new_entry(s.group("base") if s else base, ev, arrival)
+                if s:
+                    e.alias = base
+                    self._alias[base] = e.key
+            else:
+                e = self._inflight[key]
+            e.added = True
+        elif kind == "finished":
+            if ev.output_logged:
+                self._output_endpoints.add(ev.endpoint)
+            else:
+                self._v0_finish_seen = True
+            key = self._resolve(ev.request_id)
+            if key is not None:
+                self._retire(key, ev.finish_reason or "finished", arrival, upper_bound=False, end_log_t=ev.log_t)
+        elif kind == "aborted":
+            key = self._resolve(ev.request_id)
+            if key is not None:
+                self._retire(key, "aborted", arrival, upper_bound=False, end_log_t=ev.log_t)
+
+    def _retire(
+        self, key: str, reason: str, ended: float, *, upper_bound: bool, end_log_t: float | None = None
+    ) -> None:
+        e = self._inflight.pop(key, None)
+        if e is None:
+            return
+        if e.alias is not None:
+            self._alias.pop(e.alias, None)
+        since = self._since(e)
+        ended = max(ended, since)
+        if end_log_t is not None and e.log_t is not None and (end_log_t - e.log_t) - (ended - since) >= 1.0:
+            # Both lines came in one backlog (closer on the arrival clock than the stamps say):
+            # the stamps' 1 s resolution beats an arrival-clock duration of ~0.
+            since = ended - (end_log_t - e.log_t)
+        self._finished.append(
+            FinishedRequest(
+                e.key,
+                e.endpoint,
+                since,
+                ended,
+                ended - since,
+                upper_bound,
+                reason,
+                e.max_tokens,
+                e.temperature,
+                e.n,
+                self._no_client(e),
+            )
+        )
+
+    def _expire(self, now: float) -> None:
+        """Received requests that no Added line followed in time (where Added lines are logged) were refused."""
+        if not self._added_seen:
+            return
+        stale = [k for k, e in self._inflight.items() if not e.added and now - e.arrival > self._unadded_timeout]
+        for k in stale:
+            self._retire(k, NEVER_ADDED, now, upper_bound=True)
