@@ -58,6 +58,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-dir", dest="snapshot_dir", default=S, metavar="DIR",
                    help="where s writes incident bundles (default: the current directory)")
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
+    p.add_argument("--once", action="store_true", default=S,
+                   help="print one plain-text snapshot (GPUs, servers, startup, alerts) and exit; "
+                        "exit 1 when a server is down or an alert is critical")
+    p.add_argument("--json", action="store_true", default=S,
+                   help="with --once (implied): the snapshot as JSON, schema vtop.report/1")
+    p.add_argument("--window", type=_duration("window"), default=S, metavar="DURATION",
+                   help="--once: how long to watch before printing (default 2 intervals: rates need two scrapes)")
+    p.add_argument("--record-max-mb", dest="record_max_mb", type=int, default=S, metavar="MB",
+                   help="the recording stops growing at this size (default 200)")
+    p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
+                   help="remove prompt text from log lines in recordings and snapshots (default: on)")
+    p.add_argument("--runaway-threshold", dest="runaway_threshold", type=_duration("runaway_threshold"), default=S,
+                   metavar="DURATION", help="flag a runaway decode after this long with nothing finishing (default 2m)")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p
@@ -121,10 +134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)
+    once, as_json, window = ns.pop("once", False), ns.pop("json", False), ns.pop("window", None)
     try:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
         p.exit(2, f"vtop: error: {e}\n")
+    if once or as_json:
+        if cfg.log == "-":
+            p.exit(2, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
+        from vtop.headless import run_once
+
+        try:
+            return run_once(cfg, window_s=window if window is not None else 2 * cfg.interval, as_json=as_json)
+        except OSError as e:
+            p.exit(2, f"vtop: error: {e}\n")
     log_fd = None
     if cfg.log == "-":
         try:

@@ -729,3 +729,35 @@ def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChi
         for c in children
     )
     return marked, tuple(gpu), guessed
+
+
+# --- matching URLs to processes ------------------------------------------------------
+
+#: watched when no URL is given and no server is found, so a server started
+#: later (or one in a container vtop cannot see into) still shows up
+FALLBACK_URL = "http://localhost:8000"
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "[::1]"})
+
+
+def url_hostport(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url if "://" in url else "http://" + url)
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    return (u.hostname or "localhost", port or (443 if u.scheme == "https" else 80))
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else "http://" + url
+
+
+def url_matches(url: str, sp: ServerProcess) -> bool:
+    """Whether ``url`` reaches server process ``sp`` (same port, a local host or its own)."""
+    host, port = url_hostport(url)
+    if port != sp.port:
+        return False
+    return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")

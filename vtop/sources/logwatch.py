@@ -16,6 +16,7 @@ from typing import Any
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
+from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400
@@ -35,6 +36,13 @@ class LogView:
     """Lines read since vtop started (tells the log pane whether to repaint)."""
     warnings: int
     errors: int
+    inflight: tuple[InFlight, ...] = ()
+    """Requests in flight from the request log, oldest first."""
+    recent_finished: tuple[FinishedRequest, ...] = ()
+    request_logging: bool = False
+    """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
+    finishes_logged: bool = False
+    """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
 
     @property
     def state(self) -> str:
@@ -54,6 +62,7 @@ class LogWatch:
         self.clock = clock or SystemClock()
         self.stall_threshold_s = stall_threshold_s
         self.tracker = tracker or PhaseTracker()
+        self.requests = RequestTracker()
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
         self._lock = threading.Lock()
@@ -76,6 +85,17 @@ class LogWatch:
             self.recorder.logmark("launch", t=self.clock.time(), mono=mono if mono is not None else self.clock.monotonic(),
                                   epoch=epoch)
 
+    def note_running(self, running: float | None, mono: float, waiting: float | None = None) -> None:
+        """From ``/metrics``: running fell to 0 means every logged request ended."""
+        self._events.put(("running", (running, mono, waiting)))
+
+    def set_max_model_len(self, n: int | None) -> None:
+        self._events.put(("max_len", n))
+
+    def reset_requests(self) -> None:
+        """The server restarted: nothing it had in flight is still running."""
+        self._events.put(("reset_requests", None))
+
     # Polled from one thread ---------------------------------------------------
     def poll(self) -> LogView:
         with self._lock:
@@ -84,7 +104,9 @@ class LogWatch:
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
-                self.tracker.feed_lines(lines, now)
+                feed, req = self.tracker.feed, self.requests.feed
+                for line in lines:
+                    req(line, now, event=feed(line, now))
                 self._lines_total += len(lines)
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
@@ -97,6 +119,12 @@ class LogWatch:
                     self.tracker.mark_ready(arg[0], arg[1])
                 elif kind == "launch":
                     self.tracker.mark_process_start(arg[0], arrival=arg[1])
+                elif kind == "running":
+                    self.requests.note_running(arg[0], arg[1], waiting=arg[2])
+                elif kind == "max_len":
+                    self.requests.set_max_model_len(arg)
+                elif kind == "reset_requests":
+                    self.requests.reset()
             snap = self.tracker.snapshot()
             return LogView(
                 mono=now,
@@ -108,6 +136,10 @@ class LogWatch:
                 lines_total=self._lines_total,
                 warnings=self.tracker.warning_count,
                 errors=self.tracker.error_count,
+                inflight=tuple(self.requests.inflight(now)),
+                recent_finished=tuple(self.requests.recent_finished()[:50]),
+                request_logging=self.requests.logging_seen,
+                finishes_logged=self.requests.finishes_logged,
             )
 
     def close(self) -> None:

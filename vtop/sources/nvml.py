@@ -405,3 +405,15 @@ def _pct_or_none(v: Any) -> float | None:
     if f != f or f < 0:  # NaN: GPM returns it for a metric it could not compute
         return None
     return min(f, 100.0)
+
+
+def make_gpu_source(config: Any) -> Any:
+    """The GPU source a :class:`~vtop.config.Config` asks for: None with
+    ``--no-gpu``, simulated GPUs with ``--simulate-gpus N``, else NVML."""
+    if config.no_gpu:
+        return None
+    if config.simulate_gpus:
+        from vtop.sources.fake_nvml import simulated
+
+        return NvmlSource(simulated(config.simulate_gpus))
+    return NvmlSource()

@@ -24,11 +24,14 @@ from vtop import __version__
 from vtop.config import Config
 from vtop.core.gpu_history import GpuHistory
 from vtop.sources.gpu import ABSENT, OFF, GpuPoll, GpuSample
+from vtop.sources.nvml import make_gpu_source
 from vtop.sources.procs import ProcNames
 from vtop.sources.record import Recorder
 from vtop.ui.polling import PollLoop
 from vtop.sources.logwatch import LogView, LogWatch
 from vtop.ui.server_watch import ServerWatch
+from vtop.core.diagnose import Diagnoser, Thresholds
+from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel
@@ -40,18 +43,6 @@ SERVER_PANEL_MIN_ROWS = 6
 class GpuSourceLike(Protocol):
     def poll(self) -> GpuPoll: ...
     def close(self) -> None: ...
-
-
-def make_gpu_source(config: Config) -> GpuSourceLike | None:
-    if config.no_gpu:
-        return None
-    from vtop.sources.nvml import NvmlSource
-
-    if config.simulate_gpus:
-        from vtop.sources.fake_nvml import simulated
-
-        return NvmlSource(simulated(config.simulate_gpus))
-    return NvmlSource()
 
 
 class VtopApp(App[int]):
@@ -67,6 +58,8 @@ class VtopApp(App[int]):
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
+        Binding("r", "requests", "Requests"),
+        Binding("e", "alert_details", "Alerts", show=False),
         Binding("question_mark", "readonly_info", "READ-ONLY: s d t off"),
     ]
     ACTION_KEYS = ("snapshot", "pyspy", "test_request")
@@ -131,14 +124,20 @@ class VtopApp(App[int]):
         self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
+        self.diagnoser = Diagnoser(Thresholds(runaway_s=config.runaway_threshold))
+        self.alerts: list[Any] = []
+        self._alerts_key: Any = None
+        self._restarts_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
+        yield AlertsPanel(id="alerts")
         with VerticalScroll(id="body"):
             yield GpuPanel(self.gpu_history, procs_line=self.procs_line, id="gpus")
             with Vertical(id="servers"):
                 yield Static("vLLM: looking for servers on this box…", id="servers-msg")
+                yield RequestsLine(id="requests-line")
             yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
         yield LogPane(id="log")
         yield Footer(compact=True)
@@ -165,6 +164,8 @@ class VtopApp(App[int]):
         return w
 
     def on_mount(self) -> None:
+        self._widget("alerts", AlertsPanel)
+        self._widget("requests", RequestsLine).display = False
         self._widget("gpu", GpuPanel)
         self._widget("startup", StartupPanel)
         self._widget("log", LogPane)
@@ -265,6 +266,10 @@ class VtopApp(App[int]):
                 self.w_log.show(self.log_view)
             if "servers" in dirty:
                 self.servers.paint()
+            if "log" in dirty:
+                self._widget("requests", RequestsLine).show_requests(self.log_view)
+            if dirty:
+                self.diagnose()
             self.update_status()
 
     # ---------------------------------------------------------------- the log
@@ -326,12 +331,50 @@ class VtopApp(App[int]):
         now = time.monotonic()
         self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
 
+    def diagnose(self) -> list[Any]:
+        """Run the rules over what is on screen now; show and record what changed."""
+        now = self.servers.clock.monotonic()
+        views = {url: e.last_view for url, e in self.servers.entries.items() if e.last_view is not None}
+        lv = self.log_view
+        target = None
+        if lv is not None and self.servers.entries:
+            e = self._action_entry()
+            target = e.url if e is not None else None
+        alerts = self.diagnoser.update(
+            now,
+            servers=views,
+            gpus=self.gpu_history if self.gpu_history.tracks else None,
+            startup=lv.snapshot if lv is not None else None,
+            startup_stall=lv.stall if lv is not None else None,
+            requests={target: lv.inflight} if lv is not None and target else None,
+            request_logging={target: lv.request_logging} if lv is not None and target else None,
+            log_lines=lv.recent if lv is not None else None,
+            log_target=target,
+        )
+        self.alerts = alerts
+        self._widget("alerts", AlertsPanel).show_alerts(alerts)
+        key = tuple((a.rule, a.severity, a.target) for a in alerts)
+        if key != self._alerts_key:
+            self._alerts_key = key
+            if self.recorder is not None:
+                self.recorder.alerts(self.servers.clock.time(), now, [a.to_json() for a in alerts])
+        return alerts
+
     def mount_server_card(self, card: Any) -> None:
         box = self.query_one("#servers", Vertical)
-        box.mount(card)
+        box.mount(card, before=self.query_one("#requests-line"))
         self.query_one("#servers-msg", Static).display = False
 
     def _on_server_view(self, entry: Any, view: Any) -> None:
+        lw = self.log_watch
+        if lw is not None and entry is self._action_entry():
+            if view.restarts != self._restarts_seen.get(entry.url, 0):
+                self._restarts_seen[entry.url] = view.restarts
+                lw.reset_requests()
+            if view.max_model_len:
+                lw.set_max_model_len(view.max_model_len)
+            if view.is_live and view.metrics is not None and view.last_error is None:
+                lw.note_running(view.metrics.running, self.servers.clock.monotonic(), view.metrics.waiting)
         if (self.log_watch is not None and self.replay is None and view.health == 200
                 and view.state in ("up", "restarted")):
             self.log_watch.mark_ready(time.monotonic())
@@ -589,6 +632,14 @@ class VtopApp(App[int]):
                                      client=self.servers.client, api_key=self.servers.api_key))
 
     # ----------------------------------------------------------------- actions
+    def action_requests(self) -> None:
+        from vtop.ui.screens import RequestsScreen
+
+        self.push_screen(RequestsScreen())
+
+    def action_alert_details(self) -> None:
+        self._widget("alerts", AlertsPanel).toggle_expanded()
+
     def action_toggle_compact(self) -> None:
         self.w_gpu.toggle_compact()
 

@@ -194,3 +194,65 @@ def probe_text(r: ProbeResult) -> Text:
         if r.text:
             out.append("\n" + r.text + ("…" if r.text_truncated else "") + "\n", style="italic")
     return out
+
+
+class RequestsScreen(ModalScreen[None]):
+    """``r``: requests in flight from the vLLM request log, oldest first, and the last finished.
+
+    Refreshed from the app's latest log view once a second; prompts are never
+    shown (the log may hold them up to vLLM 0.11; vtop keeps only their length).
+    """
+
+    BINDINGS = [Binding("escape,q,r", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import DataTable
+
+        with Vertical(id="dialog"):
+            yield Label("Requests in flight (from the vLLM request log)", id="dialog-title")
+            yield Static("", id="req-note")
+            yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
+            yield Label("Recently finished", id="req-done-title")
+            yield DataTable(id="req-done", cursor_type="row")
+            yield Label("esc close · ages marked ≤ are upper bounds: this vLLM logs no finish line", id="dialog-keys")
+
+    def on_mount(self) -> None:
+        from textual.widgets import DataTable
+
+        t = self.query_one("#req-table", DataTable)
+        t.add_columns("request id", "kind", "age", "max_tokens", "temp", "n", "note")
+        d = self.query_one("#req-done", DataTable)
+        d.add_columns("request id", "kind", "took", "ended by", "max_tokens", "note")
+        self.refresh_rows()
+        self.set_interval(1.0, self.refresh_rows)
+
+    def refresh_rows(self) -> None:
+        from textual.widgets import DataTable
+
+        from vtop.ui.widgets.alerts_panel import age_text
+
+        app: VtopApp = self.app  # type: ignore[assignment]
+        view = app.log_view
+        note = self.query_one("#req-note", Static)
+        t = self.query_one("#req-table", DataTable)
+        d = self.query_one("#req-done", DataTable)
+        t.clear()
+        d.clear()
+        if view is None:
+            note.update("No vLLM log is watched: pass --log PATH. vtop reads requests from the log.")
+            return
+        if not view.request_logging:
+            note.update("No request lines in the log yet. vLLM 0.10+ logs requests only with "
+                        "--enable-log-requests (and their ends only with --enable-log-outputs).")
+        else:
+            exact = "exact ages" if view.finishes_logged else "ages are upper bounds (no finish lines logged)"
+            note.update(f"{len(view.inflight)} in flight · {exact}")
+        for r in view.inflight:
+            t.add_row(r.request_id, r.endpoint or "-", age_text(r.age_s, r.age_is_upper_bound),
+                      "-" if r.max_tokens is None else f"{r.max_tokens:,}",
+                      "-" if r.temperature is None else f"{r.temperature:g}", "-" if r.n is None else str(r.n),
+                      "no max_tokens from client" if r.no_client_max_tokens else "")
+        for f in view.recent_finished[:30]:
+            d.add_row(f.request_id, f.endpoint or "-", age_text(f.duration_s, f.duration_is_upper_bound), f.reason,
+                      "-" if f.max_tokens is None else f"{f.max_tokens:,}",
+                      "no max_tokens from client" if f.no_client_max_tokens else "")

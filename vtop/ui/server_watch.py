@@ -18,33 +18,26 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
-from urllib.parse import urlsplit
 
 import httpx
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
-from vtop.sources.discovery import ServerProcess, discover_servers
+from vtop.sources.discovery import (
+    FALLBACK_URL,
+    LOCAL_HOSTS,
+    ServerProcess,
+    discover_servers,
+    normalize_url,
+    url_hostport as _hostport,
+    url_matches,
+)
 from vtop.sources.vllm import ServerPoll, VllmScraper
 from vtop.ui.polling import PollLoop
 from vtop.ui.widgets.server_panel import ServerCard
 
 if TYPE_CHECKING:
     from vtop.ui.app import VtopApp
-
-FALLBACK_URL = "http://localhost:8000"
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "[::1]"}
-
-
-def _hostport(url: str) -> tuple[str, int]:
-    u = urlsplit(url if "://" in url else "http://" + url)
-    return (u.hostname or "localhost", u.port or (443 if u.scheme == "https" else 80))
-
-
-def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    return url if "://" in url else "http://" + url
-
 
 @dataclass
 class ServerEntry:
@@ -198,10 +191,7 @@ class ServerWatch:
 
     @staticmethod
     def _matches(url: str, sp: ServerProcess) -> bool:
-        host, port = _hostport(url)
-        if port != sp.port:
-            return False
-        return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")
+        return url_matches(url, sp)
 
     def process_arg(self, e: ServerEntry) -> Any:
         if not self.discovered_once:
