@@ -271,7 +271,7 @@ class Collector:
             if isinstance(poll, BaseException):
                 continue
             if self.recorder is not None:
-                self.recorder.server(poll)
+                self.recorder.server(poll, fed=self.clock.monotonic())
             tr = self.trackers[url]
             tr.feed(poll, process=self.proc_of.get(url, UNKNOWN))
             v = tr.view()
@@ -437,7 +437,8 @@ def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = Fals
         from vtop.sources.record import Recorder
 
         col.recorder = Recorder(cfg.record, max_bytes=cfg.record_max_mb * 2**20, redact_prompts=cfg.redact_prompts,
-                                meta={"interval": cfg.interval, "mode": "doctor" if doctor else "once"})
+                                meta={"interval": cfg.interval, "history": cfg.history,
+                                      "mode": "doctor" if doctor else "once"})
     try:
         rep = asyncio.run(col.run(window_s))
     except KeyboardInterrupt:

@@ -162,11 +162,15 @@ class Recorder:
             d["names"] = {str(k): v for k, v in names.items()}
         self._put(d)
 
-    def server(self, poll: Any) -> None:
-        """A :class:`~vtop.sources.vllm.ServerPoll`; metrics as changes (see module doc)."""
+    def server(self, poll: Any, fed: float | None = None) -> None:
+        """A :class:`~vtop.sources.vllm.ServerPoll`; metrics as changes (see module doc).
+        ``fed``: the monotonic time the poll was handed to the tracker (its rates are
+        worked out then), so a replay computes them at the same instant."""
         from vtop.sources.codec import metrics_to_json, poll_to_json
 
         d: dict[str, Any] = {"kind": "server", **poll_to_json(poll, metrics=False)}
+        if fed is not None:
+            d["fed"] = round(fed, 6)
         if poll.metrics is not None:
             m = metrics_to_json(poll.metrics)
             prev = self._last_m.get(poll.url)
@@ -350,10 +354,13 @@ class RecordEvent:
     """One decoded record: ``kind`` and ``data`` (a GpuPoll, a ServerPoll, a
     list of ServerProcess, a list of log lines, a dict for the rest)."""
 
-    __slots__ = ("kind", "t", "mono", "data", "extra")
+    __slots__ = ("kind", "t", "mono", "data", "extra", "at")
 
     def __init__(self, kind: str, t: float, mono: float, data: Any, extra: Any = None) -> None:
         self.kind, self.t, self.mono, self.data, self.extra = kind, t, mono, data, extra
+        #: when it took effect (monotonic): a server poll when it was fed to its
+        #: tracker, which is when the live screen worked out its rates
+        self.at = extra if kind == "server" and isinstance(extra, float) else mono
 
     def __repr__(self) -> str:
         return f"RecordEvent({self.kind!r}, t={self.t:.3f})"
@@ -388,7 +395,8 @@ def decode(records: Iterable[dict[str, Any]]) -> Iterator[RecordEvent]:
                         full[url] = {**full[url], **m}
                     metrics = metrics_from_json(full[url])
                 poll = poll_from_json(r, metrics)
-                yield RecordEvent("server", poll.t, poll.mono, poll)
+                fed = r.get("fed")
+                yield RecordEvent("server", poll.t, poll.mono, poll, float(fed) if fed is not None else None)
             elif kind == "procs":
                 procs = [process_from_json(p) for p in r.get("servers") or ()]
                 yield RecordEvent("procs", float(r["t"]), float(r["mono"]), procs)
@@ -412,5 +420,5 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[RecordEvent
                 header = ev.data
             continue
         out.append(ev)
-    out.sort(key=lambda e: e.mono)
+    out.sort(key=lambda e: e.at)
     return header, out

@@ -94,7 +94,8 @@ class VtopApp(App[int]):
         self.proc_names: dict[int, str] = {}
         self._names = ProcNames()
         self.recorder = (Recorder(config.record, max_bytes=config.record_max_mb * 2**20,
-                                  redact_prompts=config.redact_prompts, meta={"interval": config.interval})
+                                  redact_prompts=config.redact_prompts,
+                                  meta={"interval": config.interval, "history": config.history})
                          if config.record else None)
         self.gpu_loop: PollLoop | None = None
         self.log_watch: LogWatch | None

@@ -73,8 +73,8 @@ class ReplayDriver:
         self.events = events
         self.header = header
         self.name = name
-        self.start = events[0].mono
-        self.end = events[-1].mono
+        self.start = events[0].at
+        self.end = events[-1].at
         first_timed = next((e for e in events if e.kind in ("gpu", "server", "log", "procs")), events[0])
         self.clock = ReplayClock(self.start, first_timed.t - first_timed.mono)
         self.speed = speed
@@ -111,12 +111,12 @@ class ReplayDriver:
         n = 0
         ev = self.events
         log_fed = False
-        while self._i < len(ev) and ev[self._i].mono <= target:
+        while self._i < len(ev) and ev[self._i].at <= target:
             e = ev[self._i]
             self._i += 1
             n += 1
             # the clock follows the event, so trackers see the recorded "now"
-            self.clock.mono = max(self.clock.mono, e.mono)
+            self.clock.mono = max(self.clock.mono, e.at)
             if e.t and e.kind in ("gpu", "server", "log", "procs"):
                 self.clock.offset = e.t - e.mono
             if e.kind == "gpu":
@@ -244,21 +244,22 @@ def replay_app(path: str, *, config: Any, speed: float = 1.0, name: str | None =
     if header.get("schema") not in (None, "vtop-record") and not events:
         raise ValueError(f"{path}: not a vtop recording")
     driver = ReplayDriver(events, header, name=name or os.path.basename(path), speed=speed)
+    history = float(header.get("history") or config.history)
     cfg = dataclasses.replace(config, urls=driver.urls, record=None, interval=driver.interval,
-                              history=max(config.history, 10 * driver.interval))
+                              history=max(history, 10 * driver.interval))
 
     class ReplayApp(VtopApp):
         BINDINGS = [
-            Binding("space", "replay_pause", "Pause"),
+            Binding("space", "replay_pause", "Pause", priority=True),
             Binding("full_stop", "replay_step", "Step"),
             Binding("plus,equals_sign", "replay_speed(1)", "Faster", key_display="+"),
             Binding("minus", "replay_speed(0)", "Slower", key_display="-"),
-            Binding("left", "replay_seek(-10)", "-10s", key_display="←"),
-            Binding("right", "replay_seek(10)", "+10s", key_display="→"),
+            Binding("left", "replay_seek(-10)", "-10s", key_display="←", priority=True),
+            Binding("right", "replay_seek(10)", "+10s", key_display="→", priority=True),
             Binding("left_square_bracket", "replay_seek(-60)", "-1m", show=False),
             Binding("right_square_bracket", "replay_seek(60)", "+1m", show=False),
-            Binding("home", "replay_seek(-1e9)", "Start", show=False),
-            Binding("end", "replay_seek(1e9)", "End", show=False),
+            Binding("home", "replay_seek(-1e9)", "Start", show=False, priority=True),
+            Binding("end", "replay_seek(1e9)", "End", show=False, priority=True),
         ]
 
         def action_replay_pause(self) -> None:

@@ -248,7 +248,7 @@ class ServerWatch:
             poll = await e.scraper.poll()
             rec = self.app.recorder
             if rec is not None:
-                rec.server(poll)
+                rec.server(poll, fed=self.clock.monotonic())
         return self.apply_poll(e, poll)
 
     def apply_poll(self, e: ServerEntry, poll: ServerPoll) -> ServerView:
