@@ -38,6 +38,7 @@ from vtop.sources.discovery import url_hostport, url_matches
 from vtop.sources.gpu import GpuPoll
 
 SCHEMA = "vtop.report/1"
+MAX_REQUESTS = 50
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
@@ -56,6 +57,7 @@ class Report:
     requests: list[dict[str, Any]]
     alerts: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    requests_in_flight: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -77,6 +79,7 @@ class Report:
             "servers": self.servers,
             "startup": self.startup,
             "requests": self.requests,
+            "requests_in_flight": self.requests_in_flight,
             "alerts": self.alerts,
             "notes": self.notes,
             "exit_code": self.exit_code,
@@ -339,7 +342,11 @@ class Collector:
             startup["stalled"] = None if lv.stall is None else lv.stall.label
             startup["log"] = lv.tail.source
         reqs = []
-        for r in getattr(lv, "inflight", None) or ():
+        inflight = list(getattr(lv, "inflight", None) or ())
+        # The runaway first (a request the client sent without max_tokens), then the
+        # oldest; a burst of 1,500 must not make a 260 KB report.
+        inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
+        for r in inflight[:MAX_REQUESTS]:
             reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
                          "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
                          "no_client_max_tokens": r.no_client_max_tokens})
@@ -353,6 +360,7 @@ class Collector:
             servers=[server_row(v, self.proc_of.get(url)) for url, v in self.views().items()],
             startup=_jsonable(startup),
             requests=reqs,
+            requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
             alerts=[a.to_json() for a in self.alerts],
             notes=list(dict.fromkeys(self.notes)),
         )
@@ -408,6 +416,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     if st and st.get("state") == "starting":
         lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
+    if rep.requests_in_flight:
+        lines.append(f"requests in flight (request log): {rep.requests_in_flight}")
     for r in rep.requests[:5]:
         age = ("<=" if r["age_is_upper_bound"] else "") + f"{r['age_s']:.0f}s"
         flag = " (no max_tokens from client)" if r["no_client_max_tokens"] else ""

@@ -297,6 +297,13 @@ def _has_marker(line: str) -> bool:
     return any(mk in line for mk in _MARKERS)
 
 
+_STATS_RE = re.compile(
+    r"(?:Engine (?P<engine>\d+): |(?P<nagg>\d+) Engines Aggregated: )?Avg prompt throughput: [\d.]+ tokens/s, "
+    r"Avg generation throughput: [\d.]+ tokens/s, Running: (?P<running>\d+) reqs, "
+    r"(?:Swapped: \d+ reqs, Pending|Waiting): (?P<waiting>\d+) reqs"
+)
+
+
 def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEvent]:
     """The request events of one log line (any vLLM version): ``[]`` for every other line.
 
@@ -464,6 +471,7 @@ class RequestTracker:
         self._dropped = 0
         self._last_running: float | None = None
         self._last_waiting: float | None = None
+        self._stats_busy: dict[str, int] = {}
 
     # ------------------------------------------------------------------ input
 
@@ -476,6 +484,8 @@ class RequestTracker:
         marked = _has_marker(line)
         ev = event if event is not None else parse_line(line)
         log_t = self._log_time(ev, arrival)
+        if ev.kind == "record" and "Running: " in ev.message and self._inflight:
+            self._stats_line(ev.message, arrival)
         if not marked or ev.kind != "record":
             return []
         events = _events_from(ev.message, log_t)
@@ -485,6 +495,22 @@ class RequestTracker:
 
     def set_max_model_len(self, n: int | None) -> None:
         self._max_model_len = n if n and n > 0 else None
+
+    def _stats_line(self, message: str, arrival: float) -> None:
+        """vLLM's periodic stats line (every 10 s while busy) says ``Running: 0 reqs,
+        Waiting: 0 reqs`` when nothing is in flight: every request logged a few
+        seconds before it has ended. This is what clears the backlog of a log read
+        from its start (``vtop doctor``, an attach mid-run), where no /metrics gauge
+        was seen at those times. With several engines, all must say 0."""
+        m = _STATS_RE.search(message)
+        if m is None:
+            return
+        eng = m.group("engine") or m.group("nagg") or "-"
+        self._stats_busy[eng] = int(m.group("running")) + int(m.group("waiting"))
+        if any(self._stats_busy.values()):
+            return
+        for key in [k for k, e in self._inflight.items() if self._since(e) <= arrival - self._grace]:
+            self._retire(key, RUNNING_FELL_TO_ZERO, arrival, upper_bound=True)
 
     def note_running(self, running: float | None, arrival: float, *, waiting: float | None = None) -> None:
         """``vllm:num_requests_running`` (and, when known, ``…_waiting``) scraped at ``arrival``.
@@ -510,6 +536,7 @@ class RequestTracker:
         self._last_month = None
         self._last_running = None
         self._last_waiting = None
+        self._stats_busy.clear()
 
     # ------------------------------------------------------------------ output
 

@@ -68,6 +68,7 @@ class LogWatch:
         self._lock = threading.Lock()
         #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
         self.recorder: Any = None
+        self._ready_recorded = False
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
@@ -76,11 +77,15 @@ class LogWatch:
     # Thread-safe inputs -----------------------------------------------------
     def mark_ready(self, mono: float, source: str = "health") -> None:
         self._events.put(("ready", (mono, source)))
-        if self.recorder is not None:
+        # The app says "ready" at every good /health; a recording needs the first one
+        # after each launch (a replay re-sends it, the tracker ignores repeats anyway).
+        if self.recorder is not None and not self._ready_recorded:
+            self._ready_recorded = True
             self.recorder.logmark("ready", t=self.clock.time(), mono=mono, source=source)
 
     def mark_process_start(self, epoch: float, mono: float | None = None) -> None:
         self._events.put(("launch", (epoch, mono)))
+        self._ready_recorded = False
         if self.recorder is not None:
             self.recorder.logmark("launch", t=self.clock.time(), mono=mono if mono is not None else self.clock.monotonic(),
                                   epoch=epoch)

@@ -71,8 +71,8 @@ class AlertsPanel(Static):
                 out.append("\n")
             out.append(GLYPH.get(a.severity, a.severity) + " ", style=STYLE.get(a.severity, ""))
             out.append(a.title, style="bold")
-            if many and i >= 1:
-                continue  # three or more: one line each for the rest, details with e
+            if (many and i >= 1) or (a.severity == "info" and not self.expanded):
+                continue  # info, or a third alert: one line each, details with e
             ev = a.evidence if self.expanded else a.evidence[:2]
             for line in ev:
                 out.append("\n  · " + line)

@@ -7,10 +7,21 @@ bar), ANSI codes already stripped.
 
 from __future__ import annotations
 
+import re
+
 from textual.widgets import Log
 
 from vtop.core.phases import LogLine
 from vtop.sources.logwatch import LogView
+
+
+#: uvicorn's access lines for monitoring probes (vtop's own scrapes among them):
+#: one a second per monitor, they would bury everything else. Still in snapshots.
+_PROBE = re.compile(r'"GET /(?:metrics|health|version|v1/models|ping)/? HTTP/[\d.]+" 200')
+
+
+def is_probe(ln: LogLine) -> bool:
+    return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
 def fmt_line(ln: LogLine) -> str:
@@ -50,7 +61,8 @@ class LogPane(Log):
             return
         rebuild = self._key is None or key[1] != self._key[1]
         self._key = key
-        lines = [ln for ln in v.recent if not self.only_problems or ln.at_least("WARNING")]
+        lines = [ln for ln in v.recent
+                 if (ln.at_least("WARNING") if self.only_problems else not is_probe(ln))]
         new: list[LogLine] | None = None
         if not rebuild and self._last is not None:
             for i in range(len(lines) - 1, -1, -1):
