@@ -234,8 +234,7 @@ async def test_recorded_real_session_replays_to_the_same_numbers(real_vllm, tmp_
     async with rapp.run_test(size=(120, 40)) as pilot:
         rapp.replay.paused = True
         await pilot.pause()
-        url = next(iter(rapp.servers.entries))
         for mono, lines in seen:
             rapp.replay.seek(mono)
-            e = rapp.servers.entries[url]
+            e = rapp.servers.entries[srv.url]
             assert card_text(e.card, e.last_view, mono) == lines, f"at {mono:.3f}"
