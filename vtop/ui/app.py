@@ -332,8 +332,12 @@ class VtopApp(App[int]):
         now = time.monotonic()
         self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
 
-    def diagnose(self) -> list[Any]:
-        """Run the rules over what is on screen now; show and record what changed."""
+    def diagnose(self, *, show: bool = True) -> list[Any]:
+        """Run the rules over what is on screen now; show and record what changed.
+
+        The rules keep state between calls (when a request last finished, how long the
+        counters have been flat), so they must see every poll: live, the paint tick does
+        that; a replay that jumps calls this after every recorded poll with ``show=False``."""
         now = self.servers.clock.monotonic()
         views = {url: e.last_view for url, e in self.servers.entries.items() if e.last_view is not None}
         lv = self.log_view
@@ -353,7 +357,8 @@ class VtopApp(App[int]):
             log_target=target,
         )
         self.alerts = alerts
-        self._widget("alerts", AlertsPanel).show_alerts(alerts)
+        if show:
+            self._widget("alerts", AlertsPanel).show_alerts(alerts)
         key = tuple((a.rule, a.severity, a.target) for a in alerts)
         if key != self._alerts_key:
             self._alerts_key = key

@@ -123,9 +123,14 @@ class ReplayDriver:
                 app.proc_names = e.extra or {}
                 app.gpu_history.add(e.data)
                 app._dirty.add("gpu")
+                if not self.urls:
+                    app.diagnose(show=False)
             elif e.kind == "server":
                 entry = app.servers.entries.get(e.data.url) or app.servers.add(e.data.url, from_cli=True, autopoll=False)
                 app.servers.apply_poll(entry, e.data)
+                if e.data.url == self.urls[-1]:
+                    # once per round of polls: the rules keep state from one poll to the next
+                    app.diagnose(show=False)
             elif e.kind == "procs":
                 app.servers.apply_discovery(list(e.data), autopoll=False)
             elif e.kind == "log" and app.log_watch is not None:
