@@ -30,6 +30,10 @@ case "${1:-}" in
   -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 
+# Bytecode caching on: with PYTHONDONTWRITEBYTECODE set (as on some CI images) every pytest
+# worker and every `python -m vtop` a test starts recompiled and re-rewrote all modules:
+# collection took 7 s instead of 3 s, and each vtop subprocess a second more.
+unset PYTHONDONTWRITEBYTECODE
 export VTOP_VLLM_VENV="${VTOP_VLLM_VENV:-/tmp/vllmcpu}"
 export VTOP_VLLM_MODEL="${VTOP_VLLM_MODEL:-/tmp/tinyllama}"
 IN_CI=0

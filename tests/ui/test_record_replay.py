@@ -170,8 +170,8 @@ def test_replay_of_garbage_is_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:
-    """Writes go through a queue to one writer thread: 2,000 GPU records cost the caller
-    microseconds each, and nothing is lost."""
+    """Writes go through a queue to one writer thread: 500 GPU records of 8 GPUs cost the
+    caller microseconds each, and nothing is lost."""
     from vtop.sources.fake_nvml import simulated
     from vtop.sources.nvml import NvmlSource
     from vtop.sources.record import Recorder, gpu_polls
@@ -180,11 +180,11 @@ async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:
     poll = src.poll()
     r = Recorder(tmp_path / "x.jsonl")
     t0 = time.perf_counter()
-    for _ in range(2000):
+    for _ in range(500):
         r.gpu(poll)
     put_s = time.perf_counter() - t0
     assert r.flush(10)
     r.close()
-    assert len(gpu_polls(tmp_path / "x.jsonl")) == 2000
-    assert put_s < 2.0  # generous: the point is that nothing waits on the disk per call
+    assert len(gpu_polls(tmp_path / "x.jsonl")) == 500
+    assert put_s < 0.5  # generous: the point is that nothing waits on the disk per call
     await asyncio.sleep(0)

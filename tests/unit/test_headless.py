@@ -23,7 +23,31 @@ ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
 
 
 def vtop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """As a user runs it: a new process."""
     return subprocess.run([sys.executable, "-m", "vtop", *args], capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+class Ran:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run(capsys, monkeypatch):  # type: ignore[no-untyped-def]
+    """The same entry point in this process (a second faster per call than a new interpreter)."""
+    from vtop.cli import main
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
+
+    def call(*args: str) -> Ran:
+        try:
+            rc = main(list(args))
+        except SystemExit as e:
+            rc = int(e.code or 0)
+        out = capsys.readouterr()
+        return Ran(rc, out.out, out.err)
+
+    return call
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +57,7 @@ def burst_server():  # type: ignore[no-untyped-def]
         yield srv
 
 
-def test_once_json_follows_the_schema_and_shows_the_burst(burst_server) -> None:  # type: ignore[no-untyped-def]
+def test_once_json_follows_the_schema_and_shows_the_burst(run, burst_server) -> None:  # type: ignore[no-untyped-def]
     r = vtop("--once", "--json", burst_server.url, "--simulate-gpus", "2", "--window", "1.5")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
@@ -46,34 +70,34 @@ def test_once_json_follows_the_schema_and_shows_the_burst(burst_server) -> None:
     assert rep["exit_code"] == 0 and rep["startup"] is None
 
 
-def test_once_text_is_plain_and_fits_a_terminal(burst_server) -> None:  # type: ignore[no-untyped-def]
-    r = vtop("--once", burst_server.url, "--no-gpu", "--window", "1")
+def test_once_text_is_plain_and_fits_a_terminal(run, burst_server) -> None:  # type: ignore[no-untyped-def]
+    r = run("--once", burst_server.url, "--no-gpu", "--window", "1")
     assert r.returncode == 0, r.stderr
     assert "\x1b[" not in r.stdout  # no colour codes for a paste into a channel
     assert "UP /tmp/tiny v0.26.0" in r.stdout and "running" in r.stdout
     assert all(len(line) <= 120 for line in r.stdout.splitlines()[:4])
 
 
-def test_a_down_server_exits_1_and_says_so() -> None:
-    r = vtop("--once", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
+def test_a_down_server_exits_1_and_says_so(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("--once", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
     assert r.returncode == 1
     assert "DOWN" in r.stdout and "connection refused" in r.stdout
-    r = vtop("--json", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
+    r = run("--json", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
     assert r.returncode == 1
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, SCHEMA)
     assert rep["servers"][0]["state"] == "down" and rep["servers"][0]["running"] is None  # missing is null, not 0
 
 
-def test_doctor_reports_a_failed_start_as_critical_and_exits_1(tmp_path: Path) -> None:
+def test_doctor_reports_a_failed_start_as_critical_and_exits_1(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = FIXTURES / "logs" / "vllm-0.26.0-h200-failure.log"
-    r = vtop("doctor", "http://127.0.0.1:9", "--no-gpu", "--window", "1s", "--log", str(log), "--json")
+    r = run("doctor", "http://127.0.0.1:9", "--no-gpu", "--window", "1s", "--log", str(log), "--json")
     assert r.returncode == 1
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, SCHEMA)
     crit = [a for a in rep["alerts"] if a["severity"] == "critical"]
     assert crit and "flashinfer" in crit[0]["title"] and "VLLM_USE_FLASHINFER_SAMPLER=0" in " ".join(crit[0]["fix"])
-    txt = vtop("doctor", "http://127.0.0.1:9", "--no-gpu", "--window", "1s", "--log", str(log)).stdout
+    txt = run("doctor", "http://127.0.0.1:9", "--no-gpu", "--window", "1s", "--log", str(log)).stdout
     assert "[CRITICAL]" in txt and "fix:" in txt
 
 
@@ -84,11 +108,11 @@ def test_doctor_bad_input_is_one_line_exit_2() -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
-def test_once_records_what_it_saw(burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from vtop.sources.record import load
 
     rec = tmp_path / "once.jsonl"
-    r = vtop("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))
+    r = run("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))
     assert r.returncode == 0, r.stderr
     header, events = load(rec)
     assert header["mode"] == "once"
@@ -108,7 +132,7 @@ def test_vtop_exits_when_its_terminal_goes_away(tmp_path: Path) -> None:
         while not pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         pid = int(pidfile.read_text())
-        time.sleep(3)  # up and polling
+        time.sleep(1.5)  # up and polling
         assert os.path.exists(f"/proc/{pid}")
         subprocess.run(["tmux", "kill-session", "-t", sess], check=True)  # the pty goes away: SIGHUP
         deadline = time.monotonic() + 10
