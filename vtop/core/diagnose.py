@@ -44,6 +44,8 @@ processes and in-flight requests are read by attribute.
 
 from __future__ import annotations
 
+from vtop.core.fmt import dur
+
 import json
 import math
 import re
@@ -183,14 +185,7 @@ class Thresholds:
 # --------------------------------------------------------------------------- helpers
 
 
-def _dur(s: float) -> str:
-    """``42s``, ``2m 05s``, ``3h 10m``."""
-    s = max(0.0, s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+_dur = dur
 
 
 def _n(x: float | None) -> str:
@@ -324,6 +319,16 @@ def _sample_of(t: float, m: Any) -> _Sample:
     )
 
 
+def _keep_recent(times: list[float], items: list[Any], t: float, item: Any, keep_s: float) -> None:
+    """Append ``item`` at ``t``; drop what is older than ``keep_s``, in batches (cheap per call)."""
+    times.append(t)
+    items.append(item)
+    cut = bisect_right(times, t - keep_s)
+    if cut > 64 and cut > len(times) // 4:
+        del times[:cut]
+        del items[:cut]
+
+
 def _went_back(old: float | None, new: float | None) -> bool:
     return old is not None and new is not None and new < old
 
@@ -406,12 +411,7 @@ class _ServerState:
                     self.kv_high_since = s.t
             else:
                 self.kv_high_since = None
-        self.times.append(s.t)
-        self.samples.append(s)
-        cut = bisect_right(self.times, s.t - keep_s)
-        if cut > 64 and cut > len(self.times) // 4:
-            del self.times[:cut]
-            del self.samples[:cut]
+        _keep_recent(self.times, self.samples, s.t, s, keep_s)
 
 
 @dataclass(slots=True)
@@ -447,12 +447,7 @@ class _GpuState:
         return self.points[i:j]
 
     def add(self, p: _GpuPoint, keep_s: float) -> None:
-        self.times.append(p.t)
-        self.points.append(p)
-        cut = bisect_right(self.times, p.t - keep_s)
-        if cut > 64 and cut > len(self.times) // 4:
-            del self.times[:cut]
-            del self.points[:cut]
+        _keep_recent(self.times, self.points, p.t, p, keep_s)
 
 
 @dataclass(slots=True)
@@ -1460,22 +1455,7 @@ def _cap_suggestion(mml: int | None) -> int:
     return min(4096, max(256, int(mml) // 2))
 
 
-def diagnose_once(
-    now: float,
-    *,
-    servers: Mapping[str, ServerView] | None = None,
-    gpus: GpuHistory | None = None,
-    startup: StartupSnapshot | None = None,
-    startup_stall: StallInfo | None = None,
-    requests: Mapping[str, Sequence[Any]] | None = None,
-    request_logging: Mapping[str, bool] | None = None,
-    log_lines: Sequence[Any] | None = None,
-    log_target: str | None = None,
-    thresholds: Thresholds = Thresholds(),
-) -> list[Alert]:
-    """One look with no memory: only what needs no duration fires (failures, stalls the
-    tracker already timed, risky flags, OOM lines)."""
-    return Diagnoser(thresholds).update(
-        now, servers=servers, gpus=gpus, startup=startup, startup_stall=startup_stall, requests=requests,
-        request_logging=request_logging, log_lines=log_lines, log_target=log_target,
-    )
+def diagnose_once(now: float, *, thresholds: Thresholds = Thresholds(), **inputs: Any) -> list[Alert]:
+    """One look with no memory (the inputs of :meth:`Diagnoser.update`): only what needs no
+    duration fires (failures, stalls the tracker already timed, risky flags, OOM lines)."""
+    return Diagnoser(thresholds).update(now, **inputs)

@@ -34,6 +34,8 @@ types are only used for type checking, the code reads attributes.
 
 from __future__ import annotations
 
+from vtop.core.fmt import dur
+
 import math
 import statistics
 import time
@@ -477,11 +479,4 @@ def _engine_rows(m: VllmMetrics | None) -> tuple[tuple[EngineRow, ...], EngineRo
     return rows, EngineRow("all", m.running, m.waiting, pct(m.kv_cache_usage))
 
 
-def _dur(s: float) -> str:
-    """``42s``, ``3m 05s``, ``2h 10m``."""
-    s = max(0.0, s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+_dur = dur

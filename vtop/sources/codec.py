@@ -17,7 +17,7 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from vtop.sources.discovery import ServerProcess, VllmChild, redact_argv
-from vtop.sources.prom import EngineMetrics, Histogram, VllmMetrics
+from vtop.sources.prom import HIST_ATTRS, EngineMetrics, Histogram, VllmMetrics
 from vtop.sources.vllm import ModelsInfo, ServerPoll
 
 __all__ = [
@@ -29,14 +29,7 @@ __all__ = [
     "process_to_json",
 ]
 
-_HIST_FIELDS = (
-    "time_to_first_token_seconds",
-    "inter_token_latency_seconds",
-    "e2e_request_latency_seconds",
-    "request_params_max_tokens",
-    "request_prompt_tokens",
-    "request_generation_tokens",
-)
+_HIST_FIELDS = HIST_ATTRS
 _MAP_FIELDS = ("waiting_by_reason", "request_success_total")
 
 

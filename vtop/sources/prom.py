@@ -474,7 +474,7 @@ def _engine_sort_key(e: str | None) -> tuple[int, int, str]:
     return (2, 0, e)
 
 
-_HIST_ATTRS = (
+HIST_ATTRS = (
     "time_to_first_token_seconds",
     "inter_token_latency_seconds",
     "e2e_request_latency_seconds",
@@ -660,7 +660,7 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
     hists = {
         attr: _sum_hists(attr, [getattr(r, attr) for r in rows], problems) if len(rows) > 1 else
         (getattr(rows[0], attr) if rows else None)
-        for attr in _HIST_ATTRS
+        for attr in HIST_ATTRS
     }
     any_kv_new = any("kv_new" in p for p in col.plain.values())
     any_kv_old = any("kv_old" in p for p in col.plain.values())
