@@ -196,7 +196,9 @@ class VtopApp(App[int]):
 
             self.replay.attach(self)
             self.replay.advance(0.0)
-            self.set_interval(TICK_S, self.replay.on_timer, name="replay")
+            self.replay.timer = self.set_interval(TICK_S, self.replay.on_timer, name="replay")
+            if self.replay.paused or self.replay.ended:
+                self.replay.timer.pause()
 
     def on_resize(self) -> None:
         self._size_panels()

@@ -78,7 +78,10 @@ class ReplayDriver:
         first_timed = next((e for e in events if e.kind in ("gpu", "server", "log", "procs")), events[0])
         self.clock = ReplayClock(self.start, first_timed.t - first_timed.mono)
         self.speed = speed
-        self.paused = False
+        #: the app's Textual timer; stopped while paused, so a paused or finished
+        #: replay wakes nothing (no redraw for nothing)
+        self.timer: Any = None
+        self._paused = False
         self.ended = False
         self._i = 0
         self.app: VtopApp | None = None
@@ -87,6 +90,17 @@ class ReplayDriver:
         self.has_log = any(e.kind == "log" for e in events)
         self.interval = float(header.get("interval") or 1.0)
         self._last_wall: float | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._paused = value
+        self._last_wall = None
+        if self.timer is not None:
+            self.timer.pause() if value else self.timer.resume()
 
     # ------------------------------------------------------------ position
     @property
@@ -195,7 +209,6 @@ class ReplayDriver:
             self.paused = False
             return
         self.paused = not self.paused
-        self._last_wall = None
         self._paint()
 
     def faster(self, up: bool) -> None:
