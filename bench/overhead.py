@@ -8,7 +8,7 @@ vtop runs in a real terminal (tmux, 120x40) exactly as a user starts it, with
 the real ones (5 us each, spun, inside vtop's process; the recorded H200
 probe measured 2-9 us for the calls vtop makes). After a warm-up, the CPU
 time (user+sys) of the vtop process over the window is read from /proc, and
-the peak RSS from VmHWM.
+the peak RSS from VmHWM. ``bench/run.py`` runs the whole set of scenarios.
 
 Targets (from the overhead issue): at most 1 % of one core (0.6 CPU-seconds
 a minute) and 80 MB RSS with 8 GPUs at 1 Hz.
@@ -17,58 +17,42 @@ a minute) and 80 MB RSS with 8 GPUs at 1 Hz.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Tmux, cpu_seconds, vm_kb, vtop_cmd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def vtop_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "vtop"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vtop"]
-
-
 def measure(gpus: int, duration: float, warmup: float, interval: float) -> dict[str, float]:
-    if not shutil.which("tmux"):
-        sys.exit("bench: needs tmux (apt-get install tmux)")
-    session = f"vtop-bench-{os.getpid()}"
-    cmd = " ".join(vtop_cmd() + ["--simulate-gpus", str(gpus), "--interval", str(interval)])
-    env = dict(os.environ, TERM="xterm-256color")
-    env.pop("COLORTERM", None)
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", f"exec {cmd}"], check=True, env=env)
+    tmux = Tmux()
     try:
-        pid = int(subprocess.check_output(["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"], text=True).split()[0])
-        p = psutil.Process(pid)
+        pid, _ = tmux.new("vtop", vtop_cmd() + ["--simulate-gpus", str(gpus), "--interval", str(interval)])
         time.sleep(warmup)
-        t0 = p.cpu_times()
+        u0, s0 = cpu_seconds(pid)
         w0 = time.monotonic()
         time.sleep(duration)
-        t1 = p.cpu_times()
+        u1, s1 = cpu_seconds(pid)
         wall = time.monotonic() - w0
-        screen = subprocess.check_output(["tmux", "capture-pane", "-p", "-t", session], text=True)
-        hwm_kb = 0
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                hwm_kb = int(line.split()[1])
-        rss = p.memory_info().rss
+        screen = tmux.capture("vtop")
+        hwm_kb = vm_kb(pid, "VmHWM")
+        rss_kb = vm_kb(pid, "VmRSS")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        tmux.close()
     if f"{gpus} × NVIDIA H200" not in screen:
         sys.exit(f"bench: vtop did not show {gpus} GPUs; screen was:\n{screen}")
-    cpu = (t1.user - t0.user) + (t1.system - t0.system)
+    cpu = (u1 - u0) + (s1 - s0)
     return {
         "cpu_s_per_min": cpu * 60.0 / wall,
         "cpu_pct_one_core": 100.0 * cpu / wall,
-        "user_s": t1.user - t0.user,
-        "sys_s": t1.system - t0.system,
+        "user_s": u1 - u0,
+        "sys_s": s1 - s0,
         "peak_rss_mb": hwm_kb / 1024,
-        "rss_mb": rss / 2**20,
+        "rss_mb": rss_kb / 1024,
         "wall_s": wall,
     }
 

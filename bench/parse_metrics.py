@@ -79,6 +79,46 @@ def vllm_lines_only(text: str) -> str:
     return "\n".join(keep) + "\n"
 
 
+def timeline_scrapes() -> list[str]:
+    scrapes = []
+    with lzma.open(FIX / "h200-0.26.0-metrics-timeline.jsonl.xz", "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            if "text" in row:
+                scrapes.append(row["text"])
+    return scrapes
+
+
+def summary(runs: int = 200) -> dict[str, object]:
+    """vtop's parse times, for bench/run.py: per payload the warm and cold median,
+    the worst of each, and the timeline replay (every scrape once, in order)."""
+    per: dict[str, dict[str, float]] = {}
+    for name in PAYLOADS:
+        text = (FIX / name).read_text()
+        cold = timings(partial(parse_vllm_metrics, text), runs, setup=clear_line_cache)
+        parse_vllm_metrics(text)
+        warm = timings(partial(parse_vllm_metrics, text), runs)
+        per[name] = {"kb": len(text) / 1024, "warm_median_ms": statistics.median(warm), "warm_p95_ms": p95(warm),
+                     "cold_median_ms": statistics.median(cold), "cold_p95_ms": p95(cold)}
+    clear_line_cache()
+    replay = []
+    for text in timeline_scrapes():
+        t0 = time.perf_counter()
+        parse_vllm_metrics(text)
+        replay.append((time.perf_counter() - t0) * 1000)
+    return {
+        "runs": runs,
+        "payloads": per,
+        "worst_warm_median_ms": max(v["warm_median_ms"] for v in per.values()),
+        "worst_cold_median_ms": max(v["cold_median_ms"] for v in per.values()),
+        "replay_scrapes": len(replay),
+        "replay_median_ms": statistics.median(replay),
+        "replay_p95_ms": p95(replay),
+        "replay_first_ms": replay[0],
+        "target_ms": TARGET_MS,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=200)
@@ -109,12 +149,7 @@ def main() -> None:
             print(f"{label:42} {kb:>5} {method:26} {statistics.median(xs):9.2f} {p95(xs):8.2f}")
 
     # Replay: each scrape once, in order, as a live dashboard sees them.
-    scrapes = []
-    with lzma.open(FIX / "h200-0.26.0-metrics-timeline.jsonl.xz", "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            if "text" in row:
-                scrapes.append(row["text"])
+    scrapes = timeline_scrapes()
     clear_line_cache()
     replay = []
     for text in scrapes:

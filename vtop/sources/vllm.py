@@ -439,7 +439,15 @@ class VllmScraper:
             jobs.append(self._version())
         if not jobs:
             return out
-        results = await asyncio.gather(*jobs, return_exceptions=True)
+        # One after another, on the /metrics keep-alive connection: asking all three at
+        # once opened two new TCP connections per server every few seconds, and their
+        # set-up was a visible share of vtop's own CPU (bench/run.py, py-spy).
+        results: list[Any] = []
+        for job in jobs:
+            try:
+                results.append(await job)
+            except Exception as e:  # noqa: BLE001 - classified below, like gather's
+                results.append(e)
         i = 0
         if want_health:
             self._last_health = mono

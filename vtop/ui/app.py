@@ -130,6 +130,15 @@ class VtopApp(App[int]):
         self._alerts_key: Any = None
         self._restarts_seen: dict[str, int] = {}
 
+    def get_driver_class(self) -> Any:
+        """Textual's own driver, except on Linux: the same with a key thread that sleeps
+        while nobody types (:mod:`vtop.ui.driver`). ``TEXTUAL_DRIVER`` still wins."""
+        if os.environ.get("TEXTUAL_DRIVER"):
+            return super().get_driver_class()
+        from vtop.ui.driver import calm_driver_class
+
+        return calm_driver_class() or super().get_driver_class()
+
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield Static("", id="status")

@@ -46,6 +46,7 @@ class PollLoop:
         self.last_duration: float | None = None
         self.polls = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._applied = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -59,7 +60,12 @@ class PollLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._applied.set()
+
+    def poke(self) -> None:
+        """Poll again now instead of at the end of the interval (thread-safe)."""
+        self._wake.set()
 
     def in_flight_for(self) -> float:
         since = self.in_flight_since
@@ -87,7 +93,8 @@ class PollLoop:
             except RuntimeError:  # the app's loop has closed: we are exiting
                 return
             self._applied.wait()
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._wake.clear()
 
     def _deliver(self, result: Any, error: BaseException | None, duration: float) -> None:
         """On the UI thread."""

@@ -1,0 +1,90 @@
+"""The calm key thread (vtop/ui/driver.py): fewer wake-ups while idle, ESC and q as quick as before."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vtop.ui import driver as drv
+
+
+def test_selector_waits_longer_while_idle_and_as_asked_after_input() -> None:
+    r, w = os.pipe()
+    wake_r, wake_w = os.pipe()
+    sel = drv.CalmSelector(wake_r)
+    sel.register(r, drv.selectors.EVENT_READ)
+    sel._last_input = time.monotonic() - 10  # nobody typed for a while
+    t0 = time.monotonic()
+    assert sel.select(0.1) == []
+    assert sel.waits[-1] == drv.IDLE_TIMEOUT_S and time.monotonic() - t0 >= 0.9
+    os.write(w, b"q")
+    got = sel.select(0.1)
+    assert len(got) == 1 and got[0][0].fd == r
+    os.read(r, 10)
+    sel.select(0.1)
+    assert sel.waits[-1] == 0.1, "right after input it waits as Textual asks (ESC needs it)"
+    # the wake pipe ends an idle wait at once and is never handed to Textual as input
+    sel._last_input = time.monotonic() - 10
+    os.write(wake_w, b"x")
+    t0 = time.monotonic()
+    assert sel.select(0.1) == []
+    assert time.monotonic() - t0 < 0.5
+    sel.close()
+    for fd in (r, w, wake_r, wake_w):
+        os.close(fd)
+
+
+def test_textual_still_reads_keys_the_way_the_shim_expects() -> None:
+    from textual.drivers import linux_driver
+
+    assert drv.calm_driver_class() is not None
+    src = Path(linux_driver.__file__).read_text()
+    assert "selectors.SelectSelector()" in src, "Textual changed how it reads keys: revisit vtop/ui/driver.py"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_in_a_real_terminal_esc_and_q_work_and_idle_wakeups_drop(tmp_path: Path) -> None:
+    sess = f"vtop-calm-{os.getpid()}"
+    pidfile = tmp_path / "pid"
+    env = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
+    cmd = f"echo $$ > {pidfile}; exec {sys.executable} -m vtop --no-gpu http://127.0.0.1:9"
+    subprocess.run(["tmux", "new", "-d", "-s", sess, "-x", "100", "-y", "30", cmd], check=True, env=env)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", sess], capture_output=True, text=True).stdout
+
+    def until(cond, timeout: float) -> float:  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if cond():
+                return time.monotonic() - t0
+            time.sleep(0.02)
+        raise AssertionError(f"not within {timeout} s:\n{screen()}")
+
+    try:
+        until(lambda: pidfile.exists() and "vLLM" in screen(), 20)
+        pid = int(pidfile.read_text())
+
+        def switches() -> int:
+            return sum(int(line.split()[1]) for t in Path(f"/proc/{pid}/task").iterdir()
+                       for line in (t / "status").read_text().splitlines() if line.startswith("voluntary_ctxt"))
+
+        time.sleep(1.0)
+        s1 = switches()
+        time.sleep(2.5)
+        per_s = (switches() - s1) / 2.5
+        assert per_s < 9, f"{per_s:.1f} wake-ups a second while idle (Textual's own key thread alone makes 10)"
+        subprocess.run(["tmux", "send-keys", "-t", sess, "r"], check=True)
+        until(lambda: "Requests in flight" in screen(), 5)
+        subprocess.run(["tmux", "send-keys", "-t", sess, "Escape"], check=True)
+        until(lambda: "Requests in flight" not in screen(), 2)
+        subprocess.run(["tmux", "send-keys", "-t", sess, "q"], check=True)
+        until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1], 3)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", sess], capture_output=True)
