@@ -25,6 +25,8 @@ class MetricsServer:
         owner = self
 
         class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves vLLM
+
             def log_message(self, *a: object) -> None:
                 pass
 

@@ -332,20 +332,26 @@ class ServerTracker:
 
     # -- the view --
 
-    def view(self) -> ServerView:
-        now = self._clock.monotonic()
+    def state_now(self, now: float | None = None) -> tuple[State, float, bool]:
+        """(state, since, stale by age) as of ``now``, without building a view: the
+        paint tick asks this of every server every second to notice one going quiet."""
+        now = self._clock.monotonic() if now is None else now
         state = self._state
         since = self._since
-        interval = self.interval_s
-        age_limit = 3 * interval
         stale_by_age = False
         if state in ("up", "restarted", "engine dead") and self._last_ok_mono is not None:
-            if now - self._last_ok_mono > max(age_limit, self.stale_after_s):
+            if now - self._last_ok_mono > max(3 * self.interval_s, self.stale_after_s):
                 stale_by_age = state != "engine dead"
         if state == "restarted" and self._restart_at is not None and now - self._restart_at >= self.restarted_for_s:
             state, since = "up", self._restart_at + self.restarted_for_s
         if stale_by_age:
             state, since = "stale", self._last_ok_mono  # type: ignore[assignment]
+        return state, since, stale_by_age
+
+    def view(self) -> ServerView:
+        now = self._clock.monotonic()
+        interval = self.interval_s
+        state, since, stale_by_age = self.state_now(now)
 
         live = state in ("up", "restarted", "engine dead", "stale")
         m = self._metrics

@@ -219,9 +219,8 @@ class ServerWatch:
         for e in self.entries.values():
             if e.last_view is None:
                 continue
-            view = e.tracker.view()
-            if view.state != e.last_view.state:
-                e.last_view = view
+            if e.tracker.state_now()[0] != e.last_view.state:
+                e.last_view = e.tracker.view()
                 e.dirty = True
                 self.app._dirty.add("servers")
 
