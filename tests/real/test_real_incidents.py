@@ -171,14 +171,20 @@ async def test_a_normal_bounded_load_raises_nothing(real_vllm, tmp_path: Path) -
         await w.until(pilot, lambda: (v := w.view()) is not None and v.state == "up", 60, "the server up")
         fut = srv.start_load(n=48, concurrency=8, max_tokens=64)
         t0 = time.monotonic()
+        in_flight: list[int] = []
         while not fut.done() and time.monotonic() - t0 < 240:
             seen |= {(a.rule, a.severity) for a in app.alerts}
             w.sample()
+            in_flight.append(len(app.log_view.inflight) if app.log_view else 0)
             await pilot.pause(0.25)
         res = fut.result(timeout=10)
         for _ in range(8):  # and a few seconds after
             seen |= {(a.rule, a.severity) for a in app.alerts}
             await pilot.pause(0.5)
+        # normal requests come and go in the requests view
+        assert max(in_flight) >= 2, in_flight
+        assert app.log_view.inflight == (), [r.request_id for r in app.log_view.inflight]
+        assert len(app.log_view.recent_finished) >= 8
     assert res.ok == 48
     assert max(s["running"] or 0 for s in w.samples) >= 2, "the load really ran"
     assert not [x for x in seen if x[1] in ("warning", "critical")], seen

@@ -114,6 +114,26 @@ async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_
         assert any(str(folder) in n.message or folder.name in n.message for n in app._notifications)
 
 
+@pytest.mark.parametrize("redact", [True, False])
+async def test_snapshot_follows_redact_prompts(vllm_like, tmp_path: Path, redact: bool) -> None:  # type: ignore[no-untyped-def]
+    """--redact-prompts (default on) takes prompts out of the copied log; --no-redact-prompts keeps them."""
+    log = tmp_path / "vllm.log"
+    lines = (FIXTURES / "logs" / "requests" / "vllm-0.11.0-v1.log").read_text().splitlines()
+    log.write_text("\n".join(ln for ln in lines if not ln.startswith("#")) + "\n")
+    prompt_line = next(ln for ln in lines if "Received request" in ln and "prompt: '" in ln)
+    prompt = prompt_line.split("prompt: '", 1)[1][:20]
+    out = tmp_path / "bundles"
+    out.mkdir()
+    app = app_for(vllm_like["url"], out, log=str(log), redact_prompts=redact)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await pilot.pause(0.5)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: app.last_snapshot is not None)
+        copied = (Path(app.last_snapshot.path) / "vllm.log").read_text()
+        assert (prompt in copied) is (not redact)
+        assert json.loads((Path(app.last_snapshot.path) / "alerts.json").read_text()) == [a.to_json() for a in app.alerts]
+
+
 @pytest.fixture
 def python_child() -> AsyncIterator[subprocess.Popen]:  # type: ignore[type-arg]
     code = "import time\ndef vtop_test_busy_loop():\n    while True:\n        time.sleep(0.05)\nvtop_test_busy_loop()\n"

@@ -597,8 +597,9 @@ class VtopApp(App[int]):
             metrics_texts=metrics,
             history_json=self.history_json(),
             phases_json=phases,
-            alerts=[],
+            alerts=[a.to_json() for a in self.alerts],
             screen_svg=self.export_screenshot(),
+            redact_prompts=self.config.redact_prompts,
             secrets=secrets,
             progress=self._snapshot_progress_from_thread,
         )
