@@ -188,3 +188,23 @@ async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:
     assert len(gpu_polls(tmp_path / "x.jsonl")) == 500
     assert put_s < 0.5  # generous: the point is that nothing waits on the disk per call
     await asyncio.sleep(0)
+
+
+async def test_status_bar_says_recording_and_when_the_size_limit_stopped_it(tmp_path: Path) -> None:
+    from vtop.sources.fake_nvml import simulated
+    from vtop.sources.nvml import NvmlSource
+
+    app = VtopApp(Config(record=str(tmp_path / "r.jsonl"), record_max_mb=1), gpu_source=NvmlSource(simulated(48)),
+                  autopoll=False, hostname="t")
+    async with app.run_test(size=(120, 30)) as pilot:
+        await app.poll_gpu_once()
+        await pilot.pause()
+        assert "● REC" in str(app.query_one("#status").render())
+        poll = app.gpu_history.last_poll
+        for _ in range(150):  # what the poll thread writes, 48 GPUs a poll: past 1 MB
+            app.recorder.gpu(poll)
+        assert app.recorder.flush(10)
+        app.update_status()
+        status = str(app.query_one("#status").render())
+        assert "size limit" in status and "● REC" not in status
+    assert (tmp_path / "r.jsonl").stat().st_size <= 2**20

@@ -500,8 +500,10 @@ class VtopApp(App[int]):
                 status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
                 status.update(text)
             return
+        rec = self.recorder
+        rec_text = "" if rec is None else (f" │ {rec.stopped_reason}" if rec.stopped_reason else " │ ● REC")
         text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-                f" │ every {self.config.interval:g} s" + (" │ READ-ONLY" if self.config.readonly else "")
+                f" │ every {self.config.interval:g} s" + rec_text + (" │ READ-ONLY" if self.config.readonly else "")
                 + (f" │ {self._snap_text}" if getattr(self, "_snap_text", "") else ""))
         if text != self._status_text:
             self._status_text = text
