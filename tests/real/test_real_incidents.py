@@ -226,14 +226,14 @@ async def test_recorded_real_session_replays_to_the_same_numbers(real_vllm, tmp_
                 seen.append((now, card_text(entry.card, view, now)))
 
         app.servers.on_view.append(on_view)
-        fut = srv.start_load(n=24, concurrency=6, max_tokens=48)
+        fut = srv.start_load(n=40, concurrency=4, max_tokens=48)
         t0 = time.monotonic()
         while not fut.done() and time.monotonic() - t0 < 120:
             await pilot.pause(0.25)
         fut.result(timeout=10)
-        await pilot.pause(1.5)
+        await pilot.pause(3.0)
     rec = Path(app.config.record)  # type: ignore[arg-type]
-    assert len(seen) >= 10
+    assert len(seen) >= 8, f"only {len(seen)} polls with metrics"
     busy = [lines for _, lines in seen if not lines[0].split()[1] == "0"]
     assert busy, "the load showed on the card"
     rapp = replay_app(str(rec), config=Config())
