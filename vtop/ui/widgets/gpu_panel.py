@@ -325,10 +325,16 @@ class GpuPanel(Container):
         self._layout: tuple[bool, int] | None = None
         self._message: str | None = None
         self._cards: dict[int, GpuCard] = {}
+        self._msg_widget: Static | None = None
+        self._lines_widget: GpuLines | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="gpu-message")
-        yield GpuLines(self, id="gpu-lines")
+        # Kept, not queried: a poll that lands while the app starts or shuts down
+        # must not fail on a DOM lookup (it did, once, in the fast tier).
+        self._msg_widget = Static("", id="gpu-message")
+        yield self._msg_widget
+        self._lines_widget = GpuLines(self, id="gpu-lines")
+        yield self._lines_widget
 
     @property
     def compact(self) -> bool:
@@ -348,8 +354,10 @@ class GpuPanel(Container):
         # Static.update() asks for a new layout: only touch it when the text changes.
         if text == self._message:
             return
+        msg = self._msg_widget
+        if msg is None:
+            return
         self._message = text
-        msg = self.query_one("#gpu-message", Static)
         msg.update(text)
         msg.display = bool(text)
 
@@ -372,8 +380,8 @@ class GpuPanel(Container):
         if new:
             self.mount_all(new)
             self.call_after_refresh(self.relayout)
-        if self.compact:
-            self.query_one(GpuLines).invalidate()
+        if self.compact and self._lines_widget is not None:
+            self._lines_widget.invalidate()
         else:
             for c in self.cards:
                 c.refresh_titles()
@@ -392,7 +400,10 @@ class GpuPanel(Container):
         for k in range(1, 5):
             self.set_class(cols == k and not compact, f"-cols-{k}")
         self.set_class(compact, "-compact")
-        lines = self.query_one(GpuLines)
+        lines = self._lines_widget
+        if lines is None:  # not composed yet
+            self._layout = None
+            return
         lines.display = compact
         for c in self.cards:
             c.display = not compact
