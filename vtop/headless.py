@@ -181,6 +181,7 @@ class Collector:
         self.log_view: Any = None
         self.diagnoser = Diagnoser(Thresholds(runaway_s=config.runaway_threshold))
         self.alerts: list[Any] = []
+        self._alerts_key: Any = None
         self.notes: list[str] = []
         self.recorder: Any = None
         self._client: Any = None
@@ -218,24 +219,22 @@ class Collector:
             self._open_log()
 
     def _open_log(self) -> None:
-        from vtop.sources.logtail import LogTailer, find_log_for_pid
+        from vtop.sources.logtail import LogTailer
         from vtop.sources.logwatch import LogWatch
 
         cfg = self.config
-        path = cfg.log if cfg.log and cfg.log != "-" else None
         sp = next((p for p in self.proc_of.values() if isinstance(p, ServerProcess)), None)
-        if path is None and sp is not None:
-            loc = find_log_for_pid(sp.pid)
-            path = loc.path
-            if path is None:
-                self.notes.append(f"vLLM log: {loc.message}")
-        if path is None:
-            return
-        self.log_watch = LogWatch(LogTailer(path), clock=self.clock, stall_threshold_s=cfg.stall_threshold)
-        self.log_watch.recorder = self.recorder
-        if sp is not None:
-            self.log_watch.mark_process_start(sp.create_time,
-                                              self.clock.monotonic() - max(0.0, self.clock.time() - sp.create_time))
+        kw: dict[str, Any] = {"clock": self.clock, "stall_threshold_s": cfg.stall_threshold}
+        if cfg.log and cfg.log != "-":
+            self.log_watch = LogWatch(LogTailer(cfg.log), **kw)
+            if sp is not None:
+                self.log_watch.mark_launch_of(sp)
+        elif sp is not None:
+            self.log_watch, where = LogWatch.for_server(sp, **kw)
+            if self.log_watch is None:
+                self.notes.append(f"vLLM log: {where}")
+        if self.log_watch is not None:
+            self.log_watch.recorder = self.recorder
 
     # -- one step --
     def _gpu_blocking(self) -> tuple[GpuPoll, dict[int, str]]:
@@ -281,32 +280,20 @@ class Collector:
             if self.log_watch is not None and v.health == 200 and v.state in ("up", "restarted"):
                 self.log_watch.mark_ready(self.clock.monotonic())
             if self.log_watch is not None and url == next(iter(self.trackers)):
-                if v.max_model_len:
-                    self.log_watch.set_max_model_len(v.max_model_len)
-                if v.is_live and v.metrics is not None and v.last_error is None:
-                    self.log_watch.note_running(v.metrics.running, self.clock.monotonic(), v.metrics.waiting)
+                self.log_watch.note_server(v, self.clock.monotonic())
         self._diagnose()
 
     def views(self) -> dict[str, ServerView]:
         return {url: tr.view() for url, tr in self.trackers.items()}
 
     def _diagnose(self) -> None:
-        lv = self.log_view
-        reqs = getattr(lv, "inflight", None) if lv is not None else None
-        logging_on = getattr(lv, "request_logging", None) if lv is not None else None
+        gpus = self.gpu_history if self.gpu_history.tracks else None
         first = next(iter(self.trackers), None)
-        self.alerts = self.diagnoser.update(
-            self.clock.monotonic(),
-            servers=self.views(),
-            gpus=self.gpu_history if self.gpu_history.tracks else None,
-            startup=lv.snapshot if lv is not None else None,
-            startup_stall=lv.stall if lv is not None else None,
-            requests={first: reqs} if first is not None and reqs is not None else None,
-            request_logging={first: bool(logging_on)} if first is not None and logging_on is not None else None,
-            log_lines=lv.recent if lv is not None else None,
-            log_target=first if lv is not None else None,
-        )
-        if self.recorder is not None:
+        self.alerts = self.diagnoser.update_from(self.clock.monotonic(), servers=self.views(), gpus=gpus,
+                                                 log=self.log_view, log_target=first)
+        key = tuple((a.rule, a.severity, a.target) for a in self.alerts)
+        if self.recorder is not None and key != self._alerts_key:  # as the dashboard: when they change
+            self._alerts_key = key
             self.recorder.alerts(self.clock.time(), self.clock.monotonic(), [a.to_json() for a in self.alerts])
 
     async def run(self, window_s: float) -> Report:

@@ -119,3 +119,17 @@ def test_doctor_on_the_h200_named_the_runaway() -> None:
     rep = json.loads(lzma.open(DEMO / "doctor-runaway.json.xz", "rt").read())
     assert rep["schema"] == "vtop.report/1"
     assert [a["rule"] for a in rep["alerts"]][0] == "runaway"
+
+
+async def test_seeking_back_forgets_what_came_later(demo) -> None:  # type: ignore[no-untyped-def]
+    """Back before the runaway began: its request, and the rules' memory of it, are gone."""
+    app = demo
+    seek_wall(app, EV["runaway_begin"] + 150)
+    assert any(r.request_id == RUNAWAY_ID for r in app.log_view.inflight)
+    assert any(a.rule == "runaway" for a in app.alerts)
+    seek_wall(app, EV["runaway_begin"] - 3)
+    assert not any(r.request_id == RUNAWAY_ID for r in app.log_view.inflight)
+    assert not any(a.rule == "runaway" for a in app.alerts)
+    seek_wall(app, EV["runaway_begin"] + 110)  # and forward again: not flagged before its time
+    assert any(r.request_id == RUNAWAY_ID for r in app.log_view.inflight)
+    assert not any(a.rule == "runaway" for a in app.alerts)

@@ -45,6 +45,7 @@ processes and in-flight requests are read by attribute.
 from __future__ import annotations
 
 from vtop.core.fmt import dur
+from vtop.core.fmt import to_float as _float
 
 import json
 import math
@@ -502,6 +503,22 @@ class Diagnoser:
         self.alerts: list[Alert] = []
 
     # ------------------------------------------------------------------ feeding
+
+    def update_from(self, now: float, *, servers: Mapping[str, ServerView] | None, gpus: GpuHistory | None,
+                    log: Any = None, log_target: str | None = None) -> list[Alert]:
+        """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
+        views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
+        ``request_logging``, ``recent``; see :class:`vtop.sources.logwatch.LogView`)
+        of the server at ``log_target``."""
+        if log is None:
+            return self.update(now, servers=servers, gpus=gpus)
+        return self.update(
+            now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
+            requests={log_target: log.inflight} if log_target else None,
+            request_logging={log_target: log.request_logging} if log_target else None,
+            log_lines=log.recent, log_target=log_target,
+        )
+
 
     def update(
         self,
@@ -1437,15 +1454,6 @@ def _json_keys(s: str | None) -> set[str]:
     except ValueError:
         return set(re.findall(r"[\"']?(\w+)[\"']?\s*:", s))
     return set(obj) if isinstance(obj, dict) else set()
-
-
-def _float(s: str | None) -> float | None:
-    if s is None:
-        return None
-    try:
-        return float(s)
-    except (TypeError, ValueError):
-        return None
 
 
 def _cap_suggestion(mml: int | None) -> int:

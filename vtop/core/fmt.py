@@ -1,4 +1,4 @@
-"""Small text helpers shared by the core's messages (pure)."""
+"""Small text helpers shared by the core and the sources: durations as people say them, numbers from text (pure)."""
 
 from __future__ import annotations
 
@@ -11,3 +11,23 @@ def dur(s: float) -> str:
     if s < 3600:
         return f"{int(s // 60)}m {int(s % 60):02d}s"
     return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+
+
+def to_int(text: str | None) -> int | None:
+    """``int(text)``, or None for None and anything that is not a whole number."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def to_float(text: str | None) -> float | None:
+    """``float(text)``, or None for None and anything that is not a number."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None

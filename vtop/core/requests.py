@@ -54,6 +54,9 @@ Privacy: the tracker never keeps prompt text, only its length.
 
 from __future__ import annotations
 
+from vtop.core.fmt import to_float as _to_float
+from vtop.core.fmt import to_int as _to_int
+
 import calendar
 import re
 import time
@@ -181,24 +184,6 @@ def _repr_len(literal: str) -> int:
     for m in _ESC_RE.finditer(body):
         n -= len(m.group()) - 1
     return n
-
-
-def _to_int(text: str | None) -> int | None:
-    if text is None or text == "None":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _to_float(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _stamp_seconds(stamp: tuple[int, int, int, int, int] | None, year: int) -> float | None:

@@ -36,6 +36,9 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
 
 from __future__ import annotations
 
+from vtop.core.fmt import to_float as _float
+from vtop.core.fmt import to_int as _int
+
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -361,24 +364,6 @@ def parse_human_int(s: str | None) -> int | None:
     power = "kmgt".index(unit.lower()) + 1
     base = 1000 if unit.islower() else 1024
     return int(float(num) * base**power)
-
-
-def _int(s: str | None) -> int | None:
-    if s is None:
-        return None
-    try:
-        return int(s)
-    except ValueError:
-        return None
-
-
-def _float(s: str | None) -> float | None:
-    if s is None:
-        return None
-    try:
-        return float(s)
-    except ValueError:
-        return None
 
 
 def url_for(host: str | None, port: int) -> tuple[str, str]:

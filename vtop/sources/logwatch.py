@@ -69,10 +69,30 @@ class LogWatch:
         #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
         self.recorder: Any = None
         self._ready_recorded = False
+        self._restarts_seen = 0
+        self._max_len_sent: int | None = None
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
         return cls(open_log(spec), **kw)
+
+    @classmethod
+    def for_server(cls, server: Any, *, clock: Clock, **kw: Any) -> tuple[LogWatch | None, str]:
+        """The log a running server writes (its stdout, found in /proc), with its launch
+        time handed to the tracker; or None and why not (a pipe, a terminal...)."""
+        from vtop.sources.logtail import LogTailer, find_log_for_pid
+
+        loc = find_log_for_pid(server.pid)
+        if loc.path is None:
+            return None, loc.message
+        watch = cls(LogTailer(loc.path), clock=clock, **kw)
+        watch.mark_launch_of(server)
+        return watch, f"{loc.path} (stdout of pid {server.pid})"
+
+    def mark_launch_of(self, server: Any) -> None:
+        """Tell the tracker when ``server`` (a ServerProcess) was launched."""
+        now = self.clock.monotonic()
+        self.mark_process_start(server.create_time, now - max(0.0, self.clock.time() - server.create_time))
 
     # Thread-safe inputs -----------------------------------------------------
     def mark_ready(self, mono: float, source: str = "health") -> None:
@@ -100,6 +120,35 @@ class LogWatch:
     def reset_requests(self) -> None:
         """The server restarted: nothing it had in flight is still running."""
         self._events.put(("reset_requests", None))
+
+    def note_server(self, view: Any, mono: float) -> None:
+        """What the server this log belongs to says at one poll (a
+        :class:`~vtop.core.server.ServerView`): a restart clears the requests in
+        flight, ``max_model_len`` tells which requests came without ``max_tokens``,
+        and the running gauge falling to 0 ends every logged request. Thread-safe."""
+        if view.restarts != self._restarts_seen:
+            self._restarts_seen = view.restarts
+            self.reset_requests()
+        if view.max_model_len and view.max_model_len != self._max_len_sent:
+            self._max_len_sent = view.max_model_len
+            self.set_max_model_len(view.max_model_len)
+        m = view.metrics
+        if view.is_live and m is not None and view.last_error is None:
+            self.note_running(m.running, mono, m.waiting)
+
+    def reset(self) -> None:
+        """Forget everything read (a replay seeking back); the source stays."""
+        with self._lock:
+            self.tracker = PhaseTracker()
+            self.requests = RequestTracker()
+            self._lines_total = 0
+            self._restarts_seen = 0
+            self._max_len_sent = None
+            while True:
+                try:
+                    self._events.get_nowait()
+                except queue.Empty:
+                    break
 
     # Polled from one thread ---------------------------------------------------
     def poll(self) -> LogView:

@@ -18,7 +18,8 @@ happened, on the recording box's clocks (``t`` wall, ``mono`` monotonic):
   the phase tracker from elsewhere.
 * ``alerts``: the diagnosis when it changes (for people reading the file; a
   replay works them out again from the samples).
-* ``mark``: a label for what was going on (benchmarks, tests).
+* ``mark``: a label for what was going on (benchmarks, tests); ``note``: a
+  sample that could not be encoded (the recording goes on).
 
 Readers skip kinds they do not know, and damaged lines (a crash mid-line).
 Version 1 files (``gpu`` and ``mark`` only) read the same.
@@ -104,7 +105,8 @@ class Recorder:
             self._put(header)
 
     # -- the writer thread --
-    def _put(self, obj: dict[str, Any]) -> None:
+    def _put(self, obj: Any) -> None:
+        """A record, or a function that makes one (or None) on the writer thread."""
         if not self._closed:
             self._q.put(obj)
 
@@ -117,6 +119,13 @@ class Recorder:
                 obj = {}
             if obj is None:
                 break
+            if callable(obj):
+                # encoding (metrics to JSON, the change against the last record) happens
+                # here, never on the caller's thread (the UI thread, for server polls)
+                try:
+                    obj = obj() or {}
+                except Exception as e:  # noqa: BLE001 - a bad sample must not end the recording
+                    obj = {"kind": "note", "message": f"a sample could not be recorded: {type(e).__name__}: {e}"}
             ev = obj.get("__flush__") if obj else None
             if obj and ev is None:
                 self._write(obj)
@@ -166,6 +175,10 @@ class Recorder:
         """A :class:`~vtop.sources.vllm.ServerPoll`; metrics as changes (see module doc).
         ``fed``: the monotonic time the poll was handed to the tracker (its rates are
         worked out then), so a replay computes them at the same instant."""
+        self._put(lambda: self._encode_server(poll, fed))
+
+    def _encode_server(self, poll: Any, fed: float | None) -> dict[str, Any]:
+        """On the writer thread (the only one that touches ``_last_m``)."""
         from vtop.sources.codec import metrics_to_json, poll_to_json
 
         d: dict[str, Any] = {"kind": "server", **poll_to_json(poll, metrics=False)}
@@ -182,17 +195,21 @@ class Recorder:
                 d["m"] = {k: v for k, v in m.items() if prev.get(k) != v}
                 self._since_key[poll.url] = n + 1
             self._last_m[poll.url] = m
-        self._put(d)
+        return d
 
     def processes(self, t: float, mono: float, servers: Iterable[Any]) -> None:
         """The server processes found; written only when they changed."""
+        servers = list(servers)
+        self._put(lambda: self._encode_procs(t, mono, servers))
+
+    def _encode_procs(self, t: float, mono: float, servers: list[Any]) -> dict[str, Any] | None:
         from vtop.sources.codec import process_to_json
 
         procs = [process_to_json(sp) for sp in servers]
         if procs == self._last_procs:
-            return
+            return None
         self._last_procs = procs
-        self._put({"kind": "procs", "t": t, "mono": mono, "servers": procs})
+        return {"kind": "procs", "t": t, "mono": mono, "servers": procs}
 
     def log(self, t: float, mono: float, lines: list[str]) -> None:
         if not lines:

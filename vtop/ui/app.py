@@ -128,7 +128,6 @@ class VtopApp(App[int]):
         self.diagnoser = Diagnoser(Thresholds(runaway_s=config.runaway_threshold))
         self.alerts: list[Any] = []
         self._alerts_key: Any = None
-        self._restarts_seen: dict[str, int] = {}
 
     def get_driver_class(self) -> Any:
         """Textual's own driver, except on Linux: the same with a key thread that sleeps
@@ -316,18 +315,14 @@ class VtopApp(App[int]):
                 return
             servers = mine
         sp = servers[0]
-        from vtop.sources.logtail import LogTailer, find_log_for_pid
-
-        loc = find_log_for_pid(sp.pid)
-        if loc.path is None:
-            panel.set_message(f"vLLM log: {loc.message}")
+        watch, where = LogWatch.for_server(sp, clock=self.servers.clock, stall_threshold_s=self.config.stall_threshold)
+        if watch is None:
+            panel.set_message(f"vLLM log: {where}")
             return
-        self.log_watch = LogWatch(LogTailer(loc.path), stall_threshold_s=self.config.stall_threshold)
+        self.log_watch = watch
         self.log_watch.recorder = self.recorder
-        now = time.monotonic()
-        self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
         self._launch_marked = sp.key
-        panel.set_message(f"vLLM log: {loc.path} (stdout of pid {sp.pid})")
+        panel.set_message(f"vLLM log: {where}")
         self.w_log.display = True
         if self.autopoll:
             self._start_log_loop()
@@ -340,8 +335,7 @@ class VtopApp(App[int]):
         if self._launch_marked == sp.key:
             return
         self._launch_marked = sp.key
-        now = time.monotonic()
-        self.log_watch.mark_process_start(sp.create_time, now - max(0.0, time.time() - sp.create_time))
+        self.log_watch.mark_launch_of(sp)
 
     def diagnose(self, *, show: bool = True) -> list[Any]:
         """Run the rules over what is on screen now; show and record what changed.
@@ -356,17 +350,8 @@ class VtopApp(App[int]):
         if lv is not None and self.servers.entries:
             e = self._action_entry()
             target = e.url if e is not None else None
-        alerts = self.diagnoser.update(
-            now,
-            servers=views,
-            gpus=self.gpu_history if self.gpu_history.tracks else None,
-            startup=lv.snapshot if lv is not None else None,
-            startup_stall=lv.stall if lv is not None else None,
-            requests={target: lv.inflight} if lv is not None and target else None,
-            request_logging={target: lv.request_logging} if lv is not None and target else None,
-            log_lines=lv.recent if lv is not None else None,
-            log_target=target,
-        )
+        alerts = self.diagnoser.update_from(now, servers=views, gpus=self.gpu_history if self.gpu_history.tracks else None,
+                                            log=lv, log_target=target)
         self.alerts = alerts
         if show:
             self._widget("alerts", AlertsPanel).show_alerts(alerts)
@@ -383,18 +368,11 @@ class VtopApp(App[int]):
         self.query_one("#servers-msg", Static).display = False
 
     def _on_server_view(self, entry: Any, view: Any) -> None:
-        lw = self.log_watch
-        if lw is not None and entry is self._action_entry():
-            if view.restarts != self._restarts_seen.get(entry.url, 0):
-                self._restarts_seen[entry.url] = view.restarts
-                lw.reset_requests()
-            if view.max_model_len:
-                lw.set_max_model_len(view.max_model_len)
-            if view.is_live and view.metrics is not None and view.last_error is None:
-                lw.note_running(view.metrics.running, self.servers.clock.monotonic(), view.metrics.waiting)
+        if self.log_watch is not None and entry is self._action_entry():
+            self.log_watch.note_server(view, self.servers.clock.monotonic())
         if (self.log_watch is not None and self.replay is None and view.health == 200
                 and view.state in ("up", "restarted")):
-            self.log_watch.mark_ready(time.monotonic())
+            self.log_watch.mark_ready(self.servers.clock.monotonic())
         self._dirty.add("servers")
         self._paint_soon()
 
@@ -483,11 +461,11 @@ class VtopApp(App[int]):
         self.gpu_history.last_poll = None
         self.proc_names = {}
         self.servers.reset()
+        self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
+        self.alerts = []
+        self._alerts_key = None
         if self.log_watch is not None:
-            from vtop.core.phases import PhaseTracker
-
-            self.log_watch.tracker = PhaseTracker()
-            self.log_watch.source.pending.clear() if hasattr(self.log_watch.source, "pending") else None
+            self.log_watch.reset()
         self._dirty.update(("gpu", "log", "servers"))
         for e in self.servers.entries.values():
             e.dirty = True

@@ -176,6 +176,8 @@ class ReplayDriver:
         self._i = 0
         self.ended = False
         self.clock.mono = self.start
+        if app.log_watch is not None:
+            app.log_watch.source.pending.clear()  # type: ignore[attr-defined]
         app.reset_state()
 
     # ------------------------------------------------------------ controls
