@@ -304,7 +304,8 @@ class VtopApp(App[int]):
             return
         panel = self.w_startup
         if not servers:
-            panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -)")
+            panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -). "
+                              "Nothing to watch here? `vtop demo` plays a real incident recorded on an H200.")
             return
         if self.config.urls:
             # URLs given: only a server behind one of them is ours to follow.
