@@ -189,8 +189,7 @@ class Collector:
 
     # -- set-up --
     async def _setup(self) -> None:
-        import httpx
-
+        from vtop.sources.http11 import HttpPool
         from vtop.sources.vllm import VllmScraper
 
         if self.discover is not None:
@@ -203,7 +202,7 @@ class Collector:
         urls = [normalize_url(u) for u in self.config.urls]
         if not urls:
             urls = [sp.url for sp in self.processes] or [FALLBACK_URL]
-        self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+        self._client = HttpPool()
         import os
 
         api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None

@@ -14,11 +14,11 @@ import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from vtop.clock import SystemClock
-from vtop.sources.vllm import ServerPoll, VllmScraper
+from vtop.sources.http11 import HttpPool
+from vtop.sources.vllm import ServerPoll, Timeout, VllmScraper
 
 FIX = Path(__file__).parent.parent / "fixtures" / "vllm"
 SHARED = Path(__file__).parent.parent / "fixtures"
@@ -124,17 +124,18 @@ async def server() -> AsyncIterator[Server]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as c:
-        yield c
+async def client() -> AsyncIterator[HttpPool]:
+    c = HttpPool()
+    yield c
+    await c.aclose()
 
 
 # Generous enough for a loaded 2-core CI box (a real vLLM server may be compiling beside the
 # tests), short enough that the fault tests stay quick.
-SHORT = httpx.Timeout(connect=2.0, read=1.5, write=1.0, pool=1.0)
+SHORT = Timeout(connect=2.0, read=1.5)
 
 
-def scraper(url: str, client: httpx.AsyncClient, **kw: object) -> VllmScraper:
+def scraper(url: str, client: HttpPool, **kw: object) -> VllmScraper:
     kw.setdefault("timeout", SHORT)
     return VllmScraper(url, client=client, clock=SystemClock(), **kw)  # type: ignore[arg-type]
 
@@ -149,7 +150,7 @@ def all_text(p: ServerPoll) -> str:
 # --- the good path --------------------------------------------------------------------
 
 
-async def test_real_payload_and_info(server: Server, client: httpx.AsyncClient) -> None:
+async def test_real_payload_and_info(server: Server, client: HttpPool) -> None:
     vllm_routes(server)
     sc = scraper(server.url, client, timeout=None)
     p = await sc.poll()
@@ -171,7 +172,7 @@ async def test_real_payload_and_info(server: Server, client: httpx.AsyncClient) 
     assert all("authorization" not in h for _, h in server.seen)
 
 
-async def test_big_body_is_parsed_in_a_thread(server: Server, client: httpx.AsyncClient,
+async def test_big_body_is_parsed_in_a_thread(server: Server, client: HttpPool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     vllm_routes(server)
     called: list[object] = []
@@ -192,7 +193,7 @@ async def test_big_body_is_parsed_in_a_thread(server: Server, client: httpx.Asyn
 # --- faults ------------------------------------------------------------------------------
 
 
-async def test_slow_server_times_out_in_budget(server: Server, client: httpx.AsyncClient) -> None:
+async def test_slow_server_times_out_in_budget(server: Server, client: HttpPool) -> None:
     async def slow(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         await asyncio.sleep(5)
         await send(w, 200, PAYLOAD)
@@ -207,7 +208,7 @@ async def test_slow_server_times_out_in_budget(server: Server, client: httpx.Asy
     assert "no answer" in p.message or "no complete answer" in p.message
 
 
-async def test_trickling_body_hits_the_deadline(server: Server, client: httpx.AsyncClient) -> None:
+async def test_trickling_body_hits_the_deadline(server: Server, client: HttpPool) -> None:
     async def trickle(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, 100000))
         for _ in range(100):
@@ -222,7 +223,7 @@ async def test_trickling_body_hits_the_deadline(server: Server, client: httpx.As
     assert p.error == "timeout" and time.monotonic() - t0 < 1.6
 
 
-async def test_http_500(server: Server, client: httpx.AsyncClient) -> None:
+async def test_http_500(server: Server, client: HttpPool) -> None:
     async def err(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         await send(w, 500, b"Internal Server Error")
 
@@ -234,7 +235,7 @@ async def test_http_500(server: Server, client: httpx.AsyncClient) -> None:
     assert p.health == 503  # the port answers HTTP, so /health was asked too
 
 
-async def test_html_page_is_not_vllm(server: Server, client: httpx.AsyncClient) -> None:
+async def test_html_page_is_not_vllm(server: Server, client: HttpPool) -> None:
     async def html(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         await send(w, 200, b"<!DOCTYPE html><html><body>Grafana</body></html>", "text/html")
 
@@ -243,7 +244,7 @@ async def test_html_page_is_not_vllm(server: Server, client: httpx.AsyncClient) 
     assert not p.ok and p.error == "not vllm" and "HTML" in p.message
 
 
-async def test_other_exporter_is_not_vllm(server: Server, client: httpx.AsyncClient) -> None:
+async def test_other_exporter_is_not_vllm(server: Server, client: HttpPool) -> None:
     body = b"# HELP node_load1 1m load.\n# TYPE node_load1 gauge\nnode_load1 0.42\n"
     vllm_routes(server, metrics=body)
     p = await scraper(server.url, client).poll()
@@ -251,13 +252,13 @@ async def test_other_exporter_is_not_vllm(server: Server, client: httpx.AsyncCli
     assert p.metrics is not None and not p.metrics.is_vllm
 
 
-async def test_garbage(server: Server, client: httpx.AsyncClient) -> None:
+async def test_garbage(server: Server, client: HttpPool) -> None:
     vllm_routes(server, metrics=bytes(range(256)) * 40)
     p = await scraper(server.url, client).poll()
     assert not p.ok and p.error == "garbage" and "not Prometheus text" in p.message
 
 
-async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: httpx.AsyncClient) -> None:
+async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: HttpPool) -> None:
     chunk = b"x" * (1024 * 1024)
 
     async def huge(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
@@ -270,7 +271,7 @@ async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: http
     gc.collect()
     tracemalloc.start()
     try:
-        p = await scraper(server.url, client, timeout=httpx.Timeout(5.0)).poll()
+        p = await scraper(server.url, client, timeout=Timeout(5.0, 5.0)).poll()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -279,7 +280,7 @@ async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: http
     assert peak < 40 * 1024 * 1024, peak
 
 
-async def test_announced_huge_body_is_not_read(server: Server, client: httpx.AsyncClient) -> None:
+async def test_announced_huge_body_is_not_read(server: Server, client: HttpPool) -> None:
     async def announced(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, 50 * 1024 * 1024) + b"x" * 1000)
         await w.drain()
@@ -291,7 +292,7 @@ async def test_announced_huge_body_is_not_read(server: Server, client: httpx.Asy
     assert p.error == "too large" and time.monotonic() - t0 < 1.0
 
 
-async def test_connection_reset_mid_body(server: Server, client: httpx.AsyncClient) -> None:
+async def test_connection_reset_mid_body(server: Server, client: HttpPool) -> None:
     async def cut(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, len(PAYLOAD)) + PAYLOAD[:5000])
         await w.drain()
@@ -305,7 +306,7 @@ async def test_connection_reset_mid_body(server: Server, client: httpx.AsyncClie
     assert "dropped the connection" in p.message
 
 
-async def test_closed_mid_body_without_rst(server: Server, client: httpx.AsyncClient) -> None:
+async def test_closed_mid_body_without_rst(server: Server, client: HttpPool) -> None:
     async def cut(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, len(PAYLOAD)) + PAYLOAD[:5000])
         await w.drain()
@@ -315,7 +316,7 @@ async def test_closed_mid_body_without_rst(server: Server, client: httpx.AsyncCl
     assert p.error == "reset" and "5000 bytes received" in p.message
 
 
-async def test_connection_refused(client: httpx.AsyncClient) -> None:
+async def test_connection_refused(client: HttpPool) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -326,13 +327,13 @@ async def test_connection_refused(client: httpx.AsyncClient) -> None:
     assert p.status is None and not p.health_polled  # nothing else is tried on a closed port
 
 
-async def test_dns_failure(client: httpx.AsyncClient) -> None:
+async def test_dns_failure(client: HttpPool) -> None:
     p = await scraper("http://no-such-host.invalid:8000", client).poll()
     assert not p.ok and p.error in ("dns", "timeout", "other")
     assert p.message
 
 
-async def test_engine_dead_health(server: Server, client: httpx.AsyncClient) -> None:
+async def test_engine_dead_health(server: Server, client: HttpPool) -> None:
     vllm_routes(server, health=503)
     sc = scraper(server.url, client, timeout=None)
     p = await sc.poll()
@@ -342,7 +343,7 @@ async def test_engine_dead_health(server: Server, client: httpx.AsyncClient) -> 
     assert p2.health_polled and p2.health == 503
 
 
-async def test_reconnect_refreshes_info(server: Server, client: httpx.AsyncClient) -> None:
+async def test_reconnect_refreshes_info(server: Server, client: HttpPool) -> None:
     vllm_routes(server)
     sc = scraper(server.url, client, timeout=None)
     assert (await sc.poll()).info_polled
@@ -362,7 +363,7 @@ async def test_reconnect_refreshes_info(server: Server, client: httpx.AsyncClien
 # --- the API key ----------------------------------------------------------------------------
 
 
-async def test_api_key_only_to_v1_and_never_in_output(server: Server, client: httpx.AsyncClient) -> None:
+async def test_api_key_only_to_v1_and_never_in_output(server: Server, client: HttpPool) -> None:
     async def echo(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         body = ("<html>Unauthorized. You sent: " + json.dumps(h) + "</html>").encode()
         await send(w, 401, body, "text/html")
@@ -380,7 +381,7 @@ async def test_api_key_only_to_v1_and_never_in_output(server: Server, client: ht
     assert SECRET not in all_text(p)
 
 
-async def test_api_key_not_in_errors_when_everything_echoes(server: Server, client: httpx.AsyncClient) -> None:
+async def test_api_key_not_in_errors_when_everything_echoes(server: Server, client: HttpPool) -> None:
     async def echo(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         await send(w, 500, ("error, headers were " + json.dumps(h)).encode())
 
@@ -399,7 +400,7 @@ async def test_api_key_not_in_errors_when_everything_echoes(server: Server, clie
     assert SECRET not in all_text(p)
 
 
-async def test_api_key_not_in_connection_errors(client: httpx.AsyncClient) -> None:
+async def test_api_key_not_in_connection_errors(client: HttpPool) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -409,7 +410,7 @@ async def test_api_key_not_in_connection_errors(client: httpx.AsyncClient) -> No
     assert p.error == "refused" and SECRET not in all_text(p) and SECRET not in repr(sc)
 
 
-async def test_poll_never_raises_on_internal_errors(server: Server, client: httpx.AsyncClient,
+async def test_poll_never_raises_on_internal_errors(server: Server, client: HttpPool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     vllm_routes(server)
     import vtop.sources.vllm as mod

@@ -559,12 +559,15 @@ class VtopApp(App[int]):
     async def _write_snapshot(self) -> None:
         from vtop.core.phases import summarize
         from vtop.sources.logtail import LogTailer
+        from vtop.sources.vllm import MAX_BODY_BYTES
 
         metrics: dict[str, bytes | None] = {}
         for url in self.servers.entries:
             try:
-                r = await self.servers.client.get(url + "/metrics", timeout=3.0)
-                metrics[url] = r.content
+                _, body = await asyncio.wait_for(
+                    self.servers.client.get(url + "/metrics", headers=[("Accept-Encoding", "identity")],
+                                            limit=MAX_BODY_BYTES), 3.0)
+                metrics[url] = body
             except Exception:  # the bundle says the server gave nothing
                 metrics[url] = None
         src = getattr(self.log_watch, "source", None)
@@ -628,7 +631,7 @@ class VtopApp(App[int]):
         v = e.last_view
         models = [v.model_id] if v is not None and v.model_id else ([e.process.served_name] if e.process and e.process.served_name else [])
         self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
-                                     client=self.servers.client, api_key=self.servers.api_key))
+                                     client=self.servers.action_client, api_key=self.servers.api_key))
 
     # ----------------------------------------------------------------- actions
     def action_requests(self) -> None:

@@ -4,9 +4,10 @@
   process table (a thread, every few seconds) and each gets a card; with
   none found, ``http://localhost:8000`` is watched so a server started later,
   or one vtop cannot see (another container), still shows up.
-* Each server is polled by one asyncio task on the UI loop (httpx is async,
-  with explicit timeouts; the task awaits its poll before sleeping, so polls
-  of one server never overlap). One ``httpx.AsyncClient`` serves them all.
+* Each server is polled by one asyncio task on the UI loop (async HTTP with
+  a deadline; the task awaits its poll before sleeping, so polls of one
+  server never overlap). One :class:`~vtop.sources.http11.HttpPool` serves
+  them all.
 * Discovery also tells the trackers whether a vLLM process exists (refused
   + process = ``starting``, refused + none = ``down``), which PIDs hold the
   GPUs (for the GPU cards), and where the first server's log goes.
@@ -19,8 +20,6 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import httpx
-
 from vtop.clock import Clock, SystemClock
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
 from vtop.sources.discovery import (
@@ -32,6 +31,7 @@ from vtop.sources.discovery import (
     url_hostport as _hostport,
     url_matches,
 )
+from vtop.sources.http11 import HttpPool
 from vtop.sources.vllm import ServerPoll, VllmScraper
 from vtop.ui.polling import PollLoop
 from vtop.ui.widgets.server_panel import ServerCard
@@ -69,19 +69,30 @@ class ServerWatch:
         self.on_view: list[Callable[[ServerEntry, ServerView], None]] = []
         self.on_first_discovery: list[Callable[[list[ServerProcess]], None]] = []
         self.on_discovery: list[Callable[[list[ServerProcess]], None]] = []
-        self._client: httpx.AsyncClient | None = None
+        self._client: HttpPool | None = None
+        self._action_client: Any = None
         self._disc_loop: PollLoop | None = None
         self.api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None
         self._autopoll = False
 
     # -------------------------------------------------------------- set-up
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> HttpPool:
+        """The scrapes' connections (and the snapshot's /metrics)."""
         if self._client is None:
-            # Loopback by default; never let environment proxies reroute a local scrape.
-            self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False,
-                                             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+            self._client = HttpPool()
         return self._client
+
+    @property
+    def action_client(self) -> Any:
+        """An ``httpx.AsyncClient`` for the test request (streaming POST, JSON):
+        made, and httpx imported, the first time a key needs it."""
+        if self._action_client is None:
+            import httpx
+
+            # Never let environment proxies reroute a request to a local server.
+            self._action_client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+        return self._action_client
 
     def start(self, *, autopoll: bool = True) -> None:
         # Scraping starts after the first process scan (a few ms): a refused port
@@ -135,6 +146,8 @@ class ServerWatch:
         self.stop()
         if self._client is not None:
             await self._client.aclose()
+        if self._action_client is not None:
+            await self._action_client.aclose()
 
     # ----------------------------------------------------------- discovery
     def _discover_blocking(self) -> list[ServerProcess]:

@@ -1,0 +1,196 @@
+"""The scrape's HTTP/1.1 client against real sockets on 127.0.0.1: keep-alive,
+a server that closes idle connections, chunked and compressed bodies, answers
+that are not HTTP, and refusal on a name that resolves to two addresses.
+(The scraper's fault tests in ``test_vllm_source.py`` go through it too.)"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from vtop.sources.http11 import HttpError, HttpPool, split_url
+
+BODY = b"vllm:num_requests_running 3.0\n" * 2000  # 60 KB, several reads
+
+
+class KeepAliveServer:
+    """Answers every request on a connection until told otherwise; counts
+    connections and requests. ``mode`` picks the answer."""
+
+    def __init__(self) -> None:
+        self.mode = "length"
+        self.connections = 0
+        self.requests: list[str] = []
+        self.close_after_each = False
+        self.writers: list[asyncio.StreamWriter] = []
+        self.partial_sent = asyncio.Event()
+        self.release = asyncio.Event()
+        self.port = 0
+        self._srv: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._srv = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = self._srv.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(w)
+        try:
+            while True:
+                line = await r.readline()
+                if not line:
+                    return
+                while (await r.readline()) not in (b"\r\n", b""):
+                    pass
+                self.requests.append(line.decode().split()[1])
+                if self.mode == "length":
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+                elif self.mode == "chunked":
+                    w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    for i in range(0, len(BODY), 7000):
+                        part = BODY[i:i + 7000]
+                        w.write(b"%x\r\n" % len(part) + part + b"\r\n")
+                        await w.drain()
+                    w.write(b"0\r\n\r\n")
+                elif self.mode == "gzip":
+                    z = gzip.compress(BODY)
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(z) + z)
+                elif self.mode == "bomb":
+                    z = gzip.compress(b"\0" * (64 * 1024 * 1024))  # 64 MiB in ~64 KB
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(z) + z)
+                elif self.mode == "partial":
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY[:1000])
+                    await w.drain()
+                    self.partial_sent.set()
+                    await self.release.wait()
+                    w.write(BODY[1000:])
+                elif self.mode == "ssh":
+                    w.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+                    await w.drain()
+                    w.close()
+                    return
+                await w.drain()
+                if self.close_after_each:
+                    w.close()
+                    return
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+
+    async def stop(self) -> None:
+        assert self._srv is not None
+        self._srv.close()
+        for w in self.writers:
+            w.close()
+
+
+@pytest.fixture
+async def srv() -> AsyncIterator[KeepAliveServer]:
+    s = KeepAliveServer()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[HttpPool]:
+    p = HttpPool()
+    yield p
+    await p.aclose()
+
+
+async def test_keep_alive_reuses_one_connection(srv: KeepAliveServer, pool: HttpPool) -> None:
+    for path in ("/metrics", "/health", "/metrics", "/v1/models?x=1"):
+        status, body = await pool.get(srv.url + path, limit=1 << 20)
+        assert status == 200 and body == BODY
+    assert srv.connections == 1 and pool.connects == 1
+    assert srv.requests == ["/metrics", "/health", "/metrics", "/v1/models?x=1"]
+
+
+async def test_server_closing_idle_connection_is_retried_once(srv: KeepAliveServer, pool: HttpPool) -> None:
+    await pool.get(srv.url + "/metrics", limit=1 << 20)
+    for w in srv.writers:  # uvicorn closes idle keep-alive connections after 5 s
+        w.close()
+    await asyncio.sleep(0.05)
+    status, body = await pool.get(srv.url + "/metrics", limit=1 << 20)
+    assert status == 200 and body == BODY
+    assert srv.connections == 2
+
+
+async def test_connection_close_answers_are_not_reused(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.close_after_each = True
+    for _ in range(3):
+        assert (await pool.get(srv.url + "/metrics", limit=1 << 20))[1] == BODY
+    assert srv.connections == 3
+
+
+async def test_chunked_body(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.mode = "chunked"
+    assert await pool.get(srv.url + "/metrics", limit=1 << 20) == (200, BODY)
+    assert await pool.get(srv.url + "/metrics", limit=1 << 20) == (200, BODY)
+    assert srv.connections == 1
+
+
+async def test_chunked_body_over_the_limit(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.mode = "chunked"
+    with pytest.raises(HttpError) as e:
+        await pool.get(srv.url + "/metrics", limit=10_000)
+    assert e.value.kind == "too large" and e.value.status == 200
+
+
+async def test_gzip_is_inflated_and_a_bomb_is_bounded(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.mode = "gzip"
+    assert await pool.get(srv.url + "/metrics", limit=1 << 20) == (200, BODY)
+    srv.mode = "bomb"
+    with pytest.raises(HttpError) as e:
+        await pool.get(srv.url + "/metrics", limit=1 << 20)
+    assert e.value.kind == "too large"
+
+
+async def test_not_http(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.mode = "ssh"
+    with pytest.raises(HttpError) as e:
+        await pool.get(srv.url + "/metrics", limit=1 << 20)
+    assert e.value.kind == "other" and "did not answer in HTTP" in e.value.message
+
+
+async def test_refused_on_localhost_with_two_addresses(pool: HttpPool) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(HttpError) as e:
+        await pool.get(f"http://localhost:{port}/metrics", limit=1000)
+    assert e.value.kind == "refused", e.value.message
+    assert f"localhost:{port}" in e.value.message
+
+
+async def test_cancelled_request_does_not_leave_a_half_read_connection(srv: KeepAliveServer, pool: HttpPool) -> None:
+    srv.mode = "partial"
+    task = asyncio.ensure_future(pool.get(srv.url + "/metrics", limit=1 << 20))
+    await asyncio.wait_for(srv.partial_sent.wait(), 5)
+    await asyncio.sleep(0.05)  # the client is now waiting for the rest of the body
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    srv.release.set()
+    srv.mode = "length"
+    assert await pool.get(srv.url + "/metrics", limit=1 << 20) == (200, BODY)
+    assert srv.connections == 2  # the half-read connection was closed, not reused
+
+
+def test_split_url() -> None:
+    assert split_url("http://h:8000") == ("http", "h", 8000, "/")
+    assert split_url("https://h/metrics?a=1") == ("https", "h", 443, "/metrics?a=1")
+    assert split_url("http://[::1]:9/x") == ("http", "::1", 9, "/x")
+    with pytest.raises(ValueError):
+        split_url("ftp://h/")
+    with pytest.raises(ValueError):
+        split_url("http:///nohost")
