@@ -73,3 +73,50 @@ def test_one_row_fast_path_matches_the_general_one() -> None:
     vals = [None if rnd.random() < 0.1 else rnd.uniform(-20, 130) for _ in range(500)] + [float("nan")]
     assert spark(vals) == spark_rows(vals, 1)[0]
     assert spark(vals, lo=10, hi=20) == spark_rows(vals, 1, lo=10, hi=20)[0]
+
+
+def test_cells_sit_on_a_fixed_grid_so_still_data_does_not_shimmer() -> None:
+    # 1 Hz samples, 60 s on 12 cells of 5 s: between two boundaries only the last
+    # cell may change; crossing a boundary shifts the chart by exactly one cell.
+    s = Series(window_s=120)
+    vals = [float((7 * t) % 50) for t in range(200)]
+    for t in range(1, 101):
+        s.append(float(t), vals[t])
+    a = s.buckets(now=101.0, width=12, window_s=60)
+    s.append(102.0, vals[102])
+    b = s.buckets(now=102.0, width=12, window_s=60)
+    assert a[:-1] == b[:-1]  # 101 and 102 are in the same 5 s cell (100, 105]
+    for t in range(103, 106):
+        s.append(float(t), vals[t])
+    c = s.buckets(now=105.5, width=12, window_s=60)
+    assert c[:-2] == b[1:-1]  # one cell to the left
+    assert c[-2] == max(vals[101:106])  # (100, 105] is now finished
+
+
+def test_cached_cells_equal_a_fresh_resample() -> None:
+    import random
+
+    rnd = random.Random(11)
+    for trial in range(40):
+        win = rnd.choice([30.0, 60.0, 300.0])
+        s = Series(window_s=2 * win)  # as the app keeps them: twice the chart
+        pts: list[tuple[float, float | None]] = []
+        t = rnd.uniform(0, 1000)
+        for _ in range(400):
+            step = rnd.choice([0.25, 0.5, 1.0, 1.0, 1.0, 3.0, 12.0])
+            late = rnd.random() < 0.05 and pts
+            t_new = t - rnd.uniform(0, 2.0) if late else t + step  # late: a poll that started earlier
+            if late and t_new <= pts[-1][0]:
+                t_new = pts[-1][0]  # equal times are allowed, going back restarts the series
+            t = max(t, t_new)
+            v = None if rnd.random() < 0.1 else rnd.uniform(0, 100)
+            s.append(t_new, v)
+            pts.append((t_new, v))
+            pts = [p for p in pts if p[0] >= t_new - s.window_s]
+            if rnd.random() < 0.5:
+                for width in (7, 20, 60):
+                    now = t + rnd.choice([0.0, 0.0, 0.3])
+                    gap = rnd.choice([None, 2.5])
+                    got = s.buckets(now, width, win, max_gap=gap)
+                    want = resample(list(s), now, width, win, max_gap=gap)
+                    assert got == want, (trial, width, now, gap)

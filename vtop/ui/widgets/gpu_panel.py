@@ -18,6 +18,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.strip import Strip
 from textual.containers import Container
+from textual.geometry import Region
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Static
@@ -124,30 +125,50 @@ class _RunsWidget(Widget):
 
     Measured with 8 GPUs at 1 Hz on a 2-core box: drawing through ``render()``
     (Rich Text -> Content -> strips on every paint) cost about 3 ms a card;
-    building segments directly from cached styles keeps vtop within its
-    budget of 1 % of one core.
+    building segments directly from cached styles is a fraction of that.
+
+    After new data only the rows whose runs changed are marked dirty
+    (``refresh(region)``): Textual then re-renders those lines and composes
+    only their part of the screen, and each row's strip is kept until its runs
+    change. A server card at rest repaints nothing; under load the latency
+    and "finished" rows, and charts that did not move, are not redrawn.
     """
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self._version = 0
-        self._strips_key: tuple[int, int, bool] | None = None
-        self._strips: list[Strip] = []
         self._styles: dict[str, Style] = {}
         self._lines_key: tuple[int, int] | None = None
         self._lines: list[list[Run]] = []
+        self._row_strips: dict[int, tuple[list[Run], int, Strip]] = {}
+        self._shown: list[list[Run]] | None = None
+        self._shown_width = 0
 
     def lines(self, width: int) -> list[list[Run]]:
         raise NotImplementedError
 
     def invalidate(self) -> None:
-        """New data: rebuild the lines on the next paint."""
+        """New data: repaint the rows that changed on the next paint."""
         self._version += 1
-        self.refresh()
+        self.repaint_changed()
+
+    def repaint_changed(self) -> None:
+        width = self.content_region.width
+        shown = self._shown
+        if not width or shown is None or width != self._shown_width:
+            self.refresh()
+            return
+        new = self.lines_cached(width)
+        if len(new) != len(shown):
+            self.refresh()
+            return
+        for y, (a, b) in enumerate(zip(shown, new)):
+            if a != b:
+                self.refresh(Region(0, y, width, 1))
 
     def notify_style_update(self) -> None:
         self._styles.clear()
-        self._strips_key = None
+        self._row_strips.clear()
         super().notify_style_update()
 
     def _seg_style(self, key: str, base: Style) -> Style:
@@ -167,17 +188,41 @@ class _RunsWidget(Widget):
 
     def render_line(self, y: int) -> Strip:
         width = self.content_region.width or self.size.width
-        key = (self._version, width, False)
-        if key != self._strips_key:
-            self._strips_key = key
-            base = self.rich_style
-            self._strips = []
-            for runs in self.lines_cached(width):
-                segs = [Segment(text, self._seg_style(k, base)) for text, k in runs if text]
-                self._strips.append(Strip(segs).crop_extend(0, width, base))
-        if y < len(self._strips):
-            return self._strips[y]
-        return Strip.blank(width, self.rich_style)
+        lines = self.lines_cached(width)
+        self._shown, self._shown_width = lines, width
+        base = self._base_style()
+        if y >= len(lines):
+            return Strip.blank(width, base)
+        runs = lines[y]
+        cached = self._row_strips.get(y)
+        if cached is not None and cached[1] == width and cached[0] == runs:
+            return cached[2]
+        # One segment per run of equal style: fewer segments for Textual to
+        # filter, crop and join on every frame.
+        segs: list[Segment] = []
+        text_acc, key_acc = "", None
+        for text, k in runs:
+            if not text:
+                continue
+            if k == key_acc:
+                text_acc += text
+                continue
+            if text_acc:
+                segs.append(Segment(text_acc, self._seg_style(key_acc or "", base)))
+            text_acc, key_acc = text, k
+        if text_acc:
+            segs.append(Segment(text_acc, self._seg_style(key_acc or "", base)))
+        strip = Strip(segs).crop_extend(0, width, base)
+        self._row_strips[y] = (runs, width, strip)
+        return strip
+
+    def _base_style(self) -> Style:
+        """``self.rich_style``, kept until the styles change: Textual recomputes
+        it (walking every ancestor's styles) after each ``refresh()``."""
+        st = self._styles.get("\0base")
+        if st is None:
+            st = self._styles["\0base"] = self.rich_style
+        return st
 
     def render(self) -> Text:
         """The same lines as plain rich Text (tests, and a readable repr)."""

@@ -81,6 +81,7 @@ class ServerCard(_RunsWidget):
         self.now = 0.0
         self.max_num_seqs: int | None = None
         self.extra_title = ""
+        self._nlines: int | None = None
 
     def show(self, view: ServerView, now: float) -> None:
         self.view = view
@@ -98,16 +99,16 @@ class ServerCard(_RunsWidget):
         title = " · ".join(bits)
         if title != self.border_title:
             self.border_title = title
-        self._version += 1
-        n = len(self.lines_cached(self.content_region.width or 80))
-        if n != getattr(self, "_nlines", None):
-            self._nlines = n
-            self.refresh(layout=True)
         for st in STATE_WORDS:
             cls = "-" + st.replace(" ", "-")
             if (view.state == st) != self.has_class(cls):
                 self.set_class(view.state == st, cls)
-        self.refresh()
+        self._version += 1
+        n = len(self.lines_cached(self.content_region.width or 80))
+        if n != self._nlines:
+            self._nlines = n
+            self.refresh(layout=True)
+        self.repaint_changed()
 
     def _spark(self, name: str, width: int, hi: float) -> Run:
         assert self.view is not None
