@@ -8,7 +8,10 @@ process after the first.
 
 from __future__ import annotations
 
-import psutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 GONE = "gone"
 HIDDEN = "pid not visible"
@@ -16,6 +19,8 @@ HIDDEN = "pid not visible"
 
 def short_name(proc: psutil.Process) -> str:
     """vLLM sets process titles like ``VLLM::EngineCore``; prefer them to ``python3``."""
+    import psutil  # here: only the GPU poll thread needs it, not the first frame
+
     try:
         cmd = proc.cmdline()
     except (psutil.AccessDenied, psutil.ZombieProcess):
@@ -36,6 +41,8 @@ class ProcNames:
         self._cache: dict[int, tuple[float, str]] = {}
 
     def name(self, pid: int) -> str:
+        import psutil
+
         try:
             p = psutil.Process(pid)
             ct = p.create_time()

@@ -55,7 +55,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "FINISH_REASONS",
@@ -305,6 +304,10 @@ def _library_samples(lines: list[str]) -> Iterator[tuple[int, Any, Exception | N
     generator raises, line ``i`` is the bad one: report it, restart on
     ``i + 1``.
     """
+    # Imported here, not at the top: the package pulls in its HTTP exposition
+    # code (http.server, wsgiref...), 30-60 ms that the first frame need not wait for.
+    from prometheus_client.parser import text_string_to_metric_families
+
     start = 0
     n = len(lines)
     while start < n:

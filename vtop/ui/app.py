@@ -12,7 +12,7 @@ import asyncio
 import os
 import socket
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -26,15 +26,20 @@ from vtop.core.gpu_history import GpuHistory
 from vtop.sources.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.sources.nvml import make_gpu_source
 from vtop.sources.procs import ProcNames
-from vtop.sources.record import Recorder
 from vtop.ui.polling import PollLoop
-from vtop.sources.logwatch import LogView, LogWatch
 from vtop.ui.server_watch import ServerWatch
-from vtop.core.diagnose import Diagnoser, Thresholds
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel
+
+if TYPE_CHECKING:
+    from vtop.core.diagnose import Diagnoser
+    from vtop.sources.logwatch import LogView, LogWatch
+
+# Modules the first frame does not need (the log parser with its ~60 regular
+# expressions, the diagnosis rules, the recorder, the snapshot code) are
+# imported where they are first used: each costs 10-60 ms at start-up.
 
 GIB = 2**30
 SERVER_PANEL_MIN_ROWS = 6
@@ -93,13 +98,17 @@ class VtopApp(App[int]):
         self.gpu_history = GpuHistory(config.history)
         self.proc_names: dict[int, str] = {}
         self._names = ProcNames()
-        self.recorder = (Recorder(config.record, max_bytes=config.record_max_mb * 2**20,
+        self.recorder = None
+        if config.record:
+            from vtop.sources.record import Recorder
+
+            self.recorder = (Recorder(config.record, max_bytes=config.record_max_mb * 2**20,
                                   redact_prompts=config.redact_prompts,
-                                  meta={"interval": config.interval, "history": config.history})
-                         if config.record else None)
+                                  meta={"interval": config.interval, "history": config.history}))
         self.gpu_loop: PollLoop | None = None
         self.log_watch: LogWatch | None
         if replay is not None:
+            from vtop.sources.logwatch import LogWatch
             from vtop.ui.replay import FedLog
 
             self.log_watch = (LogWatch(FedLog(replay.name), clock=replay.clock, stall_threshold_s=config.stall_threshold)
@@ -114,9 +123,7 @@ class VtopApp(App[int]):
         self.servers = ServerWatch(self, clock=replay.clock if replay is not None else None)
         self._dirty: set[str] = set()
         self._widgets: dict[str, Any] = {}
-        from vtop.actions.snapshot import SnapshotRunner
-
-        self.snapshots = SnapshotRunner()
+        self._snapshots: Any = None
         self._snapshot_busy = False
         self._snap_pct = -5
         self._snap_text = ""
@@ -125,9 +132,30 @@ class VtopApp(App[int]):
         self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
-        self.diagnoser = Diagnoser(Thresholds(runaway_s=config.runaway_threshold))
+        self._diagnoser: Diagnoser | None = None
         self.alerts: list[Any] = []
         self._alerts_key: Any = None
+
+    @property
+    def diagnoser(self) -> Diagnoser:
+        if self._diagnoser is None:
+            from vtop.core.diagnose import Diagnoser, Thresholds
+
+            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
+        return self._diagnoser
+
+    @diagnoser.setter
+    def diagnoser(self, value: Diagnoser) -> None:
+        self._diagnoser = value
+
+    @property
+    def snapshots(self) -> Any:
+        """The snapshot runner (``s``), made when first used."""
+        if self._snapshots is None:
+            from vtop.actions.snapshot import SnapshotRunner
+
+            self._snapshots = SnapshotRunner()
+        return self._snapshots
 
     def get_driver_class(self) -> Any:
         """Textual's own driver, except on Linux: the same with a key thread that sleeps
@@ -289,6 +317,7 @@ class VtopApp(App[int]):
         if not config.log:
             return None
         from vtop.sources.logtail import LogTailer, StreamTailer
+        from vtop.sources.logwatch import LogWatch
 
         src = StreamTailer(log_fd if log_fd is not None else 0) if config.log == "-" else LogTailer(config.log)
         return LogWatch(src, stall_threshold_s=config.stall_threshold)
@@ -316,6 +345,8 @@ class VtopApp(App[int]):
                 return
             servers = mine
         sp = servers[0]
+        from vtop.sources.logwatch import LogWatch
+
         watch, where = LogWatch.for_server(sp, clock=self.servers.clock, stall_threshold_s=self.config.stall_threshold)
         if watch is None:
             panel.set_message(f"vLLM log: {where}")
@@ -462,6 +493,8 @@ class VtopApp(App[int]):
         self.gpu_history.last_poll = None
         self.proc_names = {}
         self.servers.reset()
+        from vtop.core.diagnose import Diagnoser
+
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
         self.alerts = []
         self._alerts_key = None

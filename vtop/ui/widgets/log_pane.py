@@ -8,11 +8,13 @@ bar), ANSI codes already stripped.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from textual.widgets import Log
 
-from vtop.core.phases import LogLine
-from vtop.sources.logwatch import LogView
+if TYPE_CHECKING:
+    from vtop.core.phase_types import LogLine
+    from vtop.sources.logwatch import LogView
 
 
 #: uvicorn's access lines for monitoring probes (vtop's own scrapes among them):

@@ -8,13 +8,15 @@ is rebuilt only when it changes, so an idle server costs no repaint.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rich.text import Text
 from textual.widgets import Static
 
-from vtop.core.phases import Phase, PhaseView, StartupSnapshot
-from vtop.sources.logwatch import LogView
+from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
+
+if TYPE_CHECKING:
+    from vtop.sources.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
 BUSY_PHASES = {Phase.MEMORY_PROFILING, Phase.CUDA_GRAPHS, Phase.TORCH_COMPILE, Phase.WARMUP, Phase.KV_CACHE}

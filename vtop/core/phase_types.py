@@ -1,0 +1,231 @@
+"""What the startup tracker reports: phases, their progress, the snapshot.
+
+Kept apart from :mod:`vtop.core.phases` (the log parser, with some sixty
+regular expressions compiled at import) so the dashboard can draw its first
+frame, and the panels can name phases, without paying for the parser until a
+log is actually read. :mod:`vtop.core.phases` re-exports everything here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import Enum
+
+_LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+
+class Phase(Enum):
+    """Startup phases, in the order vLLM goes through them."""
+
+    PROCESS_START = "process_start"
+    ENGINE_INIT = "engine_init"
+    WEIGHTS = "weights"
+    TORCH_COMPILE = "torch_compile"
+    MEMORY_PROFILING = "memory_profiling"
+    KV_CACHE = "kv_cache"
+    CUDA_GRAPHS = "cuda_graphs"
+    WARMUP = "warmup"
+    API_SERVER = "api_server"
+    READY = "ready"
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    Phase.PROCESS_START: "process start",
+    Phase.ENGINE_INIT: "engine init",
+    Phase.WEIGHTS: "loading weights",
+    Phase.TORCH_COMPILE: "torch.compile",
+    Phase.MEMORY_PROFILING: "memory profiling",
+    Phase.KV_CACHE: "KV cache sizing",
+    Phase.CUDA_GRAPHS: "CUDA graph capture",
+    Phase.WARMUP: "warmup",
+    Phase.API_SERVER: "API server starting",
+    Phase.READY: "ready",
+}
+_ORDER = list(Phase)
+_INDEX = {p: i for i, p in enumerate(_ORDER)}
+
+_STALL_HINTS = {
+    Phase.PROCESS_START: "no line since the start: Python imports and the EngineCore spawn take 20-60 s; "
+    "far longer usually means a hung import or a slow filesystem (py-spy dump shows where)",
+    Phase.ENGINE_INIT: "engine init waits on the workers: often NCCL/distributed init blocked by a busy or "
+    "missing GPU (check nvidia-smi, NCCL_DEBUG=INFO)",
+    Phase.WEIGHTS: "weights load this slowly from a slow disk, a network filesystem or a download; check I/O",
+    Phase.TORCH_COMPILE: "a first torch.compile of a big model takes minutes (cached starts are fast); "
+    "--enforce-eager skips it",
+    Phase.MEMORY_PROFILING: "the profiling run is stuck; py-spy dump of the EngineCore/worker shows where",
+    Phase.KV_CACHE: "KV cache allocation is stuck; check GPU memory and the EngineCore process",
+    Phase.CUDA_GRAPHS: "CUDA graph capture can hang (vllm issues #15935, #23378); --enforce-eager skips it",
+    Phase.WARMUP: "warmup after graph capture is silent for ~20 s normally; longer means a hang",
+    Phase.API_SERVER: "the engine is up but the HTTP server has not started; check the API server process",
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress bar's latest frame (weights shards, CUDA graphs of one kind)."""
+
+    label: str
+    n: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.n / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """When one tensor-parallel rank (one process) finished a phase."""
+
+    name: str  # process tag, e.g. "Worker_TP1"; "main" for untagged lines
+    key: str  # pid, or "main"
+    end: float
+    duration_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    """One phase of the current start, with times on the log's clock (seconds)."""
+
+    phase: Phase
+    start: float | None
+    end: float | None
+    start_arrival: float | None
+    progress: tuple[Progress, ...] = ()
+    ranks: tuple[RankTiming, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.phase.label
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        return max(0.0, self.end - self.start)
+
+    @property
+    def slowest_rank(self) -> RankTiming | None:
+        return max(self.ranks, key=lambda r: r.end) if self.ranks else None
+
+    def progress_for(self, label: str) -> Progress | None:
+        return next((p for p in self.progress if p.label == label), None)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a start (or a running engine) died: the telling line and the usual fix."""
+
+    kind: str  # cuda_oom, kv_no_memory, max_model_len, module_not_found, exception,
+    #            engine_init_failed, engine_died, worker_died
+    line: str
+    message: str
+    fix: str
+    phase: Phase | None
+    at: float | None
+    arrival: float
+
+
+@dataclass(frozen=True)
+class StallInfo:
+    """A start that has printed nothing and made no progress for too long."""
+
+    phase: Phase | None
+    silent_s: float
+    last_line: str
+    hint: str
+
+    @property
+    def label(self) -> str:
+        return self.phase.label if self.phase else "start"
+
+
+@dataclass(frozen=True)
+class StartupFacts:
+    """Numbers the log reports during a start. ``None`` means not (yet) reported."""
+
+    version: str | None = None
+    model: str | None = None
+    architecture: str | None = None
+    engine_version: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    enforce_eager: bool | None = None
+    max_model_len: int | None = None
+    weights_load_s: float | None = None
+    model_memory_gib: float | None = None
+    model_load_s: float | None = None
+    compile_s: float | None = None
+    compile_cached: bool | None = None
+    profile_run_s: float | None = None
+    profiling_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    gpu_blocks: int | None = None
+    cpu_blocks: int | None = None
+    graph_capture_s: float | None = None
+    graph_memory_gib: float | None = None
+    graph_memory_estimate_gib: float | None = None
+    init_engine_s: float | None = None
+    init_compilation_s: float | None = None
+    url: str | None = None
+    shm_broadcast_waits: int = 0
+
+
+_FACT_NAMES = frozenset(f.name for f in fields(StartupFacts))
+
+
+@dataclass(frozen=True)
+class StartupSnapshot:
+    """Everything the tracker knows about the current start, frozen."""
+
+    state: str  # "idle" | "starting" | "ready" | "failed" | "stopped"
+    phases: tuple[PhaseView, ...]
+    current: Phase | None
+    facts: StartupFacts
+    failure: Failure | None
+    started: float | None
+    ready_at: float | None
+    ready_source: str | None  # "log" | "health" | "inferred"
+    restarts: int
+    world_size: int | None
+
+    def phase(self, phase: Phase) -> PhaseView | None:
+        return next((v for v in self.phases if v.phase is phase), None)
+
+    @property
+    def sequence(self) -> tuple[Phase, ...]:
+        return tuple(v.phase for v in self.phases)
+
+    @property
+    def total_s(self) -> float | None:
+        """Start (launch when known, else the first line) to ready."""
+        if self.started is None or self.ready_at is None:
+            return None
+        return self.ready_at - self.started
+
+
+@dataclass(slots=True)
+class LogLine:
+    """A line kept for the log pane (plain and slotted: one per line; treat as read-only)."""
+
+    arrival: float
+    t: float | None
+    level: str | None
+    text: str
+    proc: str | None
+    progress: str | None = None  # bar name for tqdm frames (consecutive frames collapse)
+
+    def at_least(self, level: str) -> bool:
+        return _LEVEL_NUM.get(self.level or "INFO", 20) >= _LEVEL_NUM.get(level, 20)
+
+
