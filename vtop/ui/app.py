@@ -18,7 +18,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from vtop import __version__
 from vtop.config import Config
@@ -30,6 +30,7 @@ from vtop.ui.polling import PollLoop
 from vtop.ui.server_watch import ServerWatch
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
+from vtop.ui.widgets.keys_bar import KeysBar
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel
 
@@ -177,7 +178,7 @@ class VtopApp(App[int]):
                 yield RequestsLine(id="requests-line")
             yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
         yield LogPane(id="log")
-        yield Footer(compact=True)
+        yield KeysBar(id="keys")
 
     @property
     def w_gpu(self) -> GpuPanel:
@@ -220,13 +221,10 @@ class VtopApp(App[int]):
         self._size_panels()
         self.update_status()
         if self.autopoll:
-            if self.gpu_source is not None:
-                self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result)
-                self.gpu_loop.start()
-            if self.log_watch is not None:
-                self._start_log_loop()
-            self.servers.start()
-            self.set_interval(self.config.interval, self._tick, name="paint")
+            self.servers.add_cli_urls()
+            # After the first frame: the poll threads' start (NVML init, the first
+            # /proc scan) competes for the GIL with drawing it.
+            self.call_after_refresh(self._start_polling)
         elif self.replay is not None:
             from vtop.ui.replay import TICK_S
 
@@ -235,6 +233,15 @@ class VtopApp(App[int]):
             self.replay.timer = self.set_interval(TICK_S, self.replay.on_timer, name="replay")
             if self.replay.paused or self.replay.ended:
                 self.replay.timer.pause()
+
+    def _start_polling(self) -> None:
+        if self.gpu_source is not None:
+            self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result)
+            self.gpu_loop.start()
+        if self.log_watch is not None:
+            self._start_log_loop()
+        self.servers.start()
+        self.set_interval(self.config.interval, self._tick, name="paint")
 
     def on_resize(self) -> None:
         self._size_panels()

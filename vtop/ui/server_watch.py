@@ -99,12 +99,16 @@ class ServerWatch:
         # means "starting" if a vLLM process exists, "down" if not, and polling
         # before the scan would flash a wrong "down" at every start.
         self._autopoll = autopoll
-        for url in self.config.urls:
-            self.add(normalize_url(url), from_cli=True, autopoll=False)
+        self.add_cli_urls()
         if autopoll:
             self._disc_loop = PollLoop(self.app, "discovery", max(5.0, 5 * self.config.interval),
                                        self._discover_blocking, self._on_discovery)
             self._disc_loop.start()
+
+    def add_cli_urls(self) -> None:
+        """A card for each URL given (no polling yet): they are in the first frame."""
+        for url in self.config.urls:
+            self.add(normalize_url(url), from_cli=True, autopoll=False)
 
     def new_tracker(self, url: str) -> ServerTracker:
         return ServerTracker(url, window_s=60.0, history_s=self.config.history * 2, clock=self.clock,
