@@ -211,3 +211,56 @@ def test_histogram_window_never_negative_counts(snaps: list[list[float]]) -> Non
             assert all(c >= 0 for _, c in d.buckets)
         q = w.quantiles()
         assert q.p50 is None or q.p50 >= 0
+
+
+def _library_view(text: str) -> dict[str, float]:
+    """The oracle: prometheus_client on the whole, unfiltered payload."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+                          "vllm:e2e_request_latency_seconds_count"):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+# Edits that keep the payload valid Prometheus text but put lines where a
+# line filter could go wrong: indentation, CRLF, look-alike names, extra comments.
+valid_edit = st.one_of(
+    st.tuples(st.just("indent"), st.integers(0, 10_000), st.sampled_from([" ", "   "])),
+    st.tuples(st.just("crlf"), st.integers(0, 10_000)),
+    st.tuples(st.just("decoy"), st.integers(0, 10_000), st.sampled_from([
+        "vllm:num_requests_runningX{engine=\"0\"} 55", "xvllm:num_requests_running 66",
+        "vllm:num_requests_waiting_total 77", "# HELP vllm:num_requests_running decoy", "#vllm:num_requests_running 88",
+        "vllm:generation_tokens 99"])),
+)
+
+
+@FAST
+@given(st.lists(valid_edit, max_size=8), st.booleans())
+def test_line_finding_agrees_with_the_library_on_the_whole_payload(edits: list[tuple], warm: bool) -> None:  # type: ignore[type-arg]
+    lines = list(REAL_LINES)
+    key = [i for i, ln in enumerate(lines) if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                             "vllm:generation_tokens_total"))]
+    for e in edits:
+        # indentation and CRLF go to the lines the answer depends on, decoys anywhere
+        i = key[e[1] % len(key)] if e[0] != "decoy" else e[1] % len(lines)
+        if e[0] == "indent" and lines[i].strip():
+            lines[i] = e[2] + lines[i]
+        elif e[0] == "crlf" and lines[i].strip():
+            lines[i] = lines[i] + "\r"
+        elif e[0] == "decoy":
+            lines.insert(i, e[2])
+            key = [k + (k >= i) for k in key]
+    text = "\n".join(lines)
+    if not warm:
+        prom.clear_line_cache()
+    m = parse_vllm_metrics(text)
+    want = _library_view(text)
+    assert m.running == want["vllm:num_requests_running"]
+    assert m.waiting == want["vllm:num_requests_waiting"]
+    assert m.generation_tokens_total == want["vllm:generation_tokens_total"]
+    assert m.e2e_request_latency_seconds is not None
+    assert m.e2e_request_latency_seconds.count == want["vllm:e2e_request_latency_seconds_count"]
