@@ -77,3 +77,25 @@ async def test_polls_back_off_while_nothing_listens() -> None:
         await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=app.servers.clock.monotonic()))
         delays = [app.servers.next_delay(e, n) for n in range(5)]
         assert delays[0] == 1.0 and delays == sorted(delays) and delays[-1] == 5.0
+
+
+async def test_process_scans_slow_down_once_every_server_answers_even_without_a_local_process() -> None:
+    from vtop.ui.polling import PollLoop
+
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=190)  # the replayed server is up; no process of it on this box
+        await pilot.pause()
+        e = app.servers.entries[rp.URL]
+        assert e.last_view is not None and e.last_view.state == "up" and e.process is None
+        loop = PollLoop(app, "discovery", 5.0, lambda: [], lambda r, err: None)  # not started: only its interval
+        app.servers._disc_loop = loop
+        app.servers._on_discovery([], None)
+        assert loop.interval == app.servers.SETTLED_SCAN_S
+        # a server that stops answering brings the fast scans back
+        from vtop.sources.vllm import poll_from_error
+
+        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=clock.monotonic()))
+        app.servers._on_discovery([], None)
+        assert loop.interval == 5.0
