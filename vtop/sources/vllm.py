@@ -238,15 +238,9 @@ def _default_message(kind: str, url: str) -> str:
 # --- the scraper ------------------------------------------------------------------
 
 
-class _Fail(Exception):
-    """Internal: a request failed with a kind and a message."""
-
-    def __init__(self, kind: str, message: str, body_bytes: int = 0, status: int | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.body_bytes = body_bytes
-        self.status = status
+# A failed request: HttpError's kind, the scraper's own sentence, the body bytes
+# received (``got``) and the status when one came back.
+_Fail = HttpError
 
 
 class VllmScraper:
@@ -357,7 +351,7 @@ class VllmScraper:
                 extra = await self._extras(mono, reconnect=not was)
             return poll_from_error(
                 self.url, f.kind, t=t, mono=mono, message=self._scrub(f.message), latency_s=latency,
-                body_bytes=f.body_bytes, status=f.status, **extra,
+                body_bytes=f.got, status=f.status, **extra,
             )
         latency = self._clock.monotonic() - start
         reconnect = not self._connected
