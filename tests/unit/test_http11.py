@@ -194,3 +194,35 @@ def test_split_url() -> None:
         split_url("ftp://h/")
     with pytest.raises(ValueError):
         split_url("http:///nohost")
+
+
+async def test_https_with_an_untrusted_certificate_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+    import ssl
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    key, crt = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(crt),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(crt), str(key))
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            await r.readline()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        w.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    port = srv.sockets[0].getsockname()[1]
+    pool = HttpPool()
+    try:
+        with pytest.raises(HttpError) as e:
+            await asyncio.wait_for(pool.get(f"https://127.0.0.1:{port}/metrics", limit=1000), 10)
+        assert e.value.kind == "other" and "TLS" in e.value.message and f"127.0.0.1:{port}" in e.value.message
+    finally:
+        srv.close()
+        await pool.aclose()
