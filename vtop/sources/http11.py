@@ -44,7 +44,7 @@ import zlib
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-__all__ = ["HttpError", "HttpPool", "split_url"]
+__all__ = ["HttpError", "HttpPool", "host_port", "split_url"]
 
 _READ = 65536
 
@@ -143,7 +143,7 @@ class HttpPool:
         try:
             return await self._exchange(origin, conn, target, hdrs, limit)
         except _Stale as exc:
-            raise HttpError("reset", f"{_hp(host, port)} closed the connection without answering") from exc
+            raise HttpError("reset", f"{host_port(host, port)} closed the connection without answering") from exc
 
     async def _connect(self, scheme: str, host: str, port: int, timeout: float) -> _Conn:
         ctx = None
@@ -156,15 +156,15 @@ class HttpPool:
                 asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None, limit=_READ),
                 timeout)
         except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise HttpError("timeout", f"no connection to {_hp(host, port)} within {timeout:.1f} s") from exc
+            raise HttpError("timeout", f"no connection to {host_port(host, port)} within {timeout:.1f} s") from exc
         except socket.gaierror as exc:
             raise HttpError("dns", f"cannot resolve {host!r} (DNS)") from exc
         except ssl.SSLError as exc:
-            raise HttpError("other", f"TLS with {_hp(host, port)} failed: {exc.reason or exc}") from exc
+            raise HttpError("other", f"TLS with {host_port(host, port)} failed: {exc.reason or exc}") from exc
         except OSError as exc:
             if _refused(exc):
-                raise HttpError("refused", f"nothing listens on {_hp(host, port)} (connection refused)") from exc
-            raise HttpError("other", f"cannot connect to {_hp(host, port)}: {exc.strerror or exc}") from exc
+                raise HttpError("refused", f"nothing listens on {host_port(host, port)} (connection refused)") from exc
+            raise HttpError("other", f"cannot connect to {host_port(host, port)}: {exc.strerror or exc}") from exc
         self.connects += 1
         return _Conn(reader, writer)
 
@@ -198,7 +198,7 @@ class HttpPool:
         import h11
 
         p = conn.proto
-        hp = _hp(origin[1], origin[2])
+        hp = host_port(origin[1], origin[2])
         try:
             conn.writer.write(p.send(h11.Request(method="GET", target=target, headers=headers))
                               + p.send(h11.EndOfMessage()))
@@ -273,7 +273,8 @@ def _refused(exc: OSError) -> bool:
     return "refused" in str(exc).lower() or "[errno 111]" in str(exc).lower()
 
 
-def _hp(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a person writes it (``[::1]:8000`` for IPv6)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vtop.clock import Clock
-from vtop.sources.http11 import HttpError, HttpPool, split_url
+from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url
 from vtop.sources.prom import VllmMetrics, parse_vllm_metrics
 
 __all__ = [
@@ -219,7 +219,7 @@ def _hostport(url: str) -> str:
         _, host, port, _ = split_url(url)
     except ValueError:
         return url
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host_port(host, port)
 
 
 def _default_message(kind: str, url: str) -> str:
@@ -471,10 +471,6 @@ class VllmScraper:
         if not isinstance(v, str):
             raise _Fail("garbage", "no version in the answer")
         return self._scrub(v[:64])
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.0f} MiB" if n >= 1024 * 1024 else f"{n} bytes"
 
 
 def _short(exc: BaseException, n: int = 160) -> str:

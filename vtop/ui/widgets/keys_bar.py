@@ -25,7 +25,7 @@ class KeysBar(Static):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__("", markup=False, **kw)
-        self._text = ""
+        self._keys: list[tuple[str, str, str, bool]] | None = None
 
     def on_mount(self) -> None:
         self.screen.bindings_updated_signal.subscribe(self, self._on_bindings)
@@ -51,10 +51,9 @@ class KeysBar(Static):
 
     def redraw(self) -> None:
         keys = self.keys()
-        plain = " ".join(f"{k} {d}" for k, d, _, _ in keys)
-        if plain + str([e for *_, e in keys]) == self._text:
+        if keys == self._keys:
             return
-        self._text = plain + str([e for *_, e in keys])
+        self._keys = keys
         text = Text(no_wrap=True, overflow="ellipsis")
         key_style = self.get_component_rich_style("keys-bar--key", partial=True)
         off_style = self.get_component_rich_style("keys-bar--off", partial=True)
