@@ -162,3 +162,19 @@ async def test_log_from_a_pipe() -> None:
             await app.poll_log_once()
         await pilot.pause()
         assert "ready" in panel_text(app).splitlines()[0]
+
+
+async def test_a_message_that_wraps_gets_all_its_rows() -> None:
+    # Seen in a fresh clone at 100x30: "looking…" (one row) became the two-row "no vLLM process…
+    # `vtop demo`…" message, and the panel kept one row, cutting the pointer to the demo off.
+    app = make_app(None)
+    async with app.run_test(size=(100, 30)) as pilot:
+        panel = app.w_startup
+        panel.set_message("short")
+        await pilot.pause()
+        assert panel.content_region.height == 1
+        long = "vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -). " * 2
+        panel.set_message(long)
+        await pilot.pause()
+        rows = len(panel.build().wrap(app.console, panel.content_region.width))
+        assert rows >= 2 and panel.content_region.height == rows

@@ -102,11 +102,14 @@ class StartupPanel(Static):
         plain = text.plain
         if plain == self._last:
             return
-        lines = plain.count("\n") + 1
         # A layout pass re-renders the whole screen; only ask for one when the
         # panel's height changes (the elapsed time ticking does not change it).
-        self.update(text, layout=lines != self._lines)
-        self._lines = lines
+        # The height is in screen rows: a long line wraps (it was counted as one
+        # row, and a message growing from one row to two was cut off).
+        width = self.content_region.width
+        rows = len(text.wrap(self.app.console, width)) if width > 0 else -1
+        self.update(text, layout=rows < 0 or rows != self._lines)
+        self._lines = rows
         self._last = plain
         v = self.view
         state = v.state if v else "none"
