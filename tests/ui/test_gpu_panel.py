@@ -169,3 +169,32 @@ async def test_real_h200_recording_replays_into_the_panel() -> None:
         assert f"{last.util_gpu:3.0f}%" in t
         assert "/140 GiB" in t and "700" in t
         assert card.border_title == "GPU 0 · H200"
+
+
+def test_runs_strip_is_what_textual_would_make_of_the_runs() -> None:
+    """The hand-padded strip of a row equals Textual's own crop_extend of the same
+    segments, cell for cell and style for style: short rows, exact, too long
+    (cut inside a run), wide characters, empty runs, runs of equal style merged."""
+    import random
+
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from vtop.ui.widgets.gpu_panel import runs_strip
+
+    base = Style(color="white", bgcolor="black")
+    styles = {"": base, "hot": base + Style(color="red", bold=True), "dim": base + Style(dim=True)}
+
+    def style_of(key: str, b: Style) -> Style:
+        return styles[key]
+
+    rng = random.Random(7)
+    pieces = ["", " ", "util ", " 99%", "▁▂▃█", "GPU 0 H200", "模型", "é", "x" * 30]
+    for _ in range(400):
+        runs = [(rng.choice(pieces), rng.choice(list(styles))) for _ in range(rng.randint(0, 8))]
+        width = rng.randint(1, 120)
+        got = runs_strip(runs, width, base, style_of)
+        want = Strip([Segment(t, styles[k]) for t, k in runs if t]).crop_extend(0, width, base)
+        assert got.cell_length == width
+        assert list(Segment.simplify(got)) == list(Segment.simplify(want)), (runs, width)
