@@ -24,6 +24,7 @@ goes back); ``None``/NaN/inf values are gaps, not zeros.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ __all__ = [
     "WindowRate",
     "histogram_delta",
     "histogram_quantile",
+    "histogram_quantiles",
 ]
 
 Buckets = tuple[tuple[float, float], ...]
@@ -76,24 +78,35 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     * inside a bucket, linear interpolation; the first bucket's lower edge
       is 0 unless its upper bound is <= 0, when the upper bound is returned.
     """
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile must be within [0, 1], got {q!r}")
+    return histogram_quantiles((q,), buckets)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], buckets: Sequence[tuple[float, float]]) -> list[float | None]:
+    """:func:`histogram_quantile` for each of ``qs``, sorting and accumulating the
+    buckets once (a server card asks for p50, p95 and p99 of three histograms
+    every second)."""
+    for q in qs:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be within [0, 1], got {q!r}")
     bs = sorted(buckets)
     if len(bs) < 2 or bs[-1][0] != math.inf:
-        return None
+        return [None] * len(qs)
     counts: list[float] = []
     top = 0.0
     for _, c in bs:
         if math.isnan(c):
-            return None
+            return [None] * len(qs)
         top = max(top, c)
         counts.append(top)
     total = counts[-1]
     if total <= 0:
-        return None
-    rank = q * total
+        return [None] * len(qs)
+    return [_quantile_in(q * total, bs, counts) for q in qs]
+
+
+def _quantile_in(rank: float, bs: list[tuple[float, float]], counts: list[float]) -> float | None:
     n = len(bs)
-    b = next((i for i in range(n - 1) if counts[i] >= rank), n - 1)
+    b = bisect_left(counts, rank, 0, n - 1)  # the first bucket whose count reaches the rank
     if b == n - 1:
         return bs[n - 2][0]
     if b == 0 and bs[0][0] <= 0:
@@ -208,14 +221,27 @@ class _Window(Generic[V]):
         self._samples.clear()
         self._last_reset_t = None
 
-    def _in_window(self, now: float | None) -> list[tuple[float, V]]:
+    def _ends(self, now: float | None) -> tuple[tuple[float, V], tuple[float, V]] | None:
+        """The oldest and the newest sample in ``[now - window_s, now]``, or None
+        when fewer than two are. Every reading is newest minus oldest, so the
+        samples in between are not copied: walked from each end, which is one
+        step or none (``add`` drops what falls out of the window)."""
         s = self._samples
-        if not s:
-            return []
+        n = len(s)
+        if n < 2:
+            return None
         if now is None:
             now = s[-1][0]
         edge = now - self.window_s
-        return [x for x in s if edge <= x[0] <= now]
+        i = 0
+        while i < n and s[i][0] < edge:
+            i += 1
+        j = n - 1
+        while j >= i and s[j][0] > now:
+            j -= 1
+        if j - i < 1:
+            return None
+        return s[i], s[j]
 
     def _reset_in_window(self, now: float | None) -> bool:
         if self._last_reset_t is None or not self._samples:
@@ -254,11 +280,11 @@ class CounterWindow(_Window[float]):
         """Rate over the samples in ``[now - window_s, now]`` (``now``
         defaults to the newest sample; pass the clock's time so that a
         series that stopped arriving goes to ``None`` instead of freezing)."""
-        xs = self._in_window(now)
+        ends = self._ends(now)
         reset = self._reset_in_window(now)
-        if len(xs) < 2:
+        if ends is None:
             return WindowRate(None, None, 0.0, reset)
-        (t0, v0), (t1, v1) = xs[0], xs[-1]
+        (t0, v0), (t1, v1) = ends
         span = t1 - t0
         delta = max(0.0, v1 - v0)
         return WindowRate(delta / span if span > 0 else None, delta, span, reset)
@@ -289,21 +315,21 @@ class HistogramWindow(_Window[HistogramLike]):
 
     def delta(self, now: float | None = None) -> HistogramDelta | None:
         """Buckets newest minus oldest in the window; None with < 2 samples."""
-        xs = self._in_window(now)
-        if len(xs) < 2:
+        ends = self._ends(now)
+        if ends is None:
             return None
-        return histogram_delta(xs[0][1], xs[-1][1])
+        return histogram_delta(ends[0][1], ends[1][1])
 
     def quantiles(self, now: float | None = None, qs: tuple[float, float, float] = (0.5, 0.95, 0.99)) -> Quantiles:
         """p50/p95/p99 of what was observed within the window. All ``None``
         when nothing was observed (an idle server has no "current" latency)."""
-        xs = self._in_window(now)
+        ends = self._ends(now)
         reset = self._reset_in_window(now)
-        d = histogram_delta(xs[0][1], xs[-1][1]) if len(xs) >= 2 else None
-        if d is None:
+        d = histogram_delta(ends[0][1], ends[1][1]) if ends is not None else None
+        if d is None or ends is None:
             return Quantiles(None, None, None, None, None, 0.0, reset)
-        span = xs[-1][0] - xs[0][0]
-        p = [d.quantile(q) for q in qs]
+        span = ends[1][0] - ends[0][0]
+        p = histogram_quantiles(qs, d.buckets)
         return Quantiles(p[0], p[1], p[2], d.count, d.mean, span, reset)
 
 
@@ -341,9 +367,9 @@ class CounterMapWindow(_Window[Mapping[str, float]]):
         return super().add(t, None if value is None else dict(value))
 
     def delta(self, now: float | None = None) -> MapDelta:
-        xs = self._in_window(now)
+        ends = self._ends(now)
         reset = self._reset_in_window(now)
-        if len(xs) < 2:
+        if ends is None:
             return MapDelta(None, 0.0, reset)
-        (t0, old), (t1, new) = xs[0], xs[-1]
+        (t0, old), (t1, new) = ends
         return MapDelta({k: max(0.0, v - old.get(k, 0.0)) for k, v in new.items()}, t1 - t0, reset)
