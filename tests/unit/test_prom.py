@@ -368,3 +368,21 @@ def test_cache_is_bounded_and_survives_overflow(monkeypatch: pytest.MonkeyPatch)
 def test_sources_never_import_textual() -> None:
     code = "import sys, vtop.sources.prom, vtop.core.rates; sys.exit('textual' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_warm_lines_filed_at_once_keep_the_problem_order() -> None:
+    """A warm parse files cache hits as it meets them, but only while nothing earlier
+    is waiting (a line too long to read, a line for the library): the problems must
+    come out in line order, as without the cache."""
+    clear_line_cache()
+    ok = 'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+    parse_vllm_metrics(ok)  # warm
+    too_long = 'vllm:num_requests_waiting{engine="0",model_name="m",x="' + "y" * prom.MAX_LINE_CHARS + '"} 1.0\n'
+    text = too_long + ok + ok.replace("1.0", "2.0")  # the duplicate comes after the long line
+    cached = parse_vllm_metrics(text)
+    reference = parse_vllm_metrics(text, use_cache=False)
+    assert cached == reference
+    long_at = next(i for i, p in enumerate(cached.problems) if "too long" in p)
+    dup_at = next(i for i, p in enumerate(cached.problems) if "duplicate" in p)
+    assert long_at < dup_at
+    assert cached.running == 2.0

@@ -249,6 +249,7 @@ class _Rec:
 # "name{labels}" (the line left of the value) -> _Rec, or None for a line
 # whose name we do not read.
 _LINE_CACHE: dict[str, _Rec | None] = {}
+_MISS: Any = object()
 
 
 def clear_line_cache() -> None:
@@ -541,6 +542,7 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
 
     is_vllm = False
     col = _Collector(problems)
+    add = col.add
     skipped = cut_off
     cache = _LINE_CACHE
     # (line number, record or None, value or problem text). Cache hits and
@@ -563,17 +565,22 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
             continue
         if use_cache and "\t" not in line:
             head, sep, tok = line.rpartition(" ")
-            if sep and head in cache:
-                rec = cache[head]
+            if sep:
+                rec = cache.get(head, _MISS)
                 if rec is None:  # a name we do not read
                     continue
-                try:
-                    v = _value(tok)
-                except (ValueError, OverflowError):
-                    pass  # let the library say what is wrong
-                else:
-                    events.append((lineno, rec, v))
-                    continue
+                # _value() inlined: this is the path of nearly every line of a warm parse
+                if rec is not _MISS and "_" not in tok and tok == tok.strip():
+                    try:
+                        v = float(tok)
+                    except (ValueError, OverflowError):
+                        pass  # let the library say what is wrong
+                    else:
+                        if misses or events:
+                            events.append((lineno, rec, v))
+                        else:  # nothing earlier is waiting to be filed: file it now, in line order
+                            add(rec, v)
+                        continue
         if not line.startswith("vllm:"):
             continue
         name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
@@ -626,11 +633,13 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                     cache[head] = rec
         events.sort(key=_first)
 
+    if col.seen:
+        is_vllm = saw_sample_shape = True
     for _, rec, what in events:
         if rec is None:
             problems.add(what)
         else:
-            col.add(rec, what)
+            add(rec, what)
             is_vllm = True
             saw_sample_shape = True
 
