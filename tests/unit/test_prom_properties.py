@@ -65,7 +65,8 @@ _line_alphabet = st.sampled_from(list('vlm:_{}="\\, \t#+-.eE0123456789aInfN\x00\
 vllm_ish_line = st.builds(
     lambda name, body: name + body,
     st.sampled_from(
-        ["vllm:num_requests_running", "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc"]
+        ["vllm:num_requests_running", "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc",
+         'vllm:time_to_first_token_seconds_bucket{engine="0",le="']
     ),
     st.text(_line_alphabet, max_size=60),
 )
@@ -149,6 +150,75 @@ def test_a_broken_wanted_line_is_reported(i: int, junk: str) -> None:
         assert any(f"line {i + 1}:" in p for p in m.problems)
     # the other metrics are still there
     assert m.generation_tokens_total == 2289.0 or REAL_LINES[i].startswith("vllm:generation_tokens_total")
+
+
+def cold(text: str | bytes) -> VllmMetrics:
+    """Parse with an empty line cache (the first scrape of a server) and without
+    the cache at all: the answers must be identical."""
+    prom.clear_line_cache()
+    first = parse_vllm_metrics(text)
+    # repr, not ==: a NaN bucket count is unequal to itself, and repr also sees dict order
+    assert repr(first) == repr(parse_vllm_metrics(text, use_cache=False))
+    check(first)
+    return first
+
+
+BUCKET_IDX = [i for i in WANTED_IDX if "_bucket{" in REAL_LINES[i]]
+
+# Edits aimed at what the cold path's bucket shortcut (prom._bucket_template) trusts:
+# the le value, the quotes and braces around it, a second le, a le-looking text in
+# another label's value, escapes, and the value token.
+bucket_edit = st.one_of(
+    st.tuples(st.just("le"), st.sampled_from(BUCKET_IDX), st.sampled_from(
+        ["1_0", "NaN", "nan", "+Inf", "-Inf", "abc", "", "1e400", "-0", " 1", "1 ", "0x10", "١", "1,2", "1}", "5.0e-3"])),
+    st.tuples(st.just("text"), st.sampled_from(BUCKET_IDX), st.sampled_from([
+        (',le="', ',le="2",le="'), (',le="', ',model_name="x,le="'), ("{", '{a="\\\\",'), ("{", '{a="\\"",'),
+        ("{", '{le="7",'), ("}", ',le="9"}'), ("}", ' }'), ("} ", "}  "), ("} ", "} 1 "), ("} ", "}\t"),
+        ('model_name="', 'model_name="{'), ('model_name="', 'model_name="le=\\"3\\",'), ("}", '}}'),
+        ('engine="0"', 'engine="1"'), ('engine="0"', 'engine = "0"'), ('le="', 'le= "'), ('le="', 'LE="'),
+    ])),
+    st.tuples(st.just("value"), st.sampled_from(BUCKET_IDX), st.sampled_from(
+        ["1_0", "x", "1e999", "-1", "NaN", "5 1700000000000", "12345678901234567890123", "+3", "3}"])),
+    st.tuples(st.just("move"), st.sampled_from(BUCKET_IDX), st.integers(0, len(REAL_LINES) - 1)),
+)
+
+
+def apply_bucket_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-arg]
+    kind, i = op[0], op[1]
+    line = lines[i]
+    if kind == "le":
+        a = line.find('le="') + 4
+        lines[i] = line[:a] + op[2] + line[line.find('"', a):]
+    elif kind == "text":
+        lines[i] = line.replace(op[2][0], op[2][1], 1)
+    elif kind == "value":
+        lines[i] = line.rpartition(" ")[0] + " " + op[2]
+    else:
+        lines.insert(op[2], lines.pop(i))
+
+
+@FAST
+@given(st.lists(bucket_edit, min_size=1, max_size=8))
+def test_cold_parse_of_edited_buckets_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    lines = list(REAL_LINES)
+    for op in ops:
+        apply_bucket_edit(lines, op)
+    cold("\n".join(lines))
+
+
+@FAST
+@given(st.lists(mutation, min_size=1, max_size=6))
+def test_cold_parse_of_a_mutated_payload_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    text = REAL
+    for op in ops:
+        text = apply(text, op)
+    cold(text)
+
+
+@FAST
+@given(st.lists(vllm_ish_line, max_size=30))
+def test_cold_parse_of_vllm_looking_garbage(lines: list[str]) -> None:
+    cold("\n".join(lines) + "\n")
 
 
 def test_huge_payload_is_bounded() -> None:

@@ -32,9 +32,13 @@ Why this module looks the way it does:
      the cached answer would have given the same result (no timestamp, same
      value); ``tests/unit/test_prom_properties.py`` checks that cached and
      uncached parses agree on random and mutated payloads. Results are
-     applied in line order either way. Steady state: 0.5-0.9 ms a payload;
-     the first scrape of a server (cold cache) 6-11 ms.
-  3. Limits: lines over ``MAX_LINE_CHARS`` and cache-miss text beyond
+     applied in line order either way. Steady state: 0.5-0.9 ms a payload.
+  3. The first scrape of a server (cold cache) sends one bucket line per
+     histogram to the library, not all ~110: the others differ only in
+     their ``le`` and take that line's answer (:func:`_bucket_template`
+     says when this is exactly what the library would return). About 30
+     lines instead of ~140: 9-11 ms -> 3.5-6 ms on a 2-core VM.
+  4. Limits: lines over ``MAX_LINE_CHARS`` and cache-miss text beyond
      ``MAX_LIBRARY_CHARS_PER_PARSE`` are skipped and reported, so hostile
      input costs at most about a second instead of the library's quadratic
      corners (long runs of backslashes and escaped quotes).
@@ -326,6 +330,86 @@ def _library_samples(lines: list[str]) -> Iterator[tuple[int, Any, Exception | N
             start = i + 1
 
 
+_LE_VALUE = re.compile(r"[0-9A-Za-z.+\-]+")
+
+
+def _bucket_template(line: str) -> tuple[str, str, str, tuple[str, str]] | None:
+    """Split a simple bucket line into (head, value token, le, template).
+
+    A histogram's bucket lines differ only in their ``le`` value (vLLM: 7
+    histograms, ~110 of the ~140 lines we read), so on a cold parse the
+    library reads one line per template and the others reuse its answer
+    with their own ``le``. That is what the library would return for them
+    when the line is this simple: no backslash, so every quote opens or
+    closes a label value; the first ``le="`` starts a term (after ``{`` or
+    ``,``) outside quotes, so its value runs to the next quote; and that
+    value is a plain number-like token. The library's scan then goes
+    through the value the same way whatever its characters, so the two
+    lines part only in the ``le`` it reports. The template line's own
+    library answer must also carry this ``le`` (checked in _run_library);
+    any other line returns None here and goes to the library itself.
+    ``tests/unit/test_prom_properties.py`` holds the cold parse to the
+    uncached answer on edited and mutated payloads.
+    """
+    if "\\" in line or "\t" in line:
+        return None
+    head, sep, tok = line.rpartition(" ")
+    if not sep or head[-1:] != "}":
+        return None
+    at = head.find('le="')
+    if at < 1 or head[at - 1] not in "{," or head.count('"', 0, at) % 2:
+        return None
+    end = head.find('"', at + 4)
+    le = head[at + 4 : end]
+    if end < 0 or not _LE_VALUE.fullmatch(le):
+        return None
+    return head, tok, le, (head[: at + 4], head[end:])
+
+
+def _run_library(
+    lines: list[str],
+    linenos: list[int],
+    events: list[tuple[int, _Rec | None, Any]],
+    cache: dict[str, _Rec | None] | None,
+    tkeys: dict[int, tuple[tuple[str, str], str]] | None = None,
+    templates: dict[tuple[str, str], tuple[str, Mapping[str, str]]] | None = None,
+) -> int:
+    """Send ``lines`` to the library; append what each says to ``events``.
+
+    Caches lines whose answer the cache would reproduce, and records the
+    template of the lines in ``tkeys`` that parsed cleanly. Returns how many
+    lines were unreadable.
+    """
+    skipped = 0
+    for i, sample, exc in _library_samples(lines):
+        line = lines[i]
+        if exc is not None:
+            skipped += 1
+            msg = f"line {linenos[i]}: unreadable {_short(line)} ({type(exc).__name__}: {_short(str(exc), 60)})"
+            events.append((linenos[i], None, msg))
+            continue
+        if sample.name not in _WANTED:
+            continue
+        rec = _Rec(sample.name, sample.labels)
+        value = float(sample.value)
+        events.append((linenos[i], rec, value))
+        if cache is not None and sample.timestamp is None and "\t" not in line:
+            head, sep, tok = line.rpartition(" ")
+            try:
+                ok = bool(sep) and _same(_value(tok), value)
+            except (ValueError, OverflowError):
+                ok = False
+            if ok:
+                if len(cache) >= _CACHE_MAX_ENTRIES:
+                    cache.clear()
+                cache[head] = rec
+                if tkeys is not None and templates is not None and i in tkeys:
+                    tkey, le = tkeys[i]
+                    if sample.labels.get("le") == le:  # the shortcut's premise, checked on the library's answer
+                        templates[tkey] = (sample.name, sample.labels)
+    return skipped
+
+
 class _Collector:
     """Per-engine raw values, filled sample by sample."""
 
@@ -552,6 +636,11 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
     misses: list[str] = []
     miss_lineno: list[int] = []
     miss_chars = 0
+    # Bucket lines that differ from an earlier miss only in their le value
+    # wait for that line's library answer (see _bucket_template).
+    miss_tkey: dict[int, tuple[tuple[str, str], str]] = {}  # misses index -> (template, le)
+    miss_tkey_seen: set[tuple[str, str]] = set()
+    derived: list[tuple[int, str, str, str, str, tuple[str, str]]] = []  # (lineno, line, head, tok, le, template)
     lib_budget_hit = False
     saw_sample_shape = False
 
@@ -602,6 +691,15 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
             lib_budget_hit = True
             continue
         miss_chars += len(line) + 1
+        if use_cache and _WANTED[name][0] == "hist_bucket":
+            split = _bucket_template(line)
+            if split is not None:
+                head, tok, le, tkey = split
+                if tkey in miss_tkey_seen:
+                    derived.append((lineno, line, head, tok, le, tkey))
+                    continue
+                miss_tkey_seen.add(tkey)
+                miss_tkey[len(misses)] = (tkey, le)
         misses.append(line)
         miss_lineno.append(lineno)
 
@@ -609,28 +707,30 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
         problems.add(f"more than {MAX_LIBRARY_CHARS_PER_PARSE} characters of new lines: the rest was skipped")
 
     if misses:
-        for i, sample, exc in _library_samples(misses):
-            line = misses[i]
-            if exc is not None:
-                skipped += 1
-                msg = f"line {miss_lineno[i]}: unreadable {_short(line)} ({type(exc).__name__}: {_short(str(exc), 60)})"
-                events.append((miss_lineno[i], None, msg))
-                continue
-            if sample.name not in _WANTED:
-                continue
-            rec = _Rec(sample.name, sample.labels)
-            value = float(sample.value)
-            events.append((miss_lineno[i], rec, value))
-            if use_cache and sample.timestamp is None and "\t" not in line:
-                head, sep, tok = line.rpartition(" ")
-                try:
-                    ok = bool(sep) and _same(_value(tok), value)
-                except (ValueError, OverflowError):
-                    ok = False
-                if ok:
-                    if len(cache) >= _CACHE_MAX_ENTRIES:
-                        cache.clear()
-                    cache[head] = rec
+        templates: dict[tuple[str, str], tuple[str, Mapping[str, str]]] = {}
+        skipped += _run_library(misses, miss_lineno, events, cache if use_cache else None, miss_tkey, templates)
+        if derived:
+            again: list[str] = []
+            again_lineno: list[int] = []
+            for lineno, line, head, tok, le, tkey in derived:
+                tpl = templates.get(tkey)
+                if tpl is not None:
+                    try:
+                        value = _value(tok)
+                    except (ValueError, OverflowError):
+                        pass
+                    else:
+                        rec = _Rec(tpl[0], {**tpl[1], "le": le})
+                        events.append((lineno, rec, value))
+                        if len(cache) >= _CACHE_MAX_ENTRIES:
+                            cache.clear()
+                        cache[head] = rec
+                        continue
+                # the template line did not parse (or this value is bad): the library says why
+                again.append(line)
+                again_lineno.append(lineno)
+            if again:
+                skipped += _run_library(again, again_lineno, events, cache, None, None)
         events.sort(key=_first)
 
     if col.seen:
