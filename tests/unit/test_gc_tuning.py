@@ -1,0 +1,70 @@
+"""The collector settings vtop takes once start-up is over (vtop.gc_tuning).
+
+``settle_gc`` changes process-wide state, so it runs in a child Python here;
+the app's trigger is checked with Pilot (headless apps never settle: a test
+process's objects are not vtop's to freeze).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import make_app
+from vtop.gc_tuning import YOUNG_THRESHOLD
+from vtop.ui.app import VtopApp
+
+CHILD = """
+import gc, json, sys
+from vtop.gc_tuning import settle_gc
+if sys.argv[1] == "off":
+    gc.disable(); gc.set_threshold(0)
+freed = []
+class Cycle:
+    def __init__(self): self.me = self
+    def __del__(self): freed.append(1)
+kept = [Cycle() for _ in range(1000)]
+for _ in range(500): Cycle()          # start-up garbage: cycles only the collector frees
+before = gc.get_freeze_count()
+settle_gc()
+print(json.dumps({"before": before, "frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(),
+                  "freed": len(freed), "tracked_after": len(gc.get_objects())}))
+"""
+
+
+def run_child(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_settle_freezes_what_start_up_built_and_raises_the_young_threshold() -> None:
+    r = run_child("on")
+    assert r["before"] == 0
+    assert r["freed"] == 500  # start-up's garbage is collected first, not frozen
+    assert r["frozen"] > 1000  # the kept cycles and everything imported
+    assert r["tracked_after"] < r["frozen"] / 5  # later collections walk only what comes after
+    assert r["threshold"][0] == YOUNG_THRESHOLD > 700
+
+
+def test_settle_leaves_a_collector_someone_switched_off_as_it_was() -> None:
+    assert run_child("off")["threshold"][0] == 0
+
+
+async def test_the_app_settles_once_after_its_third_paint_tick_and_never_headless(monkeypatch) -> None:
+    import vtop.gc_tuning
+
+    calls: list[int] = []
+    monkeypatch.setattr(vtop.gc_tuning, "settle_gc", lambda: calls.append(app._ticks))
+    app = make_app(None)
+    async with app.run_test(size=(80, 24)):
+        for _ in range(5):
+            app._tick()
+        assert calls == []  # under Pilot the app is headless
+        monkeypatch.setattr(VtopApp, "is_headless", property(lambda self: False))
+        app._ticks = 0
+        for _ in range(5):
+            app._tick()
+        assert calls == [VtopApp.SETTLE_GC_AFTER_TICKS]
