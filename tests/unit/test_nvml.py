@@ -44,6 +44,7 @@ def test_not_supported_gives_none_for_that_field_only_and_is_not_asked_again() -
     g = p.gpus[0]
     assert g.temp_c is None and g.power_w is None
     assert g.util_gpu is not None and g.mem_used is not None
+    s.poll()  # the second tick allocates the second GPM sample; from the third on, a tick is steady
     calls = fake.calls
     s.poll()
     per_poll = fake.calls - calls
@@ -134,9 +135,32 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
     assert g.sm_active == pytest.approx(95.48)
     assert g.sm_occupancy == pytest.approx(14.11)
     assert g.dram_bw == pytest.approx(15.85)
-    assert fake.gpm_live == 1  # only the sample kept for the next tick
+    assert fake.gpm_live == 2  # last tick's sample and the buffer for the next: allocated once, used in turn
+    calls = fake.calls
+    s.poll()
+    assert fake.calls - calls == 10  # 8 readings, one GPM sample, one metrics get: no alloc, no free
+    for _ in range(50):
+        p = s.poll()
+    assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
     s.close()
     assert fake.gpm_live == 0
+
+
+def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
+    clock = FakeClock()
+    gpu = FakeGpu(overrides={"gpm": {2: 50.0, 3: 10.0, 10: 20.0}})
+    s, fake = src([gpu], clock)
+    for _ in range(3):
+        s.poll()
+    assert fake.gpm_live == 2
+    gpu.lost = True
+    assert s.poll().gpus[0].lost
+    assert fake.gpm_live == 0
+    gpu.lost = False
+    clock.advance(60)
+    p = s.poll()
+    assert not p.gpus[0].lost and p.gpus[0].sm_active is None  # a fresh first sample
+    assert s.poll().gpus[0].sm_active == pytest.approx(50.0)
 
 
 def test_gpm_nan_is_none_and_unsupported_gpu_has_no_gpm() -> None:

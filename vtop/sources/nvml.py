@@ -54,7 +54,9 @@ class _Device:
     lost_at: float = 0.0
     unsupported: set[str] = field(default_factory=set)
     gpm_ok: bool | None = None  # None: not asked yet
-    gpm_prev: Any = None
+    gpm_prev: Any = None  # the sample taken last tick
+    gpm_spare: Any = None  # an allocated sample holding nothing needed: this tick's buffer
+    gpm_get: Any = None  # the metrics-get struct, filled in once and reused
     static_at: float = -1e9
 
 
@@ -286,21 +288,30 @@ class NvmlSource:
 
     # ------------------------------------------------------------------- GPM
     def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:
+        """SM activity, SM occupancy and DRAM bandwidth since the last tick.
+
+        Two GPM samples per GPU are allocated once and used in turn (this tick's
+        reading goes into the one whose data the last tick used up), and the
+        metrics-get struct is built once: two NVML calls a GPU a tick fewer than
+        allocating and freeing a sample every tick, and no ctypes struct built.
+        """
         N = self._nvml
         if d.gpm_ok is None:
             sup = self._q(d, "gpm_support", self._fn("nvmlGpmQueryDeviceSupport"))
             d.gpm_ok = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
         if not d.gpm_ok:
             return None, None, None
-        try:
-            cur = N.nvmlGpmSampleAlloc()
-        except Exception:
-            d.gpm_ok = False
-            return None, None, None
+        cur, d.gpm_spare = d.gpm_spare, None
+        if cur is None:
+            try:
+                cur = N.nvmlGpmSampleAlloc()
+            except Exception:
+                d.gpm_ok = False
+                return None, None, None
         try:
             N.nvmlGpmSampleGet(d.handle, cur)
         except Exception as e:
-            _free(N, cur)
+            d.gpm_spare = cur  # still allocated, holds nothing: next tick's buffer
             if isinstance(e, getattr(N, "NVMLError_GpuIsLost", ())):
                 raise _GpuLost() from e
             return None, None, None
@@ -308,26 +319,31 @@ class NvmlSource:
         if prev is None:
             return None, None, None
         try:
-            mg = N.c_nvmlGpmMetricsGet_t()
-            mg.version = N.NVML_GPM_METRICS_GET_VERSION
-            ids = (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
-            mg.numMetrics = len(ids)
+            mg = d.gpm_get
+            if mg is None:
+                mg = N.c_nvmlGpmMetricsGet_t()
+                mg.version = N.NVML_GPM_METRICS_GET_VERSION
+                ids = (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
+                mg.numMetrics = len(ids)
+                for i, m in enumerate(ids):
+                    mg.metrics[i].metricId = m
+                d.gpm_get = mg
             mg.sample1 = prev
             mg.sample2 = cur
-            for i, m in enumerate(ids):
-                mg.metrics[i].metricId = m
             N.nvmlGpmMetricsGet(mg)
-            vals = tuple(_pct_or_none(mg.metrics[i].value) for i in range(len(ids)))
+            metrics = mg.metrics
+            vals = (_pct_or_none(metrics[0].value), _pct_or_none(metrics[1].value), _pct_or_none(metrics[2].value))
         except Exception:
             vals = (None, None, None)
         finally:
-            _free(N, prev)
-        return vals  # type: ignore[return-value]
+            d.gpm_spare = prev  # its data is used up
+        return vals
 
     def _free_gpm(self, d: _Device) -> None:
-        if d.gpm_prev is not None:
-            _free(self._nvml, d.gpm_prev)
-            d.gpm_prev = None
+        for sample in (d.gpm_prev, d.gpm_spare):
+            if sample is not None:
+                _free(self._nvml, sample)
+        d.gpm_prev = d.gpm_spare = d.gpm_get = None
 
     # ------------------------------------------------------------------ public
     def poll(self) -> GpuPoll:
