@@ -5,8 +5,8 @@
 
 vtop runs in a real terminal (tmux, 120x40) exactly as a user starts it, with
 ``--simulate-gpus N``: GPUs answered by a fake NVML whose calls cost CPU like
-the real ones (5 us each, spun, inside vtop's process; the recorded H200
-probe measured 2-9 us for the calls vtop makes). After a warm-up, the CPU
+the real ones (spun inside vtop's process: each call the CPU time it took on
+the H200 box, ~0.39 ms a GPU a tick; bench/nvml_calibrate.py). After a warm-up, the CPU
 time (user+sys) of the vtop process over the window is read from /proc, and
 the peak RSS from VmHWM. ``bench/run.py`` runs the whole set of scenarios.
 

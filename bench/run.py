@@ -12,8 +12,9 @@ Each scenario runs vtop as a user starts it (the venv's ``vtop`` script) in a
   (b) 1+1       ``--simulate-gpus 1`` and one replayed vLLM server
   (c) 8+2       ``--simulate-gpus 8`` and two replayed vLLM servers
 
-Simulated GPUs answer through vtop's fake NVML, whose calls spin 5 us each
-inside vtop's process, as the real calls cost on an H200. Servers are
+Simulated GPUs answer through vtop's fake NVML, whose calls spin inside
+vtop's process the CPU time each real call took on the H200 box (~0.39 ms a
+GPU a tick; bench/nvml_calibrate.py measures it). Servers are
 stdlib HTTP servers in a child process (bench/harness.py) replaying the
 recorded H200 ``/metrics`` timeline at one payload a second.
 

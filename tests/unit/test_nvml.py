@@ -209,3 +209,19 @@ def test_throttle_bits_decode() -> None:
     assert decode_throttle(0) == ()
     assert decode_throttle(None) is None
     assert decode_throttle(0x4 | 0x40) == ("sw-power-cap", "hw-thermal")
+
+
+def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
+    """The benchmarks' GPUs: each call spins (thread CPU time) the real call's measured cost."""
+    import time
+
+    from vtop.sources.fake_nvml import H200_CALL_S, simulated
+
+    s = NvmlSource(simulated(1))
+    for _ in range(3):
+        s.poll()  # init, static fields, both GPM samples allocated
+    t0 = time.thread_time()
+    s.poll()
+    spent = time.thread_time() - t0
+    assert spent >= sum(H200_CALL_S.values())  # a tick makes each listed call once
+    assert sum(H200_CALL_S.values()) == pytest.approx(386e-6, rel=0.01)

@@ -2,9 +2,12 @@
 
 It raises the *real* ``pynvml`` exception classes (importing ``pynvml`` needs no
 driver), so :class:`vtop.sources.nvml.NvmlSource` is exercised exactly as with
-NVIDIA's binding. Each call can cost a little CPU, like the real one (2-9 us a
-call on an H200, see the call-cost table in the recorded H200 probe), so the
-benchmark measures vtop's overhead under realistic call costs.
+NVIDIA's binding. Each call can cost CPU like the real one (:data:`H200_CALL_S`,
+3-182 us a call, ~0.39 ms a GPU a tick), so the benchmarks measure vtop's
+overhead under real call costs. Those are CPU times of calls made a second
+apart, as vtop makes them; the recorded H200 probe's 2-9 us (h200-probe.json,
+``us_per_call``) are wall times of the same call repeated in a tight loop,
+which the driver answers from a short-lived cache.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class FakeNvml:
         gpus: list[FakeGpu] | None = None,
         *,
         init_error: BaseException | None = None,
-        call_cost_s: float = 0.0,
+        call_cost_s: float | dict[str, float] = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu()]
@@ -92,16 +95,19 @@ class FakeNvml:
     def nvmlInitWithFlags(self, flags: int) -> None:
         self.nvmlInit()
 
-    def _cost(self) -> None:
+    def _cost(self, what: str = "") -> None:
+        """Count the call, and spin (CPU time of this thread) what it would cost."""
         with self._lock:
             self.calls += 1
-        if self.call_cost_s > 0:
-            end = time.perf_counter() + self.call_cost_s
-            while time.perf_counter() < end:
+        c = self.call_cost_s
+        cost = c.get(what, DEFAULT_CALL_S) if isinstance(c, dict) else c
+        if cost > 0:
+            end = time.thread_time() + cost
+            while time.thread_time() < end:
                 pass
 
-    def _gpu(self, h: Any) -> FakeGpu:
-        self._cost()
+    def _gpu(self, h: Any, what: str = "") -> FakeGpu:
+        self._cost(what)
         return self.gpus[h]
 
     def _wave(self, g: FakeGpu, period: float, lo: float, hi: float) -> float:
@@ -134,26 +140,26 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetName(self, h: int) -> str:
-        g = self._gpu(h)
+        g = self._gpu(h, "name")
         return g.reading("name", lambda: g.name)
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
-        g = self._gpu(h)
+        g = self._gpu(h, "uuid")
         return g.reading("uuid", lambda: f"GPU-fake-{h:04d}")
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
-        g = self._gpu(h)
+        g = self._gpu(h, "power_limit")
         return g.reading("power_limit", lambda: g.power_limit_mw)
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        g = self._gpu(h)
+        g = self._gpu(h, "utilization")
         return g.reading(
             "utilization",
             lambda: SimpleNamespace(gpu=round(self._wave(g, 40, 20, 100)), memory=round(self._wave(g, 40, 5, 40))),
         )
 
     def nvmlDeviceGetMemoryInfo(self, h: int, version: Any = None) -> Any:
-        g = self._gpu(h)
+        g = self._gpu(h, "memory")
 
         def mem() -> Any:
             used = int(g.mem_total * self._wave(g, 120, 0.5, 0.92))
@@ -162,30 +168,30 @@ class FakeNvml:
         return g.reading("memory", mem)
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        g = self._gpu(h)
+        g = self._gpu(h, "power")
         return g.reading("power", lambda: int(self._wave(g, 40, 120_000, 690_000)))
 
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
-        g = self._gpu(h)
+        g = self._gpu(h, "temperature")
         return g.reading("temperature", lambda: int(self._wave(g, 200, 38, 71)))
 
     def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
-        g = self._gpu(h)
+        g = self._gpu(h, "mem_clock" if kind == NVML_CLOCK_MEM else "sm_clock")
         if kind == NVML_CLOCK_MEM:
             return g.reading("mem_clock", lambda: 3201)
         return g.reading("sm_clock", lambda: int(self._wave(g, 40, 1455, 1980)))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
-        g = self._gpu(h)
+        g = self._gpu(h, "throttle")
         return g.reading("throttle", lambda: 0)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
-        g = self._gpu(h)
+        g = self._gpu(h, "procs")
         return g.reading("procs", lambda: [SimpleNamespace(pid=4000 + h, usedGpuMemory=70 * 2**30)])
 
     # GPM -------------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:
-        g = self._gpu(h)
+        g = self._gpu(h, "gpm_support")
         if not g.gpm:
             raise NVMLError_NotSupported(_real.NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(isSupportedDevice=1)
@@ -202,7 +208,7 @@ class FakeNvml:
             self.gpm_live -= 1
 
     def nvmlGpmSampleGet(self, h: int, s: Any) -> None:
-        g = self._gpu(h)
+        g = self._gpu(h, "gpm_sample")
         g.reading("gpm_sample", lambda: None)
         s.h = h
         s.t = self.clock()
@@ -214,7 +220,7 @@ class FakeNvml:
         )
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
-        g = self._gpu(mg.sample2.h)
+        g = self._gpu(mg.sample2.h, "gpm_metrics")
         vals = g.reading(
             "gpm",
             lambda: {
@@ -228,6 +234,29 @@ class FakeNvml:
         return mg
 
 
-def simulated(n: int, *, call_cost_s: float = 5e-6) -> FakeNvml:
-    """``n`` H200-like GPUs with staggered load waves (for ``--simulate-gpus`` and benchmarks)."""
-    return FakeNvml([FakeGpu(phase=i * 0.7) for i in range(n)], call_cost_s=call_cost_s)
+#: CPU time of each call vtop makes a tick, measured on the H200 box through
+#: nvidia-ml-py, calls a second apart as vtop makes them (median of 20;
+#: bench/nvml_calibrate.py, bench/h200/nvml-calibrate-2026-12-01.json).
+#: A GPM sample is most of it. Calls not listed (init, handles, names, GPM
+#: sample alloc/free) cost DEFAULT_CALL_S. The fake's own Python work comes on
+#: top, so a simulated GPU costs a little more than a real one, not less.
+H200_CALL_S: dict[str, float] = {
+    "utilization": 49.7e-6,
+    "memory": 72.8e-6,
+    "power": 11.1e-6,
+    "temperature": 10.0e-6,
+    "sm_clock": 6.5e-6,
+    "mem_clock": 3.1e-6,
+    "throttle": 7.8e-6,
+    "procs": 34.3e-6,
+    "gpm_sample": 182.2e-6,
+    "gpm_metrics": 7.9e-6,
+}
+DEFAULT_CALL_S = 5e-6
+
+
+def simulated(n: int, *, call_cost_s: float | dict[str, float] | None = None) -> FakeNvml:
+    """``n`` H200-like GPUs with staggered load waves (for ``--simulate-gpus`` and benchmarks);
+    each call spins the CPU time the real call took on the H200 box (:data:`H200_CALL_S`)."""
+    cost = H200_CALL_S if call_cost_s is None else call_cost_s
+    return FakeNvml([FakeGpu(phase=i * 0.7) for i in range(n)], call_cost_s=cost)
