@@ -12,6 +12,7 @@ which the driver answers from a short-lived cache.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -86,6 +87,7 @@ class FakeNvml:
         self.inited = 0
         self.gpm_live = 0  # allocated GPM samples not yet freed (leak check)
         self._lock = threading.Lock()
+        self._due = threading.local()  # the cost of the call under way (set by _cost)
         # Module constants and classes, so code can use them as on pynvml.
         for k, v in globals().items():
             if k.startswith(("NVML_", "NVMLError")):
@@ -96,15 +98,11 @@ class FakeNvml:
         self.nvmlInit()
 
     def _cost(self, what: str = "") -> None:
-        """Count the call, and spin (CPU time of this thread) what it would cost."""
+        """Count the call, and say what it costs: :func:`_priced` spins the rest of it."""
         with self._lock:
             self.calls += 1
         c = self.call_cost_s
-        cost = c.get(what, DEFAULT_CALL_S) if isinstance(c, dict) else c
-        if cost > 0:
-            end = time.thread_time() + cost
-            while time.thread_time() < end:
-                pass
+        self._due.cost = c.get(what, DEFAULT_CALL_S) if isinstance(c, dict) else c
 
     def _gpu(self, h: Any, what: str = "") -> FakeGpu:
         self._cost(what)
@@ -234,12 +232,39 @@ class FakeNvml:
         return mg
 
 
+def _priced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make a fake call take the CPU time its real call takes, its own work included:
+    it runs, then spins (this thread's CPU time) until the call's cost is spent. So a
+    simulated GPU costs what a real one does, not the fake's Python work on top."""
+
+    @functools.wraps(fn)
+    def call(self: FakeNvml, *a: Any, **k: Any) -> Any:
+        t0 = time.thread_time()
+        due = self._due
+        due.cost = 0.0
+        try:
+            return fn(self, *a, **k)
+        finally:
+            cost, due.cost = getattr(due, "cost", 0.0), 0.0  # a nested call (init with flags) pays once
+            if cost > 0:
+                end = t0 + cost
+                while time.thread_time() < end:
+                    pass
+
+    return call
+
+
+for _name, _fn in list(vars(FakeNvml).items()):
+    if _name.startswith("nvml") and callable(_fn):
+        setattr(FakeNvml, _name, _priced(_fn))
+
+
 #: CPU time of each call vtop makes a tick, measured on the H200 box through
 #: nvidia-ml-py, calls a second apart as vtop makes them (median of 20;
 #: bench/nvml_calibrate.py, bench/h200/nvml-calibrate-2026-12-01.json).
 #: A GPM sample is most of it. Calls not listed (init, handles, names, GPM
-#: sample alloc/free) cost DEFAULT_CALL_S. The fake's own Python work comes on
-#: top, so a simulated GPU costs a little more than a real one, not less.
+#: sample alloc/free) cost DEFAULT_CALL_S. A fake call spins what is left of
+#: its cost after its own Python work (:func:`_priced`).
 H200_CALL_S: dict[str, float] = {
     "utilization": 49.7e-6,
     "memory": 72.8e-6,
