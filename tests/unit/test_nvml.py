@@ -225,3 +225,39 @@ def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
     spent = time.thread_time() - t0
     assert spent >= sum(H200_CALL_S.values())  # a tick makes each listed call once
     assert sum(H200_CALL_S.values()) == pytest.approx(386e-6, rel=0.01)
+
+
+def test_simulated_calls_let_other_threads_run_as_real_ones_do() -> None:
+    """A real NVML call (ctypes) releases the GIL; the fake's spin must too, or a simulated
+    8-GPU poll would stall the UI thread for a whole switch interval per call."""
+    import sys
+    import threading
+    import time
+
+    from vtop.sources.fake_nvml import simulated
+
+    s = NvmlSource(simulated(8))
+    s.poll()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)  # a thread holding the GIL would keep it ~50 ms at a time
+    delays: list[float] = []
+    stop = threading.Event()
+
+    def ui() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            time.sleep(0.002)
+            delays.append(time.perf_counter() - t - 0.002)
+
+    th = threading.Thread(target=ui)
+    try:
+        th.start()
+        for _ in range(20):
+            s.poll()
+    finally:
+        stop.set()
+        th.join()
+        sys.setswitchinterval(old)
+    delays.sort()
+    assert len(delays) > 10
+    assert delays[len(delays) // 2] < 0.010  # a GIL-holding spin makes this ~0.05 s
