@@ -14,7 +14,8 @@ Each scenario runs vtop as a user starts it (the venv's ``vtop`` script) in a
 
 Simulated GPUs answer through vtop's fake NVML, whose calls spin inside
 vtop's process the CPU time each real call took on the H200 box (~0.39 ms a
-GPU a tick; bench/nvml_calibrate.py measures it). Servers are
+GPU a tick; bench/nvml_calibrate.py measures it), letting go of the GIL
+while they spin as the real (ctypes) calls do. Servers are
 stdlib HTTP servers in a child process (bench/harness.py) replaying the
 recorded H200 ``/metrics`` timeline at one payload a second.
 
