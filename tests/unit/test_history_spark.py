@@ -120,3 +120,15 @@ def test_cached_cells_equal_a_fresh_resample() -> None:
                     got = s.buckets(now, width, win, max_gap=gap)
                     want = resample(list(s), now, width, win, max_gap=gap)
                     assert got == want, (trial, width, now, gap)
+
+
+def test_peak_is_the_largest_value_still_in_the_window() -> None:
+    s = Series(window_s=10)
+    assert s.peak() is None
+    s.append(1, None)
+    assert s.peak() is None  # a gap is not a zero
+    for t, v in [(2, 50.0), (3, float("nan")), (4, 20.0)]:
+        s.append(t, v)
+    assert s.peak() == 50.0 == max(v for _, v in s if v is not None)
+    s.append(13, 5.0)  # t=2 (50) has scrolled out of the 10 s window
+    assert s.peak() == max(v for _, v in s if v is not None) == 20.0

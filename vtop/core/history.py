@@ -89,6 +89,11 @@ class Series:
     def latest_t(self) -> float | None:
         return self._t[-1] if len(self) else None
 
+    def peak(self) -> float | None:
+        """The largest value still in the window (``None`` if there is none), computed in C."""
+        m = max(self._v[self._lo :], default=_NONE)
+        return None if m == _NONE else m
+
     def values(self) -> list[float | None]:
         return [v for _, v in self]
 

@@ -194,9 +194,9 @@ class _RunsWidget(Widget):
         if len(new) != len(shown):
             self.refresh()
             return
-        for y, (a, b) in enumerate(zip(shown, new)):
-            if a != b:
-                self.refresh(Region(0, y, width, 1))
+        changed = [Region(0, y, width, 1) for y, (a, b) in enumerate(zip(shown, new)) if a != b]
+        if changed:
+            self.refresh(*changed)  # one call: each also clears caches and wakes the screen
 
     def notify_style_update(self) -> None:
         self._styles.clear()

@@ -120,10 +120,10 @@ class ServerCard(_RunsWidget):
 
     def _scale(self, name: str) -> tuple[float, str]:
         assert self.view is not None
-        s = self.view.series.get(name)
-        peak = max((v for _, v in s if v is not None), default=0.0) if s is not None else 0.0
         if name == "kv_pct":
             return 100.0, ""
+        s = self.view.series.get(name)
+        peak = (s.peak() if s is not None else None) or 0.0
         if name == "running" and self.max_num_seqs:
             return float(max(self.max_num_seqs, peak, 1)), f"of {self.max_num_seqs}"
         return max(peak, 1.0), f"max {peak:.0f}" if name in ("running", "waiting") and peak < 100_000 else f"max {fmt_num(peak)}"
