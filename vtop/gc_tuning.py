@@ -8,8 +8,8 @@ a full collection frees them; a full collection walks every object the
 process has (about 76,000 once vtop is up, mostly Textual's and the imported
 modules'). Measured on the 2-core dev VM with 8 simulated GPUs and 2 servers
 (``bench/run.py``'s scenario (c)): one full collection about every 30 s
-taking ~90 ms, and the collector in all 4 of the ~20 ms of CPU vtop spent a
-second (a fifth of it).
+taking ~90 ms; all told, the collector took 4 of the ~20 ms of CPU vtop spent
+a second.
 
 :func:`settle_gc` runs once start-up is over (modules imported, widgets
 built, the first results shown): it collects what start-up left, then
@@ -22,8 +22,9 @@ small. Measured the same way: the collector's share went from 4.2 to 0.5 ms
 a second.
 
 What it costs: a cycle made of start-up objects that becomes garbage later
-is never freed (start-up builds the screen once, and its objects live as
-long as the app); up to 5,000 objects wait for the next collection instead
+is never freed (start-up builds the screen once and its objects live as long
+as the app; the first frames' cached lines are such cycles, a few hundred kB
+once: peak RSS on the GPU box stayed at 52 MB); up to 5,000 objects wait for the next collection instead
 of 700 (about a second of vtop's allocations, a few hundred kB at most).
 """
 
