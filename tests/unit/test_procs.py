@@ -72,3 +72,13 @@ def test_a_pid_we_cannot_see_says_why(monkeypatch, container: bool) -> None:
     monkeypatch.setattr(procs, "_CONTAINER", container)
     pid = 2**22 + 12345  # above pid_max's largest value: no such process here
     assert ProcNames().name(pid) == (HIDDEN if container else GONE)
+
+
+def test_parse_stat_reads_past_a_comm_with_spaces_and_parens_and_refuses_what_is_not_stat() -> None:
+    from vtop.sources.procs import parse_stat
+
+    tail = b" S 77 " + b" ".join(b"0" for _ in range(17)) + b" 4242 rest of the fields\n"  # start ticks is field 22
+    assert parse_stat(b"123 (odd) name (x) " + tail[1:]) == ("odd) name (x", 77, 4242)
+    assert parse_stat(b"123 python3" + tail) is None  # no parentheses
+    assert parse_stat(b"123 (short) S 1 2") is None  # too few fields
+    assert parse_stat(b"123 (x) S notanumber" + tail[6:]) is None

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from vtop.core.fmt import to_float as _float
 from vtop.core.fmt import to_int as _int
+from vtop.sources.procs import parse_stat
 
 import os
 import re
@@ -542,11 +543,10 @@ def _read_proc_linux() -> list[ProcRecord]:
                 stat = f.read()
         except OSError:  # gone, or not ours to read
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        lp, rp = stat.find(b"("), stat.rfind(b")")
-        if lp < 0 or rp < 0:
+        fields = parse_stat(stat)
+        if fields is None:
             continue
-        comm = stat[lp + 1 : rp].decode("utf-8", "replace")
+        comm, ppid, start_ticks = fields
         raw = b""
         if comm.lower().startswith(_MAYBE_VLLM):
             # Only a process that can be vLLM (a Python interpreter, the vllm
@@ -557,12 +557,6 @@ def _read_proc_linux() -> list[ProcRecord]:
                     raw = f.read()
             except OSError:
                 continue
-        rest = stat[rp + 2 :].split()
-        try:
-            ppid = int(rest[1])
-            start_ticks = int(rest[19])
-        except (IndexError, ValueError):
-            continue
         parts = raw.split(b"\0")
         if parts and parts[-1] == b"":
             parts.pop()

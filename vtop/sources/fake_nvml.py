@@ -246,7 +246,7 @@ def _priced(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, *a, **k)
         finally:
-            cost, due.cost = getattr(due, "cost", 0.0), 0.0  # a nested call (init with flags) pays once
+            cost, due.cost = due.cost, 0.0  # a nested call (init with flags) pays once
             if cost > 0:
                 end = t0 + cost
                 while time.thread_time() < end:

@@ -43,10 +43,25 @@ _NO_PROC = object()
 _HAVE_PROC = os.path.isdir("/proc/self")
 
 
+def parse_stat(raw: bytes) -> tuple[str, int, int] | None:
+    """``(comm, ppid, start ticks)`` from the text of ``/proc/PID/stat``, or None if it
+    is not shaped like it. The comm may hold spaces and parentheses, so the fields
+    after it are found from the *last* ``)``. Start ticks (field 22) count from boot:
+    with the pid they name one process for good."""
+    lp, rp = raw.find(b"("), raw.rfind(b")")
+    if lp < 0 or rp < 0:
+        return None
+    rest = raw[rp + 2 :].split(None, 20)
+    try:
+        return raw[lp + 1 : rp].decode("utf-8", "replace"), int(rest[1]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def proc_start(pid: int) -> object:
-    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22):
-    with the pid it names one process for good. None when that process is not there
-    (gone, or not in our PID namespace); ``_NO_PROC`` when there is no readable /proc."""
+    """The start ticks of ``pid`` (see :func:`parse_stat`). None when that process is
+    not there (gone, or not in our PID namespace); ``_NO_PROC`` when there is no
+    readable /proc."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -54,10 +69,8 @@ def proc_start(pid: int) -> object:
         return None if _HAVE_PROC else _NO_PROC
     except OSError:  # permissions, or /proc unlike Linux's
         return _NO_PROC
-    try:
-        return int(raw[raw.rindex(b")") + 2 :].split(None, 20)[19])  # the comm may hold spaces and ')'
-    except (ValueError, IndexError):
-        return _NO_PROC
+    fields = parse_stat(raw)
+    return _NO_PROC if fields is None else fields[2]
 
 
 class ProcNames:
