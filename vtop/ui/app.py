@@ -134,6 +134,7 @@ class VtopApp(App[int]):
         self.gpu_hung = False
         self._status_text = ""
         self._ticks = 0
+        self._log_tried_for: tuple[Any, ...] = ()  # the servers a log was last looked for among
         self._diagnoser: Diagnoser | None = None
         self.alerts: list[Any] = []
         self._alerts_key: Any = None
@@ -336,9 +337,12 @@ class VtopApp(App[int]):
         self.log_loop.start()
 
     def _on_first_discovery(self, servers: list[Any]) -> None:
-        """No --log given: follow the log of the first server found, or say why not."""
+        """No --log given: follow the log of the first server found, or say why not.
+        Tried again (from :meth:`_on_discovery`) whenever the servers found change while
+        no log is followed: vLLM is often started after vtop."""
         if self.config.log or self.log_watch is not None or self.replay is not None:
             return
+        self._log_tried_for = tuple(sp.key for sp in servers)
         panel = self.w_startup
         if not servers:
             panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -). "
@@ -369,7 +373,11 @@ class VtopApp(App[int]):
 
     def _on_discovery(self, servers: list[Any]) -> None:
         """A log given with --log: take the launch time of the server that writes it from the process table."""
-        if self.log_watch is None or not servers or self.replay is not None:
+        if self.log_watch is None:
+            if servers and tuple(sp.key for sp in servers) != self._log_tried_for:
+                self._on_first_discovery(servers)
+            return
+        if not servers or self.replay is not None:
             return
         sp = servers[0]
         if self._launch_marked == sp.key:
