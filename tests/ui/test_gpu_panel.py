@@ -198,3 +198,48 @@ def test_runs_strip_is_what_textual_would_make_of_the_runs() -> None:
         want = Strip([Segment(t, styles[k]) for t, k in runs if t]).crop_extend(0, width, base)
         assert got.cell_length == width
         assert list(Segment.simplify(got)) == list(Segment.simplify(want)), (runs, width)
+
+
+async def test_content_width_is_textuals_content_region_width(clock: FakeClock) -> None:
+    """The rows are drawn at ``content_width()`` (the layout's size less padding and
+    border) instead of asking ``content_region`` each row: both must agree, for the
+    line widget, for bordered and padded cards, and after a resize."""
+    from vtop.ui.widgets.server_panel import ServerCard
+
+    src, _ = fake_gpus(2, clock)
+    app = make_app(src)
+    async with app.run_test(size=(150, 40)) as pilot:
+        await feed(app, clock, 5)
+        card = ServerCard("http://x:1", window_s=60, max_gap=2.5)
+        app.mount_server_card(card)
+        await pilot.pause()
+        for size in ((150, 40), (80, 24), (200, 60), (61, 20)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            widgets = [*app.query(GpuCard), app.query_one(GpuLines), card]
+            shown = [w for w in widgets if w.display and w.region.width]
+            assert shown, size
+            for w in shown:
+                assert w.content_width() == w.content_region.width, (size, w)
+            assert any(w.styles.gutter.width for w in shown)  # a bordered card was among them
+
+
+async def test_current_theme_follows_theme_changes(clock: FakeClock) -> None:
+    """``current_theme`` is kept between calls; a new theme name, or a theme registered
+    again under the current name, is seen at once (Textual's own answer compared)."""
+    from textual.app import App
+    from textual.theme import Theme
+
+    src, _ = fake_gpus(1, clock)
+    app = make_app(src)
+    async with app.run_test(size=(80, 24)) as pilot:
+        first = app.current_theme
+        assert app.current_theme is first is App.current_theme.fget(app)  # type: ignore[attr-defined]
+        app.theme = "nord"
+        await pilot.pause()
+        assert app.current_theme.name == "nord" == App.current_theme.fget(app).name  # type: ignore[attr-defined]
+        app.register_theme(Theme(name="nord", primary="#ff0000", dark=False))
+        assert app.current_theme.primary == "#ff0000"
+        assert app.ansi_theme is app.ansi_theme_light  # the new theme is a light one
+        app.unregister_theme("nord")
+        assert app.current_theme.name != "nord"

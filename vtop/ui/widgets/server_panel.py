@@ -104,7 +104,7 @@ class ServerCard(_RunsWidget):
             if (view.state == st) != self.has_class(cls):
                 self.set_class(view.state == st, cls)
         self._version += 1
-        n = len(self.lines_cached(self.content_region.width or 80))
+        n = len(self.lines_cached(self.content_width() or 80))
         if n != self._nlines:
             self._nlines = n
             self.refresh(layout=True)
