@@ -58,8 +58,10 @@ def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str
     times: dict[str, list[float]] = {k: [] for k in [*calls, "gpm_sample", "gpm_metrics"]}
     mg = n.c_nvmlGpmMetricsGet_t()
     mg.version = n.NVML_GPM_METRICS_GET_VERSION
-    mg.numMetrics = 3
-    for i, m in enumerate((n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY, n.NVML_GPM_METRIC_DRAM_BW_UTIL)):
+    ids = (n.NVML_GPM_METRIC_GRAPHICS_UTIL, n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
+           n.NVML_GPM_METRIC_DRAM_BW_UTIL)  # what vtop asks
+    mg.numMetrics = len(ids)
+    for i, m in enumerate(ids):
         mg.metrics[i].metricId = m
     n.nvmlGpmSampleGet(handle, samples[1])
     for k in range(polls):

@@ -224,8 +224,8 @@ class FakeNvml:
         vals = g.reading(
             "gpm",
             lambda: {
-                # the same wave as nvmlDeviceGetUtilizationRates' gpu, unrounded
-                NVML_GPM_METRIC_GRAPHICS_UTIL: self._wave(g, 40, 20, 100),
+                # the same reading as nvmlDeviceGetUtilizationRates' gpu
+                NVML_GPM_METRIC_GRAPHICS_UTIL: float(round(self._wave(g, 40, 20, 100))),
                 NVML_GPM_METRIC_SM_UTIL: self._wave(g, 40, 5, 95),
                 NVML_GPM_METRIC_SM_OCCUPANCY: self._wave(g, 40, 2, 30),
                 NVML_GPM_METRIC_DRAM_BW_UTIL: self._wave(g, 40, 1, 60),

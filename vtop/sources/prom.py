@@ -428,15 +428,18 @@ class _Collector:
         self.duplicates = 0
 
     def add(self, rec: _Rec, value: float) -> None:
-        problems = self.problems
-        if rec.key in self.seen:
+        # Called for every line we read (~140 a payload, most of them histogram
+        # buckets), so: one set operation to spot a duplicate, and no default dicts
+        # built for setdefault() to throw away.
+        seen = self.seen
+        n = len(seen)
+        seen.add(rec.key)
+        if len(seen) == n:
             self.duplicates += 1
             if self.duplicates <= 3:
-                problems.add(f"duplicate series {rec.key}: kept the last value")
-        else:
-            self.seen.add(rec.key)
+                self.problems.add(f"duplicate series {rec.key}: kept the last value")
         if rec.bad:
-            problems.add(rec.bad)
+            self.problems.add(rec.bad)
             return
         engine = rec.engine
         model = rec.model
@@ -445,19 +448,30 @@ class _Collector:
             if model not in self.model_names:
                 self.model_names.append(model)
         kind = rec.kind
-        if kind == "gauge" or kind == "counter" or kind == "labelled":
+        if kind == "hist_bucket":
+            family, bound = rec.sub
+            fams = self.hists.get(engine)
+            if fams is None:
+                fams = self.hists[engine] = {}
+            h = fams.get(family)
+            if h is None:
+                h = fams[family] = {"le": {}}
+            h["le"][bound] = value
+        elif kind == "gauge" or kind == "counter" or kind == "labelled":
             if not (0.0 <= value < math.inf):  # also False for NaN
-                problems.add(f"{rec.key}: unusable value {value!r}")
+                self.problems.add(f"{rec.key}: unusable value {value!r}")
                 return
             if kind == "labelled":
                 self.labelled.setdefault(engine, {}).setdefault(rec.attr, {})[rec.sub] = value
             else:
                 self.plain.setdefault(engine, {}).setdefault(rec.attr, {})[rec.key] = value
-        elif kind == "hist_bucket":
-            family, bound = rec.sub
-            self.hists.setdefault(engine, {}).setdefault(family, {"le": {}})["le"][bound] = value
         else:
-            h = self.hists.setdefault(engine, {}).setdefault(rec.sub, {"le": {}})
+            fams = self.hists.get(engine)
+            if fams is None:
+                fams = self.hists[engine] = {}
+            h = fams.get(rec.sub)
+            if h is None:
+                h = fams[rec.sub] = {"le": {}}
             h["sum" if kind == "hist_sum" else "count"] = value
 
 
