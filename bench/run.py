@@ -154,7 +154,11 @@ def quit_vtop(tmux: Tmux, name: str, pid: int, timeout: float = 5.0) -> float | 
     t0 = time.monotonic()
     tmux.send_keys(name, "q")
     while time.monotonic() - t0 < timeout:
-        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z":
+        try:
+            gone = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+        except OSError:  # gone between two looks (ENOENT, or ESRCH while it was being reaped)
+            gone = True
+        if gone:
             return time.monotonic() - t0
         time.sleep(0.02)
     tmux.kill(name)

@@ -90,12 +90,12 @@ async def test_hung_nvml_call_keeps_the_ui_answering_and_says_so() -> None:
     release = threading.Event()
     hang = {"on": False}
 
-    def memory() -> object:  # asked every tick (utilization is not, once GPM answers)
+    def util() -> object:
         if hang["on"]:
             release.wait(10)
-        return SimpleNamespace(total=80 * 2**30, used=40 * 2**30, free=40 * 2**30)
+        return SimpleNamespace(gpu=50, memory=10)
 
-    src = NvmlSource(FakeNvml([FakeGpu(overrides={"memory": memory})]))
+    src = NvmlSource(FakeNvml([FakeGpu(overrides={"utilization": util})]))
     app = VtopApp(Config(interval=0.25, history=60), gpu_source=src, autopoll=True, hang_after_s=0.6, hostname="t")
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause(0.6)

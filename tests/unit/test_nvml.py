@@ -146,36 +146,6 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
     assert fake.gpm_live == 0
 
 
-def test_gpm_busy_time_replaces_the_utilization_call_after_the_first_tick() -> None:
-    """With GPM, "util" is the engine's busy share over exactly the last interval
-    (GRAPHICS_UTIL) and nvmlDeviceGetUtilizationRates is not called: the first tick
-    (no GPM baseline yet) and a tick whose GPM reading fails still ask it, so the
-    column never has a gap."""
-    asked: list[int] = []
-
-    def util() -> object:
-        asked.append(1)
-        return SimpleNamespace(gpu=61, memory=12)
-
-    gpm = {1: 87.25, 2: 80.0, 3: 10.0, 10: 30.0}
-    gpu = FakeGpu(overrides={"utilization": util, "gpm": gpm})
-    s, fake = src([gpu])
-    p1 = s.poll()
-    assert p1.gpus[0].util_gpu == 61.0 and p1.gpus[0].util_mem == 12.0 and len(asked) == 1
-    s.poll()  # the second GPM buffer is allocated here, once
-    calls = fake.calls
-    p3 = s.poll()
-    assert fake.calls - calls == 9  # 7 readings, one GPM sample, one metrics get
-    assert len(asked) == 1
-    g = p3.gpus[0]
-    assert g.util_gpu == pytest.approx(87.25) and g.sm_active == pytest.approx(80.0)
-    assert g.util_mem is None and g.dram_bw == pytest.approx(30.0)  # bandwidth comes from GPM
-    gpm[1] = float("nan")  # GPM cannot say: the utilization call answers in the same tick
-    assert s.poll().gpus[0].util_gpu == 61.0 and len(asked) == 2
-    gpm[1] = 5.0
-    assert s.poll().gpus[0].util_gpu == pytest.approx(5.0) and len(asked) == 2
-
-
 def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
     clock = FakeClock()
     gpu = FakeGpu(overrides={"gpm": {2: 50.0, 3: 10.0, 10: 20.0}})

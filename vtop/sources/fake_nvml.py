@@ -35,7 +35,6 @@ NVMLError_Unknown = _real.NVMLError_Unknown
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
-NVML_GPM_METRIC_GRAPHICS_UTIL = 1
 NVML_GPM_METRIC_SM_UTIL = 2
 NVML_GPM_METRIC_SM_OCCUPANCY = 3
 NVML_GPM_METRIC_DRAM_BW_UTIL = 10
@@ -224,8 +223,6 @@ class FakeNvml:
         vals = g.reading(
             "gpm",
             lambda: {
-                # the same reading as nvmlDeviceGetUtilizationRates' gpu
-                NVML_GPM_METRIC_GRAPHICS_UTIL: float(round(self._wave(g, 40, 20, 100))),
                 NVML_GPM_METRIC_SM_UTIL: self._wave(g, 40, 5, 95),
                 NVML_GPM_METRIC_SM_OCCUPANCY: self._wave(g, 40, 2, 30),
                 NVML_GPM_METRIC_DRAM_BW_UTIL: self._wave(g, 40, 1, 60),

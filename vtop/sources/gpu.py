@@ -49,9 +49,7 @@ class GpuSample:
     uuid: str | None = None
     lost: bool = False
     util_gpu: float | None = None
-    """Share of time a kernel was running; not how busy the SMs are. From GPM over the
-    last interval where the GPU has it (Hopper on: ``GRAPHICS_UTIL``), else NVML's
-    ``utilization.gpu`` (the same quantity, over a window the driver picks)."""
+    """Share of time a kernel was running (``utilization.gpu``); not how busy the SMs are."""
     util_mem: float | None = None
     """Share of time the memory controller was busy (``utilization.memory``)."""
     mem_used: int | None = None

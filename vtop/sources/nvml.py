@@ -239,13 +239,7 @@ class NvmlSource:
                 pl = self._q(d, "power_limit", N.nvmlDeviceGetEnforcedPowerLimit)
                 d.power_limit_w = None if pl is None else pl / 1000.0
                 d.static_at = now
-            # GPM first: from the second tick on it also gives the engine's busy time over
-            # exactly the last interval, and the utilization call (50 us of CPU a GPU a
-            # tick on the H200, an eighth of a poll) is only made without it.
-            busy = sm_active = sm_occ = dram = None
-            if self._want_gpm:
-                busy, sm_active, sm_occ, dram = self._gpm(d)
-            util = None if busy is not None else self._q(d, "utilization", N.nvmlDeviceGetUtilizationRates)
+            util = self._q(d, "utilization", N.nvmlDeviceGetUtilizationRates)
             mem = self._q(d, "memory", N.nvmlDeviceGetMemoryInfo)
             power = self._q(d, "power", N.nvmlDeviceGetPowerUsage)
             temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
@@ -263,6 +257,9 @@ class NvmlSource:
                     procs = tuple(
                         GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw
                     )
+            sm_active = sm_occ = dram = None
+            if self._want_gpm:
+                sm_active, sm_occ, dram = self._gpm(d)
         except _GpuLost:
             d.lost = True
             d.lost_at = now
@@ -273,7 +270,7 @@ class NvmlSource:
             index=d.index,
             name=d.name,
             uuid=d.uuid,
-            util_gpu=busy if busy is not None else None if util is None else float(util.gpu),
+            util_gpu=None if util is None else float(util.gpu),
             util_mem=None if util is None else float(util.memory),
             mem_used=None if mem is None else int(mem.used),
             mem_total=mem_total,
@@ -290,10 +287,8 @@ class NvmlSource:
         )
 
     # ------------------------------------------------------------------- GPM
-    def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None, float | None]:
-        """Engine busy time (``GRAPHICS_UTIL``: the share of the interval any kernel ran,
-        what ``utilization.gpu`` estimates), SM activity, SM occupancy and DRAM
-        bandwidth since the last tick; all ``None`` on the first tick.
+    def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:
+        """SM activity, SM occupancy and DRAM bandwidth since the last tick.
 
         Two GPM samples per GPU are allocated once and used in turn (this tick's
         reading goes into the one whose data the last tick used up), and the
@@ -305,31 +300,34 @@ class NvmlSource:
             sup = self._q(d, "gpm_support", self._fn("nvmlGpmQueryDeviceSupport"))
             d.gpm_ok = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
         if not d.gpm_ok:
-            return None, None, None, None
+            return None, None, None
         cur, d.gpm_spare = d.gpm_spare, None
         if cur is None:
             try:
                 cur = N.nvmlGpmSampleAlloc()
             except Exception:
                 d.gpm_ok = False
-                return None, None, None, None
+                return None, None, None
         try:
             N.nvmlGpmSampleGet(d.handle, cur)
         except Exception as e:
             d.gpm_spare = cur  # still allocated, holds nothing: next tick's buffer
             if isinstance(e, getattr(N, "NVMLError_GpuIsLost", ())):
                 raise _GpuLost() from e
-            return None, None, None, None
+            return None, None, None
         prev, d.gpm_prev = d.gpm_prev, cur
         if prev is None:
-            return None, None, None, None
+            return None, None, None
         try:
             mg = d.gpm_get
             if mg is None:
                 mg = N.c_nvmlGpmMetricsGet_t()
                 mg.version = N.NVML_GPM_METRICS_GET_VERSION
-                ids = (N.NVML_GPM_METRIC_GRAPHICS_UTIL, N.NVML_GPM_METRIC_SM_UTIL,
-                       N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
+                # Not GRAPHICS_UTIL (the busy share utilization.gpu estimates): asked with
+                # these, it made this call cost 1.8 ms of CPU on the H200 instead of 8 us,
+                # 36 times the utilization call it would have replaced
+                # (tests/device/h200_gpm_util.py, bench/h200/gpm-util-2026-12-01.json).
+                ids = (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
                 mg.numMetrics = len(ids)
                 for i, m in enumerate(ids):
                     mg.metrics[i].metricId = m
@@ -338,10 +336,9 @@ class NvmlSource:
             mg.sample2 = cur
             N.nvmlGpmMetricsGet(mg)
             metrics = mg.metrics
-            vals = (_pct_or_none(metrics[0].value), _pct_or_none(metrics[1].value),
-                    _pct_or_none(metrics[2].value), _pct_or_none(metrics[3].value))
+            vals = (_pct_or_none(metrics[0].value), _pct_or_none(metrics[1].value), _pct_or_none(metrics[2].value))
         except Exception:
-            vals = (None, None, None, None)
+            vals = (None, None, None)
         finally:
             d.gpm_spare = prev  # its data is used up
         return vals
