@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMELINE = ROOT / "tests" / "fixtures" / "vllm" / "h200-0.26.0-metrics-timeline.jsonl.xz"
@@ -267,13 +268,19 @@ class MetricsTimeline:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def payload(self, i: int) -> bytes:
-        """The i-th second's body (i may be past the end: the loop goes on with counters offset)."""
+    def payload(self, i: int, names: tuple[str, ...] = ()) -> bytes:
+        """The i-th second's body (i may be past the end: the loop goes on with counters offset);
+        with ``names``, restricted to those samples the way vLLM's ``/metrics?name[]=...`` is."""
         k, j = divmod(i, len(self.texts))
         with self._lock:
-            hit = self._cache.get((k, j))
+            hit = self._cache.get((k, j, names))
         if hit is not None:
             return hit
+        if names:
+            body = restricted(self.payload(i).decode(), names)
+            with self._lock:
+                self._cache[(k, j, names)] = body
+            return body
         text = self.texts[j]
         if k:
             out = []
@@ -289,8 +296,29 @@ class MetricsTimeline:
         with self._lock:
             if len(self._cache) > 8:
                 self._cache.clear()
-            self._cache[(k, j)] = body
+            self._cache[(k, j, ())] = body
         return body
+
+
+def restricted(text: str, names: tuple[str, ...]) -> bytes:
+    """``text`` as prometheus_client serves it when asked ``?name[]=...`` (what vLLM's
+    /metrics does): its own parser, registry and exposition, so the replay answers a
+    restricted scrape exactly as the real library would."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = list(text_string_to_metric_families(text))
+
+    class Replayed:
+        def collect(self) -> list[object]:
+            return families
+
+        def describe(self) -> list[object]:
+            return families
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Replayed())  # type: ignore[arg-type]
+    return generate_latest(reg.restricted_registry(names))
 
 
 MODELS = {
@@ -330,12 +358,16 @@ def make_server(timeline: MetricsTimeline, offset_s: int = 0, host: str = "127.0
             path = self.path.split("?", 1)[0]
             if not path.startswith("/_bench/"):
                 stats["requests"] += 1
-            if path == "/metrics":
+            if path in ("/metrics", "/metrics/"):
                 if hang.is_set():
                     release.wait()  # accepted, read, never answered
                     self.close_connection = True
                     return
-                body = timeline.payload(int(time.monotonic() - t0))
+                # As vLLM routes it: /metrics is prometheus-fastapi-instrumentator's handler
+                # (the whole registry, whatever the query); /metrics/ the prometheus_client
+                # app mounted beside it, which restricts its answer to ?name[]=...
+                names = tuple(parse_qs(urlsplit(self.path).query).get("name[]", ())) if path == "/metrics/" else ()
+                body = timeline.payload(int(time.monotonic() - t0), names)
                 self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/health":
                 self._send(200, b"", "application/json")

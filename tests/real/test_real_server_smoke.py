@@ -32,6 +32,39 @@ def _metrics(srv):  # type: ignore[no-untyped-def]
     return parse_vllm_metrics(srv.get("/metrics", timeout=30).text)
 
 
+def test_real_vllm_answers_a_restricted_scrape_and_vtop_uses_it(real_vllm) -> None:  # type: ignore[no-untyped-def]
+    """The real server restricts ``/metrics/`` (the prometheus_client app vLLM mounts; its
+    ``/metrics`` handler ignores queries) to the names vtop asks (``?name[]=``): a fraction
+    of the bytes, the same readings; vtop's scraper moves to it after a full scrape."""
+    import asyncio
+
+    from vtop.clock import SystemClock
+    from vtop.sources.http11 import HttpPool
+    from vtop.sources.vllm import RESTRICTED_METRICS_PATH, VllmScraper, coverage
+
+    full = real_vllm.get("/metrics").text
+    assert len(real_vllm.get("/metrics?name[]=vllm:num_requests_running").text) > len(full) / 2  # ignored there
+    part = real_vllm.get(RESTRICTED_METRICS_PATH).text
+    assert "vllm:num_requests_running" in part and "vllm:time_to_first_token_seconds_bucket" in part
+    assert "vllm:request_queue_time_seconds" not in part and "python_gc" not in part  # read by nobody here
+    assert len(part) < len(full) / 2
+    assert coverage(parse_vllm_metrics(part)) == coverage(parse_vllm_metrics(full))
+
+    async def polls() -> tuple[list, VllmScraper]:  # type: ignore[type-arg]
+        pool = HttpPool()
+        sc = VllmScraper(real_vllm.url, client=pool, clock=SystemClock())
+        try:
+            return [await sc.poll() for _ in range(3)], sc
+        finally:
+            await pool.aclose()
+
+    ps, sc = asyncio.run(polls())
+    assert all(p.ok for p in ps), [p.message for p in ps]
+    assert sc.restricted_ok is True and sc.restricted_polls == 2, [p.body_bytes for p in ps]
+    assert ps[1].body_bytes < ps[0].body_bytes / 2
+    assert ps[1].metrics is not None and ps[1].metrics.kv_cache_usage is not None
+
+
 def test_health_is_200(real_vllm) -> None:  # type: ignore[no-untyped-def]
     r = real_vllm.get("/health")
     assert r.status_code == 200

@@ -77,7 +77,7 @@ class Server:
                 headers[k.strip().lower()] = v.strip()
             path = line.split()[1] if len(line.split()) > 1 else "/"
             self.seen.append((path, headers))
-            handler = self.routes.get(path)
+            handler = self.routes.get(path.split("?", 1)[0].rstrip("/") or "/")
             if handler is None:
                 await send(w, 404, b"not found")
             else:
@@ -166,7 +166,7 @@ async def test_real_payload_and_info(server: Server, client: HttpPool) -> None:
     n = len(server.seen)
     p2 = await sc.poll()
     assert p2.ok and not p2.info_polled and not p2.health_polled and p2.models is None
-    assert [x[0] for x in server.seen[n:]] == ["/metrics"]
+    assert [x[0].split("?")[0].rstrip("/") for x in server.seen[n:]] == ["/metrics"]
     # no compression asked for (bounded memory), and no key sent anywhere without one
     assert server.seen[0][1].get("accept-encoding") == "identity"
     assert all("authorization" not in h for _, h in server.seen)
@@ -422,3 +422,124 @@ async def test_poll_never_raises_on_internal_errors(server: Server, client: Http
     p = await scraper(server.url, client, api_key=SECRET).poll()
     assert not p.ok and p.error == "other" and "internal error" in p.message
     assert SECRET not in all_text(p)
+
+
+# --- restricted scrapes (prometheus_client's name[]) -----------------------------------
+
+
+def restricting_routes(s: Server, *, restricted: Callable[[str], tuple[int, bytes]] | None = None) -> None:
+    """vLLM-like routes whose /metrics answers ``?name[]=`` as prometheus_client does
+    (bench/harness.py's ``restricted``: the library's own registry), or as ``restricted`` says."""
+    import sys
+    from urllib.parse import parse_qs, urlsplit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from harness import restricted as library_restricted
+
+    vllm_routes(s)
+
+    async def m(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        names = tuple(parse_qs(urlsplit(p).query).get("name[]", ()))
+        if not names:
+            await send(w, 200, PAYLOAD)
+        elif restricted is not None:
+            await send(w, *restricted(p))
+        else:
+            await send(w, 200, library_restricted(PAYLOAD.decode(), names))
+
+    s.routes["/metrics"] = m
+
+
+def paths(server: Server, since: int = 0) -> list[str]:
+    return ["restricted" if "name%5B%5D=" in x[0] else x[0] for x in server.seen[since:] if x[0].startswith("/metrics")]
+
+
+async def test_restricted_scrapes_after_a_full_one_read_the_same(server: Server, client: HttpPool) -> None:
+    """The first scrape is full; the next ones ask only for the samples vtop reads and get
+    the same readings from a quarter of the bytes; a full one comes again after FULL_EVERY_S."""
+    from vtop.sources.vllm import RESTRICTED_METRICS_PATH, coverage
+
+    restricting_routes(server)
+    sc = scraper(server.url, client, timeout=None)
+    full = await sc.poll()
+    assert full.ok and paths(server) == ["/metrics"] and full.body_bytes == len(PAYLOAD)
+    p = await sc.poll()
+    assert p.ok and paths(server) == ["/metrics", "restricted"], p.message
+    assert sc.restricted_ok is True and sc.restricted_polls == 1
+    assert RESTRICTED_METRICS_PATH.startswith("/metrics/?name%5B%5D=vllm%3A")
+    assert p.body_bytes < full.body_bytes / 2
+    a, b = full.metrics, p.metrics
+    assert a is not None and b is not None and coverage(a) == coverage(b) and coverage(a)
+    for f in ("running", "waiting", "kv_cache_usage", "generation_tokens_total", "request_success_total",
+              "time_to_first_token_seconds", "e2e_request_latency_seconds", "request_params_max_tokens"):
+        assert getattr(a, f) == getattr(b, f), f
+    sc.FULL_EVERY_S = 0.3
+    await asyncio.sleep(0.35)
+    await sc.poll()
+    await sc.poll()
+    assert paths(server)[-2:] == ["/metrics", "restricted"]
+
+
+@pytest.mark.parametrize("answer", ["empty", "http 400", "partial"])
+async def test_a_restricted_answer_that_falls_short_is_replaced_in_the_same_poll(
+    server: Server, client: HttpPool, answer: str,
+) -> None:
+    """vLLM's multi-process registry answers nothing to name[], a proxy may refuse the query,
+    a server may leave a metric out: the full /metrics comes in the same poll (no gap, same
+    readings), and restricted scrapes stop for RESTRICTED_RETRY_S."""
+    lines = PAYLOAD.decode().splitlines(keepends=True)
+    partial = "".join(x for x in lines if "time_to_first_token" not in x).encode()
+    reply = {"empty": (200, b""), "http 400": (400, b"bad query"), "partial": (200, partial)}[answer]
+    restricting_routes(server, restricted=lambda p: reply)
+    sc = scraper(server.url, client, timeout=None)
+    first = await sc.poll()
+    p = await sc.poll()
+    assert p.ok and p.status == 200, p.message
+    assert paths(server) == ["/metrics", "restricted", "/metrics"]
+    assert p.metrics is not None and first.metrics is not None
+    assert p.metrics.time_to_first_token_seconds == first.metrics.time_to_first_token_seconds is not None
+    assert p.body_bytes == len(PAYLOAD) and sc.restricted_ok is False and sc.restricted_polls == 0
+    for _ in range(3):
+        assert (await sc.poll()).ok
+    assert paths(server)[3:] == ["/metrics"] * 3  # not asked again for a while
+    sc._retry_at = 0.0  # the while is over: tried again (and, still short, replaced again)
+    await sc.poll()
+    assert paths(server)[6:] == ["restricted", "/metrics"]
+
+
+async def test_a_server_that_ignores_name_is_still_read_in_full(server: Server, client: HttpPool) -> None:
+    """A server (or an old prometheus_client) that ignores the query answers everything:
+    that fills all a full scrape did, so it is used as it is."""
+    vllm_routes(server)
+    sc = scraper(server.url, client, timeout=None)
+    a = await sc.poll()
+    b = await sc.poll()
+    assert b.ok and sc.restricted_ok is True and paths(server) == ["/metrics", "restricted"]
+    assert a.metrics is not None and b.metrics is not None and a.metrics.running == b.metrics.running == 2
+
+
+async def test_after_a_lost_connection_the_first_scrape_is_full_again(server: Server, client: HttpPool) -> None:
+    """Whatever answers after a dropped connection may be another process (a restart
+    with --api-server-count 2 answers nothing to name[]): it is scraped in full first."""
+    restricting_routes(server)
+    good = server.routes["/metrics"]
+    drop = {"on": False}
+
+    async def m(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        if drop["on"]:
+            drop["on"] = False
+            w.close()  # no answer at all
+            return
+        await good(p, h, w)
+
+    server.routes["/metrics"] = m
+    sc = scraper(server.url, client, timeout=None)
+    await sc.poll()
+    await sc.poll()
+    assert paths(server) == ["/metrics", "restricted"]
+    drop["on"] = True
+    bad = await sc.poll()
+    assert not bad.ok
+    again = await sc.poll()
+    assert again.ok and paths(server)[-1] == "/metrics"
+    assert (await sc.poll()).ok and paths(server)[-1] == "restricted"

@@ -62,6 +62,7 @@ from typing import Any
 
 __all__ = [
     "FINISH_REASONS",
+    "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
     "Histogram",
     "VllmMetrics",
@@ -248,6 +249,11 @@ class _Rec:
             if math.isnan(bound):
                 self.bad = f"{name}: bucket with bad le={le!r}"
             self.sub = (extra, bound)
+
+
+#: Every sample name this module reads (all versions' spellings): the names a
+#: scrape can ask prometheus_client to restrict its answer to (``name[]``).
+WANTED_SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_WANTED))
 
 
 # "name{labels}" (the line left of the value) -> _Rec, or None for a line
