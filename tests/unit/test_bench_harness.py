@@ -1,0 +1,38 @@
+"""The benchmark's replayed vLLM answers a restricted scrape as the real library would."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from harness import MetricsTimeline, restrict_lines, restricted  # noqa: E402
+
+from vtop.sources.prom import WANTED_SAMPLE_NAMES, parse_vllm_metrics  # noqa: E402
+from vtop.sources.vllm import coverage  # noqa: E402
+
+
+def test_the_replays_line_filter_reads_as_prometheus_client_restricts() -> None:
+    """On every payload of the H200 timeline (and one loop on, counters offset), the fast
+    line filter the replay serves and prometheus_client's own restricted registry give
+    vtop the same readings, from a quarter of the full payload's bytes."""
+    t = MetricsTimeline()
+    took_lib = took_fast = 0.0
+    for i in [*range(len(t)), len(t) + 7]:
+        text = t.payload(i).decode()
+        t0 = time.perf_counter()
+        lib = restricted(text, WANTED_SAMPLE_NAMES)
+        t1 = time.perf_counter()
+        fast = restrict_lines(text, WANTED_SAMPLE_NAMES)
+        took_lib += t1 - t0
+        took_fast += time.perf_counter() - t1
+        a, b, full = parse_vllm_metrics(lib), parse_vllm_metrics(fast), parse_vllm_metrics(text)
+        assert not a.problems and not b.problems, (i, a.problems, b.problems)
+        assert a == b, i
+        assert coverage(b) == coverage(full) and b.running == full.running and b.e2e_request_latency_seconds == \
+            full.e2e_request_latency_seconds
+        assert len(fast) < len(text) / 3
+        assert t.payload(i, WANTED_SAMPLE_NAMES) == fast
+    assert took_fast < took_lib / 5
