@@ -99,3 +99,43 @@ async def test_process_scans_slow_down_once_every_server_answers_even_without_a_
         await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=clock.monotonic()))
         app.servers._on_discovery([], None)
         assert loop.interval == 5.0
+
+
+async def test_rows_drawn_every_second_skip_a_filter_that_would_change_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Cards and GPU rows leave out Textual's ANSI-to-truecolor filter: every style they
+    draw with (component classes, the widget's own) is already truecolor and not ``dim``,
+    so the filter returns each rendered line unchanged, borders and titles included. The
+    other filters (``NO_COLOR``'s) still apply."""
+    from rich.segment import Segment
+    from textual.filter import ANSIToTruecolor, Monochrome
+    from textual.geometry import Region
+
+    from vtop.ui.widgets.gpu_panel import GpuCard, _RunsWidget
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=108.5)  # 1024 running: "hot" values in the card
+        await pilot.pause()
+        ansi = ANSIToTruecolor(app.ansi_theme)
+        widgets = [app.query_one(ServerCard), app.query_one(GpuCard)]
+        for w in widgets:
+            assert isinstance(w, _RunsWidget) and not any(isinstance(f, ANSIToTruecolor) for f in w.get_line_filters())
+            assert any(isinstance(f, ANSIToTruecolor) for f in app.get_line_filters())  # the app still has it
+            base_bg, bg = w.background_colors
+            back = (base_bg + bg).rich_color
+            for key in {k.split("--", 1)[1] for k in w.COMPONENT_CLASSES} | {""}:
+                st = w._seg_style(key, w._base_style())
+                assert ansi.truecolor_style(st, back) == st, (type(w).__name__, key, st)
+            lines = w.render_lines(Region(0, 0, w.outer_size.width, w.outer_size.height))
+            assert len(lines) == w.outer_size.height >= 6
+            for strip in lines:
+                assert list(ansi.apply(list(strip), base_bg + bg)) == [Segment(t, s) for t, s, _ in strip]
+    monkeypatch.setenv("NO_COLOR", "1")
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=30)
+        await pilot.pause()
+        assert any(isinstance(f, Monochrome) for f in app.query_one(ServerCard).get_line_filters())
