@@ -374,6 +374,15 @@ def fmt_key(k: dict[str, Any] | None) -> str:
     return f"{k['median_ms']:4.0f} /{k['p95_ms']:4.0f} {mark(k['p95_ms'], TARGETS['key_ms'])}{miss}"
 
 
+def repeated_cpu(scenarios: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Scenario id -> its CPU figures (% of a core), for the scenarios run more than once."""
+    by: dict[str, list[float]] = {}
+    for s in scenarios:
+        if s.get("cpu_pct") is not None:
+            by.setdefault(s["id"], []).append(s["cpu_pct"])
+    return {k: v for k, v in by.items() if len(v) > 1}
+
+
 def print_report(r: dict[str, Any]) -> None:
     m = r["machine"]
     print()
@@ -402,6 +411,9 @@ def print_report(r: dict[str, Any]) -> None:
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
         if i == 1:
             print("  ".join("-" * w for w in widths))
+    for sid, runs in repeated_cpu(r["scenarios"]).items():
+        print(f"({sid}) over {len(runs)} runs: median {statistics.median(runs):.2f} % of a core, "
+              f"{min(runs):.2f}-{max(runs):.2f}")
     if r.get("first_frame_prime_s") is not None:
         print(f"first frame of a priming start before these (page cache, .pyc): {r['first_frame_prime_s']:.2f} s")
     fl = r["tmux_floor"]
@@ -477,6 +489,8 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of: parse, attach, record")
     ap.add_argument("--profile", action="store_true", help="also py-spy scenario (c) (60 s at 250 Hz)")
     ap.add_argument("--presses", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each scenario this many times in a row (the GPU box's runs differ by up to 0.15 %%)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     a = ap.parse_args()
     warmup = 10.0
@@ -499,8 +513,12 @@ def main() -> int:
         for sc in SCENARIOS:
             if sc["id"] not in a.only:
                 continue
-            print(f"scenario {sc['label']} ...", file=sys.stderr, flush=True)
-            r["scenarios"].append(run_scenario(tmux, sc, warmup, window, a.presses))
+            for k in range(max(1, a.repeat)):
+                print(f"scenario {sc['label']} ...", file=sys.stderr, flush=True)
+                res = run_scenario(tmux, sc, warmup, window, a.presses)
+                if a.repeat > 1:
+                    res["label"] += f" #{k + 1}"
+                r["scenarios"].append(res)
         if "record" not in skip:
             print("record ...", file=sys.stderr, flush=True)
             r["record"] = measure_record(tmux, warmup, window)
