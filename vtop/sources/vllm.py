@@ -396,7 +396,7 @@ class VllmScraper:
     def _metrics_path(self, mono: float) -> str:
         if self.restricted_ok is False and mono >= self._retry_at:
             self.restricted_ok = None
-        if self._full_cov is None or self.restricted_ok is False or mono - self._full_at >= self.FULL_EVERY_S:
+        if not self._full_cov or self.restricted_ok is False or mono - self._full_at >= self.FULL_EVERY_S:
             return METRICS_PATH
         return RESTRICTED_METRICS_PATH
 
@@ -446,7 +446,7 @@ class VllmScraper:
         (parsed by the caller), so the poll has no gap."""
         if status == 200:
             m = await self._parse(body)
-            if self._full_cov is not None and coverage(m) >= self._full_cov:
+            if self._full_cov and coverage(m) >= self._full_cov:  # an empty answer never passes
                 self.restricted_ok = True
                 self.restricted_polls += 1
                 return status, body, m
