@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vtop.sources.fake_nvml import H200_CALL_S, FakeGpu, FakeNvml  # noqa: E402
-from vtop.sources.nvml import NvmlSource  # noqa: E402
+from vtop.sources.nvml import NvmlSource, gpm_metrics_get  # noqa: E402
 
 
 def per_poll_ms(src: NvmlSource, polls: int, gap_s: float) -> dict[str, float]:
@@ -56,14 +56,7 @@ def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str
     }
     samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
     times: dict[str, list[float]] = {k: [] for k in [*calls, "gpm_sample", "gpm_metrics"]}
-    mg = n.c_nvmlGpmMetricsGet_t()
-    mg.version = n.NVML_GPM_METRICS_GET_VERSION
-    # What vtop asks. Not GRAPHICS_UTIL: with it in the list, this call took 1.8 ms of CPU
-    # on the H200 instead of 8 us (bench/h200/nvml-calibrate-2026-12-01-graphics-util.json).
-    ids = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY, n.NVML_GPM_METRIC_DRAM_BW_UTIL)
-    mg.numMetrics = len(ids)
-    for i, m in enumerate(ids):
-        mg.metrics[i].metricId = m
+    mg = gpm_metrics_get(n)  # what vtop asks
     n.nvmlGpmSampleGet(handle, samples[1])
     for k in range(polls):
         for name, fn in calls.items():

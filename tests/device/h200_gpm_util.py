@@ -15,7 +15,7 @@ readings agree when busy (99.4 vs 99.6 %), GPM says 2 % when idle and 49 vs
 41 % at half load; but a metrics-get with GRAPHICS_UTIL costs about 1.8 ms of
 CPU instead of 8 us, so vtop keeps the utilization call.
 
-Needs torch for the load and nvidia-ml-py (the device image has both).
+Needs torch for the load and nvidia-ml-py (the device image has both); vtop from this checkout.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from vtop.sources.nvml import GPM_METRICS, gpm_metrics_get  # noqa: E402
 
 LOAD = r"""
 import sys, time, torch
@@ -58,17 +61,13 @@ print("load: done", flush=True)
 PHASES = [("idle", 8.0), ("busy", 12.0), ("half", 12.0), ("idle", 8.0)]
 
 
-def _metrics_get(N, ids, prev, cur):  # type: ignore[no-untyped-def]
-    mg = N.c_nvmlGpmMetricsGet_t()
-    mg.version = N.NVML_GPM_METRICS_GET_VERSION
-    mg.numMetrics = len(ids)
-    for i, m in enumerate(ids):
-        mg.metrics[i].metricId = m
+def _metrics_get(N, metrics, prev, cur):  # type: ignore[no-untyped-def]
+    mg = gpm_metrics_get(N, metrics)
     mg.sample1, mg.sample2 = prev, cur
     t0 = time.thread_time()
     N.nvmlGpmMetricsGet(mg)
     us = 1e6 * (time.thread_time() - t0)
-    return [mg.metrics[i].value for i in range(len(ids))], us
+    return [mg.metrics[i].value for i in range(len(metrics))], us
 
 
 def main() -> int:
@@ -105,9 +104,8 @@ def main() -> int:
         cur, prev = samples[k % 2], samples[(k + 1) % 2]
         k += 1
         N.nvmlGpmSampleGet(handle, cur)
-        (sm, occ, bw), us3 = _metrics_get(N, (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY,
-                                              N.NVML_GPM_METRIC_DRAM_BW_UTIL), prev, cur)
-        (busy,), us1 = _metrics_get(N, (N.NVML_GPM_METRIC_GRAPHICS_UTIL,), prev, cur)
+        (sm, occ, bw), us3 = _metrics_get(N, GPM_METRICS, prev, cur)
+        (busy,), us1 = _metrics_get(N, ("NVML_GPM_METRIC_GRAPHICS_UTIL",), prev, cur)
         t0 = time.thread_time()
         u = N.nvmlDeviceGetUtilizationRates(handle)
         us_util = 1e6 * (time.thread_time() - t0)

@@ -321,17 +321,7 @@ class NvmlSource:
         try:
             mg = d.gpm_get
             if mg is None:
-                mg = N.c_nvmlGpmMetricsGet_t()
-                mg.version = N.NVML_GPM_METRICS_GET_VERSION
-                # Not GRAPHICS_UTIL (the busy share utilization.gpu estimates): asked with
-                # these, it made this call cost 1.8 ms of CPU on the H200 instead of 8 us,
-                # 36 times the utilization call it would have replaced
-                # (tests/device/h200_gpm_util.py, bench/h200/gpm-util-2026-12-01.json).
-                ids = (N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_DRAM_BW_UTIL)
-                mg.numMetrics = len(ids)
-                for i, m in enumerate(ids):
-                    mg.metrics[i].metricId = m
-                d.gpm_get = mg
+                mg = d.gpm_get = gpm_metrics_get(N)
             mg.sample1 = prev
             mg.sample2 = cur
             N.nvmlGpmMetricsGet(mg)
@@ -399,6 +389,25 @@ class NvmlSource:
                 except Exception:
                     pass
             self._inited = False
+
+
+#: The GPM metrics vtop reads, in order: SM activity, SM occupancy, DRAM bandwidth.
+#: Not GRAPHICS_UTIL (the busy share utilization.gpu estimates): asked with these, it
+#: made the metrics-get cost 1.4-1.9 ms of CPU on the H200 instead of 8-14 us, far more
+#: than the utilization call it would have replaced (tests/device/h200_gpm_util.py,
+#: bench/h200/gpm-util-2026-12-01*.json).
+GPM_METRICS = ("NVML_GPM_METRIC_SM_UTIL", "NVML_GPM_METRIC_SM_OCCUPANCY", "NVML_GPM_METRIC_DRAM_BW_UTIL")
+
+
+def gpm_metrics_get(N: Any, metrics: tuple[str, ...] = GPM_METRICS) -> Any:
+    """A metrics-get struct of binding ``N`` asking ``metrics`` (names of NVML's
+    constants); fill in ``sample1``/``sample2`` and pass it to ``nvmlGpmMetricsGet``."""
+    mg = N.c_nvmlGpmMetricsGet_t()
+    mg.version = N.NVML_GPM_METRICS_GET_VERSION
+    mg.numMetrics = len(metrics)
+    for i, name in enumerate(metrics):
+        mg.metrics[i].metricId = getattr(N, name)
+    return mg
 
 
 def _free(N: Any, sample: Any) -> None:

@@ -456,13 +456,7 @@ class _Collector:
         kind = rec.kind
         if kind == "hist_bucket":
             family, bound = rec.sub
-            fams = self.hists.get(engine)
-            if fams is None:
-                fams = self.hists[engine] = {}
-            h = fams.get(family)
-            if h is None:
-                h = fams[family] = {"le": {}}
-            h["le"][bound] = value
+            self._hist(engine, family)["le"][bound] = value
         elif kind == "gauge" or kind == "counter" or kind == "labelled":
             if not (0.0 <= value < math.inf):  # also False for NaN
                 self.problems.add(f"{rec.key}: unusable value {value!r}")
@@ -472,13 +466,16 @@ class _Collector:
             else:
                 self.plain.setdefault(engine, {}).setdefault(rec.attr, {})[rec.key] = value
         else:
-            fams = self.hists.get(engine)
-            if fams is None:
-                fams = self.hists[engine] = {}
-            h = fams.get(rec.sub)
-            if h is None:
-                h = fams[rec.sub] = {"le": {}}
-            h["sum" if kind == "hist_sum" else "count"] = value
+            self._hist(engine, rec.sub)["sum" if kind == "hist_sum" else "count"] = value
+
+    def _hist(self, engine: str | None, family: str) -> dict[str, Any]:
+        fams = self.hists.get(engine)
+        if fams is None:
+            fams = self.hists[engine] = {}
+        h = fams.get(family)
+        if h is None:
+            h = fams[family] = {"le": {}}
+        return h
 
 
 def _build_histogram(family: str, engine: str | None, raw: dict[str, Any], problems: _Problems) -> Histogram:

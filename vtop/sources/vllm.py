@@ -53,13 +53,13 @@ import asyncio
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlencode
 
 from vtop.clock import Clock
 from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url
-from vtop.sources.prom import HIST_ATTRS, WANTED_SAMPLE_NAMES, VllmMetrics, parse_vllm_metrics
+from vtop.sources.prom import WANTED_SAMPLE_NAMES, EngineMetrics, VllmMetrics, parse_vllm_metrics
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -94,11 +94,8 @@ _INFO_BODY_BYTES = 1024 * 1024  # /v1/models with many LoRA adapters is still fa
 METRICS_PATH = "/metrics"
 RESTRICTED_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in WANTED_SAMPLE_NAMES])
 
-_ENGINE_FIELDS = (
-    "running", "waiting", "swapped", "kv_cache_usage", "waiting_by_reason", "prompt_tokens_total",
-    "generation_tokens_total", "preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
-    "request_success_total", *HIST_ATTRS,
-)
+#: every reading an engine row can hold (a field added there is compared too)
+_ENGINE_FIELDS = tuple(f.name for f in fields(EngineMetrics) if f.name not in ("engine", "model_name"))
 
 
 def coverage(m: VllmMetrics) -> frozenset[str]:

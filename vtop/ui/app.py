@@ -180,12 +180,10 @@ class VtopApp(App[int]):
         return theme
 
     def register_theme(self, theme: Any) -> None:
-        self._theme_hit = None
         super().register_theme(theme)
         self._theme_hit = None
 
     def unregister_theme(self, theme_name: str) -> None:
-        self._theme_hit = None
         super().unregister_theme(theme_name)
         self._theme_hit = None
 

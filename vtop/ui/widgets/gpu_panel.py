@@ -218,7 +218,7 @@ class _RunsWidget(Widget):
 
         That filter rewrites ANSI colours and ``dim`` into truecolor; every style in
         these rows is a component class or the widget's own, which Textual resolves to
-        truecolor, without ``dim`` (tests/ui/test_gpu_panel.py checks the filter would
+        truecolor, without ``dim`` (tests/ui/test_server_panel.py checks the filter would
         change nothing). These rows are the ones drawn anew every second, and the
         filter re-made each of them: about 3 % of vtop's CPU with 8 GPUs + 2 servers."""
         return [f for f in super().get_line_filters() if not isinstance(f, ANSIToTruecolor)]
