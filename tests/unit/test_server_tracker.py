@@ -275,3 +275,39 @@ def test_out_of_order_poll_is_ignored() -> None:
     tr.feed(poll_from_body(URL, IDLE, t=10.0, mono=1010.0, latency_s=0.01))
     tr.feed(poll_from_error(URL, "refused", t=5.0, mono=1005.0), process=None)
     assert tr.view().state == "up"
+
+
+def test_histograms_carried_over_count_once_at_the_time_they_were_read() -> None:
+    """A scraper reads the histograms every 5th poll and carries them over between
+    (vtop.sources.vllm.with_histograms, with their age). Fed that, the tracker must give the
+    latencies of a tracker that got the histograms only when they were read: each filed
+    once, at its read time (span, count and quantiles), never the copy at the poll's time."""
+    from vtop.sources.prom import HIST_ATTRS
+    from vtop.sources.vllm import with_histograms
+
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = ServerTracker(URL, clock=clock_a), ServerTracker(URL, clock=clock_b)
+    last: tuple[Any, float] | None = None
+    compared = 0
+    for i, row in enumerate(TIMELINE):
+        mono = row["t"] - LAUNCH + MONO0
+        for c in (clock_a, clock_b):
+            c.advance(max(0.0, mono - c.monotonic()))
+        p = to_poll(row, mono)
+        pa = pb = p
+        m = p.metrics
+        if p.ok and m is not None:
+            if last is None or i % 5 == 0:
+                last = (m, mono)
+            else:
+                no_hist = replace(m, **{h: None for h in HIST_ATTRS},
+                                  engines=tuple(replace(e, **{h: None for h in HIST_ATTRS}) for e in m.engines))
+                pa = replace(p, metrics=no_hist)
+                pb = replace(p, metrics=with_histograms(no_hist, last[0], mono - last[1]))
+                assert pb.metrics is not None and pb.metrics.histograms_age_s > 0
+        a.feed(pa, process=proc())
+        b.feed(pb, process=proc())
+        va, vb = a.view(), b.view()
+        assert (va.ttft, va.itl, va.e2e) == (vb.ttft, vb.itl, vb.e2e), (i, va.ttft, vb.ttft)
+        compared += va.e2e.p50 is not None
+    assert compared > 30  # the burst's latencies were there to compare

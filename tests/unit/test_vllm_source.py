@@ -480,24 +480,31 @@ async def test_restricted_scrapes_after_a_full_one_read_the_same(server: Server,
     assert paths(server)[-2:] == ["/metrics", "restricted"]
 
 
-@pytest.mark.parametrize("answer", ["empty", "http 400", "partial"])
+@pytest.mark.parametrize("answer", ["empty", "http 400", "partial", "partial histograms"])
 async def test_a_restricted_answer_that_falls_short_is_replaced_in_the_same_poll(
     server: Server, client: HttpPool, answer: str,
 ) -> None:
     """vLLM's multi-process registry answers nothing to name[], a proxy may refuse the query,
-    a server may leave a metric out: the full /metrics comes in the same poll (no gap, same
-    readings), and restricted scrapes stop for RESTRICTED_RETRY_S."""
+    a server may leave a metric out (of a poll without histograms, or of one with them): the
+    full /metrics comes in the same poll (no gap, same readings), and restricted scrapes stop
+    for RESTRICTED_RETRY_S."""
     lines = PAYLOAD.decode().splitlines(keepends=True)
-    partial = "".join(x for x in lines if "time_to_first_token" not in x).encode()
-    reply = {"empty": (200, b""), "http 400": (400, b"bad query"), "partial": (200, partial)}[answer]
+    gone = "time_to_first_token" if answer == "partial histograms" else "kv_cache_usage_perc"
+    partial = "".join(x for x in lines if gone not in x).encode()
+    reply = {"empty": (200, b""), "http 400": (400, b"bad query"), "partial": (200, partial),
+             "partial histograms": (200, partial)}[answer]
     restricting_routes(server, restricted=lambda p: reply)
     sc = scraper(server.url, client, timeout=None)
+    if answer == "partial histograms":
+        sc.HIST_EVERY_S = 0.0  # every restricted poll asks for the histograms too
     first = await sc.poll()
     p = await sc.poll()
     assert p.ok and p.status == 200, p.message
     assert paths(server) == ["/metrics", "restricted", "/metrics"]
     assert p.metrics is not None and first.metrics is not None
     assert p.metrics.time_to_first_token_seconds == first.metrics.time_to_first_token_seconds is not None
+    assert p.metrics.kv_cache_usage == first.metrics.kv_cache_usage is not None
+    assert p.metrics.histograms_age_s == 0.0
     assert p.body_bytes == len(PAYLOAD) and sc.restricted_ok is False and sc.restricted_polls == 0
     for _ in range(3):
         assert (await sc.poll()).ok
@@ -505,6 +512,42 @@ async def test_a_restricted_answer_that_falls_short_is_replaced_in_the_same_poll
     sc._retry_at = 0.0  # the while is over: tried again (and, still short, replaced again)
     await sc.poll()
     assert paths(server)[6:] == ["restricted", "/metrics"]
+
+
+async def test_histograms_are_read_every_HIST_EVERY_S_and_carried_over_between(
+    server: Server, client: HttpPool,
+) -> None:
+    """Between two reads of the histograms a poll asks for the other samples only (a
+    fraction of the bytes) and carries the last histograms over with their age; the next
+    read comes HIST_EVERY_S after the last."""
+    from vtop.sources.prom import HISTOGRAM_SAMPLE_NAMES
+    from vtop.sources.vllm import FAST_METRICS_PATH, RESTRICTED_METRICS_PATH
+
+    restricting_routes(server)
+    sc = scraper(server.url, client, timeout=None)
+    sc.HIST_EVERY_S = 0.4
+    full = await sc.poll()
+    await asyncio.sleep(0.05)
+    fast = await sc.poll()
+    sent = [x[0] for x in server.seen if x[0].startswith("/metrics")]
+    assert sent == ["/metrics", FAST_METRICS_PATH]
+    assert "time_to_first_token" not in FAST_METRICS_PATH and "num_requests_running" in FAST_METRICS_PATH
+    assert all(n.replace(":", "%3A") in RESTRICTED_METRICS_PATH for n in HISTOGRAM_SAMPLE_NAMES)
+    a, b = full.metrics, fast.metrics
+    assert a is not None and b is not None and fast.ok
+    assert fast.body_bytes < full.body_bytes / 5, (fast.body_bytes, full.body_bytes)
+    assert b.running == a.running and b.generation_tokens_total == a.generation_tokens_total
+    for f in ("time_to_first_token_seconds", "inter_token_latency_seconds", "request_params_max_tokens"):
+        assert getattr(b, f) == getattr(a, f) is not None, f
+        assert [getattr(e, f) for e in b.engines] == [getattr(e, f) for e in a.engines]
+    assert b.inter_token_metric == a.inter_token_metric is not None
+    assert a.histograms_age_s == 0.0 and 0.04 <= b.histograms_age_s < 0.4
+    await asyncio.sleep(0.4)
+    again = await sc.poll()
+    assert [x[0] for x in server.seen if x[0].startswith("/metrics")][-1] == RESTRICTED_METRICS_PATH
+    assert again.metrics is not None and again.metrics.histograms_age_s == 0.0
+    assert again.metrics.time_to_first_token_seconds == a.time_to_first_token_seconds
+    assert sc.restricted_polls == 2
 
 
 async def test_a_server_that_ignores_name_is_still_read_in_full(server: Server, client: HttpPool) -> None:

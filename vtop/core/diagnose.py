@@ -300,6 +300,8 @@ class _Sample:
     length: float | None
     max_tokens: Any
     prompt_hist: Any
+    #: when the two histograms were read (earlier than ``t`` when carried over)
+    hist_t: float
 
 
 def _sample_of(t: float, m: Any) -> _Sample:
@@ -317,6 +319,7 @@ def _sample_of(t: float, m: Any) -> _Sample:
         length=succ.get("length") if succ else None,
         max_tokens=getattr(m, "request_params_max_tokens", None),
         prompt_hist=getattr(m, "request_prompt_tokens", None),
+        hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
     )
 
 
@@ -800,7 +803,7 @@ class Diagnoser:
                 if d.count == 1 and d.sum is not None:
                     exact = f" (max_tokens {_n(d.sum)})"
                 line = (
-                    f"{_plural(cnt, 'request')} finished in the last {_dur(s.t - old.t)} with max_tokens above "
+                    f"{_plural(cnt, 'request')} finished in the last {_dur(s.hist_t - old.hist_t)} with max_tokens above "
                     f"{_n(edge)}{exact}, near max_model_len {_n(mml)}: clients omitting max_tokens"
                 )
                 if s.length is not None and old.length is not None and s.length > old.length:

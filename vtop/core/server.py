@@ -268,12 +268,15 @@ class ServerTracker:
         ):
             reset |= w.add(t, v)
         reset |= self._finished.add(t, m.request_success_total or None)
+        # Histograms carried over from an earlier scrape (vtop.sources.vllm.HIST_EVERY_S) are
+        # filed at the time they were read: the window already has them and ignores the copy.
+        th = t - (getattr(m, "histograms_age_s", 0.0) or 0.0)
         for hw, h in (
             (self._ttft, m.time_to_first_token_seconds),
             (self._itl, m.inter_token_latency_seconds),
             (self._e2e, m.e2e_request_latency_seconds),
         ):
-            reset |= hw.add(t, h)
+            reset |= hw.add(th, h)
         if reset and not self._restart_pending:
             self._restart_pending = True
             self._restart_why = "counters went back to zero"

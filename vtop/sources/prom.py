@@ -62,6 +62,9 @@ from typing import Any
 
 __all__ = [
     "FINISH_REASONS",
+    "HIST_ATTRS",
+    "HISTOGRAM_FAMILIES",
+    "HISTOGRAM_SAMPLE_NAMES",
     "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
     "Histogram",
@@ -209,6 +212,10 @@ class VllmMetrics(_Values):
     kv_cache_metric: str | None = None
     #: Which inter-token histogram was read.
     inter_token_metric: str | None = None
+    #: Seconds between the scrape that read the histogram fields and this one: 0 when
+    #: this payload had them; more when a scraper asked for the other samples only and
+    #: carried the last histograms over (``vtop.sources.vllm``, ``HIST_EVERY_S``).
+    histograms_age_s: float = 0.0
 
 
 # --- the line cache ---------------------------------------------------------
@@ -254,6 +261,10 @@ class _Rec:
 #: Every sample name this module reads (all versions' spellings): the names a
 #: scrape can ask prometheus_client to restrict its answer to (``name[]``).
 WANTED_SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_WANTED))
+#: The histogram families (``vllm:time_to_first_token_seconds``...), and their sample
+#: names (``_bucket``, ``_sum``, ``_count``): ~85 % of the lines a scrape reads.
+HISTOGRAM_FAMILIES: tuple[str, ...] = tuple(sorted(_HISTOGRAMS))
+HISTOGRAM_SAMPLE_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if _WANTED[n][0].startswith("hist"))
 
 
 # "name{labels}" (the line left of the value) -> _Rec, or None for a line
