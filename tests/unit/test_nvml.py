@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import threading
 from types import SimpleNamespace
 
@@ -126,24 +128,54 @@ def test_function_not_found_is_noted_once() -> None:
 
 
 def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
-    s, fake = src([FakeGpu(overrides={"gpm": {2: 95.48, 3: 14.11, 10: 15.85}})])
+    clock = FakeClock()
+    s, fake = src([FakeGpu(overrides={"gpm": {2: 95.48, 3: 14.11, 10: 15.85}})], clock)
+
+    def tick() -> Any:
+        clock.advance(1.0)
+        return s.poll()
+
     p1 = s.poll()
     assert p1.gpus[0].sm_active is None  # no previous sample yet
     for _ in range(5):
-        p = s.poll()
+        p = tick()
     g = p.gpus[0]
     assert g.sm_active == pytest.approx(95.48)
     assert g.sm_occupancy == pytest.approx(14.11)
     assert g.dram_bw == pytest.approx(15.85)
-    assert fake.gpm_live == 2  # last tick's sample and the buffer for the next: allocated once, used in turn
-    calls = fake.calls
-    s.poll()
-    assert fake.calls - calls == 10  # 8 readings, one GPM sample, one metrics get: no alloc, no free
+    assert fake.gpm_live == 2  # last sample and the buffer for the next: allocated once, used in turn
+    per_tick = []
+    for _ in range(4):
+        calls = fake.calls
+        g = tick().gpus[0]
+        per_tick.append(fake.calls - calls)
+        assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
+    # 8 readings a tick; every other tick (GPM_EVERY_S = 2 s) one GPM sample and one metrics get:
+    # no alloc, no free
+    assert sorted(per_tick) == [8, 8, 10, 10] and per_tick[0] != per_tick[1]
     for _ in range(50):
-        p = s.poll()
+        p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
     s.close()
     assert fake.gpm_live == 0
+
+
+def test_gpm_reading_follows_the_load_within_gpm_every_s() -> None:
+    """Each reading is the average since the sample before, taken GPM_EVERY_S earlier:
+    a change of load shows within two ticks at 1 Hz, and a tick that comes a little
+    early (jitter) still takes its sample."""
+    clock = FakeClock()
+    gpu = FakeGpu(overrides={"gpm": {2: 10.0, 3: 1.0, 10: 2.0}})
+    s, fake = src([gpu], clock)
+    s.poll()
+    seen = []
+    for i in range(8):
+        clock.advance(0.9 if i % 2 else 1.05)  # 1.95 s between every other tick
+        if i == 4:
+            gpu.overrides["gpm"] = {2: 80.0, 3: 1.0, 10: 2.0}
+        seen.append(s.poll().gpus[0].sm_active)
+    assert seen[:5] == [None, pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0)]
+    assert seen[5] == pytest.approx(80.0) and seen[6:] == [pytest.approx(80.0)] * 2
 
 
 def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
@@ -152,6 +184,7 @@ def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
     s, fake = src([gpu], clock)
     for _ in range(3):
         s.poll()
+        clock.advance(2.0)
     assert fake.gpm_live == 2
     gpu.lost = True
     assert s.poll().gpus[0].lost
@@ -160,12 +193,15 @@ def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
     clock.advance(60)
     p = s.poll()
     assert not p.gpus[0].lost and p.gpus[0].sm_active is None  # a fresh first sample
+    clock.advance(2.0)
     assert s.poll().gpus[0].sm_active == pytest.approx(50.0)
 
 
 def test_gpm_nan_is_none_and_unsupported_gpu_has_no_gpm() -> None:
-    s, _ = src([FakeGpu(overrides={"gpm": {2: float("nan"), 3: 1.0, 10: 2.0}}), FakeGpu(gpm=False)])
+    clock = FakeClock()
+    s, _ = src([FakeGpu(overrides={"gpm": {2: float("nan"), 3: 1.0, 10: 2.0}}), FakeGpu(gpm=False)], clock)
     s.poll()
+    clock.advance(2.0)
     p = s.poll()
     assert p.gpus[0].sm_active is None and p.gpus[0].sm_occupancy == 1.0
     assert p.gpus[1].sm_active is None and p.gpus[1].dram_bw is None
@@ -218,6 +254,7 @@ def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
     from vtop.sources.fake_nvml import H200_CALL_S, simulated
 
     s = NvmlSource(simulated(1))
+    s.GPM_EVERY_S = 0.0  # a GPM sample on every tick here (vtop takes one every other second)
     for _ in range(3):
         s.poll()  # init, static fields, both GPM samples allocated
     t0 = time.thread_time()
