@@ -150,9 +150,10 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
         g = tick().gpus[0]
         per_tick.append(fake.calls - calls)
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
-    # 8 readings a tick; every other tick (GPM_EVERY_S = 2 s) one GPM sample and one metrics get:
-    # no alloc, no free
-    assert sorted(per_tick) == [8, 8, 10, 10] and per_tick[0] != per_tick[1]
+    # Every tick utilization, memory and power; every other tick (GPM_EVERY_S, SLOW_EVERY_S: 2 s)
+    # also temperature, two clocks, throttle reasons, processes, one GPM sample and one metrics
+    # get: no alloc, no free
+    assert sorted(per_tick) == [3, 3, 10, 10] and per_tick[0] != per_tick[1]
     for _ in range(50):
         p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
@@ -176,6 +177,32 @@ def test_gpm_reading_follows_the_load_within_gpm_every_s() -> None:
         seen.append(s.poll().gpus[0].sm_active)
     assert seen[:5] == [None, pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0)]
     assert seen[5] == pytest.approx(80.0) and seen[6:] == [pytest.approx(80.0)] * 2
+
+
+def test_slow_fields_are_read_every_other_second_and_shown_between() -> None:
+    """Temperature, clocks, throttle reasons and processes are read every SLOW_EVERY_S;
+    the tick between shows the last reading, utilization and memory are new every tick,
+    and a GPU that comes back is read afresh (nothing of before it was lost)."""
+    from types import SimpleNamespace
+
+    clock = FakeClock()
+    gpu = FakeGpu(overrides={"temperature": 40, "procs": [SimpleNamespace(pid=7, usedGpuMemory=2**30)]})
+    s, _ = src([gpu], clock)
+    g0 = s.poll().gpus[0]
+    assert g0.temp_c == 40 and [p.pid for p in g0.procs or ()] == [7]
+    gpu.overrides.update(temperature=71, procs=[], utilization=SimpleNamespace(gpu=88, memory=5))
+    clock.advance(1.0)
+    g1 = s.poll().gpus[0]
+    assert g1.util_gpu == 88 and g1.temp_c == 40 and [p.pid for p in g1.procs or ()] == [7]
+    clock.advance(0.8)  # a tick a little early still reads them
+    g2 = s.poll().gpus[0]
+    assert g2.temp_c == 71 and g2.procs == ()
+    gpu.lost = True
+    assert s.poll().gpus[0].lost
+    gpu.lost = False
+    gpu.overrides.update(temperature=55)
+    clock.advance(60)
+    assert s.poll().gpus[0].temp_c == 55
 
 
 def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
@@ -254,7 +281,7 @@ def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
     from vtop.sources.fake_nvml import H200_CALL_S, simulated
 
     s = NvmlSource(simulated(1))
-    s.GPM_EVERY_S = 0.0  # a GPM sample on every tick here (vtop takes one every other second)
+    s.GPM_EVERY_S = s.SLOW_EVERY_S = 0.0  # every call on every tick here (vtop makes some every other second)
     for _ in range(3):
         s.poll()  # init, static fields, both GPM samples allocated
     t0 = time.thread_time()

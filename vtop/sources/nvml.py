@@ -20,6 +20,10 @@ Design (after nvitop's NVML discipline, written anew):
   it is taken every other tick at 1 Hz and the ticks between show the last
   reading, a 2 s average (the charts draw a cell per 4-11 s of history anyway).
   Until two samples are in, those fields are ``None``.
+* Temperature, clocks, throttle reasons and the process list move slowly or
+  matter at a coarser grain, and cost 61 us of CPU a GPU a tick on the H200:
+  read every ``SLOW_EVERY_S`` (2 s) too. Utilization, memory and power (133 us)
+  are read every tick: the memory curve is what tells the OOMs apart.
 * The PCIe throughput counter is never read: it blocks about 20 ms a call.
 
 The ``nvml`` module is injected so tests can pass a fake ``pynvml``.
@@ -62,6 +66,8 @@ class _Device:
     gpm_get: Any = None  # the metrics-get struct, filled in once and reused
     gpm_at: float | None = None  # when the last GPM sample was taken (monotonic)
     gpm_vals: tuple[float | None, float | None, float | None] = (None, None, None)  # its reading
+    slow_at: float | None = None  # when the slow fields were last read (monotonic)
+    slow_vals: tuple[Any, ...] = (None, None, None, None, None)  # and what they were
     static_at: float = -1e9
 
 
@@ -82,10 +88,14 @@ class NvmlSource:
 
     STATIC_TTL_S = 30.0
     """Power limit and name change rarely; re-read them this often."""
-    #: seconds between two GPM samples of a GPU (see the module doc); a tick that comes
-    #: up to GPM_SLACK_S early still takes one (1 Hz ticks are not exactly 1 s apart)
+    #: seconds between two GPM samples of a GPU (see the module doc)
     GPM_EVERY_S = 2.0
-    GPM_SLACK_S = 0.25
+    #: seconds between reads of the slow fields: temperature, clocks, throttle reasons and
+    #: the process list (61 us of CPU a GPU on the H200; the other 133 us, utilization,
+    #: memory and power, are read every tick)
+    SLOW_EVERY_S = 2.0
+    #: a tick that comes up to this early still reads (1 Hz ticks are not exactly 1 s apart)
+    EARLY_S = 0.25
 
     def __init__(
         self,
@@ -189,6 +199,7 @@ class NvmlSource:
             return
         d.lost = False
         d.static_at = -1e9
+        d.slow_at, d.slow_vals = None, (None, None, None, None, None)  # nothing of before it was lost
 
     def _note(self, key: str, text: str) -> None:
         if key not in self._noted:
@@ -251,24 +262,13 @@ class NvmlSource:
             util = self._q(d, "utilization", N.nvmlDeviceGetUtilizationRates)
             mem = self._q(d, "memory", N.nvmlDeviceGetMemoryInfo)
             power = self._q(d, "power", N.nvmlDeviceGetPowerUsage)
-            temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
-            smc = self._q(d, "sm_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_SM", 1))
-            memc = self._q(d, "mem_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_MEM", 2))
-            thr = self._q(
-                d,
-                "throttle",
-                self._fn("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-            )
-            procs: tuple[GpuProcess, ...] | None = None
-            if self._want_procs:
-                raw = self._q(d, "procs", N.nvmlDeviceGetComputeRunningProcesses)
-                if raw is not None:
-                    procs = tuple(
-                        GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw
-                    )
+            if d.slow_at is None or now - d.slow_at >= self.SLOW_EVERY_S - self.EARLY_S:
+                d.slow_vals = self._slow_fields(d)
+                d.slow_at = now
+            temp, smc, memc, thr, procs = d.slow_vals
             sm_active = sm_occ = dram = None
             if self._want_gpm:
-                if d.gpm_at is None or now - d.gpm_at >= self.GPM_EVERY_S - self.GPM_SLACK_S:
+                if d.gpm_at is None or now - d.gpm_at >= self.GPM_EVERY_S - self.EARLY_S:
                     d.gpm_vals = self._gpm(d)
                     d.gpm_at = now
                 sm_active, sm_occ, dram = d.gpm_vals
@@ -297,6 +297,24 @@ class NvmlSource:
             sm_occupancy=sm_occ,
             dram_bw=dram,
         )
+
+    def _slow_fields(self, d: _Device) -> tuple[Any, Any, Any, Any, tuple[GpuProcess, ...] | None]:
+        """Temperature, SM and memory clocks, throttle reasons, the process list."""
+        N = self._nvml
+        temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
+        smc = self._q(d, "sm_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_SM", 1))
+        memc = self._q(d, "mem_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_MEM", 2))
+        thr = self._q(
+            d,
+            "throttle",
+            self._fn("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        )
+        procs: tuple[GpuProcess, ...] | None = None
+        if self._want_procs:
+            raw = self._q(d, "procs", N.nvmlDeviceGetComputeRunningProcesses)
+            if raw is not None:
+                procs = tuple(GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw)
+        return temp, smc, memc, thr, procs
 
     # ------------------------------------------------------------------- GPM
     def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:
