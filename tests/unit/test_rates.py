@@ -7,6 +7,8 @@ second): the 1500-request burst and the 71 s runaway that ran to the
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import lzma
 import math
@@ -191,6 +193,35 @@ def test_quantiles_after_histogram_reset() -> None:
     q = w.quantiles()
     assert q.reset and q.count == 4.0
     assert q.p50 == pytest.approx(0.05)  # all four new ones in (0, 0.1]
+
+
+def test_quantiles_asked_again_follow_every_change_of_the_window() -> None:
+    """quantiles() keeps its last answer for the same two end samples: asked at every
+    second of a random run, it must equal a fresh window's answer each time (new samples,
+    samples sliding out, a reset in the window and out of it, other quantiles, a stale now)."""
+    import random
+
+    rng = random.Random(7)
+    w = HistogramWindow(10.0)
+    counts = [0, 0, 0, 0]
+    added: list[tuple[float, Any]] = []
+    for t in range(120):
+        if t % 3 == 0:
+            if rng.random() < 0.05:
+                counts = [0, 0, 0, 0]  # a restart
+            for _ in range(rng.randrange(4)):
+                b = rng.randrange(4)
+                for i in range(b, 4):
+                    counts[i] += 1
+            h = H(list(counts))
+            w.add(float(t), h)
+            added.append((float(t), h))
+        a, b = (0.5, 0.95, 0.99), (0.1, 0.5, 0.9)
+        for now, qs in ((float(t), a), (float(t), b), (float(t), a), (t + 30.0, a)):
+            fresh = HistogramWindow(10.0)
+            for at, h in added:
+                fresh.add(at, h)
+            assert w.quantiles(now, qs) == fresh.quantiles(now, qs), (t, now, qs)
 
 
 # --- CounterMapWindow (finish reasons) ------------------------------------------------

@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = [
     "CounterMapWindow",
@@ -320,17 +320,29 @@ class HistogramWindow(_Window[HistogramLike]):
             return None
         return histogram_delta(ends[0][1], ends[1][1])
 
+    _last_q: tuple[Any, ...] | None = None
+
     def quantiles(self, now: float | None = None, qs: tuple[float, float, float] = (0.5, 0.95, 0.99)) -> Quantiles:
         """p50/p95/p99 of what was observed within the window. All ``None``
-        when nothing was observed (an idle server has no "current" latency)."""
+        when nothing was observed (an idle server has no "current" latency).
+
+        The answer depends only on the window's two end samples (and whether a
+        reset is in it): asked again with the same ends (histograms are read every
+        few seconds, views are made every second), it is not worked out again."""
         ends = self._ends(now)
         reset = self._reset_in_window(now)
+        last = self._last_q
+        if ends is not None and last is not None and last[0] is ends[0] and last[1] is ends[1] \
+                and last[2] == reset and last[3] == qs:
+            return last[4]
         d = histogram_delta(ends[0][1], ends[1][1]) if ends is not None else None
         if d is None or ends is None:
             return Quantiles(None, None, None, None, None, 0.0, reset)
         span = ends[1][0] - ends[0][0]
         p = histogram_quantiles(qs, d.buckets)
-        return Quantiles(p[0], p[1], p[2], d.count, d.mean, span, reset)
+        q = Quantiles(p[0], p[1], p[2], d.count, d.mean, span, reset)
+        self._last_q = (ends[0], ends[1], reset, qs, q)
+        return q
 
 
 @dataclass(frozen=True, slots=True)
