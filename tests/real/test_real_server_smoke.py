@@ -40,7 +40,7 @@ def test_real_vllm_answers_a_restricted_scrape_and_vtop_uses_it(real_vllm) -> No
 
     from vtop.clock import SystemClock
     from vtop.sources.http11 import HttpPool
-    from vtop.sources.vllm import RESTRICTED_METRICS_PATH, VllmScraper, coverage
+    from vtop.sources.vllm import FAST_METRICS_PATH, RESTRICTED_METRICS_PATH, VllmScraper, coverage
 
     full = real_vllm.get("/metrics").text
     assert len(real_vllm.get("/metrics?name[]=vllm:num_requests_running").text) > len(full) / 2  # ignored there
@@ -49,6 +49,11 @@ def test_real_vllm_answers_a_restricted_scrape_and_vtop_uses_it(real_vllm) -> No
     assert "vllm:request_queue_time_seconds" not in part and "python_gc" not in part  # read by nobody here
     assert len(part) < len(full) / 2
     assert coverage(parse_vllm_metrics(part)) == coverage(parse_vllm_metrics(full))
+    # Between two reads of the histograms (every HIST_EVERY_S) a poll asks for the rest only.
+    fast = real_vllm.get(FAST_METRICS_PATH).text
+    assert "vllm:num_requests_running" in fast and "_bucket" not in fast and len(fast) < len(part) / 2
+    assert (coverage(parse_vllm_metrics(fast), histograms=False)
+            == coverage(parse_vllm_metrics(full), histograms=False) != frozenset())
 
     async def polls() -> tuple[list, VllmScraper]:  # type: ignore[type-arg]
         pool = HttpPool()
@@ -63,6 +68,10 @@ def test_real_vllm_answers_a_restricted_scrape_and_vtop_uses_it(real_vllm) -> No
     assert sc.restricted_ok is True and sc.restricted_polls == 2, [p.body_bytes for p in ps]
     assert ps[1].body_bytes < ps[0].body_bytes / 2
     assert ps[1].metrics is not None and ps[1].metrics.kv_cache_usage is not None
+    # polls 2 and 3 came within HIST_EVERY_S of the full one: its histograms, carried over with their age
+    assert ps[0].metrics is not None and ps[0].metrics.time_to_first_token_seconds is not None
+    assert ps[2].metrics is not None and 0 < ps[2].metrics.histograms_age_s < sc.HIST_EVERY_S
+    assert ps[2].metrics.time_to_first_token_seconds == ps[0].metrics.time_to_first_token_seconds
 
 
 def test_health_is_200(real_vllm) -> None:  # type: ignore[no-untyped-def]
