@@ -59,6 +59,31 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(f[11]) / CLK_TCK, int(f[12]) / CLK_TCK
 
 
+def thread_cpu_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """Per thread of ``pid``: (kernel name, CPU nanoseconds run so far), from
+    /proc/PID/task/*/{comm,schedstat}. vtop's poll threads name themselves
+    (``vtop-gpu``...); the main thread (tid == pid) is the UI thread."""
+    out: dict[int, tuple[str, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        tid = int(task.name)
+        out[tid] = ("UI (main)" if tid == pid else comm, ns)
+    return out
+
+
+def thread_ms_per_s(a: dict[int, tuple[str, int]], b: dict[int, tuple[str, int]], seconds: float) -> dict[str, float]:
+    """CPU ms a second by thread name between two :func:`thread_cpu_ns` readings."""
+    out: dict[str, float] = {}
+    for tid, (name, ns) in b.items():
+        if tid in a:
+            out[name] = out.get(name, 0.0) + (ns - a[tid][1]) / 1e6 / seconds
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def vm_kb(pid: int, key: str = "VmHWM") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

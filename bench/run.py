@@ -75,6 +75,8 @@ from harness import (  # noqa: E402
     key_latencies,
     loadavg,
     machine_info,
+    thread_cpu_ns,
+    thread_ms_per_s,
     tmux_floor,
     vm_kb,
     vtop_cmd,
@@ -190,10 +192,14 @@ def run_scenario(tmux: Tmux, sc: dict[str, Any], warmup: float, window: float, p
         st0 = [sp.stats(i) for i in range(len(sp.urls))] if sp is not None else []
         b0 = box_jiffies()
         u0, s0 = cpu_seconds(pid)
+        th0 = thread_cpu_ns(pid)
         w0 = time.monotonic()
         time.sleep(window)
         u1, s1 = cpu_seconds(pid)
+        th1 = thread_cpu_ns(pid)
         wall = time.monotonic() - w0
+        # by thread (nanoseconds, schedstat): which source costs what
+        res["threads_ms_per_s"] = thread_ms_per_s(th0, th1, wall)
         b1 = box_jiffies()
         # How busy the whole box was meanwhile (all CPUs, vtop included): others' work skews the figures.
         res["box_busy_pct"] = 100 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
@@ -433,6 +439,9 @@ def print_report(r: dict[str, Any]) -> None:
         if s.get("server_traffic_per_min"):
             extra.append("per server a minute: " + ", ".join(f"{t['requests']:.0f} requests over {t['connections']:.0f} "
                                                             "new connections" for t in s["server_traffic_per_min"]))
+        if s.get("threads_ms_per_s"):
+            extra.append("CPU ms a second by thread: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in s["threads_ms_per_s"].items() if v >= 0.01))
         extra.append(f"user/sys {s['user_s']:.2f}/{s['sys_s']:.2f} s, {s['threads']} threads, "
                      f"load {s['loadavg_before']:.2f}->{s['loadavg_after_window']:.2f}, "
                      f"box {s['box_busy_pct']:.0f} % busy in the window")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from harness import MetricsTimeline, restrict_lines, restricted  # noqa: E402
+import pytest  # noqa: E402
+from harness import MetricsTimeline, restrict_lines, restricted, thread_cpu_ns, thread_ms_per_s  # noqa: E402
 
 from vtop.sources.prom import WANTED_SAMPLE_NAMES, parse_vllm_metrics  # noqa: E402
 from vtop.sources.vllm import coverage  # noqa: E402
@@ -36,3 +37,37 @@ def test_the_replays_line_filter_reads_as_prometheus_client_restricts() -> None:
         assert len(fast) < len(text) / 3
         assert t.payload(i, WANTED_SAMPLE_NAMES) == fast
     assert took_fast < took_lib / 5
+
+
+def test_cpu_by_thread_names_the_thread_that_burned_it() -> None:
+    """bench/run.py reports CPU by kernel thread name (vtop's poll threads name themselves):
+    a thread that spins 0.3 s between two readings shows ~300 ms under its own name."""
+    import os
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread CPU from /proc: Linux")
+    from vtop.ui.polling import name_this_thread
+
+    go, done = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        name_this_thread("bench-burn")
+        go.wait(5)
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:
+            pass
+        done.set()
+        time.sleep(0.5)  # still alive at the second reading
+
+    t = threading.Thread(target=burn)
+    t.start()
+    time.sleep(0.05)
+    a = thread_cpu_ns(os.getpid())
+    go.set()
+    done.wait(5)
+    b = thread_cpu_ns(os.getpid())
+    t.join(5)
+    per = thread_ms_per_s(a, b, 1.0)  # "per second" over a 1 s divisor: plain milliseconds
+    assert 280 <= per["bench-burn"] <= 450, per
+    assert "UI (main)" in per and per["UI (main)"] < 200, per
