@@ -86,7 +86,7 @@ def main() -> int:
     a = ap.parse_args()
     out: dict[str, object] = {"python": sys.version.split()[0], "polls": a.polls}
     # Whole polls, every call in each (vtop itself takes a GPM sample every other second).
-    NvmlSource.GPM_EVERY_S = NvmlSource.SLOW_EVERY_S = 0.0
+    NvmlSource.SLOW_EVERY_S = 0.0
     real = NvmlSource()
     first = real.poll()
     if first.status != "ok" or not first.gpus:

@@ -150,7 +150,7 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
         g = tick().gpus[0]
         per_tick.append(fake.calls - calls)
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
-    # Every tick utilization, memory and power; every other tick (GPM_EVERY_S, SLOW_EVERY_S: 2 s)
+    # Every tick utilization, memory and power; every other tick (SLOW_EVERY_S: 2 s)
     # also temperature, two clocks, throttle reasons, processes, one GPM sample and one metrics
     # get: no alloc, no free
     assert sorted(per_tick) == [3, 3, 10, 10] and per_tick[0] != per_tick[1]
@@ -162,7 +162,7 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
 
 
 def test_gpm_reading_follows_the_load_within_gpm_every_s() -> None:
-    """Each reading is the average since the sample before, taken GPM_EVERY_S earlier:
+    """Each reading is the average since the sample before, taken SLOW_EVERY_S earlier:
     a change of load shows within two ticks at 1 Hz, and a tick that comes a little
     early (jitter) still takes its sample."""
     clock = FakeClock()
@@ -281,7 +281,7 @@ def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
     from vtop.sources.fake_nvml import H200_CALL_S, simulated
 
     s = NvmlSource(simulated(1))
-    s.GPM_EVERY_S = s.SLOW_EVERY_S = 0.0  # every call on every tick here (vtop makes some every other second)
+    s.SLOW_EVERY_S = 0.0  # every call on every tick here (vtop makes some every other second)
     for _ in range(3):
         s.poll()  # init, static fields, both GPM samples allocated
     t0 = time.thread_time()

@@ -15,7 +15,7 @@ Design (after nvitop's NVML discipline, written anew):
   error of vtop: the poll says ``absent`` with one plain sentence, and init is
   retried with a slow back-off (a driver can be loaded later).
 * GPM (Hopper and later): SM activity, SM occupancy and DRAM bandwidth, from
-  two GPM samples ``GPM_EVERY_S`` (2 s) apart. A GPM sample is the dearest
+  two GPM samples ``SLOW_EVERY_S`` (2 s) apart. A GPM sample is the dearest
   NVML call vtop makes (182 us of CPU on the H200, ~45 % of a GPU's poll), so
   it is taken every other tick at 1 Hz and the ticks between show the last
   reading, a 2 s average (the charts draw a cell per 4-11 s of history anyway).
@@ -64,10 +64,8 @@ class _Device:
     gpm_prev: Any = None  # the sample taken last tick
     gpm_spare: Any = None  # an allocated sample holding nothing needed: this tick's buffer
     gpm_get: Any = None  # the metrics-get struct, filled in once and reused
-    gpm_at: float | None = None  # when the last GPM sample was taken (monotonic)
-    gpm_vals: tuple[float | None, float | None, float | None] = (None, None, None)  # its reading
-    slow_at: float | None = None  # when the slow fields were last read (monotonic)
-    slow_vals: tuple[Any, ...] = (None, None, None, None, None)  # and what they were
+    slow_at: float | None = None  # when the slow fields and GPM were last read (monotonic)
+    slow_vals: tuple[Any, ...] = (None,) * 8  # and what they were (see _slow_fields)
     static_at: float = -1e9
 
 
@@ -88,11 +86,9 @@ class NvmlSource:
 
     STATIC_TTL_S = 30.0
     """Power limit and name change rarely; re-read them this often."""
-    #: seconds between two GPM samples of a GPU (see the module doc)
-    GPM_EVERY_S = 2.0
-    #: seconds between reads of the slow fields: temperature, clocks, throttle reasons and
-    #: the process list (61 us of CPU a GPU on the H200; the other 133 us, utilization,
-    #: memory and power, are read every tick)
+    #: seconds between reads of the slow fields: temperature, clocks, throttle reasons, the
+    #: process list (61 us of CPU a GPU on the H200) and a GPM sample (182 us); utilization,
+    #: memory and power (133 us) are read every tick (see the module doc)
     SLOW_EVERY_S = 2.0
     #: a tick that comes up to this early still reads (1 Hz ticks are not exactly 1 s apart)
     EARLY_S = 0.25
@@ -199,7 +195,7 @@ class NvmlSource:
             return
         d.lost = False
         d.static_at = -1e9
-        d.slow_at, d.slow_vals = None, (None, None, None, None, None)  # nothing of before it was lost
+        d.slow_at, d.slow_vals = None, (None,) * 8  # nothing of before it was lost
 
     def _note(self, key: str, text: str) -> None:
         if key not in self._noted:
@@ -265,13 +261,7 @@ class NvmlSource:
             if d.slow_at is None or now - d.slow_at >= self.SLOW_EVERY_S - self.EARLY_S:
                 d.slow_vals = self._slow_fields(d)
                 d.slow_at = now
-            temp, smc, memc, thr, procs = d.slow_vals
-            sm_active = sm_occ = dram = None
-            if self._want_gpm:
-                if d.gpm_at is None or now - d.gpm_at >= self.GPM_EVERY_S - self.EARLY_S:
-                    d.gpm_vals = self._gpm(d)
-                    d.gpm_at = now
-                sm_active, sm_occ, dram = d.gpm_vals
+            temp, smc, memc, thr, procs, sm_active, sm_occ, dram = d.slow_vals
         except _GpuLost:
             d.lost = True
             d.lost_at = now
@@ -298,8 +288,9 @@ class NvmlSource:
             dram_bw=dram,
         )
 
-    def _slow_fields(self, d: _Device) -> tuple[Any, Any, Any, Any, tuple[GpuProcess, ...] | None]:
-        """Temperature, SM and memory clocks, throttle reasons, the process list."""
+    def _slow_fields(self, d: _Device) -> tuple[Any, ...]:
+        """Temperature, SM and memory clocks, throttle reasons, the process list, and
+        SM activity, SM occupancy and DRAM bandwidth since the last GPM sample."""
         N = self._nvml
         temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
         smc = self._q(d, "sm_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_SM", 1))
@@ -314,7 +305,8 @@ class NvmlSource:
             raw = self._q(d, "procs", N.nvmlDeviceGetComputeRunningProcesses)
             if raw is not None:
                 procs = tuple(GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw)
-        return temp, smc, memc, thr, procs
+        gpm = self._gpm(d) if self._want_gpm else (None, None, None)
+        return (temp, smc, memc, thr, procs, *gpm)
 
     # ------------------------------------------------------------------- GPM
     def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:
@@ -368,7 +360,6 @@ class NvmlSource:
             if sample is not None:
                 _free(self._nvml, sample)
         d.gpm_prev = d.gpm_spare = d.gpm_get = None
-        d.gpm_at, d.gpm_vals = None, (None, None, None)
 
     # ------------------------------------------------------------------ public
     def poll(self) -> GpuPoll:
