@@ -270,7 +270,7 @@ class ServerTracker:
         reset |= self._finished.add(t, m.request_success_total or None)
         # Histograms carried over from an earlier scrape (vtop.sources.vllm.HIST_EVERY_S) are
         # filed at the time they were read: the window already has them and ignores the copy.
-        th = t - (getattr(m, "histograms_age_s", 0.0) or 0.0)
+        th = t - m.histograms_age_s
         for hw, h in (
             (self._ttft, m.time_to_first_token_seconds),
             (self._itl, m.inter_token_latency_seconds),

@@ -496,15 +496,15 @@ class VllmScraper:
         fetched now (parsed by the caller), so the poll has no gap."""
         if status == 200:
             m = await self._parse(body)
-            full_cov, hist = self._full_cov, self._hist
+            full_cov, hist, cov = self._full_cov, self._hist, coverage(m)
             # An empty answer never passes: coverage() of a full scrape that filled nothing is empty.
-            if full_cov and coverage(m) >= full_cov:  # histograms and all (or a server that ignores name[])
+            if full_cov and cov >= full_cov:  # histograms and all (or a server that ignores name[])
                 self.restricted_ok = True
                 self.restricted_polls += 1
                 self._hist, self._hist_at = m, mono
                 return status, body, m
-            if (fast and full_cov and hist is not None and self._fast_cov is not None
-                    and coverage(m, histograms=False) >= self._fast_cov):
+            # _fast_cov has no histogram entry, so cov covers it exactly when the rest is all there
+            if fast and full_cov and hist is not None and self._fast_cov is not None and cov >= self._fast_cov:
                 self.restricted_ok = True
                 self.restricted_polls += 1
                 return status, body, with_histograms(m, hist, mono - self._hist_at)
