@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
+from textual.screen import Screen
 from textual.widgets import Static
 
 from vtop import __version__
@@ -29,6 +30,7 @@ from vtop.sources.procs import ProcNames
 from vtop.ui.polling import PollLoop
 from vtop.ui.server_watch import ServerWatch
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
+from vtop.ui.widgets.frame_memo import MemoScreen, MemoStatic, MemoVertical, MemoVerticalScroll
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.keys_bar import KeysBar
 from vtop.ui.widgets.log_pane import LogPane
@@ -197,13 +199,16 @@ class VtopApp(App[int]):
         return calm_driver_class() or super().get_driver_class()
 
     # ------------------------------------------------------------------ layout
+    def get_default_screen(self) -> Screen[Any]:
+        return MemoScreen(id="_default")
+
     def compose(self) -> ComposeResult:
-        yield Static("", id="status")
+        yield MemoStatic("", id="status")
         yield AlertsPanel(id="alerts")
-        with VerticalScroll(id="body"):
+        with MemoVerticalScroll(id="body"):
             yield GpuPanel(self.gpu_history, procs_line=self.procs_line, id="gpus")
-            with Vertical(id="servers"):
-                yield Static("vLLM: looking for servers on this box…", id="servers-msg")
+            with MemoVertical(id="servers"):
+                yield MemoStatic("vLLM: looking for servers on this box…", id="servers-msg")
                 yield RequestsLine(id="requests-line")
             yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
         yield LogPane(id="log")

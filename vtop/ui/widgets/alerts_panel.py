@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rich.text import Text
-from textual.widgets import Static
+from vtop.ui.widgets.frame_memo import MemoStatic
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -35,7 +35,7 @@ def age_text(seconds: float | None, upper: bool = False) -> str:
     return ("≤" if upper else "") + txt
 
 
-class AlertsPanel(Static):
+class AlertsPanel(MemoStatic):
     DEFAULT_CLASSES = "-empty"
 
     def __init__(self, **kw: Any) -> None:
@@ -83,7 +83,7 @@ class AlertsPanel(Static):
         return out
 
 
-class RequestsLine(Static):
+class RequestsLine(MemoStatic):
     """``requests: 3 in flight · oldest chatcmpl-9f… 2m 05s, max_tokens 130,944 (no max_tokens from client)``."""
 
     def __init__(self, **kw: Any) -> None:

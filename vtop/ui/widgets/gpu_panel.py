@@ -28,6 +28,7 @@ from textual.widgets import Static
 from vtop.core.gpu_history import GpuHistory, GpuTrack
 from vtop.core.spark import spark
 from vtop.sources.gpu import ABSENT, OFF, GpuSample
+from vtop.ui.widgets.frame_memo import FrameMemo
 
 GIB = 2**30
 CARD_ROWS = 4  # util, SM, mem, bw
@@ -153,7 +154,7 @@ def runs_strip(runs: list[Run], width: int, base: Style, style_of: Callable[[str
     return Strip(segs, width)
 
 
-class _RunsWidget(Widget):
+class _RunsWidget(FrameMemo, Widget):
     """A Line API widget drawn from lists of styled runs, rebuilt once per poll.
 
     Measured with 8 GPUs at 1 Hz on a 2-core box: drawing through ``render()``
@@ -391,7 +392,7 @@ class GpuCard(_RunsWidget):
         return [p, t, m, c]
 
 
-class GpuPanel(Container):
+class GpuPanel(FrameMemo, Container):
     """Holds the cards; picks cards or lines from the room it has."""
 
     def __init__(self, history: GpuHistory, *, procs_line: Callable[[GpuSample], str], **kw: object) -> None:

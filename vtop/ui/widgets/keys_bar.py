@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import Static
+from vtop.ui.widgets.frame_memo import MemoStatic
 
 
-class KeysBar(Static):
+class KeysBar(MemoStatic):
     COMPONENT_CLASSES = {"keys-bar--key", "keys-bar--off"}
 
     def __init__(self, **kw: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from rich.text import Text
-from textual.widgets import Static
+from vtop.ui.widgets.frame_memo import MemoStatic
 
 from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
 
@@ -72,7 +72,7 @@ def progress_text(v: PhaseView) -> str:
     return "  ".join(parts)
 
 
-class StartupPanel(Static):
+class StartupPanel(MemoStatic):
     """Timeline of the current vLLM start."""
 
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]], **kw: object) -> None:
