@@ -111,7 +111,9 @@ async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_
         assert any(n.startswith("metrics-") for n in names)
         assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in folder.iterdir())
         assert (folder / "vllm.log").read_bytes() == log.read_bytes()
-        assert any(str(folder) in n.message or folder.name in n.message for n in app._notifications)
+        # notify() posts a message: the toast is in the list once the app has handled it
+        await wait_for(pilot, lambda: any(str(folder) in n.message or folder.name in n.message
+                                          for n in app._notifications), 5)
 
 
 @pytest.mark.parametrize("redact", [True, False])
