@@ -144,16 +144,19 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
     assert g.sm_occupancy == pytest.approx(14.11)
     assert g.dram_bw == pytest.approx(15.85)
     assert fake.gpm_live == 2  # last sample and the buffer for the next: allocated once, used in turn
+    assert s.SLOW_EVERY_S == 4.0
     per_tick = []
-    for _ in range(4):
+    for _ in range(8):
         calls = fake.calls
         g = tick().gpus[0]
         per_tick.append(fake.calls - calls)
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
-    # Every tick utilization, memory and power; every other tick (SLOW_EVERY_S: 2 s)
+    # Every tick utilization, memory and power; every fourth tick (SLOW_EVERY_S: 4 s)
     # also temperature, two clocks, throttle reasons, processes, one GPM sample and one metrics
     # get: no alloc, no free
-    assert sorted(per_tick) == [3, 3, 10, 10] and per_tick[0] != per_tick[1]
+    assert sorted(per_tick) == [3] * 6 + [10, 10]
+    first = per_tick.index(10)
+    assert per_tick[first + 4] == 10 if first < 4 else per_tick[first - 4] == 10
     for _ in range(50):
         p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
@@ -163,23 +166,25 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
 
 def test_gpm_reading_follows_the_load_within_gpm_every_s() -> None:
     """Each reading is the average since the sample before, taken SLOW_EVERY_S earlier:
-    a change of load shows within two ticks at 1 Hz, and a tick that comes a little
+    a change of load shows within four ticks at 1 Hz, and a tick that comes a little
     early (jitter) still takes its sample."""
     clock = FakeClock()
     gpu = FakeGpu(overrides={"gpm": {2: 10.0, 3: 1.0, 10: 2.0}})
     s, fake = src([gpu], clock)
-    s.poll()
+    s.poll()  # t=0: the first sample
     seen = []
-    for i in range(8):
-        clock.advance(0.9 if i % 2 else 1.05)  # 1.95 s between every other tick
-        if i == 4:
+    for i in range(12):
+        clock.advance(0.9 if i % 2 else 1.05)  # ticks 0.9-1.05 s apart: the 4th comes at 3.9 s
+        if i == 5:
             gpu.overrides["gpm"] = {2: 80.0, 3: 1.0, 10: 2.0}
         seen.append(s.poll().gpus[0].sm_active)
-    assert seen[:5] == [None, pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0)]
-    assert seen[5] == pytest.approx(80.0) and seen[6:] == [pytest.approx(80.0)] * 2
+    # samples at ticks 3 (3.9 s, early but within EARLY_S), 7 and 11
+    assert seen[:3] == [None] * 3
+    assert seen[3:7] == [pytest.approx(10.0)] * 4  # the load changed at tick 5: shown from the next sample
+    assert seen[7:] == [pytest.approx(80.0)] * 5
 
 
-def test_slow_fields_are_read_every_other_second_and_shown_between() -> None:
+def test_slow_fields_are_read_every_fourth_second_and_shown_between() -> None:
     """Temperature, clocks, throttle reasons and processes are read every SLOW_EVERY_S;
     the tick between shows the last reading, utilization and memory are new every tick,
     and a GPU that comes back is read afresh (nothing of before it was lost)."""
@@ -191,10 +196,11 @@ def test_slow_fields_are_read_every_other_second_and_shown_between() -> None:
     g0 = s.poll().gpus[0]
     assert g0.temp_c == 40 and [p.pid for p in g0.procs or ()] == [7]
     gpu.overrides.update(temperature=71, procs=[], utilization=SimpleNamespace(gpu=88, memory=5))
-    clock.advance(1.0)
-    g1 = s.poll().gpus[0]
-    assert g1.util_gpu == 88 and g1.temp_c == 40 and [p.pid for p in g1.procs or ()] == [7]
-    clock.advance(0.8)  # a tick a little early still reads them
+    for _ in range(3):
+        clock.advance(1.0)
+        g1 = s.poll().gpus[0]
+        assert g1.util_gpu == 88 and g1.temp_c == 40 and [p.pid for p in g1.procs or ()] == [7]
+    clock.advance(0.8)  # a tick a little early (3.8 s after the last read) still reads them
     g2 = s.poll().gpus[0]
     assert g2.temp_c == 71 and g2.procs == ()
     gpu.lost = True
@@ -211,7 +217,7 @@ def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
     s, fake = src([gpu], clock)
     for _ in range(3):
         s.poll()
-        clock.advance(2.0)
+        clock.advance(s.SLOW_EVERY_S)
     assert fake.gpm_live == 2
     gpu.lost = True
     assert s.poll().gpus[0].lost
@@ -220,7 +226,7 @@ def test_a_lost_gpu_frees_its_gpm_samples_and_starts_over_when_back() -> None:
     clock.advance(60)
     p = s.poll()
     assert not p.gpus[0].lost and p.gpus[0].sm_active is None  # a fresh first sample
-    clock.advance(2.0)
+    clock.advance(s.SLOW_EVERY_S)
     assert s.poll().gpus[0].sm_active == pytest.approx(50.0)
 
 
@@ -228,7 +234,7 @@ def test_gpm_nan_is_none_and_unsupported_gpu_has_no_gpm() -> None:
     clock = FakeClock()
     s, _ = src([FakeGpu(overrides={"gpm": {2: float("nan"), 3: 1.0, 10: 2.0}}), FakeGpu(gpm=False)], clock)
     s.poll()
-    clock.advance(2.0)
+    clock.advance(s.SLOW_EVERY_S)
     p = s.poll()
     assert p.gpus[0].sm_active is None and p.gpus[0].sm_occupancy == 1.0
     assert p.gpus[1].sm_active is None and p.gpus[1].dram_bw is None

@@ -15,15 +15,18 @@ Design (after nvitop's NVML discipline, written anew):
   error of vtop: the poll says ``absent`` with one plain sentence, and init is
   retried with a slow back-off (a driver can be loaded later).
 * GPM (Hopper and later): SM activity, SM occupancy and DRAM bandwidth, from
-  two GPM samples ``SLOW_EVERY_S`` (2 s) apart. A GPM sample is the dearest
+  two GPM samples ``SLOW_EVERY_S`` (4 s) apart. A GPM sample is the dearest
   NVML call vtop makes (182 us of CPU on the H200, ~45 % of a GPU's poll), so
-  it is taken every other tick at 1 Hz and the ticks between show the last
-  reading, a 2 s average (the charts draw a cell per 4-11 s of history anyway).
-  Until two samples are in, those fields are ``None``.
+  it is taken every fourth tick at 1 Hz and the ticks between show the last
+  reading, a 4 s average (the SM chart draws a cell per 4 s of history at 120
+  columns, 9 s at 80). Until two samples are in, those fields are ``None``.
 * Temperature, clocks, throttle reasons and the process list move slowly or
-  matter at a coarser grain, and cost 61 us of CPU a GPU a tick on the H200:
-  read every ``SLOW_EVERY_S`` (2 s) too. Utilization, memory and power (133 us)
-  are read every tick: the memory curve is what tells the OOMs apart.
+  matter at a coarser grain (the diagnoser compares processes' memory over
+  minutes), and cost 61 us of CPU a GPU a tick on the H200: read every
+  ``SLOW_EVERY_S`` too. Utilization, memory and power (133 us) are read every
+  tick: the memory curve is what tells the OOMs apart. Measured on the H200 box
+  with 8 simulated GPUs at its call costs, 4 s instead of 2 s took the NVML
+  thread from 2.62-2.72 to 2.09-2.18 ms of CPU a second (bench/h200/ab-*session9*).
 * The PCIe throughput counter is never read: it blocks about 20 ms a call.
 
 The ``nvml`` module is injected so tests can pass a fake ``pynvml``.
@@ -89,7 +92,7 @@ class NvmlSource:
     #: seconds between reads of the slow fields: temperature, clocks, throttle reasons, the
     #: process list (61 us of CPU a GPU on the H200) and a GPM sample (182 us); utilization,
     #: memory and power (133 us) are read every tick (see the module doc)
-    SLOW_EVERY_S = 2.0
+    SLOW_EVERY_S = 4.0
     #: a tick that comes up to this early still reads (1 Hz ticks are not exactly 1 s apart)
     EARLY_S = 0.25
 
