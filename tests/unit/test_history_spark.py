@@ -132,3 +132,44 @@ def test_peak_is_the_largest_value_still_in_the_window() -> None:
     assert s.peak() == 50.0 == max(v for _, v in s if v is not None)
     s.append(13, 5.0)  # t=2 (50) has scrolled out of the 10 s window
     assert s.peak() == max(v for _, v in s if v is not None) == 20.0
+
+
+def test_sparkline_redrawn_from_changed_cells_equals_a_whole_drawing() -> None:
+    """A chart fed by a series (last cell filling, the grid shifting, gaps, a restart,
+    scale and width changes) draws the same string as spark() of its cells, every step;
+    and the cheap paths are really taken."""
+    import random
+
+    from vtop.core import spark as spark_mod
+    from vtop.core.spark import SparkLine
+
+    rng = random.Random(7)
+    s = Series(600.0)
+    line = SparkLine()
+    t, width, hi = 0.0, 40, 100.0
+    whole = 0
+    real_spark = spark_mod.spark
+
+    def counting(values, lo=0.0, hi=100.0):  # type: ignore[no-untyped-def]
+        nonlocal whole
+        whole += len(values) > 2
+        return real_spark(values, lo, hi)
+
+    spark_mod.spark = counting  # type: ignore[assignment]
+    try:
+        steps = 0
+        for step in range(2000):
+            t += rng.choice([0.5, 1.0, 1.0, 1.0, 7.0])
+            if step == 1200:
+                t = 5.0  # a clock that went back: the series starts over
+            s.append(t, None if rng.random() < 0.05 else rng.uniform(0, 140))
+            if step % 400 == 399:
+                width = rng.choice([20, 40, 73])
+            if step % 250 == 249:
+                hi = rng.choice([50.0, 100.0, 1024.0])
+            vals = s.buckets(t, width, 300.0, max_gap=3.0)
+            assert line.draw(vals, 0.0, hi) == real_spark(vals, 0.0, hi), f"step {step}"
+            steps += 1
+    finally:
+        spark_mod.spark = real_spark  # type: ignore[assignment]
+    assert whole < steps / 4  # most steps reuse the last string

@@ -53,3 +53,37 @@ def spark(values: Sequence[float | None], lo: float = 0.0, hi: float = 100.0) ->
         n = round((v - lo) * k)
         out.append(BLOCKS[0 if n < 1 else 7 if n > 8 else n - 1])
     return "".join(out)
+
+
+class SparkLine:
+    """One chart's :func:`spark`, redrawn only where its cells changed since the last call.
+
+    A chart's cells sit on a fixed time grid (:meth:`vtop.core.history.Series.buckets`):
+    from one second to the next only the last cell moves, or, when a cell boundary
+    passes, everything shifts one cell left. Those two cases reuse the last string
+    (the comparisons are tuple slices, in C); anything else is drawn whole. Same
+    answer as :func:`spark` in every case: ~32 charts a second with 8 GPUs and 2
+    servers spent ~0.3 ms a second of the UI thread (dev VM) on the per-cell loop.
+    """
+
+    __slots__ = ("_vals", "_scale", "_s")
+
+    def __init__(self) -> None:
+        self._vals: tuple[float | None, ...] | None = None
+        self._scale = (0.0, 0.0)
+        self._s = ""
+
+    def draw(self, values: Sequence[float | None], lo: float = 0.0, hi: float = 100.0) -> str:
+        vals = tuple(values)
+        prev = self._vals
+        if prev is not None and len(prev) == len(vals) >= 2 and self._scale == (lo, hi):
+            if vals[:-1] == prev[:-1]:
+                s = self._s[:-1] + spark(vals[-1:], lo, hi)
+            elif vals[:-2] == prev[1:-1]:  # moved one cell left
+                s = self._s[1:-1] + spark(vals[-2:], lo, hi)
+            else:
+                s = spark(vals, lo, hi)
+        else:
+            s = spark(vals, lo, hi)
+        self._vals, self._scale, self._s = vals, (lo, hi), s
+        return s
