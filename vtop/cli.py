@@ -175,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_fd = _stdin_for_log()
         except OSError as e:
             p.exit(2, f"vtop: error: --log - needs a terminal for the keys: {e.strerror or e}\n")
+    from vtop.gc_tuning import hold_until_settled
+
+    hold_until_settled()  # the app's third tick turns it back on (settle_gc)
     try:
         from vtop.ui.app import VtopApp
 
