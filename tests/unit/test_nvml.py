@@ -331,3 +331,26 @@ def test_simulated_calls_let_other_threads_run_as_real_ones_do() -> None:
     delays.sort()
     assert len(delays) > 10
     assert delays[len(delays) // 2] < 0.010  # a GIL-holding spin makes this ~0.05 s
+
+
+def test_simulated_gpus_are_built_at_the_first_poll_not_before_the_first_frame() -> None:
+    """--simulate-gpus takes the real path's shape: the fake (and the pynvml it imports)
+    is made in the poll thread's first poll, so the benchmark's first frame waits for
+    neither, as with real GPUs."""
+    import json
+    import subprocess
+    import sys
+
+    child = """
+import json, sys
+from vtop.config import Config
+from vtop.sources.nvml import make_gpu_source
+src = make_gpu_source(Config(simulate_gpus=3))
+before = sorted(m for m in ("pynvml", "vtop.sources.fake_nvml") if m in sys.modules)
+p = src.poll()
+print(json.dumps({"before": before, "gpus": len(p.gpus), "status": p.status,
+                  "after": "vtop.sources.fake_nvml" in sys.modules}))
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"before": [], "gpus": 3, "status": OK, "after": True}, out.stderr
