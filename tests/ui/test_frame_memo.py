@@ -17,7 +17,7 @@ from textual.widget import Widget
 from vtop.config import Config
 from vtop.demo import demo_path
 from vtop.ui.replay import replay_app
-from vtop.ui.widgets.frame_memo import FrameMemo, MemoStatic
+from vtop.ui.widgets.frame_memo import FrameMemo, MemoScreen, MemoStatic
 
 
 def test_textual_keeps_what_the_memo_reads() -> None:
@@ -68,7 +68,8 @@ async def test_a_clean_widget_hands_back_its_last_lines_until_it_changes() -> No
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
 async def test_frames_drawn_with_the_memo_equal_textuals_own(size: tuple[int, int]) -> None:
-    """Play the demo (startup, burst, runaway) and a theme switch; compare every few frames."""
+    """Play the demo (startup, burst, runaway) with a stale tint, layout keys, a screen over the
+    dashboard and a theme switch on the way; compare every few frames."""
     app = replay_app(str(demo_path()), config=Config(), name="demo")
     async with app.run_test(size=size) as pilot:
         app.replay.paused = True
@@ -86,6 +87,19 @@ async def test_frames_drawn_with_the_memo_equal_textuals_own(size: tuple[int, in
             t += 6.0
             if step % 6:
                 continue
+            if checked == 2:  # a hung GPU poll tints the GPU panel; then it answers again
+                app.w_gpu.set_class(not app.w_gpu.has_class("-stale"), "-stale")
+                await pilot.pause()
+            if checked == 4:  # keys that change the layout: cards/lines, phases, the log pane
+                for key in ("c", "p", "l"):
+                    await pilot.press(key)
+                    await pilot.pause()
+            if checked == 5:  # the requests screen over the dashboard, and back
+                await pilot.press("r")
+                await pilot.pause()
+                await pilot.press("escape")
+                await pilot.pause()
+                assert isinstance(app.screen, MemoScreen)
             if checked == 6:
                 app.theme = "textual-light" if app.theme != "textual-light" else "textual-dark"
                 await pilot.pause()
