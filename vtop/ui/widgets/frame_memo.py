@@ -8,8 +8,10 @@ walk up the DOM), its region, its border titles' styles, the line filters,
 before the cached strips come back. With GPU rows near the top and server
 cards below changing every second, that rectangle spans most of the screen,
 so the status line, the startup panel, the key hints and the containers paid
-it every frame: 0.45 ms a second of the UI thread on the 2-core dev box, 8
-GPUs + 2 servers (~5 % of vtop's CPU there), for lines that had not changed.
+it every frame, for lines that had not changed: 0.45 ms a second of the UI
+thread on the 2-core dev box with 8 GPUs + 2 servers, by per-call accounting
+(an upper bound: the accounting costs too). Whole-process runs, alternating,
+could not tell the gain from their own spread, on that box or the GPU box.
 
 :class:`FrameMemo` keeps the last answer and returns it while the widget's
 styles cache says nothing in it is dirty, the crop and line filters are the
