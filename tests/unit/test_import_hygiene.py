@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -35,7 +36,11 @@ def test_the_check_itself_can_fail() -> None:
 #: What the dashboard must not import before its first frame (each is 10-60 ms
 #: on a 2-core box; they are imported where first used).
 DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases", "vtop.core.diagnose",
-            "vtop.core.requests", "vtop.sources.record", "vtop.sources.logwatch", "vtop.actions.snapshot")
+            "vtop.core.requests", "vtop.sources.record", "vtop.sources.logwatch", "vtop.actions.snapshot",
+            # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
+            "vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery",
+            # NVML's binding and the simulated GPUs: loaded by the GPU thread's first poll
+            "pynvml", "vtop.sources.fake_nvml")
 
 
 def test_the_first_frame_waits_for_no_deferred_import() -> None:
@@ -48,3 +53,30 @@ def test_the_first_frame_waits_for_no_deferred_import() -> None:
     r = subprocess.run([sys.executable, "-c", code.replace("vtop.ui.app", "vtop.ui.app, vtop.core.diagnose")],
                        capture_output=True, text=True, timeout=60)
     assert "vtop.core.phases" in r.stdout
+
+
+def test_server_cards_are_drawn_before_the_scraper_is_imported_and_polling_imports_it() -> None:
+    code = """
+import asyncio, json, sys
+from vtop.config import Config
+from vtop.ui.app import VtopApp
+MODS = ("vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery", "pynvml")
+async def main():
+    app = VtopApp(Config(urls=("http://127.0.0.1:9",), simulate_gpus=2), autopoll=False, hostname="t")
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.servers.start(autopoll=False)  # the cards of the command line's URLs, as in the first frame
+        await pilot.pause()
+        entry = next(iter(app.servers.entries.values()))
+        before = [m for m in MODS if m in sys.modules]
+        made_before = entry._scraper is not None
+        await app.servers.poll_once(entry)
+        after = [m for m in MODS if m in sys.modules]
+        print(json.dumps({"before": before, "made_before": made_before, "after": after,
+                          "cards": len(app.servers.entries), "state": entry.last_view.state}))
+asyncio.run(main())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["before"] == [] and not got["made_before"] and got["cards"] == 1
+    assert "vtop.sources.vllm" in got["after"] and got["state"] == "down"  # port 9 refuses: polled for real

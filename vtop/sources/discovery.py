@@ -36,7 +36,6 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -46,6 +45,13 @@ from typing import Any
 from vtop.core.fmt import to_float as _float
 from vtop.core.fmt import to_int as _int
 from vtop.sources.procs import parse_stat
+from vtop.sources.urls import (  # noqa: F401 - re-exported: the URL helpers used to live here
+    FALLBACK_URL,
+    LOCAL_HOSTS,
+    normalize_url,
+    url_hostport,
+    url_matches,
+)
 
 __all__ = [
     "ProcRecord",
@@ -709,38 +715,3 @@ def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChi
         for c in children
     )
     return marked, tuple(gpu), guessed
-
-
-# --- matching URLs to processes ------------------------------------------------------
-
-#: watched when no URL is given and no server is found, so a server started
-#: later (or one in a container vtop cannot see into) still shows up
-FALLBACK_URL = "http://localhost:8000"
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "[::1]"})
-
-
-@functools.lru_cache(maxsize=256)
-def url_hostport(url: str) -> tuple[str, int]:
-    """(host, port) of a URL. Cached: every poll of every server asks it of the
-    same few URLs, and ``urlsplit`` was 0.6 % of vtop's CPU (py-spy, 2 servers)."""
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url if "://" in url else "http://" + url)
-    try:
-        port = u.port
-    except ValueError:
-        port = None
-    return (u.hostname or "localhost", port or (443 if u.scheme == "https" else 80))
-
-
-def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    return url if "://" in url else "http://" + url
-
-
-def url_matches(url: str, sp: ServerProcess) -> bool:
-    """Whether ``url`` reaches server process ``sp`` (same port, a local host or its own)."""
-    host, port = url_hostport(url)
-    if port != sp.port:
-        return False
-    return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")

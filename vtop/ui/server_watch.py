@@ -22,27 +22,31 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
-from vtop.sources.discovery import (
-    FALLBACK_URL,
-    LOCAL_HOSTS,
-    ServerProcess,
-    discover_servers,
-    normalize_url,
-    url_hostport as _hostport,
-    url_matches,
-)
 from vtop.sources.http11 import HttpPool
-from vtop.sources.vllm import ServerPoll, VllmScraper
+from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_matches
+from vtop.sources.urls import url_hostport as _hostport
 from vtop.ui.polling import PollLoop
 from vtop.ui.widgets.server_panel import ServerCard
 
 if TYPE_CHECKING:
+    from vtop.sources.discovery import ServerProcess
+    from vtop.sources.vllm import ServerPoll, VllmScraper
     from vtop.ui.app import VtopApp
+
+
+def _discover_servers() -> list[ServerProcess]:
+    """The process scan, imported in the discovery thread on its first run: the
+    scanner and the scraper (:meth:`ServerEntry.scraper`) are not needed for the
+    first frame, whose cards only need the URLs (about 16 ms of imports on the
+    dev VM, about a twentieth of its first frame)."""
+    from vtop.sources.discovery import discover_servers
+
+    return discover_servers()
 
 @dataclass
 class ServerEntry:
     url: str
-    scraper: VllmScraper
+    make_scraper: Callable[[], VllmScraper]
     tracker: ServerTracker
     card: ServerCard
     from_cli: bool
@@ -53,6 +57,14 @@ class ServerEntry:
     dirty: bool = False
     history: list[str] = field(default_factory=list)
     """States seen, in order (tests and the record)."""
+    _scraper: VllmScraper | None = None
+
+    @property
+    def scraper(self) -> VllmScraper:
+        """Made at the first poll (or first use), not with the card."""
+        if self._scraper is None:
+            self._scraper = self.make_scraper()
+        return self._scraper
 
 
 class ServerWatch:
@@ -60,7 +72,7 @@ class ServerWatch:
         self.app = app
         self.config = app.config
         self.clock = clock or SystemClock()
-        self.discover = discover or discover_servers
+        self.discover = discover or _discover_servers
         self.entries: dict[str, ServerEntry] = {}
         self.processes: list[ServerProcess] = []
         self.discovered_once = False
@@ -128,11 +140,15 @@ class ServerWatch:
     def add(self, url: str, *, from_cli: bool, autopoll: bool = True) -> ServerEntry:
         if url in self.entries:
             return self.entries[url]
-        scraper = VllmScraper(url, client=self.client, api_key=self.api_key, clock=self.clock)
+        def make_scraper() -> VllmScraper:
+            from vtop.sources.vllm import VllmScraper
+
+            return VllmScraper(url, client=self.client, api_key=self.api_key, clock=self.clock)
+
         tracker = self.new_tracker(url)
         card = ServerCard(url, window_s=self.config.history, max_gap=max(2.5 * self.config.interval, self.config.interval + 1.0),
                           classes="server-card")
-        entry = ServerEntry(url, scraper, tracker, card, from_cli)
+        entry = ServerEntry(url, make_scraper, tracker, card, from_cli)
         self.entries[url] = entry
         self.app.mount_server_card(card)
         if autopoll:
