@@ -173,3 +173,14 @@ def test_sparkline_redrawn_from_changed_cells_equals_a_whole_drawing() -> None:
     finally:
         spark_mod.spark = real_spark  # type: ignore[assignment]
     assert whole < steps / 4  # most steps reuse the last string
+
+
+def test_sparklines_keep_one_line_per_chart_and_stay_bounded() -> None:
+    from vtop.core.spark import SparkLines
+
+    lines = SparkLines(max_lines=2)
+    a, b = (10.0, 50.0, 90.0), (90.0, None, 10.0)
+    assert lines.draw("a", a) == spark(a) and lines.draw("b", b) == spark(b)
+    assert lines.draw("a", a[1:] + (20.0,)) == spark(a[1:] + (20.0,))  # chart "a" kept its own last string
+    assert lines.draw("c", b, 0.0, 1000.0) == spark(b, 0.0, 1000.0)  # full: the old ones are let go
+    assert len(lines._lines) == 1

@@ -8,7 +8,7 @@ the lowest bar, so "idle" and "unknown" never look alike.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 GAP = " "
@@ -87,3 +87,22 @@ class SparkLine:
             s = spark(vals, lo, hi)
         self._vals, self._scale, self._s = vals, (lo, hi), s
         return s
+
+
+class SparkLines:
+    """Several charts' :class:`SparkLine`, by a key naming the chart and its width;
+    bounded (the widths of past layouts are let go when it fills)."""
+
+    __slots__ = ("_lines", "_max")
+
+    def __init__(self, max_lines: int = 256) -> None:
+        self._lines: dict[Hashable, SparkLine] = {}
+        self._max = max_lines
+
+    def draw(self, key: Hashable, values: Sequence[float | None], lo: float = 0.0, hi: float = 100.0) -> str:
+        line = self._lines.get(key)
+        if line is None:
+            if len(self._lines) >= self._max:
+                self._lines.clear()
+            line = self._lines[key] = SparkLine()
+        return line.draw(values, lo, hi)

@@ -26,7 +26,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from vtop.core.gpu_history import GpuHistory, GpuTrack
-from vtop.core.spark import SparkLine, spark
+from vtop.core.spark import SparkLines
 from vtop.sources.gpu import ABSENT, OFF, GpuSample
 from vtop.ui.widgets.frame_memo import FrameMemo
 
@@ -86,12 +86,7 @@ def layout_for(n_gpus: int, width: int, height: int) -> tuple[bool, int]:
 
 def spark_run(view: "GpuPanel", tr: GpuTrack, key: str, width: int) -> Run:
     vals = tr.series[key].buckets(view.now, width, view.window_s, max_gap=view.max_gap)
-    line = view.sparks.get((tr.index, key, width))
-    if line is None:
-        if len(view.sparks) > 256:  # widths of past layouts
-            view.sparks.clear()
-        line = view.sparks[(tr.index, key, width)] = SparkLine()
-    return (line.draw(vals), key)
+    return (view.sparks.draw((tr.index, key, width), vals), key)
 
 
 def value_run(v: float | None, *, hot: float = 90.0) -> Run:
@@ -415,8 +410,8 @@ class GpuPanel(FrameMemo, Container):
         self._cards: dict[int, GpuCard] = {}
         self._msg_widget: Static | None = None
         self._lines_widget: GpuLines | None = None
-        self.sparks: dict[tuple[int, str, int], SparkLine] = {}
-        """Each chart's last sparkline, by (GPU, field, width): see :class:`SparkLine`."""
+        self.sparks = SparkLines()
+        """Each chart's last sparkline, by (GPU, field, width)."""
 
     def compose(self) -> ComposeResult:
         # Kept, not queried: a poll that lands while the app starts or shuts down

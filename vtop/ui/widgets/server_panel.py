@@ -15,7 +15,7 @@ import textwrap
 from rich.text import Text
 
 from vtop.core.rates import Quantiles
-from vtop.core.spark import SparkLine
+from vtop.core.spark import SparkLines
 from vtop.core.server import ServerView
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
 
@@ -83,7 +83,7 @@ class ServerCard(_RunsWidget):
         self.max_num_seqs: int | None = None
         self.extra_title = ""
         self._nlines: int | None = None
-        self._sparks: dict[tuple[str, int], SparkLine] = {}
+        self._sparks = SparkLines(64)
 
     def show(self, view: ServerView, now: float) -> None:
         self.view = view
@@ -118,12 +118,7 @@ class ServerCard(_RunsWidget):
         if s is None:
             return (" " * width, "dim")
         vals = s.buckets(self.now, width, self.window_s, max_gap=self.max_gap)
-        line = self._sparks.get((name, width))
-        if line is None:
-            if len(self._sparks) > 64:  # widths of past layouts
-                self._sparks.clear()
-            line = self._sparks[(name, width)] = SparkLine()
-        return (line.draw(vals, 0.0, hi), "util" if name != "kv_pct" else "mem")
+        return (self._sparks.draw((name, width), vals, 0.0, hi), "util" if name != "kv_pct" else "mem")
 
     def _scale(self, name: str) -> tuple[float, str]:
         assert self.view is not None
