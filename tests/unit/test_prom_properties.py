@@ -165,7 +165,7 @@ def cold(text: str | bytes) -> VllmMetrics:
 
 BUCKET_IDX = [i for i in WANTED_IDX if "_bucket{" in REAL_LINES[i]]
 
-# Edits aimed at what the cold path's bucket shortcut (prom._bucket_template) trusts:
+# Edits aimed at what the cold path's bucket shortcut (prom._line_template) trusts:
 # the le value, the quotes and braces around it, a second le, a le-looking text in
 # another label's value, escapes, and the value token.
 bucket_edit = st.one_of(
@@ -203,6 +203,49 @@ def test_cold_parse_of_edited_buckets_matches_the_library(ops: list[tuple]) -> N
     lines = list(REAL_LINES)
     for op in ops:
         apply_bucket_edit(lines, op)
+    cold("\n".join(lines))
+
+
+BLOCK_IDX = [i for i in WANTED_IDX if "{" in REAL_LINES[i]]
+NAMES = sorted(prom._WANTED)
+
+# Edits aimed at what the shortcut trusts for any line that shares a label block:
+# the name in front of the block, the block's text (a __name__, a brace or a
+# duplicate label inside it, spacing), and the value after it.
+block_edit = st.one_of(
+    st.tuples(st.just("name"), st.sampled_from(BLOCK_IDX), st.one_of(
+        st.sampled_from(NAMES), st.sampled_from(["vllm:not_read", "vllm:num_requests_running ", "", "9bad", "a b"]))),
+    st.tuples(st.just("text"), st.sampled_from(BLOCK_IDX), st.sampled_from([
+        ("{", '{__name__="x",'), ("{", "{,"), ("}", ",}"), ("}", ',,}'), ("{", '{engine="0",'), ("}", ' }'),
+        ('model_name="', 'model_name="}'), ('model_name="', 'model_name="{'), ('engine="0"', 'engine="0}"'),
+        ('engine="0"', 'engine=0'), ("} ", "}  "), ("} ", "} 1 "), ('engine="0"', 'engine="1"'), ("{", "{ "),
+    ])),
+    st.tuples(st.just("value"), st.sampled_from(BLOCK_IDX), st.sampled_from(
+        ["1_0", "x", "1e999", "-1", "NaN", "5 1700000000000", "12345678901234567890123", "+3", "3}", "} 3"])),
+    st.tuples(st.just("move"), st.sampled_from(BLOCK_IDX), st.integers(0, len(REAL_LINES) - 1)),
+)
+
+
+def apply_block_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-arg]
+    kind, i = op[0], op[1]
+    line = lines[i]
+    if kind == "name":
+        if "{" in line:  # (a move may have put another line here)
+            lines[i] = op[2] + line[line.index("{") :]
+    elif kind == "text":
+        lines[i] = line.replace(op[2][0], op[2][1], 1)
+    elif kind == "value":
+        lines[i] = line.rpartition(" ")[0] + " " + op[2]
+    else:
+        lines.insert(op[2], lines.pop(i))
+
+
+@FAST
+@given(st.lists(block_edit, min_size=1, max_size=8))
+def test_cold_parse_of_edited_label_blocks_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    lines = list(REAL_LINES)
+    for op in ops:
+        apply_block_edit(lines, op)
     cold("\n".join(lines))
 
 
