@@ -80,3 +80,17 @@ asyncio.run(main())
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["before"] == [] and not got["made_before"] and got["cards"] == 1
     assert "vtop.sources.vllm" in got["after"] and got["state"] == "down"  # port 9 refuses: polled for real
+
+
+def test_the_toml_parser_is_imported_only_when_there_is_a_config_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    code = ("import sys\nfrom vtop.config import build\n"
+            f"cfg = build({{}}, {{'HOME': {str(tmp_path)!r}, 'XDG_CONFIG_HOME': {str(tmp_path)!r}}})\n"
+            "print(cfg.interval, 'tomllib' in sys.modules or 'tomli' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1.0", "False"]
+    (tmp_path / "vtop").mkdir()
+    (tmp_path / "vtop" / "config.toml").write_text("interval = 3\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3.0", "True"]
