@@ -29,6 +29,9 @@ Per scenario:
 * first frame: from just before ``tmux new-session`` to the first
   ``capture-pane`` showing the footer's key hints; polled every 10 ms.
   "first data": until the status bar shows the GPUs / servers answering.
+  Before the scenarios, the floor under it: a bare Textual app with a key
+  line (bench/textual_floor.py) and vtop as in (c), started in turn
+  (``--floor-starts``, 6 each): medians of both and what vtop adds.
 * key latency: ``l`` (log pane on/off, a 14-row box appears or goes) pressed
   20 times; send-keys to the first capture showing the change. Then, in (b)
   and (c), server 1's /metrics is made to accept and never answer; once the
@@ -115,6 +118,12 @@ def footer_shown(screen: str) -> bool:
     return "q Quit" in screen
 
 
+def fmt_range(xs: list[float | None]) -> str:
+    ok = [x for x in xs if x is not None]
+    miss = len(xs) - len(ok)
+    return (f"{min(ok):.2f}-{max(ok):.2f}" if ok else "none") + (f", {miss} never drawn" if miss else "")
+
+
 def stats_ms(xs: list[float | None]) -> dict[str, Any]:
     ok = sorted(1000 * x for x in xs if x is not None)
     if not ok:
@@ -165,6 +174,36 @@ def quit_vtop(tmux: Tmux, name: str, pid: int, timeout: float = 5.0) -> float | 
         time.sleep(0.02)
     tmux.kill(name)
     return None
+
+
+def first_frame_floor(tmux: Tmux, n: int) -> dict[str, Any]:
+    """First frames of bench/textual_floor.py (a bare Textual app with a key
+    line) and of vtop as in (c), ``n`` starts each, alternating: the box's and
+    the framework's share of vtop's first frame, and what vtop adds to it."""
+    port, sock = closed_port()
+    argvs = {
+        "floor": [sys.executable, str(HERE / "textual_floor.py")],
+        "vtop": vtop_cmd() + ["--simulate-gpus", "8", "--interval", "1", f"http://127.0.0.1:{port}"],
+    }
+    got: dict[str, list[float | None]] = {k: [] for k in argvs}
+    try:
+        for i in range(n):
+            for k in (("floor", "vtop") if i % 2 == 0 else ("vtop", "floor")):
+                pid, t0 = tmux.new("ff", argvs[k])
+                ff, _ = tmux.wait_for("ff", footer_shown, timeout=30, since=t0)
+                got[k].append(ff)
+                quit_vtop(tmux, "ff", pid)
+                tmux.kill("ff")
+                time.sleep(0.3)
+    finally:
+        sock.close()  # type: ignore[attr-defined]
+    out: dict[str, Any] = {"starts": n}
+    for k, xs in got.items():
+        ok = [x for x in xs if x is not None]
+        out[k] = {"median_s": statistics.median(ok) if ok else None, "all_s": [None if x is None else round(x, 3) for x in xs]}
+    if out["floor"]["median_s"] is not None and out["vtop"]["median_s"] is not None:
+        out["vtop_minus_floor_s"] = out["vtop"]["median_s"] - out["floor"]["median_s"]
+    return out
 
 
 def run_scenario(tmux: Tmux, sc: dict[str, Any], warmup: float, window: float, presses: int) -> dict[str, Any]:
@@ -422,6 +461,12 @@ def print_report(r: dict[str, Any]) -> None:
               f"{min(runs):.2f}-{max(runs):.2f}")
     if r.get("first_frame_prime_s") is not None:
         print(f"first frame of a priming start before these (page cache, .pyc): {r['first_frame_prime_s']:.2f} s")
+    ff = r.get("first_frame_floor")
+    if ff and ff["floor"]["median_s"] is not None and ff["vtop"]["median_s"] is not None:
+        print(f"first frame, {ff['starts']} starts each, alternating: a bare Textual app with a key line "
+              f"{ff['floor']['median_s']:.2f} s (median; {fmt_range(ff['floor']['all_s'])}), vtop as in (c) "
+              f"{ff['vtop']['median_s']:.2f} s ({fmt_range(ff['vtop']['all_s'])}): vtop adds "
+              f"{1000 * ff['vtop_minus_floor_s']:.0f} ms")
     fl = r["tmux_floor"]
     res = r["tmux_resolution"]
     print(f"tmux floor (same press-and-poll loop against cat): median {fl['median_ms']:.0f} ms, p95 {fl['p95_ms']:.0f} ms; "
@@ -500,6 +545,8 @@ def main() -> int:
     ap.add_argument("--presses", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each scenario this many times in a row (the GPU box's runs differ by up to 0.15 %%)")
+    ap.add_argument("--floor-starts", type=int, default=6,
+                    help="starts each of a bare Textual app and of vtop, alternating, for the first-frame floor (0: skip)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     a = ap.parse_args()
     warmup = 10.0
@@ -518,6 +565,9 @@ def main() -> int:
         r["first_frame_prime_s"], _ = tmux.wait_for("prime", footer_shown, timeout=30, since=t0)
         quit_vtop(tmux, "prime", pid)
         tmux.kill("prime")
+        if a.floor_starts:
+            print("first frame: bare Textual app / vtop, alternating ...", file=sys.stderr, flush=True)
+            r["first_frame_floor"] = first_frame_floor(tmux, a.floor_starts)
         r["scenarios"] = []
         for sc in SCENARIOS:
             if sc["id"] not in a.only:

@@ -71,3 +71,24 @@ def test_cpu_by_thread_names_the_thread_that_burned_it() -> None:
     per = thread_ms_per_s(a, b, 1.0)  # "per second" over a 1 s divisor: plain milliseconds
     assert 280 <= per["bench-burn"] <= 450, per
     assert "UI (main)" in per and per["UI (main)"] < 200, per
+
+
+def test_the_first_frame_floor_app_draws_what_the_bench_waits_for_and_quits_on_q() -> None:
+    """bench/textual_floor.py in a real terminal (tmux), driven as the bench drives it."""
+    import shutil
+
+    import run as benchrun  # bench/run.py
+    from harness import Tmux
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    tm = Tmux()
+    try:
+        pid, t0 = tm.new("floor", [sys.executable, str(Path(benchrun.__file__).parent / "textual_floor.py")])
+        ff, screen = tm.wait_for("floor", benchrun.footer_shown, timeout=30, since=t0)
+        assert ff is not None, screen
+        assert "textual floor" in screen
+        assert benchrun.quit_vtop(tm, "floor", pid) is not None  # q quits it (None: it had to be killed)
+    finally:
+        tm.close()
+    assert benchrun.fmt_range([0.31, None, 0.29]) == "0.29-0.31, 1 never drawn"
