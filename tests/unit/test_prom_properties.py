@@ -183,29 +183,6 @@ bucket_edit = st.one_of(
 )
 
 
-def apply_bucket_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-arg]
-    kind, i = op[0], op[1]
-    line = lines[i]
-    if kind == "le":
-        a = line.find('le="') + 4
-        lines[i] = line[:a] + op[2] + line[line.find('"', a):]
-    elif kind == "text":
-        lines[i] = line.replace(op[2][0], op[2][1], 1)
-    elif kind == "value":
-        lines[i] = line.rpartition(" ")[0] + " " + op[2]
-    else:
-        lines.insert(op[2], lines.pop(i))
-
-
-@FAST
-@given(st.lists(bucket_edit, min_size=1, max_size=8))
-def test_cold_parse_of_edited_buckets_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
-    lines = list(REAL_LINES)
-    for op in ops:
-        apply_bucket_edit(lines, op)
-    cold("\n".join(lines))
-
-
 BLOCK_IDX = [i for i in WANTED_IDX if "{" in REAL_LINES[i]]
 NAMES = sorted(prom._WANTED)
 
@@ -226,10 +203,13 @@ block_edit = st.one_of(
 )
 
 
-def apply_block_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-arg]
+def apply_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-arg]
     kind, i = op[0], op[1]
     line = lines[i]
-    if kind == "name":
+    if kind == "le":
+        a = line.find('le="') + 4
+        lines[i] = line[:a] + op[2] + line[line.find('"', a):]
+    elif kind == "name":
         if "{" in line:  # (a move may have put another line here)
             lines[i] = op[2] + line[line.index("{") :]
     elif kind == "text":
@@ -241,11 +221,11 @@ def apply_block_edit(lines: list[str], op: tuple) -> None:  # type: ignore[type-
 
 
 @FAST
-@given(st.lists(block_edit, min_size=1, max_size=8))
-def test_cold_parse_of_edited_label_blocks_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+@given(st.lists(st.one_of(bucket_edit, block_edit), min_size=1, max_size=8))
+def test_cold_parse_of_edited_buckets_and_label_blocks_matches_the_library(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     lines = list(REAL_LINES)
     for op in ops:
-        apply_block_edit(lines, op)
+        apply_edit(lines, op)
     cold("\n".join(lines))
 
 
