@@ -33,9 +33,9 @@ from vtop.clock import Clock, SystemClock
 from vtop.config import Config, ConfigError, build, parse_duration
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
-from vtop.sources.discovery import FALLBACK_URL, LOCAL_HOSTS, ServerProcess, discover_servers, normalize_url
-from vtop.sources.discovery import url_hostport, url_matches
+from vtop.sources.discovery import ServerProcess, discover_servers
 from vtop.sources.gpu import GpuPoll
+from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 SCHEMA = "vtop.report/1"
 MAX_REQUESTS = 50

@@ -204,7 +204,9 @@ def test_live_scan_tolerates_vanishing_processes(monkeypatch: pytest.MonkeyPatch
     # and the real table: no crash, whatever runs here
     monkeypatch.undo()
     assert isinstance(d.discover_servers(), list)
-    assert d.fallback_url == "http://localhost:8000"
+    from vtop.sources.urls import FALLBACK_URL
+
+    assert FALLBACK_URL == "http://localhost:8000"  # vLLM's default port
 
 
 def test_proc_reader_agrees_with_psutil() -> None:

@@ -45,13 +45,6 @@ from typing import Any
 from vtop.core.fmt import to_float as _float
 from vtop.core.fmt import to_int as _int
 from vtop.sources.procs import parse_stat
-from vtop.sources.urls import (  # noqa: F401 - re-exported: the URL helpers used to live here
-    FALLBACK_URL,
-    LOCAL_HOSTS,
-    normalize_url,
-    url_hostport,
-    url_matches,
-)
 
 __all__ = [
     "ProcRecord",
@@ -60,14 +53,10 @@ __all__ = [
     "Discovery",
     "discover",
     "discover_servers",
-    "fallback_url",
     "parse_human_int",
     "read_processes",
     "url_for",
 ]
-
-#: Where to look when no server process is found (vLLM's default port).
-fallback_url = "http://localhost:8000"
 
 DEFAULT_PORT = 8000
 _REDACTED = "***"

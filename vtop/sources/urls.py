@@ -3,7 +3,7 @@
 Apart from :mod:`vtop.sources.discovery` (its process scan and its regular
 expressions) so the dashboard can lay out a card for each URL in its first
 frame without importing the scanner, which then loads in the discovery
-thread. :mod:`vtop.sources.discovery` re-exports all of it.
+thread.
 """
 
 from __future__ import annotations
