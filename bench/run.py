@@ -28,6 +28,9 @@ Per scenario:
   priming start whose first frame is reported apart), as an installed vtop has.
 * first frame: from just before ``tmux new-session`` to the first
   ``capture-pane`` showing the footer's key hints; polled every 10 ms.
+  Each scenario starts 5 times (``--starts``), each quit at its first frame
+  but the last, which goes on to be measured: the median is judged (one
+  start is one draw of what else the box was doing), the slowest is shown.
   "first data": until the status bar shows the GPUs / servers answering.
   Before the scenarios, the floor under it: a bare Textual app with a key
   line (bench/textual_floor.py) and vtop as in (c), started in turn
@@ -206,7 +209,23 @@ def first_frame_floor(tmux: Tmux, n: int) -> dict[str, Any]:
     return out
 
 
-def run_scenario(tmux: Tmux, sc: dict[str, Any], warmup: float, window: float, presses: int) -> dict[str, Any]:
+def extra_first_frames(tmux: Tmux, argv: list[str], n: int) -> list[float | None]:
+    """``n`` more starts of the scenario's own command line (its servers up), each
+    quit as soon as its first frame shows: one start is one sample of a figure
+    that moves with what else the box is doing at that moment."""
+    out: list[float | None] = []
+    for _ in range(n):
+        pid, t0 = tmux.new("ff-extra", argv)
+        ff, _ = tmux.wait_for("ff-extra", footer_shown, timeout=30, since=t0)
+        out.append(ff)
+        quit_vtop(tmux, "ff-extra", pid)
+        tmux.kill("ff-extra")
+        time.sleep(0.3)
+    return out
+
+
+def run_scenario(tmux: Tmux, sc: dict[str, Any], warmup: float, window: float, presses: int,
+                 starts: int = 1) -> dict[str, Any]:
     name = f"sc-{sc['id']}"
     res: dict[str, Any] = {"id": sc["id"], "label": sc["label"], "gpus": sc["gpus"], "servers": sc["servers"]}
     port_sock = None
@@ -219,10 +238,14 @@ def run_scenario(tmux: Tmux, sc: dict[str, Any], warmup: float, window: float, p
             urls = [f"http://127.0.0.1:{port}"]
         argv = vtop_args(sc["gpus"], urls)
         res["argv"] = " ".join(argv[1:] if argv[0].endswith("vtop") else argv)
+        extra = extra_first_frames(tmux, argv, starts - 1)
         res["loadavg_before"] = loadavg()
         pid, t0 = tmux.new(name, argv)
         ff, screen = tmux.wait_for(name, footer_shown, timeout=30, since=t0)
         res["first_frame_s"] = ff
+        res["first_frames_s"] = [None if x is None else round(x, 3) for x in extra + [ff]]
+        seen = [x for x in extra + [ff] if x is not None]
+        res["first_frame_median_s"] = statistics.median(seen) if seen else None
         fd, screen = tmux.wait_for(name, data_shown(sc), timeout=30, since=t0)
         res["first_data_s"] = fd
         if fd is None:
@@ -419,6 +442,16 @@ def fmt_key(k: dict[str, Any] | None) -> str:
     return f"{k['median_ms']:4.0f} /{k['p95_ms']:4.0f} {mark(k['p95_ms'], TARGETS['key_ms'])}{miss}"
 
 
+def fmt_first_frame(s: dict[str, Any]) -> str:
+    """The median of the scenario's starts, the slowest in brackets; PASS/MISS on the median."""
+    xs = [x for x in s.get("first_frames_s") or [s["first_frame_s"]] if x is not None]
+    med = s.get("first_frame_median_s", s["first_frame_s"])
+    if med is None or not xs:
+        return "-"
+    worst = f" ({max(xs):.2f})" if len(xs) > 1 else ""
+    return f"{med:.2f}{worst} {mark(med, TARGETS['first_frame_s'])}"
+
+
 def repeated_cpu(scenarios: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Scenario id -> its CPU figures (% of a core), for the scenarios run more than once."""
     by: dict[str, list[float]] = {}
@@ -435,10 +468,10 @@ def print_report(r: dict[str, Any]) -> None:
           f"vtop {m['vtop']} ({m['git_head']}{', vtop/ modified' if m['vtop_tree_dirty'] else ''}), {m['tmux']}")
     print(f"120x40 tmux pane, --interval 1; CPU over {r['window_s']:.0f} s after a {r['warmup_s']:.0f} s warm-up; "
           f"key '{KEY}' pressed {r['presses']} times")
-    cols = ["scenario", "CPU s/min", "% core", "peak RSS MB", "1st frame s", "1st data s",
+    cols = ["scenario", "CPU s/min", "% core", "peak RSS MB", "1st frame s (max)", "1st data s",
             "key ms med/p95", "key ms med/p95, hung"]
     tgt = ["target", "", f"<= {TARGETS['cpu_pct']:.2f}", f"<= {TARGETS['rss_mb']:.0f}",
-           f"<= {TARGETS['first_frame_s']}", "", f"p95 <= {TARGETS['key_ms']:.0f}", f"p95 <= {TARGETS['key_ms']:.0f}"]
+           f"med <= {TARGETS['first_frame_s']}", "", f"p95 <= {TARGETS['key_ms']:.0f}", f"p95 <= {TARGETS['key_ms']:.0f}"]
     rows = [cols, tgt]
     for s in r["scenarios"]:
         rows.append([
@@ -446,7 +479,7 @@ def print_report(r: dict[str, Any]) -> None:
             f"{s['cpu_s_per_min']:.3f}",
             f"{s['cpu_pct']:.2f} {mark(s['cpu_pct'], TARGETS['cpu_pct'])}",
             f"{s['peak_rss_mb']:.1f} {mark(s['peak_rss_mb'], TARGETS['rss_mb'])}",
-            "-" if s["first_frame_s"] is None else f"{s['first_frame_s']:.2f} {mark(s['first_frame_s'], TARGETS['first_frame_s'])}",
+            fmt_first_frame(s),
             "-" if s["first_data_s"] is None else f"{s['first_data_s']:.2f}",
             fmt_key(s.get("key")),
             fmt_key(s.get("key_hung")) if s["servers"] else "- (nothing to hang)",
@@ -545,6 +578,8 @@ def main() -> int:
     ap.add_argument("--presses", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each scenario this many times in a row (the GPU box's runs differ by up to 0.15 %%)")
+    ap.add_argument("--starts", type=int, default=5,
+                    help="first frames per scenario: this many starts, the last one measured on; the median is judged")
     ap.add_argument("--floor-starts", type=int, default=6,
                     help="starts each of a bare Textual app and of vtop, alternating, for the first-frame floor (0: skip)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
@@ -574,7 +609,7 @@ def main() -> int:
                 continue
             for k in range(max(1, a.repeat)):
                 print(f"scenario {sc['label']} ...", file=sys.stderr, flush=True)
-                res = run_scenario(tmux, sc, warmup, window, a.presses)
+                res = run_scenario(tmux, sc, warmup, window, a.presses, a.starts)
                 if a.repeat > 1:
                     res["label"] += f" #{k + 1}"
                 r["scenarios"].append(res)
