@@ -92,3 +92,15 @@ def test_the_first_frame_floor_app_draws_what_the_bench_waits_for_and_quits_on_q
     finally:
         tm.close()
     assert benchrun.fmt_range([0.31, None, 0.29]) == "0.29-0.31, 1 never drawn"
+
+
+def test_the_first_frame_column_judges_the_median_of_the_starts_and_shows_the_slowest() -> None:
+    import run  # bench/run.py
+
+    s = {"first_frame_s": 0.58, "first_frames_s": [0.31, 0.29, None, 0.35, 0.58], "first_frame_median_s": 0.33}
+    assert run.fmt_first_frame(s) == "0.33 (0.58) PASS"
+    s = {"first_frame_s": 0.52, "first_frames_s": [0.61, 0.52, 0.49], "first_frame_median_s": 0.52}
+    assert run.fmt_first_frame(s) == "0.52 (0.61) MISS"
+    # an older result file: one start, judged as it was
+    assert run.fmt_first_frame({"first_frame_s": 0.41}) == "0.41 PASS"
+    assert run.fmt_first_frame({"first_frame_s": None, "first_frames_s": [None]}) == "-"
