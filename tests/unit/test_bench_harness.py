@@ -104,3 +104,25 @@ def test_the_first_frame_column_judges_the_median_of_the_starts_and_shows_the_sl
     # an older result file: one start, judged as it was
     assert run.fmt_first_frame({"first_frame_s": 0.41}) == "0.41 PASS"
     assert run.fmt_first_frame({"first_frame_s": None, "first_frames_s": [None]}) == "-"
+
+
+def test_the_key_trace_splits_a_press_at_its_action_and_the_next_frame() -> None:
+    import key_trace  # bench/key_trace.py
+
+    events = [
+        ["frame", 0.990, 0.995],          # before the press: not its frame
+        ["action", 1.004, 1.0042],
+        ["cb task Timer._run_timer", 1.010, 1.018],
+        ["frame", 1.018, 1.019],
+        ["action", 2.006, 2.0061],        # the next press
+        ["frame", 2.020, 2.021],
+    ]
+    rows = key_trace.split([(1.000, 0.025), (2.000, 0.030), (3.000, None)], events)
+    assert len(rows) == 2
+    first = rows[0]
+    assert round(first["seen_ms"], 3) == 25.0
+    assert round(first["send_to_action_ms"], 3) == 4.0
+    assert round(first["action_to_frame_ms"], 3) == 15.0  # to the end of the frame written after the action
+    assert round(first["frame_to_seen_ms"], 3) == 6.0
+    assert [k for k, _, _ in first["during"]] == ["action", "cb task Timer._run_timer", "frame"]
+    assert round(rows[1]["action_to_frame_ms"], 3) == 15.0
