@@ -139,3 +139,31 @@ async def test_rows_drawn_every_second_skip_a_filter_that_would_change_nothing(m
         await rp.feed(app, clock, until_t=30)
         await pilot.pause()
         assert any(isinstance(f, Monochrome) for f in app.query_one(ServerCard).get_line_filters())
+
+
+async def test_a_fast_scrape_reads_under_10ms_so_its_jitter_repaints_nothing_and_a_slow_one_shows() -> None:
+    import dataclasses
+
+    from vtop.ui.widgets.server_panel import fmt_scrape
+
+    assert fmt_scrape(0.0021) == fmt_scrape(0.0098) == "<10ms"
+    assert fmt_scrape(0.012) == "12ms" and fmt_scrape(0.31) == "310ms" and fmt_scrape(2.5) == "2.50s"
+    assert fmt_scrape(None) == "-"
+    clock = rp.make_clock()
+    app = app_for_replay(clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await rp.feed(app, clock, until_t=190)
+        await pilot.pause()
+        card = app.query_one(ServerCard)
+        view = app.servers.entries[rp.URL].last_view
+        assert view is not None
+        width = card.content_width()
+
+        def lines_at(latency_s: float) -> list[list[tuple[str, str]]]:
+            card.view = dataclasses.replace(view, latency_s=latency_s)
+            return card.lines(width)
+
+        assert lines_at(0.002) == lines_at(0.004)  # the row would not be repainted
+        slow = lines_at(0.240)
+        assert slow != lines_at(0.004)
+        assert any("scrape 240ms" in text for row in slow for text, _ in row)

@@ -52,6 +52,20 @@ def fmt_secs(v: float | None) -> str:
     return f"{v:.2f}s" if v < 10 else f"{v:.0f}s"
 
 
+#: Below this a scrape is simply fast: the card says so instead of the exact figure.
+FAST_SCRAPE_S = 0.010
+
+
+def fmt_scrape(v: float | None) -> str:
+    """How long ``/metrics`` took, for the card. Under 10 ms it reads ``<10ms``: a healthy
+    server answers in 1-5 ms and the digit only jittered, repainting its row every
+    second for nothing; what matters is a slow one (an API server busy tokenizing or
+    stalled), which shows in full."""
+    if v is not None and v < FAST_SCRAPE_S:
+        return f"<{FAST_SCRAPE_S * 1000:.0f}ms"
+    return fmt_secs(v)
+
+
 def fmt_q(name: str, q: Quantiles) -> str:
     if q.p50 is None:
         return f"{name} -"
@@ -188,7 +202,7 @@ class ServerCard(_RunsWidget):
         return [
             f"prompt {fmt_num(v.prompt_tps)}/s",
             f"preempt {pre}",
-            f"scrape {fmt_secs(v.latency_s)}",
+            f"scrape {fmt_scrape(v.latency_s)}",
             hit,
         ]
 
