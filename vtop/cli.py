@@ -143,8 +143,30 @@ def limit_malloc_arenas() -> None:
         pass
 
 
+#: Textual's cap on screen updates a second (``TEXTUAL_FPS``, 60 by default), set before
+#: Textual is imported unless the user set it. See :func:`textual_frame_rate`.
+TEXTUAL_FPS = "120"
+
+
+def textual_frame_rate() -> None:
+    """Let Textual update the screen up to 120 times a second instead of 60.
+
+    Textual draws on a timer that runs at most ``TEXTUAL_FPS`` times a second and,
+    after each frame, sleeps until the next tick but one of its grid: a key pressed
+    within ~33 ms of any frame (vtop draws one a second, and a pressed key's own
+    follow-ups) waited up to 33 ms before its relayout began. bench/key_trace.py
+    showed it as the slowest presses' gap (25-30 ms of 40-60 ms; the dev VM, a
+    server hung). At 120 the wait is at most ~17 ms. vtop draws once a second
+    either way; a faster cap only lets frames that are asked for sooner (a key, a
+    scroll) come sooner, and Textual's animations keep their own 60 a second."""
+    import os
+
+    os.environ.setdefault("TEXTUAL_FPS", TEXTUAL_FPS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas()
+    textual_frame_rate()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("replay", "demo"):
         return _run_replay(argv[1:], f"vtop {argv[0]}")

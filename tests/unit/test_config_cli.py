@@ -79,3 +79,25 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for flag in ("--interval", "--history", "--no-gpu", "--version", "URL"):
         assert flag in out
+
+
+@pytest.mark.parametrize("env, want", [(None, "120 0.00833"), ("30", "30 0.03333")])
+def test_the_dashboard_lets_textual_draw_up_to_120_frames_a_second_unless_told(env, want) -> None:  # type: ignore[no-untyped-def]
+    """A key's relayout waits for Textual's update timer, at most two of its periods
+    after a frame: 33 ms at Textual's default 60 a second, 17 ms at 120. The user's
+    TEXTUAL_FPS stands. Checked on Textual's own constants in a fresh process, after
+    vtop's main() has started (and stopped at --version)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import vtop.cli as c\n"
+            "try:\n    c.main(['--version'])\nexcept SystemExit:\n    pass\n"
+            "import textual.constants as k, textual.screen as s\n"
+            "print(k.MAX_FPS, f'{s.UPDATE_PERIOD:.5f}')")
+    e = {k: v for k, v in os.environ.items() if k != "TEXTUAL_FPS"}
+    if env is not None:
+        e["TEXTUAL_FPS"] = env
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=e)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == want
