@@ -248,15 +248,20 @@ def _priced(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             cost, due.cost = due.cost, 0.0  # a nested call (init with flags) pays once
             if cost > 0:
-                end = t0 + cost
-                while (left := end - time.thread_time()) > 0:
-                    # Hashing 2 KB or more lets go of the GIL, as a real call (ctypes) does: a
-                    # bare loop would hold it and stall the UI thread as real NVML never does.
-                    # The last few microseconds go in small steps: one 4 KB step (~10 us) at
-                    # the end overshot the price by 5 us a call on average, 45 % of a power read.
-                    hashlib.sha256(_BURN if left > _TAIL_S else _TAIL)
+                _spin_until(t0 + cost)
 
     return call
+
+
+def _spin_until(end: float) -> None:
+    """Burn this thread's CPU time until ``end`` (``time.thread_time``).
+
+    Hashing 2 KB or more lets go of the GIL, as a real call (ctypes) does: a bare loop
+    would hold it and stall the UI thread as real NVML never does. The last few
+    microseconds go in small steps: whole 4 KB steps (~10 us on the dev VM) overshot
+    each price by ~5 us on average, 45 % of an 11 us power read."""
+    while (left := end - time.thread_time()) > 0:
+        hashlib.sha256(_BURN if left > _TAIL_S else _TAIL)
 
 
 _BURN = bytes(2048)  # CPython hashes at least 2048 bytes with the GIL released (~5 us)
