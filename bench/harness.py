@@ -507,6 +507,28 @@ def closed_port() -> tuple[int, object]:
 
 
 # ------------------------------------------------------------------- machine
+def python_speed_ms(rounds: int = 7) -> float:
+    """CPU time (median of ``rounds``, ms) of a fixed pure-Python loop of formatting and
+    dict work, the kind vtop's UI thread does: how fast this box runs Python. The same
+    vtop code cost 5.6-7.4 ms a second of UI thread on different GPU boxes of one type;
+    this puts a number on the box beside each run."""
+    import statistics
+
+    def work() -> int:
+        d: dict[str, int] = {}
+        for i in range(20000):
+            s = f"{i:5d} {i * 0.5:.1f}% {i % 7}"
+            d[s[-6:]] = len(s) + d.get(s[-6:], 0)
+        return sum(d.values())
+
+    times = []
+    for _ in range(rounds):
+        t = time.thread_time()
+        work()
+        times.append(time.thread_time() - t)
+    return 1000 * statistics.median(times)
+
+
 def machine_info() -> dict[str, object]:
     model = ""
     try:
@@ -551,6 +573,7 @@ def machine_info() -> dict[str, object]:
         "git_head": git("rev-parse", "--short", "HEAD"),
         "vtop_tree_dirty": bool(git("status", "--porcelain", "--", "vtop")),
         "loadavg_start": loadavg(),
+        "python_speed_ms": round(python_speed_ms(), 2),
     }
 
 

@@ -466,6 +466,9 @@ def print_report(r: dict[str, Any]) -> None:
     print()
     print(f"vtop overhead: {m['cpu_model']}, {m['nproc']} CPUs, Python {m['python']}, Textual {m['textual']}, "
           f"vtop {m['vtop']} ({m['git_head']}{', vtop/ modified' if m['vtop_tree_dirty'] else ''}), {m['tmux']}")
+    if m.get("python_speed_ms"):
+        print(f"this box's Python speed: a reference loop in {m['python_speed_ms']:.1f} ms of CPU (lower is faster; "
+              "the same vtop costs more on a slower box)")
     print(f"120x40 tmux pane, --interval 1; CPU over {r['window_s']:.0f} s after a {r['warmup_s']:.0f} s warm-up; "
           f"key '{KEY}' pressed {r['presses']} times")
     cols = ["scenario", "CPU s/min", "% core", "peak RSS MB", "1st frame s (max)", "1st data s",
