@@ -210,10 +210,11 @@ def _sh_quote(s: str) -> str:
 
 
 def key_latencies(tmux: Tmux, name: str, key: str, shown: Callable[[str], bool], n: int,
-                  timeout: float = 5.0, seed: int = 1) -> list[float | None]:
+                  timeout: float = 5.0, seed: int = 1, sent: list[float] | None = None) -> list[float | None]:
     """Press ``key`` ``n`` times; each press flips ``shown(screen)``. Seconds from send-keys to the
     first capture that shows the flip (None: not within ``timeout``). Presses are spaced by a random
-    0.1-0.4 s so they land at every phase of the app's 1 Hz repaint."""
+    0.1-0.4 s so they land at every phase of the app's 1 Hz repaint. ``sent`` gets each press's
+    send time (``time.monotonic``)."""
     import random
 
     rnd = random.Random(seed)
@@ -222,6 +223,8 @@ def key_latencies(tmux: Tmux, name: str, key: str, shown: Callable[[str], bool],
     for _ in range(n):
         time.sleep(0.1 + 0.3 * rnd.random())
         t0 = time.monotonic()
+        if sent is not None:
+            sent.append(t0)
         tmux.send_keys(name, key)
         took, screen = tmux.wait_for(name, lambda s, want=not state: shown(s) == want, timeout=timeout, since=t0)
         out.append(took)

@@ -35,7 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from harness import ServerProcess, Tmux  # noqa: E402
+from harness import ServerProcess, Tmux, key_latencies  # noqa: E402
+from run import KEY, log_pane_shown  # noqa: E402  (the bench's own key and test of the screen)
 
 
 def _app_main(trace: str) -> None:
@@ -116,25 +117,6 @@ def _stats(xs: list[float]) -> str:
     return f"median {statistics.median(xs):5.1f}  p95 {p95:5.1f}  max {xs[-1]:5.1f} ms"
 
 
-def _press(tmux: Tmux, name: str, n: int) -> list[tuple[float, float | None]]:
-    """``n`` presses of ``l`` as bench/run.py presses them: (send time, seconds until seen)."""
-    import random
-
-    rnd = random.Random(3)
-    from run import log_pane_shown as shown  # the same test of the screen as the bench's
-
-    state = shown(tmux.capture(name))
-    out: list[tuple[float, float | None]] = []
-    for _ in range(n):
-        time.sleep(0.1 + 0.3 * rnd.random())
-        t0 = time.monotonic()
-        tmux.send_keys(name, "l")
-        took, screen = tmux.wait_for(name, lambda s, want=not state: shown(s) == want, timeout=5, since=t0)
-        out.append((t0, took))
-        state = shown(screen)
-    return out
-
-
 def split(presses: list[tuple[float, float | None]], events: list[list]) -> list[dict]:  # type: ignore[type-arg]
     """Each press split at its action and at the end of the first frame written after it."""
     actions = [e for e in events if e[0] == "action"]
@@ -180,7 +162,9 @@ def main() -> int:
             if not a.no_hang:
                 sp.control(0, "hang")
                 tmux.wait_for("kt", lambda s: "STALE" in s, timeout=20)
-            presses = _press(tmux, "kt", a.n)
+            sent: list[float] = []
+            took = key_latencies(tmux, "kt", KEY, log_pane_shown, a.n, seed=3, sent=sent)
+            presses = list(zip(sent, took))
             tmux.send_keys("kt", "q")
             for _ in range(200):
                 if Path(trace).exists() and Path(trace).stat().st_size:

@@ -179,6 +179,15 @@ def quit_vtop(tmux: Tmux, name: str, pid: int, timeout: float = 5.0) -> float | 
     return None
 
 
+def one_first_frame(tmux: Tmux, name: str, argv: list[str]) -> float | None:
+    """Start ``argv`` in a tmux window, time its first frame (the key line shown), quit it."""
+    pid, t0 = tmux.new(name, argv)
+    ff, _ = tmux.wait_for(name, footer_shown, timeout=30, since=t0)
+    quit_vtop(tmux, name, pid)
+    tmux.kill(name)
+    return ff
+
+
 def first_frame_floor(tmux: Tmux, n: int) -> dict[str, Any]:
     """First frames of bench/textual_floor.py (a bare Textual app with a key
     line) and of vtop as in (c), ``n`` starts each, alternating: the box's and
@@ -192,11 +201,7 @@ def first_frame_floor(tmux: Tmux, n: int) -> dict[str, Any]:
     try:
         for i in range(n):
             for k in (("floor", "vtop") if i % 2 == 0 else ("vtop", "floor")):
-                pid, t0 = tmux.new("ff", argvs[k])
-                ff, _ = tmux.wait_for("ff", footer_shown, timeout=30, since=t0)
-                got[k].append(ff)
-                quit_vtop(tmux, "ff", pid)
-                tmux.kill("ff")
+                got[k].append(one_first_frame(tmux, "ff", argvs[k]))
                 time.sleep(0.3)
     finally:
         sock.close()  # type: ignore[attr-defined]
@@ -215,11 +220,7 @@ def extra_first_frames(tmux: Tmux, argv: list[str], n: int) -> list[float | None
     that moves with what else the box is doing at that moment."""
     out: list[float | None] = []
     for _ in range(n):
-        pid, t0 = tmux.new("ff-extra", argv)
-        ff, _ = tmux.wait_for("ff-extra", footer_shown, timeout=30, since=t0)
-        out.append(ff)
-        quit_vtop(tmux, "ff-extra", pid)
-        tmux.kill("ff-extra")
+        out.append(one_first_frame(tmux, "ff-extra", argv))
         time.sleep(0.3)
     return out
 
@@ -599,10 +600,8 @@ def main() -> int:
         r["tmux_floor"] = stats_ms(tmux_floor(tmux, a.presses))
         # One start before the measured ones: the first after a while also reads vtop and Textual from
         # disk (and may write .pyc files); the scenarios then start as a user's second start does.
-        pid, t0 = tmux.new("prime", vtop_cmd() + ["--no-gpu", "--interval", "1", "http://127.0.0.1:9"])
-        r["first_frame_prime_s"], _ = tmux.wait_for("prime", footer_shown, timeout=30, since=t0)
-        quit_vtop(tmux, "prime", pid)
-        tmux.kill("prime")
+        r["first_frame_prime_s"] = one_first_frame(
+            tmux, "prime", vtop_cmd() + ["--no-gpu", "--interval", "1", "http://127.0.0.1:9"])
         if a.floor_starts:
             print("first frame: bare Textual app / vtop, alternating ...", file=sys.stderr, flush=True)
             r["first_frame_floor"] = first_frame_floor(tmux, a.floor_starts)
