@@ -14,10 +14,13 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
+from tests.conftest import fake_gpus, make_app
+from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.demo import demo_path
 from vtop.ui.replay import replay_app
 from vtop.ui.widgets.frame_memo import FrameMemo, MemoScreen, MemoStatic
+from vtop.ui.widgets.gpu_panel import GpuCard, GpuLines, GpuPanel, _RunsWidget
 
 
 def test_textual_keeps_what_the_memo_reads() -> None:
@@ -111,3 +114,65 @@ async def test_frames_drawn_with_the_memo_equal_textuals_own(size: tuple[int, in
             checked += 1
         assert checked >= 8
         assert hits > 0  # the memo was used, not merely harmless
+        assert framed(app) > 0  # and changed rows were framed by vtop between the checks
+
+
+def framed(app) -> int:  # type: ignore[no-untyped-def]
+    return sum(w.rows_framed for w in app.screen.walk_children() if isinstance(w, _RunsWidget))
+
+
+@pytest.mark.parametrize("gpus", [8, 2])
+async def test_rows_framed_by_vtop_are_the_rows_textual_draws(gpus: int, clock: FakeClock) -> None:
+    """A poll, a frame, a comparison: 8 GPUs are lines (no border, no padding), 2 are cards (a
+    round border and padding). Changed rows are framed by vtop (counted), and every screen is
+    the one Textual draws from scratch; a stale panel (60 % opacity) is framed by Textual only,
+    and so are the frames after it, once the tint is gone."""
+    src, _ = fake_gpus(gpus, clock)
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        kind = GpuLines if gpus == 8 else GpuCard
+        for _ in range(3):
+            await app.poll_gpu_once()
+            clock.advance(1.0)
+            await pilot.pause()
+        app.screen._compositor.render_strips()  # every row drawn once by Textual
+        assert app.query_one(GpuPanel).compact == (gpus == 8)
+        widgets = [w for w in app.query(kind) if w.display]  # the layout this case is about
+        assert widgets
+        seen = []
+        for step in range(16):
+            stale = 5 <= step < 8  # the panel fades: Textual redraws the faded widgets whole
+            if app.w_gpu.has_class("-stale") != stale:
+                app.w_gpu.set_class(stale, "-stale")
+                await pilot.pause()
+            tinted = 10 <= step < 13  # a tint recolours the content: rows drawn before it stay
+            for w in widgets:
+                w.styles.tint = "red 30%" if tinted else None
+            await pilot.pause()
+            before = framed(app)
+            await app.poll_gpu_once()
+            clock.advance(1.0)
+            await pilot.pause()
+            drawn = rows(app.screen._compositor.render_strips())
+            seen.append(framed(app) - before)
+            assert drawn == fresh_screen(app), f"step {step}: a framed row differs from Textual's"
+            app.screen._compositor.render_strips()  # the caches fresh_screen dropped, filled again
+        # Fresh GPU readings change rows every poll: framed here, but while faded or tinted.
+        assert all(n > 0 for i, n in enumerate(seen) if not (5 <= i < 8 or 10 <= i < 13)), seen
+        assert seen[5:8] == [0, 0, 0] and seen[10:13] == [0, 0, 0], seen
+
+
+async def test_switched_off_every_row_goes_through_textual(clock: FakeClock) -> None:
+    src, _ = fake_gpus(8, clock)
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        _RunsWidget.FRAME_CHANGED_ROWS = False
+        try:
+            for _ in range(5):
+                await app.poll_gpu_once()
+                clock.advance(1.0)
+                await pilot.pause()
+                app.screen._compositor.render_strips()
+            assert framed(app) == 0
+        finally:
+            _RunsWidget.FRAME_CHANGED_ROWS = True
