@@ -243,3 +243,25 @@ async def test_current_theme_follows_theme_changes(clock: FakeClock) -> None:
         assert app.ansi_theme is app.ansi_theme_light  # the new theme is a light one
         app.unregister_theme("nord")
         assert app.current_theme.name != "nord"
+
+
+async def test_changed_rows_reach_the_screen_without_waking_the_widget(clock: FakeClock) -> None:
+    """New readings repaint the GPU lines through the screen alone: the widget's own message
+    pump is not prompted (a wake a second per widget for nothing), and the screen shows them."""
+    src, _ = fake_gpus(8, clock)
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(app, clock, 5)
+        await pilot.pause()
+        lines = app.query_one(GpuLines)
+        prompts = []
+        orig = lines.check_idle
+        lines.check_idle = lambda: (prompts.append(1), orig())[1]  # type: ignore[method-assign]
+        shown = []
+        for _ in range(5):
+            await feed(app, clock, 1)
+            await pilot.pause()
+            shown.append("\n".join(s.text for s in app.screen._compositor.render_strips()[:12]))
+        assert prompts == []
+        assert len(set(shown)) == 5  # each poll's readings reached the screen
+        assert lines.line_of(0)[:40] in shown[-1]

@@ -16,6 +16,7 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import messages
 from textual.app import ComposeResult
 from textual.strip import Strip
 from textual.containers import Container
@@ -221,7 +222,26 @@ class _RunsWidget(FrameMemo, Widget):
             return
         changed = [Region(0, y, width, 1) for y, (a, b) in enumerate(zip(shown, new)) if a != b]
         if changed:
-            self.refresh(*changed)  # one call: each also clears caches and wakes the screen
+            self.repaint_rows(changed)
+
+    def repaint_rows(self, regions: list[Region]) -> None:
+        """Redraw these rows (content coordinates) at the screen's next update.
+
+        ``refresh(*regions)`` marks them dirty and then wakes this widget's own
+        message pump (a ``Prompt``, then an ``Idle``) only for it to post an
+        ``Update`` to the screen. With 8 GPUs + 2 servers that is three widget
+        wakes a second, each a pass through Textual's message loop and its
+        handler lookup: the rows are marked dirty here and the ``Update`` goes to
+        the screen directly. Size and styles are unchanged (a row count that
+        changes goes through ``refresh``), so nothing else ``refresh`` resets
+        applies. tests/ui/test_frame_memo.py checks that each frame equals
+        Textual's own, and tests/ui/test_gpu_panel.py that the widget's pump
+        is not woken."""
+        if not self.is_mounted or not self.display:
+            self.refresh(*regions)
+            return
+        self._set_dirty(*regions)
+        self.screen.post_message(messages.Update(self))
 
     def notify_style_update(self) -> None:
         self._styles.clear()
