@@ -265,3 +265,4 @@ async def test_changed_rows_reach_the_screen_without_waking_the_widget(clock: Fa
         assert prompts == []
         assert len(set(shown)) == 5  # each poll's readings reached the screen
         assert lines.line_of(0)[:40] in shown[-1]
+

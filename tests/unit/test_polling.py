@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,44 @@ def test_long_names_are_cut_to_the_kernels_15_bytes_and_nothing_raises() -> None
     t.start()
     t.join(5)
     assert out["comm"] == "vtop-a-very-lon"
+
+
+def test_an_at_tick_loop_leaves_one_result_for_the_tick_and_waits_for_it() -> None:
+    """The result waits (no wake-up of the UI thread); the thread polls again only once it is
+    applied, and then so as to be done before the next tick: nothing is lost, repeated or
+    overlapped, and what the tick shows is fresh."""
+    starts: list[float] = []
+    ends: list[float] = []
+    got: list[Any] = []
+    polled = threading.Event()
+
+    def poll() -> int:
+        starts.append(time.monotonic())
+        time.sleep(0.06)  # a poll that takes a while: the next starts early enough for it
+        ends.append(time.monotonic())
+        polled.set()
+        return len(starts)
+
+    interval = 0.6
+    loop = PollLoop(None, "gpu", interval, poll, lambda r, e: got.append((r, e)), at_tick=True)  # type: ignore[arg-type]
+    loop._loop = asyncio.new_event_loop()  # never run: an at-tick loop must not need it
+    loop._thread = threading.Thread(target=loop._run, daemon=True)
+    loop._thread.start()
+    try:
+        assert polled.wait(5)
+        time.sleep(2 * interval)  # two intervals: it waits for its result to be taken
+        assert len(starts) == 1 and got == []
+        for n in (1, 2, 3):
+            polled.clear()
+            tick = time.monotonic()
+            assert loop.collect() is True
+            assert got[-1] == (n, None) and len(got) == n
+            assert loop.collect() is False  # taken once
+            assert polled.wait(5)
+            # not at once, and done before the next tick (it starts ~0.43 s after this one)
+            assert starts[-1] - tick >= 0.5 * interval, starts[-1] - tick
+            assert ends[-1] - tick < interval, ends[-1] - tick
+        assert loop.polls == 3
+    finally:
+        loop.stop()
+        loop._loop.close()

@@ -270,7 +270,8 @@ class VtopApp(App[int]):
 
     def _start_polling(self) -> None:
         if self.gpu_source is not None:
-            self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result)
+            self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result,
+                                     at_tick=True)
             self.gpu_loop.start()
         if self.log_watch is not None:
             self._start_log_loop()
@@ -365,7 +366,8 @@ class VtopApp(App[int]):
 
     def _start_log_loop(self) -> None:
         assert self.log_watch is not None
-        self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result)
+        self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result,
+                                 at_tick=True)
         self.log_loop.start()
 
     def _on_first_discovery(self, servers: list[Any]) -> None:
@@ -493,6 +495,9 @@ class VtopApp(App[int]):
 
     def _tick(self) -> None:
         """Every interval: paint what arrived, and notice sources that went quiet."""
+        for loop in (self.gpu_loop, self.log_loop):
+            if loop is not None:
+                loop.collect()
         self.servers.tick()
         self.paint()
         self._watchdog()
