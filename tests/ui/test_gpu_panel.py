@@ -266,3 +266,23 @@ async def test_changed_rows_reach_the_screen_without_waking_the_widget(clock: Fa
         assert len(set(shown)) == 5  # each poll's readings reached the screen
         assert lines.line_of(0)[:40] in shown[-1]
 
+
+def test_gpu_process_names_are_looked_up_when_the_pids_change_or_every_4_s(clock: FakeClock) -> None:
+    """A lookup reads /proc for every GPU process: not every second for the same PIDs."""
+    src, _ = fake_gpus(8, clock)
+    app = make_app(src)
+    looked: list[list[int]] = []
+    real = app._names.names
+    app._names.names = lambda pids: (looked.append(list(pids)), real(pids))[1]  # type: ignore[method-assign]
+    shown = []
+    for _ in range(9):  # 9 polls a second apart
+        poll, names = app._gpu_poll_blocking()
+        shown.append(names)
+        clock.advance(1.0)
+    assert looked == [list(range(4000, 4008))] * 3  # at 0, 4 and 8 s
+    assert all(set(n) == set(range(4000, 4008)) for n in shown)  # every poll has the names
+    t = clock.monotonic()
+    app._names_for((1, 2), t)
+    app._names_for((1, 2), t + 1)
+    app._names_for((1, 3), t + 1.5)  # a process came and went: looked up at once
+    assert looked[3:] == [[1, 2], [1, 3]]
