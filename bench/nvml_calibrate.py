@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -77,11 +78,108 @@ def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str
     return {k: 1e6 * statistics.median(v) for k, v in times.items()}
 
 
+def alternatives(N: Any, handle: object, polls: int, gap_s: float) -> dict[str, Any]:
+    """CPU time of other calls that answer what vtop asks every second, and what they answer.
+
+    Memory through ``nvmlDeviceGetMemoryInfo_v2`` (used + reserved is v1's used), power as a
+    field value, utilization as the driver's own samples since the last call: each is worth
+    using only if it costs less than the call vtop makes now and says the same thing.
+
+    These run one after another in a tick, so each is timed after the ones before it: the
+    first call of a tick costs ~40 us more than later ones, and a call just after a related
+    one can be answered from the driver's cache (v2 right after v1: 31-34 us on the H200;
+    in vtop's place, after utilization: 97 us, against 79 for v1). :func:`memory_versions`
+    is the fair comparison for memory; none of these replaced vtop's calls.
+    """
+    n = N
+    last_ts = [0]
+
+    def util_samples() -> Any:
+        kind, samples = n.nvmlDeviceGetSamples(handle, n.NVML_GPU_UTILIZATION_SAMPLES, last_ts[0])
+        if samples:
+            last_ts[0] = samples[-1].timeStamp
+        return samples
+
+    calls: dict[str, Callable[[], Any]] = {
+        "memory_v1": lambda: n.nvmlDeviceGetMemoryInfo(handle),
+        "memory_v2": lambda: n.nvmlDeviceGetMemoryInfo(handle, version=n.nvmlMemory_v2),
+        "power": lambda: n.nvmlDeviceGetPowerUsage(handle),
+        "power_field_instant": lambda: n.nvmlDeviceGetFieldValues(handle, [n.NVML_FI_DEV_POWER_INSTANT]),
+        "utilization": lambda: n.nvmlDeviceGetUtilizationRates(handle),
+        "utilization_samples": util_samples,
+    }
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    errors: dict[str, str] = {}
+    last: dict[str, Any] = {}
+    for _ in range(polls):
+        for name, fn in calls.items():
+            if name in errors:
+                continue
+            t0 = time.thread_time()
+            try:
+                last[name] = fn()
+            except Exception as e:  # noqa: BLE001 - a call this driver lacks is a finding
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            times[name].append(time.thread_time() - t0)
+        time.sleep(gap_s)
+    out: dict[str, Any] = {"us_per_call": {k: 1e6 * statistics.median(v) for k, v in times.items() if v},
+                           "errors": errors}
+    vals: dict[str, Any] = {}
+    if "memory_v1" in last:
+        vals["memory_v1_used_total"] = [int(last["memory_v1"].used), int(last["memory_v1"].total)]
+    if "memory_v2" in last:
+        m = last["memory_v2"]
+        vals["memory_v2_used_reserved_total"] = [int(m.used), int(getattr(m, "reserved", -1)), int(m.total)]
+    if "power" in last:
+        vals["power_mw"] = int(last["power"])
+    if "power_field_instant" in last:
+        f = last["power_field_instant"][0]
+        vals["power_field"] = {"nvmlReturn": int(f.nvmlReturn), "uint": int(f.value.uiVal)}
+    if "utilization" in last:
+        vals["utilization_gpu"] = int(last["utilization"].gpu)
+    if "utilization_samples" in last:
+        vals["utilization_samples_n"] = len(last["utilization_samples"])
+        vals["utilization_samples_last"] = [int(s.sampleValue.uiVal) for s in last["utilization_samples"][-5:]]
+    out["values"] = vals
+    return out
+
+
+def memory_versions(N: Any, handle: object, rounds: int, gap_s: float) -> dict[str, Any]:
+    """Memory v1 against v2 where vtop reads memory: after utilization, before power, a
+    tick apart, the version alternating from tick to tick (the first call of a tick costs
+    more than the same call later in it, so only the same place compares)."""
+    n = N
+    times: dict[str, list[float]] = {"utilization": [], "memory": [], "memory_v2": [], "power": []}
+    same: list[bool] = []
+    for k in range(rounds):
+        time.sleep(gap_s)
+        key = "memory_v2" if k % 2 else "memory"
+        t0 = time.thread_time()
+        n.nvmlDeviceGetUtilizationRates(handle)
+        t1 = time.thread_time()
+        m = n.nvmlDeviceGetMemoryInfo(handle, version=n.nvmlMemory_v2) if k % 2 else n.nvmlDeviceGetMemoryInfo(handle)
+        t2 = time.thread_time()
+        n.nvmlDeviceGetPowerUsage(handle)
+        t3 = time.thread_time()
+        times["utilization"].append(t1 - t0)
+        times[key].append(t2 - t1)
+        times["power"].append(t3 - t2)
+        if k % 2:  # v2's used + reserved against v1's used, read just after
+            v1 = n.nvmlDeviceGetMemoryInfo(handle)
+            same.append(abs(int(m.used) + int(m.reserved) - int(v1.used)) <= 64 * 2**20 and int(m.total) == int(v1.total))
+    return {"us_per_call": {k: 1e6 * statistics.median(v) for k, v in times.items()},
+            "p90_us": {k: 1e6 * sorted(v)[9 * len(v) // 10] for k, v in times.items()},
+            "v2_used_plus_reserved_is_v1_used": sum(same), "of": len(same)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--polls", type=int, default=300)
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between polls (GPM needs time between samples)")
     ap.add_argument("--slow-polls", type=int, default=0, help="also time each call this many times, 1 s apart")
+    ap.add_argument("--alternatives", type=int, default=0, metavar="N",
+                    help="also time N rounds of other calls for what vtop reads every second (--gap apart)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     out: dict[str, object] = {"python": sys.version.split()[0], "polls": a.polls}
@@ -128,6 +226,16 @@ def main() -> int:
         if d:
             print(f"  real, per call, {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items())
                   + f" us (sum {sum(d.values()):.0f} us)")
+    if a.alternatives:
+        out["alternatives"] = alt = alternatives(pynvml, h, a.alternatives, a.gap)
+        print("  other calls, one after another in a tick (see alternatives()), us each: " + ", ".join(f"{k} {v:.1f}" for k, v in alt["us_per_call"].items()))
+        if alt["errors"]:
+            print(f"  not answered here: {alt['errors']}")
+        print(f"  what they said: {alt['values']}")
+        out["memory_versions"] = mv = memory_versions(pynvml, h, a.alternatives, a.gap)
+        print("  in vtop's order (utilization, memory, power), versions alternating, us each: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in mv["us_per_call"].items())
+              + f"; v2 used + reserved == v1 used in {mv['v2_used_plus_reserved_is_v1_used']} of {mv['of']}")
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
     return 0

@@ -137,3 +137,37 @@ def test_each_run_says_how_fast_the_box_runs_python() -> None:
     assert 0.5 < one < 5000
     m = machine_info()
     assert isinstance(m["python_speed_ms"], float) and 0.5 < m["python_speed_ms"] < 5000
+
+
+def test_the_nvml_calibration_compares_memory_versions_in_vtops_place() -> None:
+    """bench/nvml_calibrate.py's memory_versions alternates v1 and v2 between utilization and
+    power, checks v2's used + reserved against v1's used, and the other calls' timing keeps
+    going past a call this binding lacks (recorded, not raised); run here on the fake NVML."""
+    from nvml_calibrate import alternatives, memory_versions  # noqa: E402
+
+    from vtop.sources.fake_nvml import FakeGpu, FakeNvml
+
+    f = FakeNvml([FakeGpu()], call_cost_s={"memory": 30e-6})
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    reserved = 2**29
+
+    class Binding:  # the fake, with the real binding's v2 memory struct (used less the driver's reserve)
+        nvmlMemory_v2 = 0x2000028
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(f, name)
+
+        def nvmlDeviceGetMemoryInfo(self, handle: object, version: object = None) -> object:
+            m = f.nvmlDeviceGetMemoryInfo(handle)
+            if version:
+                m.used, m.reserved = m.used - reserved, reserved
+            return m
+
+    calls = f.calls
+    mv = memory_versions(Binding(), h, 6, 0.0)
+    assert f.calls - calls == 6 * 3 + 3  # three a tick, and v1 again after each v2
+    assert mv["of"] == 3 and mv["v2_used_plus_reserved_is_v1_used"] == 3
+    assert mv["us_per_call"]["memory"] >= 30  # its price was spent where it was asked
+    alt = alternatives(Binding(), h, 2, 0.0)
+    assert "utilization_samples" in alt["errors"] and "memory_v2" in alt["us_per_call"]
