@@ -19,9 +19,10 @@ hung NVML call would hang ``q``; these threads are daemons.
 A source whose results are only shown at the app's paint tick (NVML, the log)
 can leave its result for the tick to :meth:`PollLoop.collect` (``at_tick``)
 rather than wake the UI thread when it comes: that wake-up (a byte through the
-event loop's self-pipe, then a callback) cost 0.2-0.3 ms a second of the GPU
-thread and the UI thread together on the 2-core dev box, for a result that then
-waited for the tick anyway. The poll thread still waits until its result is
+event loop's self-pipe, then a loop pass and a callback) was ~10 % of the GPU
+thread's py-spy samples on the 2-core dev box with 8 GPUs, for a result that then
+waited for the tick anyway (on the GPU box the NVML thread's total did not move
+measurably: 2.11-2.12 ms a second either way; the UI thread's pass went too). The poll thread still waits until its result is
 applied, so polls still never overlap and results never queue.
 
 Each thread also names itself to the kernel (``vtop-gpu``, ``vtop-log``...), so
