@@ -22,8 +22,9 @@ rather than wake the UI thread when it comes: that wake-up (a byte through the
 event loop's self-pipe, then a loop pass and a callback) was ~10 % of the GPU
 thread's py-spy samples on the 2-core dev box with 8 GPUs, for a result that then
 waited for the tick anyway (on the GPU box the NVML thread's total did not move
-measurably: 2.11-2.12 ms a second either way; the UI thread's pass went too). The poll thread still waits until its result is
-applied, so polls still never overlap and results never queue.
+measurably: 2.11-2.12 ms a second either way; the UI thread's pass went too).
+The poll thread still waits until its result is applied, so polls still never
+overlap and results never queue.
 
 Each thread also names itself to the kernel (``vtop-gpu``, ``vtop-log``...), so
 ``top -H -p $(pgrep -f vtop)`` or ``/proc/PID/task/*/comm`` say which source costs
