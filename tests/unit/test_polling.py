@@ -92,3 +92,33 @@ def test_an_at_tick_loop_leaves_one_result_for_the_tick_and_waits_for_it() -> No
     finally:
         loop.stop()
         loop._loop.close()
+
+
+def test_an_at_tick_loop_whose_poll_is_slow_starts_again_at_once_so_as_not_to_miss_the_next_tick() -> None:
+    """A poll that takes 2/3 of the interval (NVML on a slow driver) is started right after its
+    result is taken: it still lands before the next tick, so the screen gets one a tick."""
+    ends: list[float] = []
+    done = threading.Event()
+
+    def poll() -> int:
+        time.sleep(0.4)
+        ends.append(time.monotonic())
+        done.set()
+        return len(ends)
+
+    interval = 0.6
+    loop = PollLoop(None, "gpu", interval, poll, lambda r, e: None, at_tick=True)  # type: ignore[arg-type]
+    loop._loop = asyncio.new_event_loop()
+    loop._thread = threading.Thread(target=loop._run, daemon=True)
+    loop._thread.start()
+    try:
+        assert done.wait(5)
+        for _ in range(2):
+            done.clear()
+            tick = time.monotonic()
+            assert loop.collect() is True
+            assert done.wait(5)
+            assert ends[-1] - tick < interval, ends[-1] - tick  # ~0.4 s: ready for the next tick
+    finally:
+        loop.stop()
+        loop._loop.close()

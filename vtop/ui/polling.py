@@ -133,9 +133,10 @@ class PollLoop:
                     return
             self._applied.wait()
             if self.at_tick:
-                # Applied at a tick: poll again just before the next one, so what it
-                # shows is fresh (a margin of twice this poll's time, and 50 ms).
-                delay = self.interval - min(self.interval / 2, 0.05 + 2 * (ended - started))
+                # Applied at a tick: poll again so as to be done just before the next one,
+                # so what it shows is fresh (a margin of twice this poll's time, and 50 ms;
+                # a poll that slow starts at once, or it would miss every other tick).
+                delay = self.interval - (0.05 + 2 * (ended - started))
             else:
                 delay = self.interval - (time.monotonic() - started)
             self._wake.wait(max(0.0, delay))
