@@ -242,8 +242,7 @@ class Collector:
         poll = self.gpu_source.poll()
         if self._names is None:
             self._names = ProcNames()
-        pids = sorted({p.pid for g in poll.gpus for p in (g.procs or ())})
-        names = self._names.names(pids) if pids else {}
+        names = self._names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
         if self.recorder is not None:
             self.recorder.gpu(poll, names)
         return poll, names

@@ -282,7 +282,7 @@ def test_gpu_process_names_are_looked_up_when_the_pids_change_or_every_4_s(clock
     assert looked == [list(range(4000, 4008))] * 3  # at 0, 4 and 8 s
     assert all(set(n) == set(range(4000, 4008)) for n in shown)  # every poll has the names
     t = clock.monotonic()
-    app._names_for((1, 2), t)
-    app._names_for((1, 2), t + 1)
-    app._names_for((1, 3), t + 1.5)  # a process came and went: looked up at once
+    app._names.names_for((1, 2), t)
+    app._names.names_for((2, 1), t + 1)
+    app._names.names_for((1, 3), t + 1.5)  # a process came and went: looked up at once
     assert looked[3:] == [[1, 2], [1, 3]]

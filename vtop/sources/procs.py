@@ -11,6 +11,7 @@ poll: 0.5 ms through ``psutil.Process(pid)`` each time, ~0.1 ms this way.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -74,8 +75,14 @@ def proc_start(pid: int) -> object:
 
 
 class ProcNames:
+    #: Seconds :meth:`names_for` reuses its answer while the PIDs stay the same: NVML's
+    #: process list, where the GPU processes' PIDs come from, is read this often
+    #: (``NvmlSource.SLOW_EVERY_S``).
+    REUSE_S = 4.0
+
     def __init__(self) -> None:
         self._cache: dict[int, tuple[object, str]] = {}
+        self._last: tuple[tuple[int, ...], float, dict[int, str]] | None = None
 
     def name(self, pid: int) -> str:
         start = proc_start(pid)
@@ -112,6 +119,19 @@ class ProcNames:
 
     def names(self, pids: list[int]) -> dict[int, str]:
         return {pid: self.name(pid) for pid in pids}
+
+    def names_for(self, pids: Iterable[int], now: float) -> dict[int, str]:
+        """:meth:`names` of a poll's GPU processes, reused for the same PIDs for ``REUSE_S``
+        (``now``: the poll's monotonic time). A lookup reads /proc/PID/stat for each (a
+        process that exited or a PID reused is caught there): with a worker per GPU that
+        was 8 file reads a second for a list that changes every 4 s at most."""
+        key = tuple(sorted(set(pids)))
+        last = self._last
+        if last is not None and last[0] == key and 0 <= now - last[1] < self.REUSE_S:
+            return last[2]
+        out = self.names(list(key)) if key else {}
+        self._last = (key, now, out)
+        return out
 
 
 _CONTAINER: bool | None = None

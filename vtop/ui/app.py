@@ -101,7 +101,6 @@ class VtopApp(App[int]):
         self.gpu_history = GpuHistory(config.history)
         self.proc_names: dict[int, str] = {}
         self._names = ProcNames()
-        self._names_last: tuple[tuple[int, ...], float, dict[int, str]] | None = None
         self.recorder = None
         if config.record:
             from vtop.sources.record import Recorder
@@ -293,27 +292,10 @@ class VtopApp(App[int]):
         """Runs in a thread worker: NVML, psutil and the recorder's file I/O."""
         assert self.gpu_source is not None
         poll = self.gpu_source.poll()
-        pids = tuple(sorted({p.pid for g in poll.gpus for p in (g.procs or ())}))
-        names = self._names_for(pids, poll.mono)
+        names = self._names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
         if self.recorder is not None:
             self.recorder.gpu(poll, names)
         return poll, names
-
-    #: Seconds a lookup of the GPU processes' names is reused while the PIDs stay the same:
-    #: NVML's process list itself is read this often (``NvmlSource.SLOW_EVERY_S``).
-    NAMES_EVERY_S = 4.0
-
-    def _names_for(self, pids: tuple[int, ...], now: float) -> dict[int, str]:
-        """Names of the GPU processes (the poll thread). A lookup reads /proc/PID/stat for
-        each (a process that exited or a PID reused is caught there): with one worker per
-        GPU that was 8 file reads a second for a list that changes every 4 s at most, so
-        the same PIDs reuse the last answer for ``NAMES_EVERY_S``."""
-        last = self._names_last
-        if last is not None and last[0] == pids and 0 <= now - last[1] < self.NAMES_EVERY_S:
-            return last[2]
-        names = self._names.names(list(pids)) if pids else {}
-        self._names_last = (pids, now, names)
-        return names
 
     def _on_gpu_result(self, result: Any, error: BaseException | None) -> None:
         if error is not None:
