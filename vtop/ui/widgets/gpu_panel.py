@@ -296,13 +296,12 @@ class _RunsWidget(FrameMemo, Widget):
         if frame is None:
             return
         left, right = frame
-        for y in sorted(dirty):
-            if not top <= y < end or y not in held:
-                continue
-            content = self.render_line(y - top)
-            held[y] = Strip([*left, *content, *right], width)
-            dirty.discard(y)
-            self.rows_framed += 1
+        rows = [y for y in dirty if top <= y < end and y in held]
+        for y in rows:
+            held[y] = Strip([*left, *self.render_line(y - top), *right], width)
+        if rows:
+            dirty.difference_update(rows)
+            self.rows_framed += len(rows)
             self._frame_memo = None  # FrameMemo trusts only Textual's dirty lines
 
     def get_line_filters(self) -> Sequence[LineFilter]:
