@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import httpx
 
@@ -83,6 +83,15 @@ class ProbeResult:
     text_truncated: bool = False
     chunks: int = 0
     error: str | None = None
+
+
+class _Common(TypedDict, total=False):
+    """The :class:`ProbeResult` fields that every outcome of one request shares."""
+
+    endpoint: str
+    model: str | None
+    max_tokens: int | None
+    max_tokens_capped: bool
 
 
 def _scrub(s: str | None, secret: str | None) -> str | None:
@@ -157,7 +166,7 @@ async def send_test_request(
     Refuses (``kind="invalid"``, nothing sent) without a positive
     ``max_tokens``; bounds it by ``max_model_len`` (see :func:`max_tokens_cap`).
     """
-    base = dict(endpoint=endpoint, model=model)
+    base: _Common = {"endpoint": endpoint, "model": model}
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
         return ProbeResult(False, f"Not sent: max_tokens={max_tokens!r}; {_WHY_MAX_TOKENS}.", "invalid", **base)
     if endpoint not in ("chat", "completions"):
@@ -182,7 +191,8 @@ async def send_test_request(
         path = "/v1/completions"
     cap_note = (f" (max_tokens lowered to {max_tokens} to fit max_model_len={max_model_len}; "
                 "an unbounded chat request can run to max_model_len)") if capped else ""
-    base.update(max_tokens=max_tokens, max_tokens_capped=capped)
+    base["max_tokens"] = max_tokens
+    base["max_tokens_capped"] = capped
 
     st: dict[str, Any] = {"status": None, "ttft": None, "finish": None, "usage": None, "parts": [], "chars": 0,
                           "chunks": 0, "truncated": False}
@@ -193,8 +203,8 @@ async def send_test_request(
                                  timeout=httpx.Timeout(timeout_s)) as r:
             st["status"] = r.status_code
             if r.status_code != 200:
-                data = await r.aread()
-                err = _http_error(r.status_code, data[:4096])
+                raw = await r.aread()
+                err = _http_error(r.status_code, raw[:4096])
                 return ProbeResult(False, f"Test request failed: {err}", "http", sent=True,
                                    status=r.status_code, error=err, **base)
             saw_done = False
@@ -242,10 +252,9 @@ async def send_test_request(
             if st["chunks"] == 0:
                 raise _Garbage("the stream held no data chunks" + ("" if saw_done else " (no [DONE])"))
             usage = st["usage"] or {}
-            out_tokens = usage.get("completion_tokens")
-            from_usage = isinstance(out_tokens, int)
-            if not from_usage:
-                out_tokens = st.get("counted", 0)
+            completion_tokens = usage.get("completion_tokens")
+            from_usage = isinstance(completion_tokens, int)
+            out_tokens: int = completion_tokens if isinstance(completion_tokens, int) else st.get("counted", 0)
             ttft = st["ttft"]
             tps = out_tokens / total if total > 0 else None
             dtps = ((out_tokens - 1) / (total - ttft)) if ttft is not None and out_tokens > 1 and total > ttft else None

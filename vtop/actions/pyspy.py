@@ -281,9 +281,10 @@ def permission_hint(pid: int, *, euid: int, ptrace_scope: int | None, in_contain
         return base + "): ptrace is disabled until reboot; set kernel.yama.ptrace_scope=1 at boot to use py-spy."
     if euid == 0:
         if in_container:
-            return base + ", running as root in a container): restart the container with "\
-                "--cap-add SYS_PTRACE (Kubernetes: securityContext.capabilities.add: [SYS_PTRACE])."
-        return base + ", running as root): a seccomp/LSM policy blocks ptrace; check the sandbox or run py-spy on the host."
+            return base + (", running as root in a container): restart the container with "
+                           "--cap-add SYS_PTRACE (Kubernetes: securityContext.capabilities.add: [SYS_PTRACE]).")
+        return base + (", running as root): a seccomp/LSM policy blocks ptrace; "
+                       "check the sandbox or run py-spy on the host.")
     fix = "run vtop as root (sudo vtop), or the same py-spy command with sudo"
     if ptrace_scope == 1:
         fix += ", or allow same-user attach: echo 0 | sudo tee /proc/sys/kernel/yama/ptrace_scope"
@@ -373,8 +374,8 @@ async def dump(pid: int, *, native: bool = False, timeout_s: float = 20, pyspy: 
     if rc == 0 and out.strip():
         title, version, threads = parse_dump(out)
         n_active = sum(t.active for t in threads)
-        return res(True, "ok",
-                   f"pid {pid}: {len(threads)} thread(s), {n_active} active" + (" (with native frames)" if native else ""),
+        native_note = " (with native frames)" if native else ""
+        return res(True, "ok", f"pid {pid}: {len(threads)} thread(s), {n_active} active{native_note}",
                    raw=out, threads=threads, process_title=title, python_version=version, stderr=err, returncode=rc)
     line = _error_line(err, out)
     both = err + "\n" + out

@@ -13,8 +13,9 @@ never carry a secret (``--api-key`` on a command line is masked here).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
 
 from vtop.sources.discovery import ServerProcess, VllmChild, redact_argv
 from vtop.sources.prom import HIST_ATTRS, EngineMetrics, Histogram, VllmMetrics
@@ -168,6 +169,11 @@ def process_to_json(sp: ServerProcess) -> dict[str, Any]:
     return out
 
 
+def _child_from_json(c: Mapping[str, Any], cnames: set[str]) -> VllmChild:
+    kw: dict[str, Any] = {a: (tuple(tuple(r) for r in b) if a == "ranks" else b) for a, b in c.items() if a in cnames}
+    return VllmChild(**kw)
+
+
 def process_from_json(d: Mapping[str, Any]) -> ServerProcess:
     names = {f.name for f in fields(ServerProcess)}
     kw: dict[str, Any] = {}
@@ -176,8 +182,7 @@ def process_from_json(d: Mapping[str, Any]) -> ServerProcess:
             continue
         if k == "children":
             cnames = {f.name for f in fields(VllmChild)}
-            x = tuple(VllmChild(**{a: (tuple(tuple(r) for r in b) if a == "ranks" else b)
-                                   for a, b in c.items() if a in cnames}) for c in x)
+            x = tuple(_child_from_json(c, cnames) for c in x)
         elif isinstance(x, list):
             x = tuple(x)
         kw[k] = x

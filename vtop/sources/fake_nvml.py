@@ -17,11 +17,13 @@ import hashlib
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
-import pynvml as _real
+# nvidia-ml-py has no py.typed and no stubs package: only its exception classes and codes are used.
+import pynvml as _real  # type: ignore[import-untyped]
 
 NVMLError = _real.NVMLError
 NVMLError_NotSupported = _real.NVMLError_NotSupported

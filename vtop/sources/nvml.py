@@ -36,12 +36,41 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from vtop.clock import Clock, SystemClock
-from vtop.sources.gpu import ABSENT, ERROR, OK, GpuPoll, GpuProcess, GpuSample, decode_throttle
+from vtop.model.gpu import ABSENT, ERROR, OK, GpuPoll, GpuProcess, GpuSample, decode_throttle
+
+
+class NvmlBinding(Protocol):
+    """What :class:`NvmlSource` calls on its binding directly: NVIDIA's ``pynvml`` module,
+    or a module-like stand-in (:class:`vtop.sources.fake_nvml.FakeNvml`).
+
+    nvidia-ml-py ships no type information, so handles, structs and samples are ``Any``.
+    Calls renamed across releases (:meth:`NvmlSource._fn`), the ``NVMLError_*`` classes
+    and the ``NVML_*`` constants are looked up with ``getattr`` and are not listed here.
+    """
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> Any: ...
+    def nvmlSystemGetNVMLVersion(self) -> Any: ...
+    def nvmlDeviceGetCount(self) -> Any: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Any: ...
+    def nvmlDeviceGetName(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int, /) -> Any: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int, /) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any, /) -> Any: ...
+    def nvmlGpmMetricsGet(self, metrics_get: Any, /) -> Any: ...
 
 
 class _GpuLost(Exception):
@@ -72,8 +101,9 @@ class _Device:
     static_at: float = -1e9
 
 
-def _load_pynvml() -> ModuleType:
-    import pynvml  # nvidia-ml-py
+def _load_pynvml() -> NvmlBinding:
+    # nvidia-ml-py has no py.typed and no stubs package: the module is Any, NvmlBinding types it.
+    import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py
 
     if not hasattr(pynvml, "nvmlInitWithFlags"):
         # The old `pynvml` PyPI project (or a stub) shadows NVIDIA's binding.
@@ -98,15 +128,17 @@ class NvmlSource:
 
     def __init__(
         self,
-        nvml: ModuleType | None = None,
+        nvml: NvmlBinding | None = None,
         *,
-        loader: Callable[[], Any] | None = None,
+        loader: Callable[[], NvmlBinding] | None = None,
         clock: Clock | None = None,
         gpm: bool = True,
         processes: bool = True,
         relook_s: float = 10.0,
         init_retry_s: float = 30.0,
     ) -> None:
+        #: set from the first ``_init`` on; every call below ``_init`` runs only once it is
+        #: (``_inited``), hence the ``assert N is not None`` that tells mypy so
         self._nvml = nvml
         #: makes the module at the first poll (in the poll thread, after the first frame)
         self._loader = loader or _load_pynvml
@@ -138,7 +170,7 @@ class NvmlSource:
         except ImportError as e:
             self._absent(f"NVML binding not importable: {e}", now, retry=False)
             return
-        except Exception as e:  # NVMLError subclasses, OSError from ctypes
+        except Exception as e:  # noqa: BLE001 - NVMLError subclasses, OSError from ctypes
             self._absent(self._explain_init_error(e), now, retry=True)
             return
         self._inited = True
@@ -147,7 +179,7 @@ class NvmlSource:
         self._nvml_version = self._safe_str(lambda: N.nvmlSystemGetNVMLVersion())
         try:
             count = int(N.nvmlDeviceGetCount())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any NVMLError: absent, init retried later
             self._inited = False
             self._absent(f"NVML could not count GPUs: {self._errname(e)}", now, retry=True)
             return
@@ -183,7 +215,7 @@ class NvmlSource:
     def _safe_str(self, fn: Callable[[], Any]) -> str | None:
         try:
             v = fn()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a version string is optional
             return None
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
@@ -191,9 +223,10 @@ class NvmlSource:
 
     def _acquire(self, d: _Device, now: float) -> None:
         N = self._nvml
+        assert N is not None  # called once _init has loaded it
         try:
             d.handle = N.nvmlDeviceGetHandleByIndex(d.index)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any NVMLError: that GPU is lost, looked up again later
             d.handle = None
             d.lost = True
             d.lost_at = now
@@ -222,9 +255,7 @@ class NvmlSource:
             if isinstance(e, getattr(N, "NVMLError_NotSupported", ())):
                 d.unsupported.add(key)
                 return None
-            if isinstance(e, getattr(N, "NVMLError_FunctionNotFound", ())) or isinstance(
-                e, AttributeError
-            ):
+            if isinstance(e, (getattr(N, "NVMLError_FunctionNotFound", ()), AttributeError)):
                 d.unsupported.add(key)
                 self._note(f"fnf-{key}", f"this driver lacks the NVML call for {key}")
                 return None
@@ -245,6 +276,7 @@ class NvmlSource:
 
     def _sample_device(self, d: _Device, now: float) -> GpuSample:
         N = self._nvml
+        assert N is not None  # polled only once _init has loaded it
         if d.lost:
             if now - d.lost_at >= self._relook_s:
                 self._acquire(d, now)
@@ -298,6 +330,7 @@ class NvmlSource:
         """Temperature, SM and memory clocks, throttle reasons, the process list, and
         SM activity, SM occupancy and DRAM bandwidth since the last GPM sample."""
         N = self._nvml
+        assert N is not None  # polled only once _init has loaded it
         temp = self._q(d, "temperature", N.nvmlDeviceGetTemperature, getattr(N, "NVML_TEMPERATURE_GPU", 0))
         smc = self._q(d, "sm_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_SM", 1))
         memc = self._q(d, "mem_clock", N.nvmlDeviceGetClockInfo, getattr(N, "NVML_CLOCK_MEM", 2))
@@ -324,6 +357,7 @@ class NvmlSource:
         allocating and freeing a sample every tick, and no ctypes struct built.
         """
         N = self._nvml
+        assert N is not None  # polled only once _init has loaded it
         if d.gpm_ok is None:
             sup = self._q(d, "gpm_support", self._fn("nvmlGpmQueryDeviceSupport"))
             d.gpm_ok = bool(sup is not None and getattr(sup, "isSupportedDevice", 0))
@@ -333,7 +367,7 @@ class NvmlSource:
         if cur is None:
             try:
                 cur = N.nvmlGpmSampleAlloc()
-            except Exception:
+            except Exception:  # noqa: BLE001 - no GPM on this GPU from now on
                 d.gpm_ok = False
                 return None, None, None
         try:
@@ -355,7 +389,7 @@ class NvmlSource:
             N.nvmlGpmMetricsGet(mg)
             metrics = mg.metrics
             vals = (_pct_or_none(metrics[0].value), _pct_or_none(metrics[1].value), _pct_or_none(metrics[2].value))
-        except Exception:
+        except Exception:  # noqa: BLE001 - GPM fields empty this tick
             vals = (None, None, None)
         finally:
             d.gpm_spare = prev  # its data is used up
@@ -411,10 +445,11 @@ class NvmlSource:
         with self._lock:
             for d in self._devices:
                 self._free_gpm(d)
-            if self._inited:
+            N = self._nvml
+            if self._inited and N is not None:  # inited implies loaded
                 try:
-                    self._nvml.nvmlShutdown()
-                except Exception:
+                    N.nvmlShutdown()
+                except Exception:  # noqa: BLE001 - closing: nothing left to tell
                     pass
             self._inited = False
 
@@ -441,7 +476,7 @@ def gpm_metrics_get(N: Any, metrics: tuple[str, ...] = GPM_METRICS) -> Any:
 def _free(N: Any, sample: Any) -> None:
     try:
         N.nvmlGpmSampleFree(sample)
-    except Exception:
+    except Exception:  # noqa: BLE001 - freeing is best effort
         pass
 
 
@@ -472,7 +507,7 @@ def make_gpu_source(config: Any) -> Any:
     if config.simulate_gpus:
         n = int(config.simulate_gpus)
 
-        def load() -> Any:
+        def load() -> NvmlBinding:
             # Built at the first poll, as pynvml is imported for real GPUs: the fake
             # imports pynvml for its exception classes (8 ms on the dev VM), which the
             # first frame of a simulated run (the benchmark's) must not wait for either.

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import psutil
+    # psutil ships no type information; with types-psutil installed this ignore is unused (hence its second code).
+    import psutil  # type: ignore[import-untyped, unused-ignore]
 
 GONE = "gone"
 HIDDEN = "pid not visible"

@@ -61,12 +61,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 __all__ = [
     "FINISH_REASONS",
-    "HIST_ATTRS",
     "HISTOGRAM_FAMILIES",
     "HISTOGRAM_SAMPLE_NAMES",
+    "HIST_ATTRS",
     "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
     "Histogram",
@@ -342,7 +341,7 @@ def _library_samples(lines: list[str]) -> Iterator[tuple[int, Any, Exception | N
                     yield i, s, None
                 i += 1
             return
-        except Exception as exc:  # the library raises ValueError, IndexError, ...
+        except Exception as exc:  # noqa: BLE001 - the library raises ValueError, IndexError, ...
             if i >= n:  # cannot happen, but never loop forever
                 return
             yield i, None, exc
@@ -640,7 +639,7 @@ def parse_vllm_metrics(payload: str | bytes, *, use_cache: bool = True) -> VllmM
     problems = _Problems()
     try:
         return _parse(payload, problems, use_cache)
-    except Exception as exc:  # a bug of ours must not take the dashboard down
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must not take the dashboard down
         problems.add(f"internal error while parsing: {type(exc).__name__}: {exc}")
         return VllmMetrics(problems=problems.result())
 
@@ -685,7 +684,8 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
     # value) waits for that line's library answer (see _line_template).
     miss_tkey: dict[int, tuple[object, str | None, str]] = {}  # misses index -> (template, le, name)
     miss_tkey_seen: set[object] = set()
-    derived: list[tuple[int, str, str, str, str, str | None, object]] = []  # (lineno, line, name, head, tok, le, template)
+    # (lineno, line, name, head, tok, le, template)
+    derived: list[tuple[int, str, str, str, str, str | None, object]] = []
     lib_budget_hit = False
     saw_sample_shape = False
 
@@ -814,7 +814,8 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                 problems.add(f"{what} missing on some engines: total is partial")
 
     kv_vals = [r.kv_cache_usage for r in rows if r.kv_cache_usage is not None]
-    hists = {
+    # Any: the keys are HIST_ATTRS, known only at run time, so mypy cannot match them to VllmMetrics' fields
+    hists: dict[str, Any] = {
         attr: _sum_hists(attr, [getattr(r, attr) for r in rows], problems) if len(rows) > 1 else
         (getattr(rows[0], attr) if rows else None)
         for attr in HIST_ATTRS
