@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from tests.conftest import FIXTURES
 from vtop.clock import FakeClock
-from vtop.sources.gpu import GpuPoll
+from vtop.model.gpu import GpuPoll
 from vtop.sources.record import polls_from_sampler
 from vtop.sources.vllm import ModelsInfo, ServerPoll, poll_from_body, poll_from_error
 
@@ -70,7 +70,7 @@ def server_poll(r: dict[str, Any]) -> ServerPoll:
 
 async def feed(app: Any, clock: FakeClock, until_t: float, *, from_t: float = 0.0) -> None:
     """Feed everything recorded up to ``until_t`` (launch-relative seconds)."""
-    entry = app.servers.entries.get(URL) or app.servers.add(URL, from_cli=True, autopoll=False)
+    entry = app.monitor.add_server(URL, from_cli=True)
     for t, kind, item in timeline():
         rel = t - LAUNCH_T
         if rel < from_t:
@@ -82,9 +82,9 @@ async def feed(app: Any, clock: FakeClock, until_t: float, *, from_t: float = 0.
             clock.advance(target - clock.monotonic())
         if kind == "gpu":
             g: GpuPoll = dataclasses.replace(item, mono=target)
-            app._on_gpu_result((g, {}), None)
+            app.apply_gpu(g, {})
         else:
-            await app.servers.poll_once(entry, server_poll(item))
+            app.apply_server(entry.url, server_poll(item))
 
 
 def make_clock() -> FakeClock:

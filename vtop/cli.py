@@ -93,6 +93,10 @@ def replay_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=10.0 if demo else 1.0, help="1 to 60 (default %(default)s)")
     p.add_argument("--paused", action="store_true", help="start paused at the beginning")
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark")
+    p.add_argument("--doctor", action="store_true",
+                   help="no screen: play the whole recording through the monitor at once and print when each "
+                        "alert came and went, then the report at its end (exit status as vtop doctor)")
+    p.add_argument("--json", action="store_true", help="with --doctor: print that as JSON")
     return p
 
 
@@ -109,6 +113,10 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
         path = ns.file
     try:
         cfg = build({k: v for k, v in vars(ns).items() if k == "theme"}, env={})
+        if ns.doctor or ns.json:
+            from vtop.headless import replay_doctor
+
+            return replay_doctor(path, cfg, as_json=ns.json)
         from vtop.ui.replay import replay_app
 
         app = replay_app(path, config=cfg, speed=ns.speed, name="demo" if prog.endswith("demo") else None)

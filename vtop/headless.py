@@ -1,8 +1,9 @@
 """Headless vtop: ``vtop --once`` / ``--json`` and ``vtop doctor``, no Textual.
 
-The same sources and the same pure core as the dashboard (NVML, process
-discovery, the ``/metrics`` scraper, the log tail with its phase and request
-trackers, the diagnosis rules), run for a short window and turned into one
+The same pipeline as the dashboard: :class:`~vtop.monitor.live.LiveFeed` polls
+the sources (NVML, process discovery, the ``/metrics`` scraper, the log tail)
+into a :class:`~vtop.monitor.Monitor` (trackers, the diagnosis rules) for a
+short window, and what it knows is turned into one
 :class:`Report`, printed as plain text for an incident channel or as JSON for
 scripts (schema: ``vtop/schema/report-v1.schema.json``, ``"schema":
 "vtop.report/1"``).
@@ -11,9 +12,13 @@ Exit status: 0 when nothing is wrong, 1 when a watched server is down (or its
 engine dead) or an alert is critical, 2 for bad input. So
 ``vtop --once || page-someone`` works.
 
-Threads and timeouts: NVML, the process table and the log are read in
-threads (``asyncio.to_thread``); HTTP is async with the scraper's timeouts;
-each step of the loop waits for all of them, so polls never overlap.
+Threads and timeouts: NVML, the process table and the log are read in daemon
+threads, HTTP is async with the scraper's deadlines; after the window each
+source gets a short deadline for its first answer, and one that gives none is
+named in the notes: a hung call never hangs ``--once``.
+
+``vtop replay FILE --doctor`` plays a recording through the same monitor and
+prints when each alert came and went.
 """
 
 from __future__ import annotations
@@ -26,16 +31,14 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from vtop import __version__
-from vtop.clock import Clock, SystemClock
 from vtop.config import Config, ConfigError, build, parse_duration
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.server import UNKNOWN, ServerTracker, ServerView
-from vtop.sources.discovery import ServerProcess, discover_servers
-from vtop.sources.gpu import GpuPoll
-from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
+from vtop.core.server import UNKNOWN, ServerView
+from vtop.monitor.live import LiveFeed
+from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
 SCHEMA = "vtop.report/1"
 MAX_REQUESTS = 50
@@ -154,201 +157,88 @@ def server_row(v: ServerView, process: Any) -> dict[str, Any]:
     return row
 
 
-class Collector:
-    """Polls every source once per interval for a window, feeding the shared core."""
+async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
+    """Run the live sources into ``monitor`` for ``window_s``, one round an interval;
+    returns when it started (monotonic). Then wait, up to a deadline, for each source's
+    first answer, so a short window still reports every source; one that has not
+    answered by then (a hung NVML call, a server that accepts and never replies) is
+    said so in the notes, never waited for."""
+    clock = monitor.clock
+    interval = monitor.config.interval
+    started = clock.monotonic()
+    feed.start()
+    try:
+        while True:
+            left = window_s - (clock.monotonic() - started)
+            await asyncio.sleep(max(0.0, min(interval, left)))
+            feed.collect()
+            monitor.tick()
+            if clock.monotonic() - started >= window_s:
+                break
+        deadline = clock.monotonic() + max(2.0, 2 * interval)
+        while _waiting_for(monitor, feed) and clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            feed.collect()
+        monitor.tick()
+        for what in _waiting_for(monitor, feed):
+            monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
+    finally:
+        await feed.aclose()
+    return started
 
-    def __init__(self, config: Config, *, gpu_source: Any = "auto", clock: Clock | None = None,
-                 discover: Callable[[], list[ServerProcess]] | None = discover_servers,
-                 log_watch: Any = "auto") -> None:
-        from vtop.core.diagnose import Diagnoser, Thresholds
 
-        self.config = config
-        self.clock = clock or SystemClock()
-        self.discover = discover
-        if isinstance(gpu_source, str):
-            from vtop.sources.nvml import make_gpu_source
+def _waiting_for(monitor: Monitor, feed: LiveFeed) -> list[str]:
+    """The sources that have not answered once yet."""
+    out = []
+    if feed.gpu_loop is not None and feed.gpu_loop.polls == 0:
+        out.append("NVML (GPU readings)")
+    if feed.log_loop is not None and feed.log_loop.polls == 0:
+        out.append("the vLLM log")
+    if feed.disc_loop is not None and not monitor.discovered_once:
+        out.append("the process scan")
+    out += [url for url, ws in monitor.servers.items() if ws.polls == 0]
+    return out
 
-            gpu_source = make_gpu_source(config)
-        self.gpu_source = gpu_source
-        self.gpu_history = GpuHistory(max(config.history, 60.0))
-        self.proc_names: dict[int, str] = {}
-        self.processes: list[ServerProcess] = []
-        self.trackers: dict[str, ServerTracker] = {}
-        self.scrapers: dict[str, Any] = {}
-        self.proc_of: dict[str, Any] = {}
-        self.log_watch = None if log_watch == "auto" else log_watch
-        self._log_auto = log_watch == "auto"
-        self.log_view: Any = None
-        self.diagnoser = Diagnoser(Thresholds(runaway_s=config.runaway_threshold))
-        self.alerts: list[Any] = []
-        self._alerts_key: Any = None
-        self.notes: list[str] = []
-        self.recorder: Any = None
-        self._client: Any = None
-        self._names: Any = None
 
-    # -- set-up --
-    async def _setup(self) -> None:
-        from vtop.sources.http11 import HttpPool
-        from vtop.sources.vllm import VllmScraper
+def report(monitor: Monitor, started: float, *, gpu_off: bool = False) -> Report:
+    """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
+    from vtop.core.phases import summarize
 
-        if self.discover is not None:
-            try:
-                self.processes = await asyncio.to_thread(self.discover)
-            except Exception as e:  # the process table may be denied: go on with the URLs
-                self.notes.append(f"process discovery failed: {type(e).__name__}: {e}")
-        if self.recorder is not None:
-            self.recorder.processes(self.clock.time(), self.clock.monotonic(), self.processes)
-        urls = [normalize_url(u) for u in self.config.urls]
-        if not urls:
-            urls = [sp.url for sp in self.processes] or [FALLBACK_URL]
-        self._client = HttpPool()
-        import os
-
-        api_key = self.config.api_key or os.environ.get("VLLM_API_KEY") or None
-        for url in dict.fromkeys(urls):
-            proc = next((sp for sp in self.processes if url_matches(url, sp)), None)
-            host, _ = url_hostport(url)
-            self.proc_of[url] = proc if (proc is not None or host in LOCAL_HOSTS) and self.discover else UNKNOWN
-            key = api_key or (proc.api_key if proc is not None else None)
-            self.scrapers[url] = VllmScraper(url, client=self._client, api_key=key, clock=self.clock)
-            self.trackers[url] = ServerTracker(url, window_s=60.0, history_s=max(self.config.history, 600.0),
-                                               clock=self.clock, interval_s=self.config.interval)
-        if self._log_auto:
-            self._open_log()
-
-    def _open_log(self) -> None:
-        from vtop.sources.logtail import LogTailer
-        from vtop.sources.logwatch import LogWatch
-
-        cfg = self.config
-        sp = next((p for p in self.proc_of.values() if isinstance(p, ServerProcess)), None)
-        kw: dict[str, Any] = {"clock": self.clock, "stall_threshold_s": cfg.stall_threshold}
-        if cfg.log and cfg.log != "-":
-            self.log_watch = LogWatch(LogTailer(cfg.log), **kw)
-            if sp is not None:
-                self.log_watch.mark_launch_of(sp)
-        elif sp is not None:
-            self.log_watch, where = LogWatch.for_server(sp, **kw)
-            if self.log_watch is None:
-                self.notes.append(f"vLLM log: {where}")
-        if self.log_watch is not None:
-            self.log_watch.recorder = self.recorder
-
-    # -- one step --
-    def _gpu_blocking(self) -> tuple[GpuPoll, dict[int, str]]:
-        from vtop.sources.procs import ProcNames
-
-        poll = self.gpu_source.poll()
-        if self._names is None:
-            self._names = ProcNames()
-        names = self._names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
-        if self.recorder is not None:
-            self.recorder.gpu(poll, names)
-        return poll, names
-
-    async def step(self) -> None:
-        jobs: list[Any] = []
-        if self.gpu_source is not None:
-            jobs.append(asyncio.to_thread(self._gpu_blocking))
-        else:
-            jobs.append(asyncio.sleep(0, result=None))
-        if self.log_watch is not None:
-            jobs.append(asyncio.to_thread(self.log_watch.poll))
-        else:
-            jobs.append(asyncio.sleep(0, result=None))
-        jobs.extend(s.poll() for s in self.scrapers.values())
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        gpu_res, log_res, polls = results[0], results[1], results[2:]
-        if isinstance(gpu_res, tuple):
-            poll, self.proc_names = gpu_res
-            self.gpu_history.add(poll)
-        elif isinstance(gpu_res, BaseException):
-            self.notes.append(f"GPU poll failed: {type(gpu_res).__name__}: {gpu_res}")
-        if log_res is not None and not isinstance(log_res, BaseException):
-            self.log_view = log_res
-        for url, poll in zip(self.scrapers, polls):
-            if isinstance(poll, BaseException):
-                continue
-            if self.recorder is not None:
-                self.recorder.server(poll, fed=self.clock.monotonic())
-            tr = self.trackers[url]
-            tr.feed(poll, process=self.proc_of.get(url, UNKNOWN))
-            v = tr.view()
-            if self.log_watch is not None and v.health == 200 and v.state in ("up", "restarted"):
-                self.log_watch.mark_ready(self.clock.monotonic())
-            if self.log_watch is not None and url == next(iter(self.trackers)):
-                self.log_watch.note_server(v, self.clock.monotonic())
-        self._diagnose()
-
-    def views(self) -> dict[str, ServerView]:
-        return {url: tr.view() for url, tr in self.trackers.items()}
-
-    def _diagnose(self) -> None:
-        gpus = self.gpu_history if self.gpu_history.tracks else None
-        first = next(iter(self.trackers), None)
-        self.alerts = self.diagnoser.update_from(self.clock.monotonic(), servers=self.views(), gpus=gpus,
-                                                 log=self.log_view, log_target=first)
-        key = tuple((a.rule, a.severity, a.target) for a in self.alerts)
-        if self.recorder is not None and key != self._alerts_key:  # as the dashboard: when they change
-            self._alerts_key = key
-            self.recorder.alerts(self.clock.time(), self.clock.monotonic(), [a.to_json() for a in self.alerts])
-
-    async def run(self, window_s: float) -> Report:
-        started = self.clock.monotonic()
-        try:
-            await self._setup()
-            while True:
-                t0 = self.clock.monotonic()
-                await self.step()
-                if t0 - started + self.config.interval > window_s:
-                    break
-                await asyncio.sleep(max(0.0, self.config.interval - (self.clock.monotonic() - t0)))
-        finally:
-            if self._client is not None:
-                await self._client.aclose()
-            if self.gpu_source is not None:
-                try:
-                    self.gpu_source.close()
-                except Exception:
-                    pass
-            if self.log_watch is not None:
-                self.log_watch.close()
-        return self.report(started)
-
-    def report(self, started: float) -> Report:
-        from vtop.core.phases import summarize
-
-        poll = self.gpu_history.last_poll
-        lv = self.log_view
-        startup = None
-        if lv is not None:
-            startup = dict(summarize(lv.snapshot))
-            startup["stalled"] = None if lv.stall is None else lv.stall.label
-            startup["log"] = lv.tail.source
-        reqs = []
-        inflight = list(getattr(lv, "inflight", None) or ())
-        # The runaway first (a request the client sent without max_tokens), then the
-        # oldest; a burst of 1,500 must not make a 260 KB report.
-        inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
-        for r in inflight[:MAX_REQUESTS]:
-            reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
-                         "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
-                         "no_client_max_tokens": r.no_client_max_tokens})
-        return Report(
-            t=self.clock.time(),
-            window_s=self.clock.monotonic() - started,
-            host=socket.gethostname(),
-            gpu_status=poll.status if poll else ("off" if self.gpu_source is None else "none"),
-            gpu_message=poll.message if poll else None,
-            gpus=gpu_rows(self.gpu_history, started, self.proc_names),
-            servers=[server_row(v, self.proc_of.get(url)) for url, v in self.views().items()],
-            startup=_jsonable(startup),
-            requests=reqs,
-            requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
-            alerts=[a.to_json() for a in self.alerts],
-            notes=list(dict.fromkeys(self.notes)),
-        )
+    clock = monitor.clock
+    poll = monitor.gpu_history.last_poll
+    lv = monitor.log_view
+    startup = None
+    if lv is not None:
+        startup = dict(summarize(lv.snapshot))
+        startup["stalled"] = None if lv.stall is None else lv.stall.label
+        startup["log"] = lv.tail.source
+    notes = list(monitor.notes)
+    if monitor.log_message and monitor.log_watch is None:
+        notes.append(monitor.log_message)
+    reqs = []
+    inflight = list(getattr(lv, "inflight", None) or ())
+    # The runaway first (a request the client sent without max_tokens), then the
+    # oldest; a burst of 1,500 must not make a 260 KB report.
+    inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
+    for r in inflight[:MAX_REQUESTS]:
+        reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
+                     "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
+                     "no_client_max_tokens": r.no_client_max_tokens})
+    return Report(
+        t=clock.time(),
+        window_s=clock.monotonic() - started,
+        host=socket.gethostname(),
+        gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
+        gpu_message=poll.message if poll else None,
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
+        servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws))
+                 for ws in monitor.servers.values()],
+        startup=_jsonable(startup),
+        requests=reqs,
+        requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
+        alerts=[a.to_json() for a in monitor.alerts],
+        notes=list(dict.fromkeys(notes)),
+    )
 
 
 def _jsonable(x: Any) -> Any:
@@ -425,26 +315,58 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
 # --- entry points ------------------------------------------------------------------
 
 
-def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = False, out: Any = None) -> int:
+def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = False, out: Any = None,
+             gpu_source: Any = "auto") -> int:
     out = out or sys.stdout
-    col = Collector(cfg)
-    if cfg.record:
-        from vtop.sources.record import Recorder
-
-        col.recorder = Recorder(cfg.record, max_bytes=cfg.record_max_mb * 2**20, redact_prompts=cfg.redact_prompts,
-                                meta={"interval": cfg.interval, "history": cfg.history,
-                                      "mode": "doctor" if doctor else "once"})
+    recorder = make_recorder(cfg, mode="doctor" if doctor else "once")
+    monitor = Monitor(cfg, recorder=recorder)
     try:
-        rep = asyncio.run(col.run(window_s))
+        monitor.log_watch = make_log_watch(cfg, clock=monitor.clock)
+        if monitor.log_watch is not None:
+            monitor.log_watch.recorder = recorder
+        if isinstance(gpu_source, str):
+            from vtop.sources.nvml import make_gpu_source
+
+            gpu_source = make_gpu_source(cfg)
+        feed = LiveFeed(monitor, gpu_source=gpu_source)
+        started = asyncio.run(watch(monitor, feed, window_s))
     except KeyboardInterrupt:
         return 130
     finally:
-        if col.recorder is not None:
-            col.recorder.close()
+        if recorder is not None:
+            recorder.close()
+    rep = report(monitor, started, gpu_off=gpu_source is None)
     if as_json:
         out.write(json.dumps(rep.to_json(), indent=2) + "\n")
     else:
         out.write(format_text(rep, doctor=doctor))
+    return rep.exit_code
+
+
+def replay_doctor(path: str, cfg: Config, *, as_json: bool, out: Any = None) -> int:
+    """``vtop replay FILE --doctor``: play a recording through the monitor at once and
+    print when each alert came and went (recorded time), then the report at its end."""
+    from vtop.monitor.player import open_recording
+
+    out = out or sys.stdout
+    player = open_recording(path, config=cfg)
+    monitor = player.play_to_end()
+    rep = report(monitor, player.start)
+    timeline = [{"t": round(c.t, 3), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.t)),
+                 "elapsed_s": round(c.mono - player.start, 3),
+                 "alerts": [{"rule": a.rule, "severity": a.severity, "target": a.target, "title": a.title}
+                            for a in c.alerts]}
+                for c in monitor.alert_log]
+    if as_json:
+        out.write(json.dumps({"timeline": timeline, "report": rep.to_json()}, indent=2) + "\n")
+    else:
+        out.write(f"alerts over {player.name} ({player.duration:.0f} s recorded):\n")
+        for row in timeline:
+            what = "; ".join(f"[{a['severity'].upper()}] {a['title']}" for a in row["alerts"]) or "cleared"
+            out.write(f"  +{row['elapsed_s']:7.1f} s  {what}\n")
+        if not timeline:
+            out.write("  none\n")
+        out.write("at the end of the recording:\n" + format_text(rep, doctor=True))
     return rep.exit_code
 
 

@@ -83,7 +83,7 @@ async def main(out: Path, budget_s: float, runaway_s: float) -> None:
         while orch.poll() is None and time.time() - t0 < budget_s:
             await pilot.pause(0.5)
             now = time.time() - t0
-            entry = app.servers.entries.get(URL)
+            entry = app.monitor.servers.get(URL)
             sv = entry.last_view if entry else None
             lv = app.log_view
             if now >= next_rec:

@@ -57,7 +57,7 @@ async def main(out: Path, budget_s: float) -> None:
         while orch.poll() is None and time.time() - t0 < budget_s:
             await pilot.pause(0.5)
             lv = app.log_view
-            entry = app.servers.entries.get(URL)
+            entry = app.monitor.servers.get(URL)
             sv = entry.last_view if entry else None
             snap = lv.snapshot if lv else None
             key = (
@@ -99,7 +99,7 @@ async def main(out: Path, budget_s: float) -> None:
             "final_tracker_state": lv.snapshot.state if lv else None,
             "total_s": lv.snapshot.total_s if lv else None,
             "facts": dataclasses.asdict(lv.snapshot.facts) if lv else None,
-            "server_states": app.servers.entries[URL].history if URL in app.servers.entries else [],
+            "server_states": app.monitor.servers[URL].history if URL in app.monitor.servers else [],
         }
     try:
         orch.wait(timeout=30)

@@ -225,10 +225,10 @@ async def test_recorded_real_session_replays_to_the_same_numbers(real_vllm, tmp_
     async with app.run_test(size=(120, 40)) as pilot:
         def on_view(entry: Any, view: Any) -> None:
             if view.metrics is not None:
-                now = app.servers.clock.monotonic()
-                seen.append((now, card_text(entry.card, view, now)))
+                now = app.monitor.clock.monotonic()
+                seen.append((now, card_text(app.cards[entry.url], view, now)))
 
-        app.servers.on_view.append(on_view)
+        app.monitor.on_server_view.append(on_view)
         fut = srv.start_load(n=40, concurrency=4, max_tokens=48)
         t0 = time.monotonic()
         while not fut.done() and time.monotonic() - t0 < 120:
@@ -245,5 +245,5 @@ async def test_recorded_real_session_replays_to_the_same_numbers(real_vllm, tmp_
         await pilot.pause()
         for mono, lines in seen:
             rapp.replay.seek(mono)
-            e = rapp.servers.entries[srv.url]
-            assert card_text(e.card, e.last_view, mono) == lines, f"at {mono:.3f}"
+            e = rapp.monitor.servers[srv.url]
+            assert card_text(app.cards[e.url], e.last_view, mono) == lines, f"at {mono:.3f}"

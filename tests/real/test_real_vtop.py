@@ -45,7 +45,7 @@ class Watch:
         self.samples: list[dict[str, Any]] = []
 
     def view(self) -> Any:
-        e = self.app.servers.entries.get(self.url)
+        e = self.app.monitor.servers.get(self.url)
         return e.last_view if e else None
 
     def sample(self) -> None:
@@ -189,7 +189,7 @@ async def test_action_keys_on_the_real_server(real_vllm, tmp_path) -> None:  # t
     async with app.run_test(size=(120, 44)) as pilot:
         w = Watch(app, srv.url)
         await w.until(pilot, lambda: w.view() is not None and w.view().state == "up"
-                      and app.servers.entries[srv.url].process is not None, 30, "up, with its process")
+                      and app.monitor.servers[srv.url].process is not None, 30, "up, with its process")
         await pilot.press("d")
         screen = app.screen
         assert isinstance(screen, PySpyScreen)

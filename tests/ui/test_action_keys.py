@@ -155,7 +155,7 @@ async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path,
     ]
     servers = list(discover(recs).servers)
     async with app.run_test(size=(110, 36)) as pilot:
-        app.servers.apply_discovery(servers, autopoll=False)
+        app.apply_procs(servers)
         await pilot.press("d")
         await pilot.pause()
         screen = app.screen
@@ -187,7 +187,6 @@ async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path,
 async def test_pyspy_key_without_a_process_says_so(tmp_path: Path) -> None:
     app = VtopApp(Config(urls=("http://127.0.0.1:9",), no_gpu=True), autopoll=False, hostname="t")
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
-        app.servers.start(autopoll=False)
         await pilot.press("d")
         assert any("no vLLM process found" in n.message for n in app._notifications)
 
@@ -260,7 +259,7 @@ async def test_pyspy_dump_is_saved_into_the_latest_snapshot(vllm_like, tmp_path:
         ProcRecord(python_child.pid, 4242, "VLLM::EngineCor", ("VLLM::EngineCore",), 2.0),
     ]
     async with app.run_test(size=(110, 36)) as pilot:
-        app.servers.apply_discovery(list(discover(recs).servers), autopoll=False)
+        app.apply_procs(list(discover(recs).servers))
         await pilot.press("d")
         screen = app.screen
         await wait_for(pilot, lambda: screen.result is not None, 30)

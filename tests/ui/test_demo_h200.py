@@ -67,7 +67,7 @@ async def test_startup_is_tracked_to_ready(demo) -> None:  # type: ignore[no-unt
 async def test_burst_fills_the_queue_and_raises_nothing(demo) -> None:  # type: ignore[no-untyped-def]
     app = demo
     seek_wall(app, EV["load_b_end"])
-    v = next(iter(app.servers.entries.values())).last_view
+    v = next(iter(app.monitor.servers.values())).last_view
     running = [x for _, x in v.series["running"] if x is not None]
     waiting = [x for _, x in v.series["waiting"] if x is not None]
     assert max(running) == 1024  # max_num_seqs on a >= 70 GiB GPU

@@ -12,7 +12,7 @@ import re
 import statistics
 
 from tests.conftest import FIXTURES, make_app
-from vtop.sources.gpu import GpuPoll
+from vtop.model.gpu import GpuPoll
 from vtop.sources.record import ReplayGpuSource, read
 from vtop.ui.widgets.gpu_panel import GpuCard
 

@@ -35,19 +35,19 @@ async def test_a_server_started_after_vtop_gets_its_log_followed(tmp_path: Path)
     log = tmp_path / "vllm.log"
     app = make_app(None, no_gpu=True)
     async with app.run_test(size=(100, 30)) as pilot:
-        app.servers.apply_discovery([], autopoll=False)  # vtop starts first: nothing to follow
+        app.apply_procs([])  # vtop starts first: nothing to follow
         await pilot.pause()
         assert app.log_watch is None
         assert "no vLLM process on this box" in str(app.query_one(StartupPanel).render())
         proc = start_fake_vllm(tmp_path, log)
         try:
             servers = servers_of(proc.pid)
-            app.servers.apply_discovery(servers, autopoll=False)  # a later scan finds it
+            app.apply_procs(servers)  # a later scan finds it
             await pilot.pause()
             assert app.log_watch is not None
             assert str(log) in str(app.query_one(StartupPanel).render())
             watch = app.log_watch
-            app.servers.apply_discovery(servers, autopoll=False)  # the same servers: nothing redone
+            app.apply_procs(servers)  # the same servers: nothing redone
             assert app.log_watch is watch
         finally:
             proc.kill()

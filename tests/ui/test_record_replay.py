@@ -45,10 +45,10 @@ async def record_live(tmp_path: Path, suffix: str = ".jsonl") -> tuple[Path, lis
 
         def on_view(entry, view) -> None:  # type: ignore[no-untyped-def]
             if view.metrics is not None:
-                seen.append((app.servers.clock.monotonic(), entry.url, card_text(entry.card, view, app.servers.clock.monotonic())))
+                seen.append((app.monitor.clock.monotonic(), entry.url, card_text(app.cards[entry.url], view, app.monitor.clock.monotonic())))
 
         async with app.run_test(size=(120, 40)) as pilot:
-            app.servers.on_view.append(on_view)
+            app.monitor.on_server_view.append(on_view)
             for i, ln in enumerate(lines[3:]):
                 with log.open("a") as f:
                     f.write(ln + "\n")
@@ -85,9 +85,9 @@ async def test_live_session_replays_to_the_same_numbers_at_the_same_timestamps(l
         compared = 0
         for mono, url, live_lines in seen:
             driver.seek(mono)
-            entry = app.servers.entries[url]
+            entry = app.monitor.servers[url]
             assert entry.last_view is not None
-            assert card_text(entry.card, entry.last_view, mono) == live_lines, f"at mono {mono:.3f}"
+            assert card_text(app.cards[entry.url], entry.last_view, mono) == live_lines, f"at mono {mono:.3f}"
             compared += 1
         assert compared == len(seen)
         # the GPU readings and the requests from the log match at the end too
@@ -113,10 +113,10 @@ async def test_seek_back_rebuilds_the_same_state(live_recording) -> None:  # typ
         d.paused = True
         mono, url, live_lines = seen[len(seen) // 2]
         d.seek(mono)
-        first = card_text(app.servers.entries[url].card, app.servers.entries[url].last_view, mono)
+        first = card_text(app.cards[url], app.monitor.servers[url].last_view, mono)
         d.seek(d.end)
         d.seek(mono)  # back: everything is rebuilt from the start of the file
-        again = card_text(app.servers.entries[url].card, app.servers.entries[url].last_view, mono)
+        again = card_text(app.cards[url], app.monitor.servers[url].last_view, mono)
         assert first == again == live_lines
         await pilot.pause()
 

@@ -13,7 +13,7 @@ from vtop.ui.widgets.server_panel import ServerCard
 
 def app_for_replay(clock):  # type: ignore[no-untyped-def]
     app = VtopApp(Config(no_gpu=False, history=120), gpu_source=None, autopoll=False, hostname="h200")
-    app.servers.clock = clock
+    app.monitor.clock = clock
     return app
 
 
@@ -26,7 +26,7 @@ async def test_burst_shows_running_1024_and_waiting_queue() -> None:
         card = app.query_one(ServerCard)
         text = card.render().plain
         assert re.search(r"running\s+792 ", text) and re.search(r"waiting\s+708 ", text)
-        e = app.servers.entries[rp.URL]
+        e = app.monitor.servers[rp.URL]
         assert e.history[0] == "starting" or e.history[0] == "down"
         assert "up" in e.history
         await rp.feed(app, clock, until_t=108.5, from_t=107.5)
@@ -43,7 +43,7 @@ async def test_runaway_generation_rate_and_up_state() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await rp.feed(app, clock, until_t=190)
         await pilot.pause()
-        v = app.servers.entries[rp.URL].last_view
+        v = app.monitor.servers[rp.URL].last_view
         assert v is not None and v.state == "up"
         assert v.gen_tps is not None and 440 < v.gen_tps < 480  # one request decoding alone
         text = app.query_one(ServerCard).render().plain
@@ -54,16 +54,16 @@ async def test_runaway_generation_rate_and_up_state() -> None:
 async def test_down_without_metrics_is_just_the_message() -> None:
     app = make_app(None)
     async with app.run_test(size=(80, 24)) as pilot:
-        app.servers.apply_discovery([], autopoll=False)  # nothing on this box: watch the fallback
-        e = app.servers.entries["http://localhost:8000"]
+        app.apply_procs([])  # nothing on this box: watch the fallback
+        e = app.monitor.servers["http://localhost:8000"]
         from vtop.sources.vllm import poll_from_error
 
-        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=app.servers.clock.monotonic()))
+        app.apply_server(e.url, poll_from_error(e.url, "refused", t=1.0, mono=app.monitor.clock.monotonic()))
         await pilot.pause()
-        text = e.card.render().plain
+        text = app.cards[e.url].render().plain
         assert text.startswith("DOWN:") and "localhost:8000" in text
         assert "gen tok/s" not in text and "KV cache" not in text  # no empty charts
-        assert e.card.has_class("-down")
+        assert app.cards[e.url].has_class("-down")
         assert app.server_status_text() == "vLLM: down"
 
 
@@ -72,32 +72,32 @@ async def test_polls_back_off_while_nothing_listens() -> None:
 
     app = make_app(None, interval=1.0)
     async with app.run_test(size=(80, 24)):
-        app.servers.apply_discovery([], autopoll=False)
-        e = app.servers.entries["http://localhost:8000"]
-        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=app.servers.clock.monotonic()))
-        delays = [app.servers.next_delay(e, n) for n in range(5)]
+        app.apply_procs([])
+        e = app.monitor.servers["http://localhost:8000"]
+        app.apply_server(e.url, poll_from_error(e.url, "refused", t=1.0, mono=app.monitor.clock.monotonic()))
+        delays = [app.feed.next_delay(e.url, n) for n in range(5)]
         assert delays[0] == 1.0 and delays == sorted(delays) and delays[-1] == 5.0
 
 
 async def test_process_scans_slow_down_once_every_server_answers_even_without_a_local_process() -> None:
-    from vtop.ui.polling import PollLoop
+    from vtop.monitor.polling import PollLoop
 
     clock = rp.make_clock()
     app = app_for_replay(clock)
     async with app.run_test(size=(120, 40)) as pilot:
         await rp.feed(app, clock, until_t=190)  # the replayed server is up; no process of it on this box
         await pilot.pause()
-        e = app.servers.entries[rp.URL]
+        e = app.monitor.servers[rp.URL]
         assert e.last_view is not None and e.last_view.state == "up" and e.process is None
-        loop = PollLoop(app, "discovery", 5.0, lambda: [], lambda r, err: None)  # not started: only its interval
-        app.servers._disc_loop = loop
-        app.servers._on_discovery([], None)
-        assert loop.interval == app.servers.SETTLED_SCAN_S
+        loop = PollLoop("discovery", 5.0, lambda: [], lambda r, err: None)  # not started: only its interval
+        app.feed.disc_loop = loop
+        app.feed.on_discovery([], None)
+        assert loop.interval == app.feed.SETTLED_SCAN_S
         # a server that stops answering brings the fast scans back
         from vtop.sources.vllm import poll_from_error
 
-        await app.servers.poll_once(e, poll_from_error(e.url, "refused", t=1.0, mono=clock.monotonic()))
-        app.servers._on_discovery([], None)
+        app.apply_server(e.url, poll_from_error(e.url, "refused", t=1.0, mono=clock.monotonic()))
+        app.feed.on_discovery([], None)
         assert loop.interval == 5.0
 
 
@@ -155,7 +155,7 @@ async def test_a_fast_scrape_reads_under_10ms_so_its_jitter_repaints_nothing_and
         await rp.feed(app, clock, until_t=190)
         await pilot.pause()
         card = app.query_one(ServerCard)
-        view = app.servers.entries[rp.URL].last_view
+        view = app.monitor.servers[rp.URL].last_view
         assert view is not None
         width = card.content_width()
 

@@ -10,7 +10,7 @@ from tests.conftest import FIXTURES, fake_gpus, make_app
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.sources.logtail import LogTailer, StreamTailer
-from vtop.sources.logwatch import LogWatch
+from vtop.monitor.logwatch import LogWatch
 from vtop.ui.app import VtopApp
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel

@@ -36,7 +36,7 @@ def test_the_check_itself_can_fail() -> None:
 #: What the dashboard must not import before its first frame (each is 10-60 ms
 #: on a 2-core box; they are imported where first used).
 DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases", "vtop.core.diagnose",
-            "vtop.core.requests", "vtop.sources.record", "vtop.sources.logwatch", "vtop.actions.snapshot",
+            "vtop.core.requests", "vtop.sources.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
             # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
             "vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery",
             # NVML's binding and the simulated GPUs: loaded by the GPU thread's first poll
@@ -64,15 +64,14 @@ MODS = ("vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery", "pyn
 async def main():
     app = VtopApp(Config(urls=("http://127.0.0.1:9",), simulate_gpus=2), autopoll=False, hostname="t")
     async with app.run_test(size=(100, 30)) as pilot:
-        app.servers.start(autopoll=False)  # the cards of the command line's URLs, as in the first frame
-        await pilot.pause()
-        entry = next(iter(app.servers.entries.values()))
+        await pilot.pause()  # the cards of the command line's URLs, as in the first frame
+        url = next(iter(app.cards))
         before = [m for m in MODS if m in sys.modules]
-        made_before = entry._scraper is not None
-        await app.servers.poll_once(entry)
+        made_before = bool(app.feed.scrapers)
+        await app.poll_server_once(url)
         after = [m for m in MODS if m in sys.modules]
         print(json.dumps({"before": before, "made_before": made_before, "after": after,
-                          "cards": len(app.servers.entries), "state": entry.last_view.state}))
+                          "cards": len(app.cards), "state": app.monitor.servers[url].last_view.state}))
 asyncio.run(main())
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -12,7 +12,7 @@ import pytest
 
 from vtop.clock import FakeClock
 from vtop.sources.fake_nvml import FakeGpu, FakeNvml
-from vtop.sources.gpu import ABSENT, ERROR, OK, decode_throttle
+from vtop.model.gpu import ABSENT, ERROR, OK, decode_throttle
 from vtop.sources.nvml import NvmlSource
 
 

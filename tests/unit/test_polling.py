@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vtop.ui.polling import PollLoop, name_this_thread
+from vtop.monitor.polling import PollLoop, name_this_thread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel thread names: Linux")
 
@@ -29,7 +29,7 @@ async def test_a_poll_thread_is_named_after_its_source() -> None:
         seen["comm"] = _comm(seen["tid"])  # read while the thread is alive
         return 1
 
-    loop = PollLoop(None, "gpu", 10.0, poll, lambda r, e: done.set())  # type: ignore[arg-type]
+    loop = PollLoop("gpu", 10.0, poll, lambda r, e: done.set())
     loop.start()
     try:
         await asyncio.wait_for(done.wait(), 5)
@@ -70,7 +70,7 @@ def test_an_at_tick_loop_leaves_one_result_for_the_tick_and_waits_for_it() -> No
         return len(starts)
 
     interval = 0.6
-    loop = PollLoop(None, "gpu", interval, poll, lambda r, e: got.append((r, e)), at_tick=True)  # type: ignore[arg-type]
+    loop = PollLoop("gpu", interval, poll, lambda r, e: got.append((r, e)), at_tick=True)
     loop._loop = asyncio.new_event_loop()  # never run: an at-tick loop must not need it
     loop._thread = threading.Thread(target=loop._run, daemon=True)
     loop._thread.start()
@@ -107,7 +107,7 @@ def test_an_at_tick_loop_whose_poll_is_slow_starts_again_at_once_so_as_not_to_mi
         return len(ends)
 
     interval = 0.6
-    loop = PollLoop(None, "gpu", interval, poll, lambda r, e: None, at_tick=True)  # type: ignore[arg-type]
+    loop = PollLoop("gpu", interval, poll, lambda r, e: None, at_tick=True)
     loop._loop = asyncio.new_event_loop()
     loop._thread = threading.Thread(target=loop._run, daemon=True)
     loop._thread.start()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -42,10 +43,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import vtop
-from vtop.core.requests import PY_STR_REPR
+from vtop.model.redact import PY_STR_REPR
 from vtop.sources.discovery import ServerProcess, redact_argv
 
 __all__ = [
+    "LogRedactor",
     "SnapshotResult",
     "SnapshotRunner",
     "filter_environ",
@@ -54,7 +56,6 @@ __all__ = [
     "make_bundle",
     "read_environ",
     "redact_request_line",
-    "LogRedactor",
 ]
 
 CHUNK = 1 << 20
@@ -99,9 +100,7 @@ def is_secret_env(name: str, value: str) -> bool:
     if any(r.search(v) for r in _SECRET_VALUE_RES):
         return True
     v = _UUID_RE.sub("", v)  # GPU/MIG UUIDs (CUDA_VISIBLE_DEVICES) are identifiers, not secrets
-    if _OPAQUE_RE.match(v) and re.search(r"[A-Z]", v) and re.search(r"[a-z]", v) and re.search(r"\d", v):
-        return True
-    return False
+    return bool(_OPAQUE_RE.match(v) and re.search(r"[A-Z]", v) and re.search(r"[a-z]", v) and re.search(r"\d", v))
 
 
 def _env_wanted(name: str) -> bool:
@@ -582,7 +581,7 @@ def make_bundle(
                 problems.append(f"/metrics of {url}: not available (server not answering)")
                 continue
             metrics_index[url] = name
-            attempt(name, lambda n=name, p=payload: w.write(n, p, f"raw /metrics of {url}"))
+            attempt(name, functools.partial(w.write, name, payload, f"raw /metrics of {url}"))
         attempt("history.json", lambda: w.write("history.json", _safe_json(history_json)))
         attempt("phases.json", lambda: w.write("phases.json", _safe_json(phases_json)))
         attempt("alerts.json", lambda: w.write("alerts.json", _safe_json(list(alerts))))

@@ -44,8 +44,8 @@ processes and in-flight requests are read by attribute.
 
 from __future__ import annotations
 
-from vtop.core.fmt import dur
-from vtop.core.fmt import to_float as _float
+from vtop.model.fmt import dur
+from vtop.model.fmt import to_float as _float
 
 import json
 import math
@@ -511,7 +511,7 @@ class Diagnoser:
                     log: Any = None, log_target: str | None = None) -> list[Alert]:
         """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
         views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
-        ``request_logging``, ``recent``; see :class:`vtop.sources.logwatch.LogView`)
+        ``request_logging``, ``recent``; see :class:`vtop.monitor.logwatch.LogView`)
         of the server at ``log_target``."""
         if log is None:
             return self.update(now, servers=servers, gpus=gpus)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vtop.core.history import Series
-from vtop.sources.gpu import GpuPoll, GpuSample
+from vtop.model.gpu import GpuPoll, GpuSample
 
 FIELDS = ("util", "sm", "mem", "bw")
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE, banner_version, is_progress_frame, split_glued, strip_ansi
 from vtop.core.phase_types import (  # noqa: F401 - re-exported
     Phase,
     _ORDER,
@@ -79,64 +80,6 @@ DEFAULT_STALL_S = 600.0
 
 # CSI sequences (colours, cursor moves tqdm uses for nested bars), two-byte
 # escapes, and the caret form ``^[[0;36m`` found in copy-pasted docker output.
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*[A-Za-z]")
-
-
-def strip_ansi(text: str) -> str:
-    """Remove ANSI escape codes: vLLM ≤0.15 colours its process tag even in files."""
-    if "\x1b" not in text and "^[" not in text:
-        return text
-    return _ANSI_RE.sub("", text)
-
-
-# "7/51 [00:00<00:00, 68.16it/s]" at the end of a tqdm frame. Every tqdm stats
-# bracket (vLLM's shard bar format included) holds "elapsed<remaining", so a
-# line without "<" is never a frame: a cheap check before the regexes.
-_TQDM_BRACKET_RE = re.compile(r"\d+/\d+ \[[^\[\]\r\n<]*<[^\[\]\r\n]*\]")
-_TQDM_TAIL_RE = re.compile(r"\d+/\d+ \[[^\[\]\r\n<]*<[^\[\]\r\n]*\]\s*$")
-# Start of a log record, possibly glued to a tqdm frame (vllm issue #25848).
-_RECORD_START_RE = re.compile(
-    r"(?:\([^()\r\n]+? pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
-)
-
-
-def is_progress_frame(text: str) -> bool:
-    """True for a complete tqdm frame such as ``Capturing ...: 14%|█▎ | 7/51 [00:00<00:00, 68.16it/s]``.
-
-    A log record that merely contains such text is not a frame (frames never start with a header).
-    """
-    return (
-        "%" in text and "<" in text and _TQDM_TAIL_RE.search(text) is not None and _RECORD_START_RE.match(text) is None
-    )
-
-
-def split_glued(text: str) -> list[str]:
-    """Split a tqdm frame from the log record glued right after it.
-
-    tqdm on stderr and logging on stdout share the terminal or file, so the last
-    frame of a bar can be followed, on the same physical line, by the next record:
-    ``...| 65/67 [00:15<00:00,  4.58it/s](Worker_TP2 pid=27) INFO 09-29 ...``.
-    Only a record start that follows a tqdm ``n/total [...]`` tail is split off,
-    so a message that merely quotes a log line is left alone.
-    """
-    if "<" not in text or _TQDM_BRACKET_RE.search(text) is None:
-        return [text]
-    out: list[str] = []
-    start = 0
-    for m in _RECORD_START_RE.finditer(text):
-        pos = m.start()
-        if pos <= start:
-            continue
-        head = text[start:pos]
-        if _TQDM_TAIL_RE.search(head):
-            out.append(head)
-            start = pos
-    out.append(text[start:])
-    return out
-
-
-# --------------------------------------------------------------------------- line parser
-
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 
@@ -243,24 +186,6 @@ def parse_line(line: str) -> LogEvent:
 
 
 # --------------------------------------------------------------------------- message patterns
-
-_BANNER_RES = (
-    re.compile(r"vLLM API server version (?P<ver>\S+)"),
-    re.compile(r"vLLM server version (?P<ver>[^\s,]+), serving model (?P<model>\S+)"),
-    re.compile(r"[█▀▄]\s+version\s+(?P<ver>\d+\.\d+[\w.+-]*)"),
-)
-_LOGO_MODEL_RE = re.compile(r"[█▀▄]\s+model\s+(?P<model>\S+)")
-
-
-def banner_version(line: str) -> str | None:
-    """The vLLM version if ``line`` is a startup banner (any version's form), else ``None``."""
-    text = strip_ansi(line)
-    for rx in _BANNER_RES:
-        m = rx.search(text)
-        if m:
-            return m.group("ver").rstrip(",")
-    return None
-
 
 _ENGINE_INIT_RE = re.compile(
     r"Initializing (?:an LLM engine|a V0 LLM engine|a V1 LLM engine) \(v(?P<ver>[^)]+)\) with config: "
@@ -905,14 +830,14 @@ class PhaseTracker:
             return True
 
         if "version" in msg:
-            for i, rx in enumerate(_BANNER_RES):
+            for i, rx in enumerate(BANNER_RES):
                 m = rx.search(msg)
                 if m:
-                    self._on_banner(m, t, arrival, logo=i == len(_BANNER_RES) - 1)
+                    self._on_banner(m, t, arrival, logo=i == len(BANNER_RES) - 1)
                     return True
         if self._expect_logo_model:
             self._expect_logo_model = False
-            m = _LOGO_MODEL_RE.search(msg)
+            m = LOGO_MODEL_RE.search(msg)
             if m:
                 self._fact("model", m.group("model"))
                 return True

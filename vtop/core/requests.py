@@ -54,9 +54,6 @@ Privacy: the tracker never keeps prompt text, only its length.
 
 from __future__ import annotations
 
-from vtop.core.fmt import to_float as _to_float
-from vtop.core.fmt import to_int as _to_int
-
 import calendar
 import re
 import time
@@ -64,6 +61,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from vtop.core.phases import LogEvent, parse_line
+from vtop.model.fmt import to_float as _to_float
+from vtop.model.fmt import to_int as _to_int
+from vtop.model.redact import PY_STR_RE, PY_STR_REPR, redact_prompts, repr_len
 
 __all__ = [
     "NEVER_ADDED",
@@ -77,15 +77,6 @@ __all__ = [
     "parse_request_line",
     "redact_prompts",
 ]
-
-#: A Python ``repr()`` of a ``str`` (vLLM logs prompts and outputs with ``%r``):
-#: ``'…'`` or ``"…"`` with backslash escapes and never a raw newline. Shared with
-#: :mod:`vtop.actions.snapshot`, which compiles it as bytes.
-PY_STR_REPR = r"""(?:'[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")"""
-
-_PY_STR_RE = re.compile(PY_STR_REPR)
-# One escape inside a repr body (each stands for one character).
-_ESC_RE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.S)
 
 # Only lines holding one of these go through parse_line and the message regexes.
 _MARKERS = ("Received request ", "Added request ", "Finished request ", "Aborted request", "Generated response ")
@@ -116,12 +107,6 @@ _ENDPOINT_PREFIXES = (
     ("resp_", "responses"),
     ("resp-", "responses"),
 )
-
-# Redaction: where a request line's prompt (or request body) starts.
-_PROMPT_AT_RE = re.compile(r"(?:\bReceived request \S+?: |\bRequest \S+ details: )prompt: ")
-_TOKEN_IDS_AT_RE = re.compile(r"\bprompt_token_ids: \[[^\]\r\n]*\]?")
-_BODY_AT_RE = re.compile(r"\bRequest \S+ JSON body: ")
-_CUT_MARK = " …"  # what vtop.sources.logtail appends to a line it had to cut
 
 #: Reason given to requests that ``note_running(0)`` ends.
 RUNNING_FELL_TO_ZERO = "done (running fell to 0)"
@@ -175,17 +160,6 @@ def endpoint_of(request_id: str, params_cls: str | None = None) -> str | None:
     return None
 
 
-def _repr_len(literal: str) -> int:
-    """Characters of the string a ``repr`` literal (quotes included) stands for."""
-    body = literal[1:-1]
-    if "\\" not in body:
-        return len(body)
-    n = len(body)
-    for m in _ESC_RE.finditer(body):
-        n -= len(m.group()) - 1
-    return n
-
-
 def _stamp_seconds(stamp: tuple[int, int, int, int, int] | None, year: int) -> float | None:
     if stamp is None:
         return None
@@ -200,9 +174,9 @@ def _received(rid: str, rest: str, log_t: float | None) -> RequestEvent:
     prompt_chars: int | None = None
     params_text = rest
     if rest.startswith("prompt: "):
-        m = _PY_STR_RE.match(rest, 8)
+        m = PY_STR_RE.match(rest, 8)
         if m:
-            prompt_chars = _repr_len(m.group())
+            prompt_chars = repr_len(m.group())
             params_text = rest[m.end() :]
         elif rest.startswith("None", 8):
             params_text = rest[12:]
@@ -211,7 +185,7 @@ def _received(rid: str, rest: str, log_t: float | None) -> RequestEvent:
             params_text = rest[r.end() :]
         else:  # the line was cut inside the prompt: nothing after it can be read
             return RequestEvent("received", rid, log_t, endpoint_of(rid), None, None, None, None, None)
-    masked = _PY_STR_RE.sub("''", params_text)  # a stop string may read "max_tokens=1"
+    masked = PY_STR_RE.sub("''", params_text)  # a stop string may read "max_tokens=1"
     obj = _PARAMS_OBJ_RE.search(masked)
     start = obj.start() if obj else 0
     cls = obj.group("cls") if obj else None
@@ -305,52 +279,6 @@ def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEve
 
 
 # --------------------------------------------------------------------------- redaction
-
-
-def redact_prompts(line: str) -> str:
-    """``line`` with the prompt of a request line replaced by ``<redacted N chars>``.
-
-    Covers ``Received request X: prompt: '…'`` (≤0.11 INFO) and ``Request X
-    details: prompt: '…'`` (0.15+ DEBUG), the ``prompt_token_ids`` list that
-    follows them (token ids decode back to the prompt: ``<redacted N ids>``),
-    and 0.15+'s DEBUG ``Request X JSON body: {…}``. A line cut inside the prompt
-    loses everything after ``prompt: ``. Other lines come back unchanged.
-    """
-    if "prompt: " not in line and " JSON body: " not in line:
-        return line
-    body = line.rstrip("\r\n")
-    ending = line[len(body) :]
-    out = body
-    m = _PROMPT_AT_RE.search(body)
-    if m:
-        start = m.end()
-        lit = _PY_STR_RE.match(body, start)
-        if lit:
-            head = body[:start] + f"<redacted {_repr_len(lit.group())} chars>"
-            tail = body[lit.end() :]
-            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, tail, count=1)
-            out = head + tail
-        elif body.startswith("None", start) and not body[start + 4 : start + 5].isalnum():
-            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, body[start:], count=1)
-            out = body[:start] + tail
-        else:  # unterminated (a cut line): the rest of the line may all be prompt
-            rest = body[start:]
-            cut = rest.endswith(_CUT_MARK)
-            if cut:
-                rest = rest[: -len(_CUT_MARK)]
-            out = body[:start] + f"<redacted {len(rest)} chars>" + (_CUT_MARK if cut else "")
-    else:
-        b = _BODY_AT_RE.search(body)
-        if b:
-            rest = body[b.end() :]
-            out = body[: b.end()] + f"<redacted {len(rest)} chars>"
-    return out + ending
-
-
-def _redact_ids(m: re.Match[str]) -> str:
-    ids = m.group()[len("prompt_token_ids: [") :].rstrip("]").strip()
-    n = ids.count(",") + 1 if ids else 0
-    return f"prompt_token_ids: <redacted {n} ids>"
 
 
 # --------------------------------------------------------------------------- tracker

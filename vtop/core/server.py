@@ -34,7 +34,7 @@ types are only used for type checking, the code reads attributes.
 
 from __future__ import annotations
 
-from vtop.core.fmt import dur
+from vtop.model.fmt import dur
 
 import math
 import statistics

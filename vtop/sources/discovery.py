@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtop.core.fmt import to_float as _float
-from vtop.core.fmt import to_int as _int
+from vtop.model.fmt import to_float as _float
+from vtop.model.fmt import to_int as _int
 from vtop.sources.procs import parse_stat
 
 __all__ = [

@@ -30,7 +30,7 @@ import stat
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from vtop.core.phases import banner_version, is_progress_frame, split_glued, strip_ansi
+from vtop.model.logtext import banner_version, is_progress_frame, split_glued, strip_ansi
 
 __all__ = [
     "DEFAULT_MAX_LINE",

@@ -5,7 +5,7 @@ header ``{"kind": "header", "schema": "vtop-record", "version": 2, ...}``
 (with what was recorded, where and by what); then, in the order they
 happened, on the recording box's clocks (``t`` wall, ``mono`` monotonic):
 
-* ``gpu``: one :class:`~vtop.sources.gpu.GpuPoll` (fields that are ``None``
+* ``gpu``: one :class:`~vtop.model.gpu.GpuPoll` (fields that are ``None``
   left out), with ``names``: pid -> process name for the GPU processes.
 * ``server``: one :class:`~vtop.sources.vllm.ServerPoll` without its
   metrics, plus ``m``: the parsed metrics as numbers, only the fields that
@@ -40,11 +40,12 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
 
 from vtop import __version__
-from vtop.sources.gpu import GpuPoll
+from vtop.model.gpu import GpuPoll
 
 SCHEMA = "vtop-record"
 VERSION = 2
@@ -215,7 +216,7 @@ class Recorder:
         if not lines:
             return
         if self.redact_prompts:
-            from vtop.core.requests import redact_prompts
+            from vtop.model.redact import redact_prompts
 
             lines = [redact_prompts(x) for x in lines]
         self._put({"kind": "log", "t": t, "mono": mono, "lines": lines})
@@ -302,7 +303,7 @@ def polls_from_sampler(path: str | os.PathLike[str]) -> list[GpuPoll]:
     (``nvml.jsonl``: a ``header`` line with static GPU facts, then one flat line
     per GPU per sample with ``util_gpu``, ``mem_used``, ``gpm_sm_active``...)
     into :class:`GpuPoll` objects, one per sample time."""
-    from vtop.sources.gpu import GpuProcess, GpuSample
+    from vtop.model.gpu import GpuProcess, GpuSample
 
     statics: dict[int, dict[str, Any]] = {}
     driver = nvml_version = None
@@ -313,7 +314,8 @@ def polls_from_sampler(path: str | os.PathLike[str]) -> list[GpuPoll]:
 
     def flush() -> None:
         if cur_t is not None and cur:
-            out.append(GpuPoll(t=cur_t, mono=cur_mono, status="ok", gpus=tuple(cur), driver=driver, nvml_version=nvml_version))
+            out.append(GpuPoll(t=cur_t, mono=cur_mono, status="ok", gpus=tuple(cur), driver=driver,
+                               nvml_version=nvml_version))
 
     def num(d: dict[str, Any], k: str) -> float | None:
         v = d.get(k)
@@ -411,9 +413,9 @@ def decode(records: Iterable[dict[str, Any]]) -> Iterator[RecordEvent]:
                     else:
                         full[url] = {**full[url], **m}
                     metrics = metrics_from_json(full[url])
-                poll = poll_from_json(r, metrics)
+                spoll = poll_from_json(r, metrics)
                 fed = r.get("fed")
-                yield RecordEvent("server", poll.t, poll.mono, poll, float(fed) if fed is not None else None)
+                yield RecordEvent("server", spoll.t, spoll.mono, spoll, float(fed) if fed is not None else None)
             elif kind == "procs":
                 procs = [process_from_json(p) for p in r.get("servers") or ()]
                 yield RecordEvent("procs", float(r["t"]), float(r["mono"]), procs)

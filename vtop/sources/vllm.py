@@ -340,7 +340,8 @@ class VllmScraper:
     ) -> None:
         self.url = url.rstrip("/")
         self._client = client
-        self._api_key = api_key or None
+        self.api_key: str | None = api_key or None
+        """The key sent to the `/v1` endpoints (never to `/metrics` or `/health`); settable."""
         self._clock = clock
         self.timeout = timeout or DEFAULT_TIMEOUT
         self.max_body_bytes = max_body_bytes
@@ -378,21 +379,21 @@ class VllmScraper:
     HIST_EVERY_S = 5.0
 
     def __repr__(self) -> str:
-        return f"VllmScraper(url={self.url!r}, api_key={'***' if self._api_key else None})"
+        return f"VllmScraper(url={self.url!r}, api_key={'***' if self.api_key else None})"
 
     # -- helpers --
 
     def _scrub(self, text: str) -> str:
         """Remove the API key (and any bearer token) from text we produce."""
-        if self._api_key and self._api_key in text:
-            text = text.replace(self._api_key, "***")
+        if self.api_key and self.api_key in text:
+            text = text.replace(self.api_key, "***")
         return re.sub(r"(?i)(bearer\s+)\S+", r"\1***", text)
 
     async def _get(self, path: str, limit: int, *, auth: bool = False) -> tuple[int, bytes]:
         """GET with a deadline and a bounded body. Raises :class:`_Fail`."""
         headers = [("Accept-Encoding", "identity")]
-        if auth and self._api_key:
-            headers.append(("Authorization", f"Bearer {self._api_key}"))
+        if auth and self.api_key:
+            headers.append(("Authorization", f"Bearer {self.api_key}"))
         fetch = self._client.get(self.url + path, headers=headers, limit=limit,
                                  connect_timeout=self.timeout.connect)
         try:
@@ -400,7 +401,8 @@ class VllmScraper:
         except asyncio.CancelledError:
             raise
         except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise _Fail("timeout", f"{path}: no complete answer from {self.url} within {self.deadline_s:.1f} s") from exc
+            raise _Fail("timeout",
+                        f"{path}: no complete answer from {self.url} within {self.deadline_s:.1f} s") from exc
         except HttpError as e:
             raise _Fail(e.kind, self._message(e, path), e.got, e.status) from e
 
@@ -517,7 +519,8 @@ class VllmScraper:
         """/health, /v1/models, /version when due; their results as
         ServerPoll fields. Never raises."""
         want_health = (
-            reconnect or self._health_bad or self._last_health is None or mono - self._last_health >= self.health_every_s
+            reconnect or self._health_bad or self._last_health is None
+            or mono - self._last_health >= self.health_every_s
         )
         want_info = reconnect or self._last_info is None or mono - self._last_info >= self.info_every_s
         out: dict[str, Any] = {}

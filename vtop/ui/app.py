@@ -1,9 +1,13 @@
-"""The Textual application: layout, keys, and the routing of poll results.
+"""The Textual application: layout, keys, and painting what the monitor knows.
 
-Sources are injected (``gpu_source``) and polling can be switched off
-(``autopoll=False``) so tests drive the app tick by tick with
-:meth:`VtopApp.poll_gpu_once`; in production each source runs in its own
-one-shot timer chain (:mod:`vtop.ui.polling`).
+Everything between the sources and the widgets lives in a
+:class:`~vtop.monitor.Monitor` (the same one ``--once``, ``doctor`` and the
+replay drive); this module only lays out the panels, paints what the monitor
+says changed, once a tick, and runs the keys. Live, a
+:class:`~vtop.monitor.live.LiveFeed` polls the sources into the monitor; a
+replay's :class:`~vtop.monitor.player.Player` plays a recording into it; tests
+drive it by hand (``autopoll=False``) with :meth:`VtopApp.poll_gpu_once`,
+:meth:`VtopApp.poll_log_once`, :meth:`VtopApp.poll_server_once`.
 """
 
 from __future__ import annotations
@@ -11,34 +15,34 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import Screen
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
 from vtop import __version__
+from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.gpu_history import GpuHistory
-from vtop.sources.gpu import ABSENT, OFF, GpuPoll, GpuSample
+from vtop.monitor import ALERTS, GPU, LOG, LOG_SOURCE, SERVERS, Monitor, WatchedServer
+from vtop.monitor.live import GpuSourceLike, LiveFeed
+from vtop.monitor.monitor import make_log_watch, make_recorder
+from vtop.model.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.sources.nvml import make_gpu_source
-from vtop.sources.procs import ProcNames
-from vtop.ui.polling import PollLoop
-from vtop.ui.server_watch import ServerWatch
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
-from vtop.ui.widgets.frame_memo import MemoScreen, MemoStatic, MemoVertical, MemoVerticalScroll
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.keys_bar import KeysBar
 from vtop.ui.widgets.log_pane import LogPane
+from vtop.ui.widgets.server_panel import ServerCard
 from vtop.ui.widgets.startup_panel import StartupPanel
 
 if TYPE_CHECKING:
-    from vtop.core.diagnose import Diagnoser
-    from vtop.sources.logwatch import LogView, LogWatch
+    from vtop.core.diagnose import Alert, Diagnoser
+    from vtop.monitor.logwatch import LogView, LogWatch
+    from vtop.monitor.player import Player
 
 # Modules the first frame does not need (the log parser with its ~60 regular
 # expressions, the diagnosis rules, the recorder, the snapshot code) are
@@ -46,11 +50,6 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 SERVER_PANEL_MIN_ROWS = 6
-
-
-class GpuSourceLike(Protocol):
-    def poll(self) -> GpuPoll: ...
-    def close(self) -> None: ...
 
 
 class VtopApp(App[int]):
@@ -82,76 +81,71 @@ class VtopApp(App[int]):
         hostname: str | None = None,
         log_watch: LogWatch | None | str = "auto",
         log_fd: int | None = None,
-        replay: Any = None,
+        replay: Player | None = None,
+        discover: Any = "auto",
+        clock: Clock | None = None,
     ) -> None:
         super().__init__()
-        #: a :class:`~vtop.ui.replay.ReplayDriver` when playing a recording
+        #: a :class:`~vtop.monitor.player.Player` when playing a recording
         self.replay = replay
-        if replay is not None:
-            gpu_source, autopoll = None, False
         self.hostname = hostname or socket.gethostname()
         self.config = config
         if config.theme:
             self.theme = config.theme
-        self.gpu_source: GpuSourceLike | None = (
-            make_gpu_source(config) if isinstance(gpu_source, str) else gpu_source
-        )
-        self.autopoll = autopoll
-        self.hang_after_s = hang_after_s if hang_after_s is not None else max(3.0, 3 * config.interval)
-        self.gpu_history = GpuHistory(config.history)
-        self.proc_names: dict[int, str] = {}
-        self._names = ProcNames()
-        self.recorder = None
-        if config.record:
-            from vtop.sources.record import Recorder
-
-            self.recorder = (Recorder(config.record, max_bytes=config.record_max_mb * 2**20,
-                                  redact_prompts=config.redact_prompts,
-                                  meta={"interval": config.interval, "history": config.history}))
-        self.gpu_loop: PollLoop | None = None
-        self.log_watch: LogWatch | None
+        self.autopoll = autopoll and replay is None
         if replay is not None:
-            from vtop.sources.logwatch import LogWatch
-            from vtop.ui.replay import FedLog
-
-            self.log_watch = (LogWatch(FedLog(replay.name), clock=replay.clock, stall_threshold_s=config.stall_threshold)
-                              if replay.has_log else None)
-        elif isinstance(log_watch, str):
-            self.log_watch = self._make_log_watch(config, log_fd)
+            self.monitor = replay.monitor
+            self.feed: LiveFeed | None = None
         else:
-            self.log_watch = log_watch
-        if self.log_watch is not None and self.recorder is not None:
-            self.log_watch.recorder = self.recorder
-        self.log_loop: PollLoop | None = None
-        self.servers = ServerWatch(self, clock=replay.clock if replay is not None else None)
-        self._dirty: set[str] = set()
+            clock = clock or SystemClock()
+            recorder = make_recorder(config)
+            lw = make_log_watch(config, clock=clock, log_fd=log_fd) if isinstance(log_watch, str) else log_watch
+            self.monitor = Monitor(config, clock=clock, recorder=recorder, log_watch=lw)
+            src = make_gpu_source(config) if isinstance(gpu_source, str) else gpu_source
+            kw: dict[str, Any] = {} if discover == "auto" else {"discover": discover}
+            self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
+        self.cards: dict[str, ServerCard] = {}
+        """The server cards, by URL."""
+        self._card_versions: dict[str, int] = {}
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
         self._snap_pct = -5
         self._snap_text = ""
+        self._action_client: Any = None
         self.last_snapshot: Any = None
-        self._launch_marked: Any = None
-        self.log_view: LogView | None = None
         self.gpu_hung = False
         self._status_text = ""
         self._ticks = 0
-        self._log_tried_for: tuple[Any, ...] = ()  # the servers a log was last looked for among
-        self._diagnoser: Diagnoser | None = None
-        self.alerts: list[Any] = []
-        self._alerts_key: Any = None
+
+    # ------------------------------------------------------- what the monitor knows
+    @property
+    def gpu_history(self) -> GpuHistory:
+        return self.monitor.gpu_history
+
+    @property
+    def log_watch(self) -> LogWatch | None:
+        return self.monitor.log_watch
+
+    @property
+    def log_view(self) -> LogView | None:
+        return self.monitor.log_view
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return self.monitor.alerts
+
+    @property
+    def recorder(self) -> Any:
+        return self.monitor.recorder
 
     @property
     def diagnoser(self) -> Diagnoser:
-        if self._diagnoser is None:
-            from vtop.core.diagnose import Diagnoser, Thresholds
+        return self.monitor.diagnoser
 
-            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
-        return self._diagnoser
-
-    @diagnoser.setter
-    def diagnoser(self, value: Diagnoser) -> None:
-        self._diagnoser = value
+    @property
+    def gpu_source(self) -> GpuSourceLike | None:
+        return self.feed.gpu_source if self.feed is not None else None
 
     @property
     def snapshots(self) -> Any:
@@ -161,6 +155,17 @@ class VtopApp(App[int]):
 
             self._snapshots = SnapshotRunner()
         return self._snapshots
+
+    @property
+    def action_client(self) -> Any:
+        """An ``httpx.AsyncClient`` for the test request (streaming POST, JSON):
+        made, and httpx imported, the first time a key needs it."""
+        if self._action_client is None:
+            import httpx
+
+            # Never let environment proxies reroute a request to a local server.
+            self._action_client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+        return self._action_client
 
     #: (theme name, Theme) of the last ``current_theme`` answer
     _theme_hit: tuple[str, Any] | None = None
@@ -190,8 +195,9 @@ class VtopApp(App[int]):
         self._theme_hit = None
 
     def get_driver_class(self) -> Any:
-        """Textual's own driver, except on Linux: the same with a key thread that sleeps
-        while nobody types (:mod:`vtop.ui.driver`). ``TEXTUAL_DRIVER`` still wins."""
+        """Textual's own driver, except on Linux with a Textual release vtop knows: the
+        same with a key thread that sleeps while nobody types (:mod:`vtop.ui.driver`).
+        ``TEXTUAL_DRIVER`` still wins."""
         if os.environ.get("TEXTUAL_DRIVER"):
             return super().get_driver_class()
         from vtop.ui.driver import calm_driver_class
@@ -199,18 +205,15 @@ class VtopApp(App[int]):
         return calm_driver_class() or super().get_driver_class()
 
     # ------------------------------------------------------------------ layout
-    def get_default_screen(self) -> Screen[Any]:
-        return MemoScreen(id="_default")
-
     def compose(self) -> ComposeResult:
-        yield MemoStatic("", id="status")
+        yield Static("", id="status")
         yield AlertsPanel(id="alerts")
-        with MemoVerticalScroll(id="body"):
+        with VerticalScroll(id="body"):
             yield GpuPanel(self.gpu_history, procs_line=self.procs_line, id="gpus")
-            with MemoVertical(id="servers"):
-                yield MemoStatic("vLLM: looking for servers on this box…", id="servers-msg")
+            with Vertical(id="servers"):
+                yield Static("vLLM: looking for servers on this box…", id="servers-msg")
                 yield RequestsLine(id="requests-line")
-            yield StartupPanel(gpu_activity=self.gpu_activity, id="startup")
+            yield StartupPanel(gpu_activity=self.monitor.gpu_activity, id="startup")
         yield LogPane(id="log")
         yield KeysBar(id="keys")
 
@@ -238,44 +241,36 @@ class VtopApp(App[int]):
     def on_mount(self) -> None:
         self._widget("alerts", AlertsPanel)
         self._widget("requests", RequestsLine).display = False
-        self._widget("gpu", GpuPanel)
-        self._widget("startup", StartupPanel)
-        self._widget("log", LogPane)
-        self.servers.on_view.append(self._on_server_view)
-        self.servers.on_first_discovery.append(self._on_first_discovery)
-        self.servers.on_discovery.append(self._on_discovery)
+        self._widget("status", "#status")
         if self.replay is not None:
             if not self.replay.has_gpu:
-                self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
+                self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
         elif self.gpu_source is None:
-            self._apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
+            self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
         self.w_log.display = self.log_watch is not None
         self.w_startup.redraw()
         self._size_panels()
-        self.update_status()
+        self.monitor.add_cli_urls()
+        self.paint()
         if self.autopoll:
-            self.servers.add_cli_urls()
             # After the first frame: the poll threads' start (NVML init, the first
             # /proc scan) competes for the GIL with drawing it.
             self.call_after_refresh(self._start_polling)
         elif self.replay is not None:
-            from vtop.ui.replay import TICK_S
+            from vtop.monitor.player import TICK_S
 
-            self.replay.attach(self)
-            self.replay.advance(0.0)
-            self.replay.timer = self.set_interval(TICK_S, self.replay.on_timer, name="replay")
-            if self.replay.paused or self.replay.ended:
-                self.replay.timer.pause()
+            player = self.replay
+            player.on_moved = self.paint
+            player.advance(0.0)
+            timer = self.set_interval(TICK_S, player.on_timer, name="replay")
+            player.on_paused = lambda paused: timer.pause() if paused else timer.resume()
+            if player.paused or player.ended:
+                timer.pause()
 
     def _start_polling(self) -> None:
-        if self.gpu_source is not None:
-            self.gpu_loop = PollLoop(self, "gpu", self.config.interval, self._gpu_poll_blocking, self._on_gpu_result,
-                                     at_tick=True)
-            self.gpu_loop.start()
-        if self.log_watch is not None:
-            self._start_log_loop()
-        self.servers.start()
+        assert self.feed is not None
+        self.feed.start()
         self.set_interval(self.config.interval, self._tick, name="paint")
 
     def on_resize(self) -> None:
@@ -287,218 +282,64 @@ class VtopApp(App[int]):
         panel.max_height = max(1, self.size.height - 2 - SERVER_PANEL_MIN_ROWS)
         panel.relayout()
 
-    # ----------------------------------------------------------------- polling
-    def _gpu_poll_blocking(self) -> tuple[GpuPoll, dict[int, str]]:
-        """Runs in a thread worker: NVML, psutil and the recorder's file I/O."""
-        assert self.gpu_source is not None
-        poll = self.gpu_source.poll()
-        names = self._names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
-        if self.recorder is not None:
-            self.recorder.gpu(poll, names)
-        return poll, names
-
-    def _on_gpu_result(self, result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            poll = GpuPoll(t=0.0, mono=0.0, status="error", message=f"GPU poll failed: {type(error).__name__}: {error}")
-            self._apply_gpu(poll)
-            return
-        poll, names = result
-        self.proc_names = names
-        self._apply_gpu(poll)
-
+    # --------------------------------------------------------- driven by hand
     async def poll_gpu_once(self) -> GpuPoll | None:
-        """Tests and replays: one poll through a real thread, applied on the UI thread."""
-        if self.gpu_source is None:
+        """Tests: one NVML poll through a real thread, applied and painted."""
+        if self.feed is None:
             return None
-        result = await asyncio.to_thread(self._gpu_poll_blocking)
-        self._on_gpu_result(result, None)
-        return result[0]
-
-    def _apply_gpu(self, poll: GpuPoll) -> None:
-        if poll.status in (ABSENT, OFF) or poll.gpus:
-            self.gpu_history.add(poll)
-        self.gpu_hung = False
-        self._dirty.add("gpu")
-        self._paint_soon()
-
-    def _paint_soon(self) -> None:
-        """Paint now when driven by hand (tests, replays); else at the next paint tick."""
-        if not self.autopoll and self.replay is None:
-            self.paint()
-
-    def paint(self) -> None:
-        """Apply everything that arrived since the last paint, in one batch.
-
-        Sources deliver whenever their poll ends (NVML after 1 ms, a scrape after
-        20 ms, the log in between); painting each as it came meant up to three
-        full compositor passes a second. One paint per interval is one pass.
-        """
-        dirty, self._dirty = self._dirty, set()
-        with self.batch_update():
-            if "gpu" in dirty:
-                panel = self.w_gpu
-                if panel.has_class("-stale") and not self.gpu_hung:
-                    panel.remove_class("-stale")
-                poll = self.gpu_history.last_poll
-                panel.update_view(poll.mono if poll else 0.0)
-            if "log" in dirty and self.log_view is not None:
-                self.w_startup.show(self.log_view)
-                self.w_log.show(self.log_view)
-            if "servers" in dirty:
-                self.servers.paint()
-            if "log" in dirty:
-                self._widget("requests", RequestsLine).show_requests(self.log_view)
-            if dirty:
-                self.diagnose()
-            self.update_status()
-
-    # ---------------------------------------------------------------- the log
-    @staticmethod
-    def _make_log_watch(config: Config, log_fd: int | None) -> LogWatch | None:
-        if not config.log:
-            return None
-        from vtop.sources.logtail import LogTailer, StreamTailer
-        from vtop.sources.logwatch import LogWatch
-
-        src = StreamTailer(log_fd if log_fd is not None else 0) if config.log == "-" else LogTailer(config.log)
-        return LogWatch(src, stall_threshold_s=config.stall_threshold)
-
-    def _start_log_loop(self) -> None:
-        assert self.log_watch is not None
-        self.log_loop = PollLoop(self, "log", self.config.interval, self.log_watch.poll, self._on_log_result,
-                                 at_tick=True)
-        self.log_loop.start()
-
-    def _on_first_discovery(self, servers: list[Any]) -> None:
-        """No --log given: follow the log of the first server found, or say why not.
-        Tried again (from :meth:`_on_discovery`) whenever the servers found change while
-        no log is followed: vLLM is often started after vtop."""
-        if self.config.log or self.log_watch is not None or self.replay is not None:
-            return
-        self._log_tried_for = tuple(sp.key for sp in servers)
-        panel = self.w_startup
-        if not servers:
-            panel.set_message("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -). "
-                              "Nothing to watch here? `vtop demo` plays a real incident recorded on an H200.")
-            return
-        if self.config.urls:
-            # URLs given: only a server behind one of them is ours to follow.
-            mine = [sp for sp in servers if any(self.servers._matches(u, sp) for u in self.servers.entries)]
-            if not mine:
-                panel.set_message("vLLM log: none of the given URLs is served by a vLLM process on this box; "
-                                  "pass --log PATH (or --log -)")
-                return
-            servers = mine
-        sp = servers[0]
-        from vtop.sources.logwatch import LogWatch
-
-        watch, where = LogWatch.for_server(sp, clock=self.servers.clock, stall_threshold_s=self.config.stall_threshold)
-        if watch is None:
-            panel.set_message(f"vLLM log: {where}")
-            return
-        self.log_watch = watch
-        self.log_watch.recorder = self.recorder
-        self._launch_marked = sp.key
-        panel.set_message(f"vLLM log: {where}")
-        self.w_log.display = True
-        if self.autopoll:
-            self._start_log_loop()
-
-    def _on_discovery(self, servers: list[Any]) -> None:
-        """A log given with --log: take the launch time of the server that writes it from the process table."""
-        if self.log_watch is None:
-            if servers and tuple(sp.key for sp in servers) != self._log_tried_for:
-                self._on_first_discovery(servers)
-            return
-        if not servers or self.replay is not None:
-            return
-        sp = servers[0]
-        if self._launch_marked == sp.key:
-            return
-        self._launch_marked = sp.key
-        self.log_watch.mark_launch_of(sp)
-
-    def diagnose(self, *, show: bool = True) -> list[Any]:
-        """Run the rules over what is on screen now; show and record what changed.
-
-        The rules keep state between calls (when a request last finished, how long the
-        counters have been flat), so they must see every poll: live, the paint tick does
-        that; a replay that jumps calls this after every recorded poll with ``show=False``."""
-        now = self.servers.clock.monotonic()
-        views = {url: e.last_view for url, e in self.servers.entries.items() if e.last_view is not None}
-        lv = self.log_view
-        target = None
-        if lv is not None and self.servers.entries:
-            e = self._action_entry()
-            target = e.url if e is not None else None
-        alerts = self.diagnoser.update_from(now, servers=views, gpus=self.gpu_history if self.gpu_history.tracks else None,
-                                            log=lv, log_target=target)
-        self.alerts = alerts
-        if show:
-            self._widget("alerts", AlertsPanel).show_alerts(alerts)
-        key = tuple((a.rule, a.severity, a.target) for a in alerts)
-        if key != self._alerts_key:
-            self._alerts_key = key
-            if self.recorder is not None:
-                self.recorder.alerts(self.servers.clock.time(), now, [a.to_json() for a in alerts])
-        return alerts
-
-    def mount_server_card(self, card: Any) -> None:
-        box = self.query_one("#servers", Vertical)
-        box.mount(card, before=self.query_one("#requests-line"))
-        self.query_one("#servers-msg", Static).display = False
-
-    def _on_server_view(self, entry: Any, view: Any) -> None:
-        if self.log_watch is not None and entry is self._action_entry():
-            self.log_watch.note_server(view, self.servers.clock.monotonic())
-        if (self.log_watch is not None and self.replay is None and view.health == 200
-                and view.state in ("up", "restarted")):
-            self.log_watch.mark_ready(self.servers.clock.monotonic())
-        self._dirty.add("servers")
-        self._paint_soon()
+        poll = await self.feed.poll_gpu_once()
+        self.round()
+        return poll
 
     async def poll_log_once(self) -> LogView | None:
-        """Tests: one log poll through a real thread, applied on the UI thread."""
-        if self.log_watch is None:
+        """Tests: one log poll through a real thread, applied and painted."""
+        lw = self.log_watch
+        if lw is None:
             return None
-        view = await asyncio.to_thread(self.log_watch.poll)
-        self._on_log_result(view, None)
+        view = await asyncio.to_thread(lw.poll)
+        self.monitor.apply_log(view)
+        self.round()
         return view
 
-    def _on_log_result(self, view: Any, error: BaseException | None) -> None:
-        panel = self.w_startup
-        if error is not None:
-            panel.set_message(f"vLLM log: reading failed: {type(error).__name__}: {error}")
-            return
-        self.log_view = view
-        self._dirty.add("log")
-        self._paint_soon()
+    async def poll_server_once(self, url: str) -> Any:
+        """Tests: one scrape of ``url``, applied and painted."""
+        assert self.feed is not None
+        self.monitor.add_server(url, from_cli=True)
+        view = await self.feed.poll_server_once(url)
+        self.round()
+        return view
 
-    def gpu_activity(self, since_mono: float) -> tuple[float | None, float | None]:
-        """Mean GPU util and SM activity since ``since_mono`` (the busiest GPU), for the stall note."""
-        best: tuple[float | None, float | None] = (None, None)
-        for tr in self.gpu_history.tracks.values():
-            util = [v for t, v in tr.series["util"] if t >= since_mono and v is not None]
-            sm = [v for t, v in tr.series["sm"] if t >= since_mono and v is not None]
-            if not util:
-                continue
-            u = sum(util) / len(util)
-            s = sum(sm) / len(sm) if sm else None
-            if best[0] is None or u > best[0]:
-                best = (u, s)
-        return best
+    def apply_procs(self, servers: list[Any]) -> None:
+        """Tests: a process scan's result, applied and painted."""
+        self.monitor.apply_procs(servers)
+        self.round()
 
+    def apply_server(self, url: str, poll: Any) -> Any:
+        """Tests: one poll of a server (a given one), applied and painted."""
+        view = self.monitor.apply_server(url, poll)
+        self.round()
+        return view
+
+    def apply_gpu(self, poll: GpuPoll, names: dict[int, str] | None = None) -> None:
+        """Tests: one GPU poll (a given one), applied and painted."""
+        self.monitor.apply_gpu(poll, names)
+        self.round()
+
+    def round(self) -> None:
+        """Close a round of the monitor's and paint it."""
+        self.monitor.tick()
+        self.paint()
+
+    # ------------------------------------------------------------------ ticks
     #: Paint ticks after which start-up counts as over (:func:`vtop.gc_tuning.settle_gc`):
     #: by the third, every source has answered once and its modules are imported.
     SETTLE_GC_AFTER_TICKS = 3
 
     def _tick(self) -> None:
-        """Every interval: paint what arrived, and notice sources that went quiet."""
-        for loop in (self.gpu_loop, self.log_loop):
-            if loop is not None:
-                loop.collect()
-        self.servers.tick()
-        self.paint()
+        """Every interval: take what the sources brought, close the round, paint."""
+        if self.feed is not None:
+            self.feed.collect()
+        self.round()
         self._watchdog()
         self._ticks += 1
         if self._ticks == self.SETTLE_GC_AFTER_TICKS and not self.is_headless:
@@ -508,20 +349,74 @@ class VtopApp(App[int]):
             settle_gc()
 
     def _watchdog(self) -> None:
-        loop = self.gpu_loop
-        if loop is None:
-            return
-        hung = loop.in_flight_for() > self.hang_after_s
+        hung = self.feed is not None and self.feed.gpu_hung_for() is not None
         if hung or self.gpu_hung:
             self.gpu_hung = hung
             self.w_gpu.set_class(hung, "-stale")
             self.update_status()
 
+    def paint(self) -> None:
+        """Show what the monitor says changed since the last paint, in one batch.
+
+        Sources deliver whenever their poll ends (NVML after 1 ms, a scrape after
+        20 ms, the log in between); painting each as it came meant up to three
+        full compositor passes a second. One paint per interval is one pass.
+        """
+        changes = self.monitor.take_changes()
+        m = self.monitor
+        with self.batch_update():
+            if GPU in changes:
+                panel = self.w_gpu
+                if panel.has_class("-stale") and not self.gpu_hung:
+                    panel.remove_class("-stale")
+                poll = self.gpu_history.last_poll
+                panel.update_view(poll.mono if poll else 0.0)
+            if LOG_SOURCE in changes:
+                self.w_startup.set_message(m.log_message)
+                if m.log_watch is not None:
+                    self.w_log.display = True
+            if LOG in changes and m.log_view is not None:
+                self.w_startup.show(m.log_view)
+                self.w_log.show(m.log_view)
+                self._widget("requests", RequestsLine).show_requests(m.log_view)
+            if SERVERS in changes:
+                self._paint_servers()
+            if ALERTS in changes:
+                self._widget("alerts", AlertsPanel).show_alerts(m.alerts)
+            self.update_status()
+
+    def _paint_servers(self) -> None:
+        now = self.monitor.clock.monotonic()
+        for url, ws in self.monitor.servers.items():
+            card = self.cards.get(url)
+            if card is None:
+                card = self._mount_card(ws)
+            if self._card_versions.get(url) == ws.version:
+                continue
+            self._card_versions[url] = ws.version
+            p = ws.process
+            card.max_num_seqs = p.max_num_seqs if p is not None else card.max_num_seqs
+            if p is not None:
+                card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
+            if ws.last_view is not None:
+                card.show(ws.last_view, now)
+
+    def _mount_card(self, ws: WatchedServer) -> ServerCard:
+        interval = self.config.interval
+        card = ServerCard(ws.url, window_s=self.config.history, max_gap=max(2.5 * interval, interval + 1.0),
+                          classes="server-card")
+        self.cards[ws.url] = card
+        box = self.query_one("#servers", Vertical)
+        box.mount(card, before=self.query_one("#requests-line"))
+        self.query_one("#servers-msg", Static).display = False
+        return card
+
     # ------------------------------------------------------------------ status
     def gpu_status_text(self) -> str:
         poll = self.gpu_history.last_poll
-        if self.gpu_hung and self.gpu_loop is not None:
-            return f"NVML not answering for {self.gpu_loop.in_flight_for():.0f} s (GPU readings are stale)"
+        hung_for = self.feed.gpu_hung_for() if self.feed is not None else None
+        if self.gpu_hung and hung_for is not None:
+            return f"NVML not answering for {hung_for:.0f} s (GPU readings are stale)"
         if poll is None:
             return "GPU: starting NVML…"
         if poll.status == OFF:
@@ -539,7 +434,7 @@ class VtopApp(App[int]):
         return txt
 
     def server_status_text(self) -> str:
-        views = [e.last_view for e in self.servers.entries.values() if e.last_view is not None]
+        views = list(self.monitor.views().values())
         if not views:
             return "vLLM: looking…"
         if len(views) == 1:
@@ -549,47 +444,26 @@ class VtopApp(App[int]):
             counts[v.state] = counts.get(v.state, 0) + 1
         return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
-    def reset_state(self) -> None:
-        """Forget everything seen (a replay seeking back)."""
-        self.gpu_history.tracks.clear()
-        self.gpu_history.last_poll = None
-        self.proc_names = {}
-        self.servers.reset()
-        from vtop.core.diagnose import Diagnoser
-
-        self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
-        self.alerts = []
-        self._alerts_key = None
-        if self.log_watch is not None:
-            self.log_watch.reset()
-        self._dirty.update(("gpu", "log", "servers"))
-        for e in self.servers.entries.values():
-            e.dirty = True
-
     def update_status(self) -> None:
         if self.replay is not None:
             text = f" {self.replay.status_text()} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-            if text != self._status_text:
-                self._status_text = text
-                status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
-                status.update(text)
-            return
-        rec = self.recorder
-        rec_text = "" if rec is None else (f" │ {rec.stopped_reason}" if rec.stopped_reason else " │ ● REC")
-        text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-                f" │ every {self.config.interval:g} s" + rec_text + (" │ READ-ONLY" if self.config.readonly else "")
-                + (f" │ {self._snap_text}" if getattr(self, "_snap_text", "") else ""))
+        else:
+            rec = self.recorder
+            rec_text = "" if rec is None else (f" │ {rec.stopped_reason}" if rec.stopped_reason else " │ ● REC")
+            text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
+                    f" │ every {self.config.interval:g} s" + rec_text + (" │ READ-ONLY" if self.config.readonly else "")
+                    + (f" │ {self._snap_text}" if self._snap_text else ""))
         if text != self._status_text:
             self._status_text = text
-            status = self._widgets.get("status") or self._widgets.setdefault("status", self.query_one("#status", Static))
-            status.update(text)
+            self._widget("status", "#status").update(text)
 
     def procs_line(self, g: GpuSample) -> str:
         if not g.procs:
             return "no compute process" if g.procs is not None else ""
         parts = []
+        owner, names = self.monitor.gpu_owner, self.monitor.proc_names
         for p in sorted(g.procs, key=lambda p: -(p.used_bytes or 0))[:3]:
-            name = self.servers.gpu_owner.get(p.pid) or self.proc_names.get(p.pid, "")
+            name = owner.get(p.pid) or names.get(p.pid, "")
             mem = "" if p.used_bytes is None else f" {p.used_bytes / GIB:.1f} GiB"
             parts.append(f"{name} {p.pid}{mem}".strip())
         more = len(g.procs) - 3
@@ -612,26 +486,10 @@ class VtopApp(App[int]):
     def action_readonly_info(self) -> None:
         self.notify("read-only (--readonly): the snapshot, py-spy and test-request keys are off")
 
-    def _action_entry(self) -> Any:
-        """The server the action keys act on: the first one with a process, else the first."""
-        entries = list(self.servers.entries.values())
-        with_proc = [e for e in entries if e.process is not None]
-        return (with_proc or entries or [None])[0]
-
     def latest_snapshot_folder(self) -> Any:
         from vtop.actions.snapshot import latest_bundle
 
         return self.snapshots.last_path or latest_bundle(self.config.snapshot_dir)
-
-    def history_json(self) -> dict[str, Any]:
-        def pts(series: Any) -> list[list[float | None]]:
-            return [[round(t, 3), v] for t, v in series]
-
-        return {
-            "gpus": {str(i): {k: pts(s) for k, s in tr.series.items()} for i, tr in self.gpu_history.tracks.items()},
-            "servers": {url: {k: pts(s) for k, s in e.last_view.series.items()} if e.last_view else {}
-                        for url, e in self.servers.entries.items()},
-        }
 
     def action_snapshot(self) -> None:
         if self.snapshots.running or self._snapshot_busy:
@@ -657,10 +515,11 @@ class VtopApp(App[int]):
         from vtop.sources.vllm import MAX_BODY_BYTES
 
         metrics: dict[str, bytes | None] = {}
-        for url in self.servers.entries:
+        for url in self.monitor.servers:
             try:
+                assert self.feed is not None  # the action keys are off in a replay
                 _, body = await asyncio.wait_for(
-                    self.servers.client.get(url + "/metrics", headers=[("Accept-Encoding", "identity")],
+                    self.feed.client.get(url + "/metrics", headers=[("Accept-Encoding", "identity")],
                                             limit=MAX_BODY_BYTES), 3.0)
                 metrics[url] = body
             except Exception:  # the bundle says the server gave nothing
@@ -672,9 +531,9 @@ class VtopApp(App[int]):
         fut = self.snapshots.start(
             self.config.snapshot_dir,
             log_path=log_path,
-            servers=[e.process for e in self.servers.entries.values() if e.process is not None],
+            servers=[ws.process for ws in self.monitor.servers.values() if ws.process is not None],
             metrics_texts=metrics,
-            history_json=self.history_json(),
+            history_json=self.monitor.history_json(),
             phases_json=phases,
             alerts=[a.to_json() for a in self.alerts],
             screen_svg=self.export_screenshot(),
@@ -705,7 +564,7 @@ class VtopApp(App[int]):
         from vtop.actions.pyspy import pick_targets
         from vtop.ui.screens import PySpyScreen
 
-        e = self._action_entry()
+        e = self.monitor.action_server()
         if e is None or e.process is None:
             self.notify("py-spy: no vLLM process found on this box to dump (a remote URL cannot be dumped)",
                         severity="warning")
@@ -719,14 +578,14 @@ class VtopApp(App[int]):
     def action_test_request(self) -> None:
         from vtop.ui.screens import ProbeScreen
 
-        e = self._action_entry()
+        e = self.monitor.action_server()
         if e is None:
             self.notify("test request: no vLLM server watched", severity="warning")
             return
         v = e.last_view
         models = [v.model_id] if v is not None and v.model_id else ([e.process.served_name] if e.process and e.process.served_name else [])
         self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
-                                     client=self.servers.action_client, api_key=self.servers.api_key))
+                                     client=self.action_client, api_key=self.monitor.api_key_for(e.url)))
 
     # ----------------------------------------------------------------- actions
     def action_requests(self) -> None:
@@ -753,13 +612,14 @@ class VtopApp(App[int]):
         pane.toggle_filter()
 
     async def action_quit(self) -> None:
-        await self.servers.aclose()
+        if self.feed is not None:
+            await self.feed.aclose()
+        if self._action_client is not None:
+            await self._action_client.aclose()
         self.exit(0)
 
     def on_unmount(self) -> None:
-        for loop in (self.gpu_loop, self.log_loop):
-            if loop is not None:
-                loop.stop()
-        self.servers.stop()
+        if self.feed is not None:
+            self.feed.stop()
         if self.recorder is not None:
             self.recorder.close()

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rich.text import Text
-from vtop.ui.widgets.frame_memo import MemoStatic
+from textual.widgets import Static
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -35,7 +35,7 @@ def age_text(seconds: float | None, upper: bool = False) -> str:
     return ("≤" if upper else "") + txt
 
 
-class AlertsPanel(MemoStatic):
+class AlertsPanel(Static):
     DEFAULT_CLASSES = "-empty"
 
     def __init__(self, **kw: Any) -> None:
@@ -83,7 +83,7 @@ class AlertsPanel(MemoStatic):
         return out
 
 
-class RequestsLine(MemoStatic):
+class RequestsLine(Static):
     """``requests: 3 in flight · oldest chatcmpl-9f… 2m 05s, max_tokens 130,944 (no max_tokens from client)``."""
 
     def __init__(self, **kw: Any) -> None:

@@ -16,7 +16,6 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual import messages
 from textual.app import ComposeResult
 from textual.strip import Strip
 from textual.containers import Container
@@ -28,8 +27,7 @@ from textual.widgets import Static
 
 from vtop.core.gpu_history import GpuHistory, GpuTrack
 from vtop.core.spark import SparkLines
-from vtop.sources.gpu import ABSENT, OFF, GpuSample
-from vtop.ui.widgets.frame_memo import FrameMemo
+from vtop.model.gpu import ABSENT, OFF, GpuSample
 
 GIB = 2**30
 CARD_ROWS = 4  # util, SM, mem, bw
@@ -155,7 +153,7 @@ def runs_strip(runs: list[Run], width: int, base: Style, style_of: Callable[[str
     return Strip(segs, width)
 
 
-class _RunsWidget(FrameMemo, Widget):
+class _RunsWidget(Widget):
     """A Line API widget drawn from lists of styled runs, rebuilt once per poll.
 
     Measured with 8 GPUs at 1 Hz on a 2-core box: drawing through ``render()``
@@ -167,19 +165,7 @@ class _RunsWidget(FrameMemo, Widget):
     only their part of the screen, and each row's strip is kept until its runs
     change. A server card at rest repaints nothing; under load the latency
     and "finished" rows, and charts that did not move, are not redrawn.
-
-    A changed row is then framed here, not by Textual (:meth:`_frame_dirty_rows`):
-    Textual's ``StylesCache.render_line`` re-reads the border, padding, outline,
-    tint and opacity styles and rebuilds the frame for every line it draws, about
-    40 % of the cost of a changed row (8 GPU rows and ~6 server rows a second with
-    8 GPUs + 2 servers; per-call accounting on the 2-core dev box: the screen
-    update went from 2.3-2.8 to 2.2-2.3 ms a second). The frame is copied from a
-    row Textual drew, so it is Textual's own; tests/ui/test_frame_memo.py compares
-    every frame drawn this way with Textual's from scratch.
     """
-
-    FRAME_CHANGED_ROWS = True
-    """Frame changed rows here (False: every row through Textual; tests compare the two)."""
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -190,8 +176,6 @@ class _RunsWidget(FrameMemo, Widget):
         self._row_strips: dict[int, tuple[list[Run], int, Strip]] = {}
         self._shown: list[list[Run]] | None = None
         self._shown_width = 0
-        self.rows_framed = 0
-        """Changed rows put in their frame here rather than by Textual (tests)."""
 
     def lines(self, width: int) -> list[list[Run]]:
         raise NotImplementedError
@@ -225,84 +209,13 @@ class _RunsWidget(FrameMemo, Widget):
             self.repaint_rows(changed)
 
     def repaint_rows(self, regions: list[Region]) -> None:
-        """Redraw these rows (content coordinates) at the screen's next update.
-
-        ``refresh(*regions)`` marks them dirty and then wakes this widget's own
-        message pump (a ``Prompt``, then an ``Idle``) only for it to post an
-        ``Update`` to the screen. With 8 GPUs + 2 servers that is three widget
-        wakes a second, each a pass through Textual's message loop and its
-        handler lookup: the rows are marked dirty here and the ``Update`` goes to
-        the screen directly. Size and styles are unchanged (a row count that
-        changes goes through ``refresh``), so nothing else ``refresh`` resets
-        applies. tests/ui/test_frame_memo.py checks that each frame equals
-        Textual's own, and tests/ui/test_gpu_panel.py that the widget's pump
-        is not woken."""
-        if not self.is_mounted or not self.display:
-            self.refresh(*regions)
-            return
-        self._set_dirty(*regions)
-        self.screen.post_message(messages.Update(self))
+        """Redraw these rows (content coordinates) at the screen's next update."""
+        self.refresh(*regions)
 
     def notify_style_update(self) -> None:
         self._styles.clear()
         self._row_strips.clear()
         super().notify_style_update()
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        if self.FRAME_CHANGED_ROWS and self._styles_cache._dirty_lines:
-            self._frame_dirty_rows()
-        return super().render_lines(crop)
-
-    def _frame_dirty_rows(self) -> None:
-        """Put each changed row's new strip, in the frame Textual last drew around
-        its rows, straight into Textual's styles cache (see the class doc).
-
-        The frame (left border and padding, right padding and border) is read
-        from a row Textual itself rendered and still holds, and used only when
-        that row is exactly frame + the strip this widget gave for it: a tint,
-        an opacity or a text opacity (which change the content's segments) fail
-        that check, and Textual renders every row as before. Rows that are not
-        content (border, padding rows) and rows Textual holds nothing for (a new
-        size, a new style: its cache is cleared) also go through Textual."""
-        cache = self._styles_cache
-        held = cache._cache
-        dirty = cache._dirty_lines
-        width = self.outer_size.width
-        if not held or cache._width != width:
-            return
-        styles = self.styles
-        gutter = styles.gutter
-        top = gutter.top
-        end = self.outer_size.height - gutter.bottom
-        border = styles.border
-        padding = styles.padding
-        n_left = (border.left[0] != "") + (padding.left > 0)
-        n_right = (border.right[0] != "") + (padding.right > 0)
-        frame: tuple[list[Segment], list[Segment]] | None = None
-        for y, strip in held.items():
-            # Any content row will do, changed or not: its frame is checked against
-            # the strip it was drawn from, which stays in _row_strips until it is redrawn.
-            if not top <= y < end:
-                continue
-            shown = self._row_strips.get(y - top)
-            if shown is None:
-                continue
-            segs = list(strip)
-            inner = list(shown[2])
-            if len(segs) != n_left + len(inner) + n_right or segs[n_left:len(segs) - n_right] != inner:
-                return  # Textual changed the row's content (tint, opacity): its own path
-            frame = (segs[:n_left], segs[len(segs) - n_right:])
-            break
-        if frame is None:
-            return
-        left, right = frame
-        rows = [y for y in dirty if top <= y < end and y in held]
-        for y in rows:
-            held[y] = Strip([*left, *self.render_line(y - top), *right], width)
-        if rows:
-            dirty.difference_update(rows)
-            self.rows_framed += len(rows)
-            self._frame_memo = None  # FrameMemo trusts only Textual's dirty lines
 
     def get_line_filters(self) -> Sequence[LineFilter]:
         """The app's line filters (``NO_COLOR``'s among them) less ANSI-to-truecolor.
@@ -482,7 +395,7 @@ class GpuCard(_RunsWidget):
         return [p, t, m, c]
 
 
-class GpuPanel(FrameMemo, Container):
+class GpuPanel(Container):
     """Holds the cards; picks cards or lines from the room it has."""
 
     def __init__(self, history: GpuHistory, *, procs_line: Callable[[GpuSample], str], **kw: object) -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from vtop.ui.widgets.frame_memo import MemoStatic
+from textual.widgets import Static
 
 
-class KeysBar(MemoStatic):
+class KeysBar(Static):
     COMPONENT_CLASSES = {"keys-bar--key", "keys-bar--off"}
 
     def __init__(self, **kw: Any) -> None:

@@ -14,7 +14,7 @@ from textual.widgets import Log
 
 if TYPE_CHECKING:
     from vtop.core.phase_types import LogLine
-    from vtop.sources.logwatch import LogView
+    from vtop.monitor.logwatch import LogView
 
 
 #: uvicorn's access lines for monitoring probes (vtop's own scrapes among them):

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from rich.text import Text
-from vtop.ui.widgets.frame_memo import MemoStatic
+from textual.widgets import Static
 
 from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
-    from vtop.sources.logwatch import LogView
+    from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
 BUSY_PHASES = {Phase.MEMORY_PROFILING, Phase.CUDA_GRAPHS, Phase.TORCH_COMPILE, Phase.WARMUP, Phase.KV_CACHE}
@@ -72,7 +72,7 @@ def progress_text(v: PhaseView) -> str:
     return "  ".join(parts)
 
 
-class StartupPanel(MemoStatic):
+class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]], **kw: object) -> None:

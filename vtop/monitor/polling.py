@@ -1,4 +1,4 @@
-"""Polling without overlap: one long-lived daemon thread per source.
+"""Polling without overlap: one long-lived daemon thread per source (no Textual).
 
 Each source gets a thread that calls its blocking ``poll()``, hands the
 result to the UI thread (``call_soon_threadsafe``), waits until the UI has
@@ -39,7 +39,6 @@ import threading
 import time
 from typing import Any, Callable
 
-from textual.app import App
 
 
 def name_this_thread(name: str) -> None:
@@ -59,7 +58,6 @@ def name_this_thread(name: str) -> None:
 class PollLoop:
     def __init__(
         self,
-        app: App[Any],
         name: str,
         interval: float,
         fn: Callable[[], Any],
@@ -67,7 +65,6 @@ class PollLoop:
         *,
         at_tick: bool = False,
     ) -> None:
-        self.app = app
         self.at_tick = at_tick
         """Results wait for :meth:`collect` (the app's paint tick) instead of waking the UI
         thread when they come (see the module doc)."""

@@ -1,0 +1,80 @@
+"""Prompts out of log lines (vtop never shows or writes a prompt unless asked). Pure."""
+
+from __future__ import annotations
+
+import re
+
+#: A Python ``repr()`` of a ``str`` (vLLM logs prompts and outputs with ``%r``):
+#: ``'…'`` or ``"…"`` with backslash escapes and never a raw newline. Shared with
+#: :mod:`vtop.actions.snapshot`, which compiles it as bytes.
+PY_STR_REPR = r"""(?:'[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")"""
+
+#: one Python string literal as ``repr`` writes it
+PY_STR_RE = re.compile(PY_STR_REPR)
+# One escape inside a repr body (each stands for one character).
+_ESC_RE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.S)
+
+# Where a request line's prompt (or request body) starts.
+_PROMPT_AT_RE = re.compile(r"(?:\bReceived request \S+?: |\bRequest \S+ details: )prompt: ")
+_TOKEN_IDS_AT_RE = re.compile(r"\bprompt_token_ids: \[[^\]\r\n]*\]?")
+_BODY_AT_RE = re.compile(r"\bRequest \S+ JSON body: ")
+_CUT_MARK = " …"  # what vtop.sources.logtail appends to a line it had to cut
+
+
+def repr_len(literal: str) -> int:
+    """Characters of the string a ``repr`` literal (quotes included) stands for."""
+    body = literal[1:-1]
+    if "\\" not in body:
+        return len(body)
+    n = len(body)
+    for m in _ESC_RE.finditer(body):
+        n -= len(m.group()) - 1
+    return n
+
+
+def redact_prompts(line: str) -> str:
+    """``line`` with the prompt of a request line replaced by ``<redacted N chars>``.
+
+    Covers ``Received request X: prompt: '…'`` (≤0.11 INFO) and ``Request X
+    details: prompt: '…'`` (0.15+ DEBUG), the ``prompt_token_ids`` list that
+    follows them (token ids decode back to the prompt: ``<redacted N ids>``),
+    and 0.15+'s DEBUG ``Request X JSON body: {…}``. A line cut inside the prompt
+    loses everything after ``prompt: ``. Other lines come back unchanged.
+    """
+    if "prompt: " not in line and " JSON body: " not in line:
+        return line
+    body = line.rstrip("\r\n")
+    ending = line[len(body) :]
+    out = body
+    m = _PROMPT_AT_RE.search(body)
+    if m:
+        start = m.end()
+        lit = PY_STR_RE.match(body, start)
+        if lit:
+            head = body[:start] + f"<redacted {repr_len(lit.group())} chars>"
+            tail = body[lit.end() :]
+            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, tail, count=1)
+            out = head + tail
+        elif body.startswith("None", start) and not body[start + 4 : start + 5].isalnum():
+            tail = _TOKEN_IDS_AT_RE.sub(_redact_ids, body[start:], count=1)
+            out = body[:start] + tail
+        else:  # unterminated (a cut line): the rest of the line may all be prompt
+            rest = body[start:]
+            cut = rest.endswith(_CUT_MARK)
+            if cut:
+                rest = rest[: -len(_CUT_MARK)]
+            out = body[:start] + f"<redacted {len(rest)} chars>" + (_CUT_MARK if cut else "")
+    else:
+        b = _BODY_AT_RE.search(body)
+        if b:
+            rest = body[b.end() :]
+            out = body[: b.end()] + f"<redacted {len(rest)} chars>"
+    return out + ending
+
+
+def _redact_ids(m: re.Match[str]) -> str:
+    ids = m.group()[len("prompt_token_ids: [") :].rstrip("]").strip()
+    n = ids.count(",") + 1 if ids else 0
+    return f"prompt_token_ids: <redacted {n} ids>"
+
+

@@ -1,0 +1,260 @@
+"""A live box's sources, polled on a schedule and handed to a :class:`~vtop.monitor.Monitor`.
+
+* NVML (with the GPU processes' names) and the log are each read by one
+  :class:`~vtop.monitor.polling.PollLoop` thread whose result waits for the
+  next :meth:`LiveFeed.collect` (the face's tick), so a result never wakes the
+  event loop on its own and polls never overlap.
+* Each server is scraped by one asyncio task on the event loop (async HTTP
+  with a deadline; the task awaits its poll before sleeping). One
+  :class:`~vtop.sources.http11.HttpPool` serves them all. A refused port backs
+  off while nothing listens.
+* The process table is scanned in its own thread every few seconds (every
+  30 s once every server answers; at once when one stops answering): it says
+  whether a vLLM process exists (refused + process = ``starting``), which PIDs
+  hold the GPUs, and where the log goes. Scraping starts after the first scan,
+  so a start does not flash a wrong "down".
+
+Every result is applied on the event loop's thread, so the monitor needs no
+lock. The screen and ``--once``/``doctor`` both run this; only their ticks differ
+(the screen paints at its tick; ``--once`` reports at the end of its window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from vtop.monitor.monitor import Monitor
+from vtop.monitor.polling import PollLoop
+from vtop.model.gpu import GpuPoll
+
+if TYPE_CHECKING:
+    from vtop.sources.discovery import ServerProcess
+    from vtop.sources.http11 import HttpPool
+    from vtop.sources.vllm import VllmScraper
+
+
+class GpuSourceLike(Protocol):
+    def poll(self) -> GpuPoll: ...
+    def close(self) -> None: ...
+
+
+def discover_servers() -> list[ServerProcess]:
+    """The process scan, imported in the discovery thread on its first run: the
+    scanner is not needed for the first frame (about 16 ms of imports on the dev VM)."""
+    from vtop.sources.discovery import discover_servers as scan
+
+    return scan()
+
+
+class LiveFeed:
+    #: seconds between process scans while every watched server answers; a scan reads
+    #: /proc for every process (4 % of vtop's CPU at 5 s with 2 busy servers)
+    SETTLED_SCAN_S = 30.0
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        *,
+        gpu_source: GpuSourceLike | None,
+        discover: Callable[[], list[ServerProcess]] | None = discover_servers,
+        hang_after_s: float | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.config = monitor.config
+        self.gpu_source = gpu_source
+        self.discover = discover
+        self.hang_after_s = hang_after_s if hang_after_s is not None else max(3.0, 3 * self.config.interval)
+        self.gpu_loop: PollLoop | None = None
+        self.log_loop: PollLoop | None = None
+        self.disc_loop: PollLoop | None = None
+        self.scrapers: dict[str, VllmScraper] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._client: HttpPool | None = None
+        self._names: Any = None
+        self._scraping = False
+        self._stopped = False
+
+    # ------------------------------------------------------------- lifecycle
+    @property
+    def client(self) -> HttpPool:
+        """The scrapes' connections (also the snapshot's ``/metrics``)."""
+        if self._client is None:
+            from vtop.sources.http11 import HttpPool
+
+            self._client = HttpPool()
+        return self._client
+
+    def start(self) -> None:
+        """Start every source; call on the event loop's thread."""
+        self.monitor.add_cli_urls()
+        if self.gpu_source is not None:
+            self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
+            self.gpu_loop.start()
+        self._start_log_loop()
+        if self.discover is not None:
+            self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery)
+            self.disc_loop.start()
+        else:
+            self._scraping = True
+            self._start_scrapes()
+
+    def stop(self) -> None:
+        self._stopped = True
+        for loop in (self.gpu_loop, self.log_loop, self.disc_loop):
+            if loop is not None:
+                loop.stop()
+        for task in self.tasks.values():
+            task.cancel()
+
+    async def aclose(self) -> None:
+        self.stop()
+        if self._client is not None:
+            await self._client.aclose()
+        if self.gpu_source is not None:
+            try:
+                self.gpu_source.close()
+            except Exception:  # noqa: BLE001 - shutting down: NVML may already be gone
+                pass
+        if self.monitor.log_watch is not None:
+            self.monitor.log_watch.close()
+
+    def collect(self) -> None:
+        """At the face's tick: apply the NVML and log results waiting, and start
+        polling what the monitor took on since (a log found, a server discovered)."""
+        for loop in (self.gpu_loop, self.log_loop):
+            if loop is not None:
+                loop.collect()
+        self._start_log_loop()
+        self._start_scrapes()
+
+    def gpu_hung_for(self) -> float | None:
+        """Seconds the NVML call in flight has taken, when past ``hang_after_s``."""
+        loop = self.gpu_loop
+        if loop is None:
+            return None
+        t = loop.in_flight_for()
+        return t if t > self.hang_after_s else None
+
+    # ------------------------------------------------------------------- GPU
+    @property
+    def names(self) -> Any:
+        """The GPU processes' names (:class:`~vtop.sources.procs.ProcNames`), made when first needed."""
+        if self._names is None:
+            from vtop.sources.procs import ProcNames
+
+            self._names = ProcNames()
+        return self._names
+
+    def gpu_blocking(self) -> tuple[GpuPoll, dict[int, str]]:
+        """In the NVML thread: the poll and its processes' names."""
+        assert self.gpu_source is not None
+        poll = self.gpu_source.poll()
+        names = self.names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
+        return poll, names
+
+    def _on_gpu(self, result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self.monitor.apply_gpu_error(error)
+            return
+        poll, names = result
+        self.monitor.apply_gpu(poll, names)
+
+    async def poll_gpu_once(self) -> GpuPoll | None:
+        """One poll through a real thread, applied here (tests, a face driven by hand)."""
+        if self.gpu_source is None:
+            return None
+        result = await asyncio.to_thread(self.gpu_blocking)
+        self._on_gpu(result, None)
+        return result[0]
+
+    # ------------------------------------------------------------------- log
+    def _start_log_loop(self) -> None:
+        lw = self.monitor.log_watch
+        if lw is None or self.log_loop is not None or self._stopped:
+            return
+        self.log_loop = PollLoop("log", self.config.interval, lw.poll, self._on_log, at_tick=True)
+        self.log_loop.start()
+
+    def _on_log(self, view: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self.monitor.apply_log_error(error)
+        else:
+            self.monitor.apply_log(view)
+
+    # ------------------------------------------------------------- discovery
+    def _scan_every(self) -> float:
+        return max(5.0, 5 * self.config.interval)
+
+    def on_discovery(self, result: Any, error: BaseException | None) -> None:
+        m = self.monitor
+        if error is None:
+            m.apply_procs(list(result))
+        else:  # the process table may be denied: go on with the URLs
+            m.notes.append(f"process discovery failed: {type(error).__name__}: {error}")
+            m.discovered_once = True
+        loop = self.disc_loop
+        if loop is not None:
+            # Fast while something is starting, down or unknown (a start must show within
+            # seconds); slow once every server answers, whether or not its process is on
+            # this box (a server in another container, or a remote URL, has none to find:
+            # scanning for it every 5 s was 0.1 % of a core for nothing).
+            settled = bool(m.servers) and all(
+                ws.last_view is not None and ws.last_view.state == "up" for ws in m.servers.values())
+            base = self._scan_every()
+            loop.interval = max(base, self.SETTLED_SCAN_S) if settled else base
+        self._scraping = True  # discovery is best effort: poll anyway
+        self._start_log_loop()
+        self._start_scrapes()
+
+    # --------------------------------------------------------------- servers
+    def _start_scrapes(self) -> None:
+        if not self._scraping or self._stopped:
+            return
+        for url in self.monitor.servers:
+            if url not in self.tasks:
+                self.tasks[url] = asyncio.get_running_loop().create_task(self._run(url), name=f"scrape {url}")
+
+    def scraper(self, url: str) -> VllmScraper:
+        """The scraper of one server, made at its first poll (its module is not
+        needed for the first frame)."""
+        s = self.scrapers.get(url)
+        if s is None:
+            from vtop.sources.vllm import VllmScraper
+
+            s = self.scrapers[url] = VllmScraper(url, client=self.client, clock=self.monitor.clock)
+        s.api_key = self.monitor.api_key_for(url)
+        return s
+
+    def next_delay(self, url: str, failures: int) -> float:
+        """Seconds until the next poll: the interval while the server answers; backing
+        off (doubling) while nothing listens, up to 2 s while a vLLM process is starting
+        (ready should show within 2 s) and 5 s when there is none (a refused connect and
+        its name lookup every second were a sixth of vtop's CPU on an idle box)."""
+        base = self.config.interval
+        ws = self.monitor.servers.get(url)
+        v = ws.last_view if ws is not None else None
+        if v is None or failures == 0 or v.state not in ("down", "starting"):
+            return base
+        cap = 2.0 if v.state == "starting" else 5.0
+        return min(max(cap, base), base * 2 ** min(failures, 6))
+
+    async def poll_server_once(self, url: str) -> Any:
+        """One scrape of ``url``, applied (the task's step; tests)."""
+        ws = self.monitor.servers.get(url)
+        was = ws.last_view.state if ws is not None and ws.last_view is not None else None
+        poll = await self.scraper(url).poll()
+        view = self.monitor.apply_server(url, poll)
+        if was == "up" and view.state != "up" and self.disc_loop is not None:
+            self.disc_loop.poke()  # is its process still there? (scans are slow while all is well)
+        return view
+
+    async def _run(self, url: str) -> None:
+        failures = 0
+        while True:
+            started = time.monotonic()
+            view = await self.poll_server_once(url)
+            failures = 0 if view.state not in ("down", "starting") or view.last_error is None else failures + 1
+            delay = self.next_delay(url, failures)
+            await asyncio.sleep(max(0.05, delay - (time.monotonic() - started)))

@@ -1,0 +1,423 @@
+"""The monitor: what vtop knows about the box, fed by timestamped results.
+
+Every face (the screen, ``--once``, ``doctor``, ``replay``/``demo``, the bench)
+drives one :class:`Monitor`. It owns everything between the sources and the
+widgets: the GPU history, one :class:`~vtop.core.server.ServerTracker` per
+server, which servers to watch (the URLs given, else the ones discovered),
+which process each is, which PIDs hold the GPUs, which log to follow and what
+it says (:class:`~vtop.monitor.logwatch.LogWatch`), the diagnosis, and the
+recorder. It does no I/O of its own and starts nothing: results come in
+through ``apply_*`` (from :mod:`vtop.monitor.live` on a live box, from
+:mod:`vtop.monitor.player` for a recording), and :meth:`tick` closes a round:
+servers that went quiet turn stale, and the rules run over what came.
+
+Faces read its state (``servers``, ``gpu_history``, ``log_view``, ``alerts``)
+and ask :meth:`take_changes` what changed since they last looked. The clock
+is injected: a recording replayed through a monitor gives the same alerts at
+the same recorded times at any speed, in any face.
+
+Not thread-safe: feed and read it from one thread (the event loop's).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from vtop.clock import Clock, SystemClock
+from vtop.config import Config
+from vtop.core.gpu_history import GpuHistory
+from vtop.core.server import UNKNOWN, ServerTracker, ServerView
+from vtop.model.gpu import ABSENT, OFF, GpuPoll
+from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
+
+if TYPE_CHECKING:
+    from vtop.core.diagnose import Alert, Diagnoser
+    from vtop.monitor.logwatch import LogView, LogWatch
+    from vtop.sources.discovery import ServerProcess
+    from vtop.sources.vllm import ServerPoll
+
+#: what :meth:`Monitor.take_changes` can say
+GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
+
+
+@dataclass(eq=False)
+class WatchedServer:
+    """One server the monitor watches."""
+
+    url: str
+    tracker: ServerTracker
+    from_cli: bool
+    process: ServerProcess | None = None
+    """Its vLLM process on this box, when discovery found one."""
+    last_view: ServerView | None = None
+    version: int = 0
+    """Goes up with every new view: a face repaints the server when it moved."""
+    polls: int = 0
+    history: list[str] = field(default_factory=list)
+    """States seen, in order (tests and the record)."""
+
+
+class AlertChange(NamedTuple):
+    """The alerts, from the moment they changed (recorded clocks in a replay)."""
+
+    mono: float
+    t: float
+    alerts: tuple[Alert, ...]
+
+    def key(self) -> tuple[tuple[str, str, str | None], ...]:
+        return tuple((a.rule, a.severity, a.target) for a in self.alerts)
+
+
+def make_recorder(config: Config, **meta: Any) -> Any:
+    """The recorder ``--record`` asks for, or None."""
+    if not config.record:
+        return None
+    from vtop.sources.record import Recorder
+
+    return Recorder(config.record, max_bytes=config.record_max_mb * 2**20, redact_prompts=config.redact_prompts,
+                    meta={"interval": config.interval, "history": config.history, **meta})
+
+
+def make_log_watch(config: Config, *, clock: Clock, log_fd: int | None = None) -> LogWatch | None:
+    """The log ``--log`` names (a path, or ``-`` for ``log_fd``/standard input), or None."""
+    if not config.log:
+        return None
+    from vtop.monitor.logwatch import LogWatch
+    from vtop.sources.logtail import LogTailer, StreamTailer
+
+    src = StreamTailer(log_fd if log_fd is not None else 0) if config.log == "-" else LogTailer(config.log)
+    return LogWatch(src, clock=clock, stall_threshold_s=config.stall_threshold)
+
+
+class Monitor:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        recorder: Any = None,
+        log_watch: LogWatch | None = None,
+        live: bool = True,
+        find_logs: bool = True,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.live = live
+        """False for a recording: its own ``logmark`` events say when the server was
+        launched and ready, so the health answers and the process table do not."""
+        self.find_logs = find_logs and live
+        """With no ``--log``, follow the log of the server discovery finds (its stdout)."""
+        self.recorder = recorder
+        self.gpu_history = GpuHistory(config.history)
+        self.proc_names: dict[int, str] = {}
+        self.gpu_error: str | None = None
+        self.servers: dict[str, WatchedServer] = {}
+        self.processes: list[ServerProcess] = []
+        self.discovered_once = False
+        self.gpu_owner: dict[int, str] = {}
+        """GPU-holding PID -> what it is (``EngineCore of :8000``)."""
+        self.api_key: str | None = config.api_key or os.environ.get("VLLM_API_KEY") or None
+        self.log_watch: LogWatch | None = log_watch
+        if log_watch is not None:
+            log_watch.recorder = recorder
+        self.log_view: LogView | None = None
+        self.log_message: str | None = None
+        """Where the log comes from, or why none is followed (for the startup panel)."""
+        self.log_server: str | None = None
+        """The URL of the server whose process writes the followed log, once known."""
+        self._log_tried_for: tuple[Any, ...] | None = None
+        self._launch_marked: Any = None
+        self._diagnoser: Diagnoser | None = None
+        self.alerts: list[Alert] = []
+        self.alert_log: list[AlertChange] = []
+        """Every change of the alerts, in order (the replay test and the scoreboard)."""
+        self.notes: list[str] = []
+        """Things that went wrong that no panel shows (``--once`` prints them)."""
+        self.on_server_view: list[Callable[[WatchedServer, ServerView], None]] = []
+        """Called with every new view of a server, as it is applied (tests, a recording's checks)."""
+        self._changes: set[str] = set()
+        self._undiagnosed = False
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def diagnoser(self) -> Diagnoser:
+        if self._diagnoser is None:
+            from vtop.core.diagnose import Diagnoser, Thresholds
+
+            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
+        return self._diagnoser
+
+    @diagnoser.setter
+    def diagnoser(self, value: Diagnoser) -> None:
+        self._diagnoser = value
+
+    def take_changes(self) -> set[str]:
+        """What changed since the last call (``GPU``, ``SERVERS``, ``LOG``, ``LOG_SOURCE``, ``ALERTS``)."""
+        out, self._changes = self._changes, set()
+        return out
+
+    def views(self) -> dict[str, ServerView]:
+        return {url: ws.last_view for url, ws in self.servers.items() if ws.last_view is not None}
+
+    def action_server(self) -> WatchedServer | None:
+        """The server the action keys act on: the first one with a process, else the first."""
+        watched = list(self.servers.values())
+        return next((ws for ws in watched if ws.process is not None), watched[0] if watched else None)
+
+    @property
+    def log_target(self) -> str | None:
+        """The URL of the server the followed log belongs to."""
+        if self.log_server in self.servers:
+            return self.log_server
+        ws = self.action_server()
+        return ws.url if ws is not None else None
+
+    def api_key_for(self, url: str) -> str | None:
+        """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
+        if self.api_key:
+            return self.api_key
+        ws = self.servers.get(url)
+        return ws.process.api_key if ws is not None and ws.process is not None else None
+
+    def gpu_activity(self, since_mono: float) -> tuple[float | None, float | None]:
+        """Mean GPU util and SM activity since ``since_mono`` (the busiest GPU), for the stall note."""
+        best: tuple[float | None, float | None] = (None, None)
+        for tr in self.gpu_history.tracks.values():
+            util = [v for t, v in tr.series["util"] if t >= since_mono and v is not None]
+            sm = [v for t, v in tr.series["sm"] if t >= since_mono and v is not None]
+            if not util:
+                continue
+            u = sum(util) / len(util)
+            s = sum(sm) / len(sm) if sm else None
+            if best[0] is None or u > best[0]:
+                best = (u, s)
+        return best
+
+    def history_json(self) -> dict[str, Any]:
+        """Every series, for the snapshot bundle."""
+        def pts(series: Any) -> list[list[float | None]]:
+            return [[round(t, 3), v] for t, v in series]
+
+        return {
+            "gpus": {str(i): {k: pts(s) for k, s in tr.series.items()} for i, tr in self.gpu_history.tracks.items()},
+            "servers": {url: {k: pts(s) for k, s in ws.last_view.series.items()} if ws.last_view else {}
+                        for url, ws in self.servers.items()},
+        }
+
+    # ------------------------------------------------------------------ servers
+    def new_tracker(self, url: str) -> ServerTracker:
+        return ServerTracker(url, window_s=60.0, history_s=max(self.config.history * 2, 120.0), clock=self.clock,
+                             interval_s=self.config.interval)
+
+    def add_server(self, url: str, *, from_cli: bool) -> WatchedServer:
+        ws = self.servers.get(url)
+        if ws is None:
+            ws = self.servers[url] = WatchedServer(url, self.new_tracker(url), from_cli)
+            self._changes.add(SERVERS)
+        return ws
+
+    def add_cli_urls(self) -> None:
+        """A server for each URL given (they are in the first frame, before any poll)."""
+        for url in self.config.urls:
+            self.add_server(normalize_url(url), from_cli=True)
+
+    def process_arg(self, ws: WatchedServer) -> Any:
+        """What the tracker is told of the server's process: UNKNOWN before the first
+        scan and for a remote server (the local process table says nothing of it)."""
+        if not self.discovered_once:
+            return UNKNOWN
+        host, _ = url_hostport(ws.url)
+        if ws.process is None and host not in LOCAL_HOSTS:
+            return UNKNOWN
+        return ws.process
+
+    def apply_procs(self, servers: list[ServerProcess]) -> None:
+        """The vLLM server processes found on this box (a process scan)."""
+        self.discovered_once = True
+        self.processes = list(servers)
+        if self.recorder is not None:
+            self.recorder.processes(self.clock.time(), self.clock.monotonic(), servers)
+        if not self.config.urls:
+            for sp in servers:
+                if not any(url_matches(url, sp) for url in self.servers):
+                    self.add_server(sp.url, from_cli=False)
+            if not self.servers:
+                self.add_server(FALLBACK_URL, from_cli=False)
+        for url, ws in self.servers.items():
+            proc = next((sp for sp in servers if url_matches(url, sp)), None)
+            if proc is not ws.process:
+                ws.process = proc
+                ws.version += 1
+                self._changes.add(SERVERS)
+        owner: dict[int, str] = {}
+        for sp in servers:
+            port = f":{sp.port}"
+            for c in sp.children:
+                if c.holds_gpu:
+                    name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
+                    owner[c.pid] = f"{name} of {port}"
+            if not sp.children and sp.pid:
+                owner.setdefault(sp.pid, f"vLLM {port}")
+        self.gpu_owner = owner
+        self._follow_log(servers)
+
+    def apply_server(self, url: str, poll: ServerPoll) -> ServerView:
+        """One poll of a server (live or recorded)."""
+        ws = self.servers.get(url) or self.add_server(url, from_cli=True)
+        if self.recorder is not None:
+            self.recorder.server(poll, fed=self.clock.monotonic())
+        ws.tracker.feed(poll, process=self.process_arg(ws))
+        view = ws.tracker.view()
+        ws.polls += 1
+        if not ws.history or ws.history[-1] != view.state:
+            ws.history.append(view.state)
+        ws.last_view = view
+        ws.version += 1
+        self._changes.add(SERVERS)
+        self._undiagnosed = True
+        lw = self.log_watch
+        if lw is not None and url == self.log_target:
+            mono = self.clock.monotonic()
+            lw.note_server(view, mono)
+            if self.live and view.health == 200 and view.state in ("up", "restarted"):
+                lw.mark_ready(mono)
+        for cb in self.on_server_view:
+            cb(ws, view)
+        return view
+
+    # ---------------------------------------------------------------------- GPU
+    def apply_gpu(self, poll: GpuPoll, names: dict[int, str] | None = None) -> None:
+        """One NVML poll (``names``: PID -> process name of its GPU processes)."""
+        if names is not None:
+            self.proc_names = names
+        if self.recorder is not None and self.live:
+            self.recorder.gpu(poll, names)
+        if poll.status in (ABSENT, OFF) or poll.gpus:
+            self.gpu_history.add(poll)
+        self.gpu_error = None
+        self._changes.add(GPU)
+        self._undiagnosed = True
+
+    def apply_gpu_error(self, error: BaseException) -> None:
+        self.gpu_error = f"GPU poll failed: {type(error).__name__}: {error}"
+        self.notes.append(self.gpu_error)
+        self._changes.add(GPU)
+
+    # ---------------------------------------------------------------------- log
+    def apply_log(self, view: LogView) -> None:
+        """One poll of the followed log (the tail and its trackers, read in a thread)."""
+        self.log_view = view
+        self._changes.add(LOG)
+        self._undiagnosed = True
+
+    def apply_log_error(self, error: BaseException) -> None:
+        self._say_log(f"vLLM log: reading failed: {type(error).__name__}: {error}")
+
+    def _say_log(self, message: str) -> None:
+        if message != self.log_message:
+            self.log_message = message
+            self._changes.add(LOG_SOURCE)
+
+    def _follow_log(self, servers: list[ServerProcess]) -> None:
+        """Which log to follow, and the launch time of the server that writes it.
+
+        With ``--log``: the log is given; its server is the first one found behind the
+        URLs watched (its launch time goes to the phase tracker once per launch).
+        Without: the log of the first such server (its stdout, when that is a file),
+        looked for again whenever the servers found change while none is followed:
+        vLLM is often started after vtop."""
+        if not self.live:
+            return
+        mine = [sp for sp in servers if any(url_matches(u, sp) for u in self.servers)]
+        lw = self.log_watch
+        if lw is not None:
+            if mine and self._launch_marked != mine[0].key:
+                self._launch_marked = mine[0].key
+                self.log_server = next((u for u in self.servers if url_matches(u, mine[0])), None)
+                lw.mark_launch_of(mine[0])
+            return
+        if not self.find_logs or self.config.log:
+            return
+        tried = tuple(sp.key for sp in servers)
+        if tried == self._log_tried_for:
+            return
+        self._log_tried_for = tried
+        if not servers:
+            self._say_log("vLLM log: no vLLM process on this box to read it from; pass --log PATH (or --log -). "
+                          "Nothing to watch here? `vtop demo` plays a real incident recorded on an H200.")
+            return
+        if not mine:
+            self._say_log("vLLM log: none of the given URLs is served by a vLLM process on this box; "
+                          "pass --log PATH (or --log -)")
+            return
+        from vtop.monitor.logwatch import LogWatch
+
+        sp = mine[0]
+        watch, where = LogWatch.for_server(sp, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
+        self._say_log(f"vLLM log: {where}")
+        if watch is None:
+            return
+        watch.recorder = self.recorder
+        self.log_watch = watch
+        self._launch_marked = sp.key
+        self.log_server = next((u for u in self.servers if url_matches(u, sp)), None)
+
+    # ------------------------------------------------------------------- rounds
+    def tick(self) -> list[Alert]:
+        """Close a round: servers whose polls stopped turn stale, and the rules run
+        over what came since the last round (they keep state from one round to the
+        next, so every round must be seen). Returns the alerts."""
+        for ws in self.servers.values():
+            v = ws.last_view
+            if v is not None and ws.tracker.state_now()[0] != v.state:
+                ws.last_view = ws.tracker.view()
+                ws.version += 1
+                self._changes.add(SERVERS)
+                self._undiagnosed = True
+        if self._undiagnosed:
+            self.diagnose()
+        return self.alerts
+
+    def diagnose(self) -> list[Alert]:
+        """Run the rules over what is known now; note and record the alerts when they change."""
+        self._undiagnosed = False
+        now = self.clock.monotonic()
+        lv = self.log_view
+        alerts = self.diagnoser.update_from(
+            now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
+            log=lv, log_target=self.log_target if lv is not None else None)
+        self.alerts = alerts
+        change = AlertChange(now, self.clock.time(), tuple(alerts))
+        if not self.alert_log or self.alert_log[-1].key() != change.key():
+            if self.alert_log or alerts:
+                self.alert_log.append(change)
+            self._changes.add(ALERTS)
+            if self.recorder is not None:
+                self.recorder.alerts(change.t, now, [a.to_json() for a in alerts])
+        return alerts
+
+    def reset(self) -> None:
+        """Forget everything seen (a replay seeking back): the servers stay, empty."""
+        self.gpu_history.tracks.clear()
+        self.gpu_history.last_poll = None
+        self.proc_names = {}
+        for ws in self.servers.values():
+            ws.tracker = self.new_tracker(ws.url)
+            ws.last_view = None
+            ws.process = None
+            ws.polls = 0
+            ws.history.clear()
+            ws.version += 1
+        self.processes = []
+        self.gpu_owner = {}
+        from vtop.core.diagnose import Diagnoser
+
+        self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
+        self.alerts = []
+        self.alert_log = []
+        self.log_view = None
+        if self.log_watch is not None:
+            self.log_watch.reset()
+        self._changes.update((GPU, SERVERS, LOG, ALERTS))

@@ -1,0 +1,281 @@
+"""A recording played into a :class:`~vtop.monitor.Monitor`, on the recorded clock.
+
+The recording holds what the sources returned (GPU polls, server polls with
+parsed metrics, the process table, log lines, the ``ready``/``launch`` marks),
+not what a screen showed. :class:`Player` hands those to the monitor's
+``apply_*`` in order, with a :class:`ReplayClock` that reads the *recorded*
+time, and closes a round (:meth:`Monitor.tick`) after each round of server
+polls (after each GPU poll when no server was recorded). So the screen
+(``vtop replay``/``demo``), the headless ``vtop replay --doctor`` and the tests
+all get the same alerts at the same recorded times, whatever the speed or the
+step they play at; and a newer vtop replaying an old file shows what its newer
+rules make of it.
+
+Controls (pause, speed, seek) live here too; the screen only calls them from
+its keys and :meth:`Player.on_timer` from a timer. Seeking back rebuilds
+every tracker from the start of the file (an hour of 8 GPUs and 2 servers
+takes well under a second), because rates and histories depend on what came
+before.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from vtop.config import Config
+from vtop.monitor.monitor import Monitor
+from vtop.sources.logtail import TailState
+from vtop.sources.record import RecordEvent
+
+SPEEDS = (1, 2, 5, 10, 30, 60)
+#: seconds of real time between steps of a playing replay
+TICK_S = 0.2
+
+
+class ReplayClock:
+    """The recorded clocks at the replay's position."""
+
+    def __init__(self, mono: float, offset: float) -> None:
+        self.mono = mono
+        self.offset = offset
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def time(self) -> float:
+        return self.mono + self.offset
+
+
+@dataclass
+class FedLog:
+    """A log source the player pushes recorded lines into."""
+
+    name: str
+    pending: list[str] = field(default_factory=list)
+    _state: TailState | None = None
+
+    def poll(self) -> list[str]:
+        out, self.pending = self.pending, []
+        return out
+
+    @property
+    def state(self) -> TailState:
+        return self._state or TailState("following", self.name, "replaying the recorded log")
+
+    def close(self) -> None:
+        pass
+
+
+class Player:
+    def __init__(self, events: list[RecordEvent], header: dict[str, Any], *, config: Config,
+                 name: str = "recording", speed: float = 1.0) -> None:
+        if not events:
+            raise ValueError("the recording holds no samples")
+        self.events = events
+        self.header = header
+        self.name = name
+        self.start = events[0].at
+        self.end = events[-1].at
+        first_timed = next((e for e in events if e.kind in ("gpu", "server", "log", "procs")), events[0])
+        self.clock = ReplayClock(self.start, first_timed.t - first_timed.mono)
+        self.speed = speed
+        self.urls = tuple(dict.fromkeys(e.data.url for e in events if e.kind == "server"))
+        self.has_gpu = any(e.kind == "gpu" for e in events)
+        self.has_log = any(e.kind == "log" for e in events)
+        self.interval = float(header.get("interval") or config.interval or 1.0)
+        self.config = config
+        self.log = FedLog(name) if self.has_log else None
+        self.monitor = self._new_monitor()
+        self.on_paused: Callable[[bool], None] | None = None
+        """Told when the player pauses or resumes (the screen stops its timer)."""
+        self.on_moved: Callable[[], None] | None = None
+        """Told after each control moved the position or changed the speed (the screen paints)."""
+        self._paused = False
+        self.ended = False
+        self._i = 0
+        self._last_wall: float | None = None
+
+    def _new_monitor(self) -> Monitor:
+        from vtop.monitor.logwatch import LogWatch
+
+        lw = (LogWatch(self.log, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
+              if self.log is not None else None)
+        m = Monitor(self.config, clock=self.clock, log_watch=lw, live=False)
+        for url in self.urls:
+            m.add_server(url, from_cli=True)
+        return m
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self._paused = value
+        self._last_wall = None
+        if self.on_paused is not None:
+            self.on_paused(value)
+
+    # ------------------------------------------------------------ position
+    @property
+    def pos(self) -> float:
+        return self.clock.mono
+
+    @property
+    def elapsed(self) -> float:
+        return self.pos - self.start
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    # ------------------------------------------------------------- feeding
+    def feed_until(self, target: float) -> int:
+        """Apply every event recorded up to ``target`` (recorded monotonic seconds)."""
+        m = self.monitor
+        lw = m.log_watch
+        n = 0
+        ev = self.events
+        log_fed = False
+        while self._i < len(ev) and ev[self._i].at <= target:
+            e = ev[self._i]
+            self._i += 1
+            n += 1
+            # the clock follows the event, so trackers see the recorded "now"
+            self.clock.mono = max(self.clock.mono, e.at)
+            if e.t and e.kind in ("gpu", "server", "log", "procs"):
+                self.clock.offset = e.t - e.mono
+            if e.kind == "gpu":
+                m.apply_gpu(e.data, e.extra or {})
+                if not self.urls:
+                    m.tick()
+            elif e.kind == "server":
+                m.apply_server(e.data.url, e.data)
+                if e.data.url == self.urls[-1]:
+                    m.tick()  # once per round of polls: the rules keep state from one round to the next
+            elif e.kind == "procs":
+                m.apply_procs(list(e.data))
+            elif e.kind == "log" and lw is not None and self.log is not None:
+                self.log.pending.extend(e.data)
+                log_fed = True
+                self._poll_log()
+            elif e.kind == "logmark" and lw is not None:
+                d = e.data
+                if d.get("what") == "ready":
+                    lw.mark_ready(float(d.get("mono", e.mono)), str(d.get("source", "health")))
+                elif d.get("what") == "launch" and d.get("epoch") is not None:
+                    lw.mark_process_start(float(d["epoch"]), float(d.get("mono", e.mono)))
+                self._poll_log()
+        self.clock.mono = max(self.clock.mono, min(target, self.end))
+        if not log_fed and lw is not None and n:
+            self._poll_log()
+        return n
+
+    def _poll_log(self) -> None:
+        lw = self.monitor.log_watch
+        assert lw is not None
+        self.monitor.apply_log(lw.poll())
+
+    def _reset(self) -> None:
+        """Back to the start of the recording: every tracker empty."""
+        self._i = 0
+        self.ended = False
+        self.clock.mono = self.start
+        if self.log is not None:
+            self.log.pending.clear()
+        self.monitor.reset()
+
+    def play_to_end(self) -> Monitor:
+        """Everything, at once (the headless replay, the tests)."""
+        self.feed_until(self.end)
+        self.ended = True
+        return self.monitor
+
+    # ------------------------------------------------------------ controls
+    def advance(self, seconds: float) -> None:
+        """Play ``seconds`` of recorded time (forward only)."""
+        target = min(self.end, self.pos + max(0.0, seconds))
+        self.feed_until(target)
+        if self._i >= len(self.events) and self.pos >= self.end:
+            self.ended = True
+            self.paused = True
+        self._moved()
+
+    def seek(self, target: float) -> None:
+        """Go to ``target`` (recorded monotonic seconds), back or forward."""
+        target = min(self.end, max(self.start, target))
+        if target < self.pos:
+            self._reset()
+        self.feed_until(target)
+        self.ended = self._i >= len(self.events)
+        if self.ended:
+            self.paused = True
+        self._moved()
+
+    def step(self) -> None:
+        self.paused = True
+        self.advance(self.interval)
+
+    def toggle_pause(self) -> None:
+        if self.ended:
+            self.seek(self.start)
+            self.paused = False
+        else:
+            self.paused = not self.paused
+        self._moved()
+
+    def faster(self, up: bool) -> None:
+        i = min(range(len(SPEEDS)), key=lambda k: abs(SPEEDS[k] - self.speed))
+        i = min(len(SPEEDS) - 1, i + 1) if up else max(0, i - 1)
+        self.speed = float(SPEEDS[i])
+        self._moved()
+
+    def _moved(self) -> None:
+        if self.on_moved is not None:
+            self.on_moved()
+
+    def on_timer(self) -> bool:
+        """Called every ``TICK_S`` of real time; True when it played something."""
+        now = time.monotonic()
+        last, self._last_wall = self._last_wall, now
+        if self.paused or self.ended:
+            return False
+        dt = TICK_S if last is None else min(1.0, now - last)
+        self.advance(dt * self.speed)
+        return True
+
+    def status_text(self) -> str:
+        t = self.clock.time()
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+        except (OverflowError, ValueError, OSError):
+            stamp = "?"
+        state = "END" if self.ended else ("PAUSED" if self.paused else f"▶ {self.speed:g}x")
+        return f"REPLAY {self.name} │ {stamp} │ {_mmss(self.elapsed)}/{_mmss(self.duration)} │ {state}"
+
+
+def _mmss(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str | None = None) -> Player:
+    """A player for ``path``; raises ``ValueError``/``OSError`` with a plain message."""
+    import dataclasses
+    import os
+
+    from vtop.sources.record import load
+
+    header, events = load(path)
+    if header.get("schema") not in (None, "vtop-record") and not events:
+        raise ValueError(f"{path}: not a vtop recording")
+    if not events:
+        raise ValueError("the recording holds no samples")
+    interval = float(header.get("interval") or 1.0)
+    history = float(header.get("history") or config.history)
+    urls = tuple(dict.fromkeys(e.data.url for e in events if e.kind == "server"))
+    cfg = dataclasses.replace(config, urls=urls, record=None, interval=interval,
+                              history=max(history, 10 * interval))
+    return Player(events, header, config=cfg, name=name or os.path.basename(path), speed=speed)
