@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vtop.core.phases import PhaseTracker
-from vtop.sources.logtail import LogTailer
+from vtop.core.phases import PhaseTracker  # noqa: E402 - after the sys.path line above
+from vtop.sources.logtail import LogTailer  # noqa: E402
 
 H200 = ROOT / "tests" / "fixtures" / "logs" / "vllm-0.26.0-h200-startup.log"
 MiB = 1024 * 1024

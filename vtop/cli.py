@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from vtop import __version__
 from vtop.config import MIN_INTERVAL_S, ConfigError, build, parse_duration
@@ -126,7 +127,7 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
         p.exit(2, f"{prog}: error: {path}: cannot play it: {e}\n")
     except ConfigError as e:
         p.exit(2, f"{prog}: error: {e}\n")
-    if ns.paused:
+    if ns.paused and app.replay is not None:
         app.replay.paused = True
     return int(app.run() or 0)
 

@@ -30,8 +30,9 @@ import math
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from vtop import __version__
 from vtop.config import Config, ConfigError, build, parse_duration
@@ -107,7 +108,7 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict
         if g is None:
             continue
 
-        def window(key: str) -> float | None:
+        def window(key: str, tr: Any = tr) -> float | None:
             return _r(_mean([v for t, v in tr.series[key] if t >= since and v is not None]))
 
         out.append({
@@ -361,9 +362,9 @@ def replay_doctor(path: str, cfg: Config, *, as_json: bool, out: Any = None) -> 
         out.write(json.dumps({"timeline": timeline, "report": rep.to_json()}, indent=2) + "\n")
     else:
         out.write(f"alerts over {player.name} ({player.duration:.0f} s recorded):\n")
-        for row in timeline:
-            what = "; ".join(f"[{a['severity'].upper()}] {a['title']}" for a in row["alerts"]) or "cleared"
-            out.write(f"  +{row['elapsed_s']:7.1f} s  {what}\n")
+        for c in monitor.alert_log:
+            what = "; ".join(f"[{a.severity.upper()}] {a.title}" for a in c.alerts) or "cleared"
+            out.write(f"  +{c.mono - player.start:7.1f} s  {what}\n")
         if not timeline:
             out.write("  none\n")
         out.write("at the end of the recording:\n" + format_text(rep, doctor=True))

@@ -124,7 +124,9 @@ def test_api_server_module_form_and_ipv6() -> None:
     assert s.api_key == "sk-secret-123"
     assert "sk-secret-123" not in repr(s)
     assert "sk-secret-123" not in s.display_argv() and "--api-key ***" in s.display_argv()
-    assert s.flag("--api-key") == "sk-secret-123"
+    from vtop.sources.discovery import flag_of
+
+    assert flag_of(s, "--api-key") == "sk-secret-123"
     (s6,) = discover_servers([rec(1, 0, "vllm serve m --host ::1 --port 7000")])
     assert s6.url == "http://[::1]:7000"
 

@@ -44,9 +44,6 @@ processes and in-flight requests are read by attribute.
 
 from __future__ import annotations
 
-from vtop.model.fmt import dur
-from vtop.model.fmt import to_float as _float
-
 import json
 import math
 import re
@@ -58,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from vtop.core.phases import Phase
 from vtop.core.rates import histogram_delta
+from vtop.model.fmt import dur
+from vtop.model.fmt import to_float as _float
 
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
@@ -736,7 +735,7 @@ class Diagnoser:
             return None
         if r is s and len(st.samples) > 1:
             r = st.samples[-2]
-        if not s.gen > r.gen or r.t >= s.t:
+        if r.gen is None or not s.gen > r.gen or r.t >= s.t:
             return None
         w_now, w_then = s.waiting or 0.0, a.waiting or 0.0
         if not (w_now == 0 or w_now >= w_then):
@@ -1303,7 +1302,8 @@ class Diagnoser:
             )
         ev.append(detail)
         ev.append(f"line: {line[:300]}")
-        frag = _bytes(_OOM_FRAG_RE.search(line).group("amt")) if _OOM_FRAG_RE.search(line) else None
+        fm = _OOM_FRAG_RE.search(line)
+        frag = _bytes(fm.group("amt")) if fm else None
         need = _bytes(amt)
         torch_others = [(int(mm.group("pid")), mm.group("amt")) for mm in _OOM_OTHER_RE.finditer(line)]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 Point = tuple[float, "float | None"]
 

@@ -33,22 +33,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE, banner_version, is_progress_frame, split_glued, strip_ansi
-from vtop.core.phase_types import (  # noqa: F401 - re-exported
-    Phase,
-    _ORDER,
+from vtop.core.phase_types import (
+    _FACT_NAMES,
     _INDEX,
+    _ORDER,
     _STALL_HINTS,
+    Failure,
+    LogLine,
+    Phase,
+    PhaseView,
     Progress,
     RankTiming,
-    PhaseView,
-    Failure,
     StallInfo,
     StartupFacts,
-    _FACT_NAMES,
     StartupSnapshot,
-    LogLine,
 )
+from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE, banner_version, is_progress_frame, split_glued, strip_ansi
 
 __all__ = [
     "DEFAULT_STALL_S",

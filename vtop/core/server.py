@@ -34,8 +34,6 @@ types are only used for type checking, the code reads attributes.
 
 from __future__ import annotations
 
-from vtop.model.fmt import dur
-
 import math
 import statistics
 import time
@@ -48,11 +46,12 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 from vtop.clock import Clock
 from vtop.core.history import Series
 from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
+from vtop.model.fmt import dur
 
 if TYPE_CHECKING:
-    from vtop.sources.discovery import ServerProcess
-    from vtop.sources.prom import VllmMetrics
-    from vtop.sources.vllm import ModelsInfo, ServerPoll
+    from vtop.model.metrics import VllmMetrics
+    from vtop.model.procs import ServerProcess
+    from vtop.model.server import ModelsInfo, ServerPoll
 
 __all__ = [
     "STATES",

@@ -8,7 +8,7 @@ the lowest bar, so "idle" and "unknown" never look alike.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 GAP = " "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 #: A Python ``repr()`` of a ``str`` (vLLM logs prompts and outputs with ``%r``):
 #: ``'…'`` or ``"…"`` with backslash escapes and never a raw newline. Shared with
@@ -78,3 +79,28 @@ def _redact_ids(m: re.Match[str]) -> str:
     return f"prompt_token_ids: <redacted {n} ids>"
 
 
+# --------------------------------------------------------------------------- argv
+_REDACTED = "***"
+#: ``vllm serve`` flags whose value is a secret
+_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--ssl-keyfile-password"})
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """Copy of ``argv`` with the values of secret flags replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for tok in argv:
+        if hide_next:
+            out.append(_REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = tok.partition("=")
+        if name in _SECRET_FLAGS:
+            if eq:
+                out.append(f"{name}={_REDACTED}")
+            else:
+                out.append(tok)
+                hide_next = True
+            continue
+        out.append(tok)
+    return out

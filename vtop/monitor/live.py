@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from vtop.model.gpu import GpuPoll
 from vtop.monitor.monitor import Monitor
 from vtop.monitor.polling import PollLoop
-from vtop.model.gpu import GpuPoll
 
 if TYPE_CHECKING:
     from vtop.sources.discovery import ServerProcess

@@ -22,8 +22,9 @@ Not thread-safe: feed and read it from one thread (the event loop's).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config

@@ -21,8 +21,9 @@ before.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from vtop.config import Config
 from vtop.monitor.monitor import Monitor

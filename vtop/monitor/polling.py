@@ -37,8 +37,8 @@ import asyncio
 import sys
 import threading
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 
 def name_this_thread(name: str) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vtop.model.fmt import to_float as _float
@@ -59,7 +59,6 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 8000
-_REDACTED = "***"
 
 # --- records -------------------------------------------------------------------
 
@@ -75,93 +74,8 @@ class ProcRecord:
     create_time: float
 
 
-@dataclass(frozen=True, slots=True)
-class VllmChild:
-    """A process below a server (or an orphan with a vLLM title).
-
-    ``role``: ``engine`` (EngineCore, DPEngineCore), ``worker``
-    (Worker_TPn, VllmWorkerProcess), ``api_server`` (APIServer_N with
-    ``--api-server-count>1``), ``coordinator`` (DPCoordinator), ``helper``
-    (multiprocessing resource tracker), ``child`` (untitled, e.g. a forked
-    V0 engine). ``ranks`` holds what the title says, e.g.
-    ``(("dp", 1), ("tp", 0))``; ``rank`` is the TP rank of a worker or the
-    DP rank of an engine, when known.
-    """
-
-    pid: int
-    ppid: int
-    title: str
-    role: str
-    rank: int | None
-    ranks: tuple[tuple[str, int], ...]
-    create_time: float
-    holds_gpu: bool = False
-    #: depth below the server (1 = direct child)
-    depth: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class ServerProcess:
-    """One vLLM API server found in the process table."""
-
-    pid: int
-    create_time: float
-    #: ``serve`` (``vllm serve``) or ``api_server`` (the module form)
-    form: str
-    #: host to connect to (0.0.0.0/:: mapped to 127.0.0.1)
-    host: str
-    port: int
-    url: str
-    #: ``--host`` as given, None when absent (all interfaces)
-    bind_host: str | None
-    model: str | None
-    served_model_names: tuple[str, ...]
-    tensor_parallel_size: int | None
-    data_parallel_size: int | None
-    pipeline_parallel_size: int | None
-    max_model_len: int | None
-    max_num_seqs: int | None
-    gpu_memory_utilization: float | None
-    headless: bool
-    children: tuple[VllmChild, ...]
-    gpu_pids: tuple[int, ...]
-    #: True when gpu_pids come from a heuristic (no vLLM titles to go by)
-    gpu_pids_guessed: bool
-    #: the raw command line; may hold ``--api-key`` (hence repr=False)
-    argv: tuple[str, ...] = field(repr=False)
-    api_key: str | None = field(default=None, repr=False)
-
-    @property
-    def key(self) -> tuple[int, float]:
-        """Identity across polls: a restart gives a new create_time."""
-        return (self.pid, self.create_time)
-
-    @property
-    def tp(self) -> int:
-        return self.tensor_parallel_size or 1
-
-    @property
-    def dp(self) -> int:
-        return self.data_parallel_size or 1
-
-    @property
-    def served_name(self) -> str | None:
-        """What vLLM reports as ``model_name`` / ``/v1/models`` id."""
-        return self.served_model_names[0] if self.served_model_names else self.model
-
-    def engine_pids(self) -> tuple[int, ...]:
-        return tuple(c.pid for c in self.children if c.role == "engine")
-
-    def worker_pids(self) -> tuple[int, ...]:
-        return tuple(c.pid for c in self.children if c.role == "worker")
-
-    def display_argv(self) -> str:
-        """The command line for display, with secrets masked."""
-        return " ".join(redact_argv(self.argv))
-
-    def flag(self, name: str) -> str | None:
-        """Raw value of ``--name`` (``--name v`` or ``--name=v``); ``""`` for a bare flag."""
-        return _flags(self.argv).get(name)
+from vtop.model.procs import ServerProcess, VllmChild  # noqa: E402 - what a scan finds
+from vtop.model.redact import redact_argv  # noqa: E402,F401 - used here, and imported from here
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +88,6 @@ class Discovery:
 # --- command lines ---------------------------------------------------------------
 
 # Flags whose value is a secret: masked in display_argv().
-_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--ssl-keyfile-password"})
 
 # Flags that take one value (so the next token is not the positional model).
 _VALUE_FLAGS = frozenset(
@@ -262,6 +175,11 @@ def _split_args(args: Iterable[str]) -> tuple[dict[str, str], list[str], dict[st
     return flags, pos, multi
 
 
+def flag_of(server: ServerProcess, name: str) -> str | None:
+    """Raw value of ``--name`` in a server's argv (``--name v`` or ``--name=v``); ``""`` for a bare flag."""
+    return _flags(server.argv).get(name)
+
+
 def _flags(argv: tuple[str, ...]) -> dict[str, str]:
     found = _server_args(argv)
     return _split_args(found[1])[0] if found else _split_args(argv)[0]
@@ -273,27 +191,6 @@ def _is_number(tok: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def redact_argv(argv: Iterable[str]) -> list[str]:
-    """Copy of ``argv`` with the values of secret flags replaced by ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for tok in argv:
-        if hide_next:
-            out.append(_REDACTED)
-            hide_next = False
-            continue
-        name, eq, _ = tok.partition("=")
-        if name in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{name}={_REDACTED}")
-            else:
-                out.append(tok)
-                hide_next = True
-            continue
-        out.append(tok)
-    return out
 
 
 def _skip_python(argv: tuple[str, ...]) -> int | None:
@@ -478,7 +375,7 @@ def _coerce(rec: Any) -> ProcRecord | None:
         if isinstance(cmd, str):
             cmd = tuple(cmd.split())
         return ProcRecord(
-            pid=int(get("pid")),
+            pid=int(get("pid") or 0),
             ppid=int(get("ppid", 0) or 0),
             name=str(get("name", "") or ""),
             cmdline=tuple(str(c) for c in cmd),
@@ -626,9 +523,9 @@ def discover(procs: Iterable[Any] | None = None) -> Discovery:
         form, args = cand[pid]
         rec = records[pid]
         info = _parse_server_argv(form, args)
-        children = _walk(pid, records, kids)
-        claimed.update(c.pid for c in children)
-        children, gpu, guessed = _mark_gpu(pid, children)
+        walked = _walk(pid, records, kids)
+        claimed.update(c.pid for c in walked)
+        children, gpu, guessed = _mark_gpu(pid, walked)
         servers.append(
             ServerProcess(
                 pid=pid,

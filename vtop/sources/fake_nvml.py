@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 # nvidia-ml-py has no py.typed and no stubs package: only its exception classes and codes are used.
-import pynvml as _real  # type: ignore[import-untyped]
+import pynvml as _real
 
 NVMLError = _real.NVMLError
 NVMLError_NotSupported = _real.NVMLError_NotSupported

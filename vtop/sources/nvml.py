@@ -103,7 +103,7 @@ class _Device:
 
 def _load_pynvml() -> NvmlBinding:
     # nvidia-ml-py has no py.typed and no stubs package: the module is Any, NvmlBinding types it.
-    import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py
+    import pynvml  # nvidia-ml-py (pyproject.toml: no type information, ignored by mypy)
 
     if not hasattr(pynvml, "nvmlInitWithFlags"):
         # The old `pynvml` PyPI project (or a stub) shadows NVIDIA's binding.

@@ -61,7 +61,7 @@ import asyncio
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -152,64 +152,7 @@ def with_histograms(m: VllmMetrics, src: VllmMetrics, age_s: float) -> VllmMetri
     )
 
 #: Error kinds; ``http <code>`` is written with the status, e.g. ``http 500``.
-ERROR_KINDS = ("refused", "timeout", "http", "not vllm", "garbage", "too large", "reset", "dns", "other")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelsInfo:
-    """What ``/v1/models`` says: the served names and the context length."""
-
-    ids: tuple[str, ...]
-    #: ``max_model_len`` of the first (base) model
-    max_model_len: int | None
-    #: ``root`` of the first model: the path or HF id actually loaded
-    root: str | None
-
-    @property
-    def model_id(self) -> str | None:
-        return self.ids[0] if self.ids else None
-
-
-@dataclass(frozen=True, slots=True)
-class ServerPoll:
-    """One poll of one server. ``ok`` means ``/metrics`` answered with vLLM
-    metrics; ``health``/``models``/``version`` are ``None`` when they were not
-    polled this time (see ``info_polled``/``health_polled``) or failed."""
-
-    #: wall-clock time the poll started (for display)
-    t: float
-    #: monotonic time the poll started (for rates and ages)
-    mono: float
-    url: str
-    ok: bool
-    #: None when ok; else one of ERROR_KINDS (``http 500`` style for HTTP)
-    error: str | None
-    #: one line for a person
-    message: str
-    #: seconds for /metrics (until the body was read or the error came)
-    latency_s: float | None
-    body_bytes: int
-    metrics: VllmMetrics | None = field(default=None, repr=False)
-    #: HTTP status of /metrics, when one came back
-    status: int | None = None
-    #: /health status code, when polled and answered
-    health: int | None = None
-    health_polled: bool = False
-    #: error kind of /health when polled and it did not answer
-    health_error: str | None = None
-    models: ModelsInfo | None = None
-    version: str | None = None
-    info_polled: bool = False
-    #: problems with /health, /v1/models, /version (plain words, scrubbed)
-    notes: tuple[str, ...] = ()
-
-    @property
-    def connected(self) -> bool:
-        """Something answered HTTP on the port (even an error page)."""
-        return self.status is not None
-
-
-# --- classification (shared with replays) ---------------------------------------
+from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll  # noqa: E402 - a poll's types
 
 _SAMPLE_RE = re.compile(rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^\n]*\})?[ \t]+[-+0-9.eEnaNIf]+", re.M)
 

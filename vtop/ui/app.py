@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -27,10 +27,10 @@ from vtop import __version__
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.gpu_history import GpuHistory
+from vtop.model.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.monitor import ALERTS, GPU, LOG, LOG_SOURCE, SERVERS, Monitor, WatchedServer
 from vtop.monitor.live import GpuSourceLike, LiveFeed
 from vtop.monitor.monitor import make_log_watch, make_recorder
-from vtop.model.gpu import ABSENT, OFF, GpuPoll, GpuSample
 from vtop.sources.nvml import make_gpu_source
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
@@ -543,7 +543,8 @@ class VtopApp(App[int]):
         )
         res = await asyncio.wrap_future(fut)
         self.last_snapshot = res
-        sev = "information" if res.ok else ("warning" if res.refused or res.path else "error")
+        sev: Literal["information", "warning", "error"] = (
+            "information" if res.ok else ("warning" if res.refused or res.path else "error"))
         self.notify(res.message, severity=sev, timeout=10)
 
     def _snapshot_progress_from_thread(self, done: int, total: int) -> None:

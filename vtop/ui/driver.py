@@ -105,13 +105,15 @@ def calm_driver_class() -> Any:
     if not hasattr(linux_driver, "selectors") or not hasattr(linux_driver.LinuxDriver, "run_input_thread"):
         return None  # a Textual that reads keys differently: keep its own driver
 
-    class CalmLinuxDriver(linux_driver.LinuxDriver):  # type: ignore[misc]
+    class CalmLinuxDriver(linux_driver.LinuxDriver):
+        _vtop_wake: int | None = None
+
         def run_input_thread(self) -> None:
             r, w = os.pipe()
             self._vtop_wake = w
             shim = types.SimpleNamespace(**{k: getattr(selectors, k) for k in dir(selectors) if not k.startswith("__")})
             shim.SelectSelector = lambda: CalmSelector(r)
-            linux_driver.selectors = shim
+            linux_driver.selectors = shim  # type: ignore[assignment] # the one swap (module doc)
             try:
                 super().run_input_thread()
             finally:

@@ -18,7 +18,8 @@ view (:class:`~vtop.ui.screens.RequestsScreen`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static

@@ -10,18 +10,17 @@ by colour alone (NO_COLOR and 16-colour terminals).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.strip import Strip
 from textual.containers import Container
 from textual.filter import ANSIToTruecolor, LineFilter
 from textual.geometry import Region
-from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -83,7 +82,7 @@ def layout_for(n_gpus: int, width: int, height: int) -> tuple[bool, int]:
 
 
 
-def spark_run(view: "GpuPanel", tr: GpuTrack, key: str, width: int) -> Run:
+def spark_run(view: GpuPanel, tr: GpuTrack, key: str, width: int) -> Run:
     vals = tr.series[key].buckets(view.now, width, view.window_s, max_gap=view.max_gap)
     return (view.sparks.draw((tr.index, key, width), vals), key)
 
@@ -94,7 +93,7 @@ def value_run(v: float | None, *, hot: float = 90.0) -> Run:
     return (f"{v:3.0f}%", "hot" if v >= hot else "")
 
 
-def gpu_line(view: "GpuPanel", tr: GpuTrack, width: int) -> list[Run]:
+def gpu_line(view: GpuPanel, tr: GpuTrack, width: int) -> list[Run]:
     """One GPU on one line: ``0 H200   util  99% ▅▇█ SM  95% ▅▇█ mem  71% ▅▅▅  101/140G 471W 65C``."""
     g = tr.last
     if g is None:
@@ -287,7 +286,7 @@ class GpuLines(_RunsWidget):
         "gpu-card--bw", "gpu-card--hot", "gpu-card--dim", "gpu-card--lost",
     }
 
-    def __init__(self, view: "GpuPanel", **kw: object) -> None:
+    def __init__(self, view: GpuPanel, **kw: object) -> None:
         super().__init__(**kw)
         self.view = view
 
@@ -319,7 +318,7 @@ class GpuCard(_RunsWidget):
     }
 
 
-    def __init__(self, index: int, view: "GpuPanel", **kw: object) -> None:
+    def __init__(self, index: int, view: GpuPanel, **kw: object) -> None:
         super().__init__(id=f"gpu-{index}", **kw)
         self.index = index
         self.view = view

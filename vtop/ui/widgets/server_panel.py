@@ -15,8 +15,8 @@ import textwrap
 from rich.text import Text
 
 from vtop.core.rates import Quantiles
-from vtop.core.spark import SparkLines
 from vtop.core.server import ServerView
+from vtop.core.spark import SparkLines
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
 
 STATE_WORDS = {

@@ -8,7 +8,8 @@ is rebuilt only when it changes, so an idle server costs no repaint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.widgets import Static

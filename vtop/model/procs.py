@@ -1,0 +1,93 @@
+"""A vLLM server process and its children as discovery finds them (plain frozen
+dataclasses; the scan itself is :mod:`vtop.sources.discovery`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vtop.model.redact import redact_argv
+
+
+@dataclass(frozen=True, slots=True)
+class VllmChild:
+    """A process below a server (or an orphan with a vLLM title).
+
+    ``role``: ``engine`` (EngineCore, DPEngineCore), ``worker``
+    (Worker_TPn, VllmWorkerProcess), ``api_server`` (APIServer_N with
+    ``--api-server-count>1``), ``coordinator`` (DPCoordinator), ``helper``
+    (multiprocessing resource tracker), ``child`` (untitled, e.g. a forked
+    V0 engine). ``ranks`` holds what the title says, e.g.
+    ``(("dp", 1), ("tp", 0))``; ``rank`` is the TP rank of a worker or the
+    DP rank of an engine, when known.
+    """
+
+    pid: int
+    ppid: int
+    title: str
+    role: str
+    rank: int | None
+    ranks: tuple[tuple[str, int], ...]
+    create_time: float
+    holds_gpu: bool = False
+    #: depth below the server (1 = direct child)
+    depth: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """One vLLM API server found in the process table."""
+
+    pid: int
+    create_time: float
+    #: ``serve`` (``vllm serve``) or ``api_server`` (the module form)
+    form: str
+    #: host to connect to (0.0.0.0/:: mapped to 127.0.0.1)
+    host: str
+    port: int
+    url: str
+    #: ``--host`` as given, None when absent (all interfaces)
+    bind_host: str | None
+    model: str | None
+    served_model_names: tuple[str, ...]
+    tensor_parallel_size: int | None
+    data_parallel_size: int | None
+    pipeline_parallel_size: int | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    gpu_memory_utilization: float | None
+    headless: bool
+    children: tuple[VllmChild, ...]
+    gpu_pids: tuple[int, ...]
+    #: True when gpu_pids come from a heuristic (no vLLM titles to go by)
+    gpu_pids_guessed: bool
+    #: the raw command line; may hold ``--api-key`` (hence repr=False)
+    argv: tuple[str, ...] = field(repr=False)
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[int, float]:
+        """Identity across polls: a restart gives a new create_time."""
+        return (self.pid, self.create_time)
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_parallel_size or 1
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel_size or 1
+
+    @property
+    def served_name(self) -> str | None:
+        """What vLLM reports as ``model_name`` / ``/v1/models`` id."""
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+    def engine_pids(self) -> tuple[int, ...]:
+        return tuple(c.pid for c in self.children if c.role == "engine")
+
+    def worker_pids(self) -> tuple[int, ...]:
+        return tuple(c.pid for c in self.children if c.role == "worker")
+
+    def display_argv(self) -> str:
+        """The command line for display, with secrets masked."""
+        return " ".join(redact_argv(self.argv))
