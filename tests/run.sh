@@ -12,7 +12,9 @@
 #   all   fast, then real (two pytest runs); fails if either fails.
 #
 # Creates ./.venv (python3 -m venv) and installs the project into it with
-# pip install -e ".[test]" when needed (skipped when pyproject.toml is unchanged).
+# pip install -e ".[test]" -c tests/constraints.txt when needed (skipped when
+# pyproject.toml and the constraints are unchanged). The fast tier includes the
+# layer contracts (import-linter), mypy and ruff (tests/unit/test_code_checks.py).
 #
 # Env: VTOP_VLLM_VENV (default /tmp/vllmcpu) and VTOP_VLLM_MODEL (/tmp/tinyllama)
 # say where the vLLM CPU build and the model live; VTOP_REAL_VLLM_ARGS adds
@@ -59,14 +61,14 @@ ensure_venv() {
     python3 -m venv "$ROOT/.venv" || { say "python3 -m venv failed"; return 1; }
   fi
   stamp="$ROOT/.venv/.vtop-test-install"
-  want="$( { cat pyproject.toml; "$PY" -V; echo "$ROOT"; } 2>&1 | sha256sum | cut -d' ' -f1)"
+  want="$( { cat pyproject.toml tests/constraints.txt; "$PY" -V; echo "$ROOT"; } 2>&1 | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
      && "$PY" -c 'import sys, vtop, pytest; sys.exit(0 if vtop.__file__.startswith(sys.argv[1]) else 1)' "$ROOT/" 2>/dev/null; then
     note "venv (up to date)" "$(since "$t0")"
     return 0
   fi
-  say "pip install -e \".[test]\" into .venv"
-  if ! "$PY" -m pip install -q -e ".[test]" > "$WORK/pip.log" 2>&1; then
+  say "pip install -e \".[test]\" -c tests/constraints.txt into .venv"
+  if ! "$PY" -m pip install -q -e ".[test]" -c tests/constraints.txt > "$WORK/pip.log" 2>&1; then
     grep -v "^WARNING: Location .* is ignored" "$WORK/pip.log" | tail -40
     say "pip install -e \".[test]\" FAILED"
     return 1
