@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Tmux, cpu_seconds, vm_kb, vtop_cmd  # noqa: E402
+from harness import Tmux, cpu_seconds, vm_kb, vtop_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
