@@ -135,6 +135,8 @@ class Tmux:
         # The caches go to a folder of their own, not into the repository.
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "vtop-bench-pycache")
+        # Simulated GPUs cost what the H200's NVML calls cost (a demo's cost nothing).
+        self.env["VTOP_SIMULATED_NVML_COST"] = "h200"
         # The server is started once here, so a session's spawn time is not a server start.
         self._tmux("new-session", "-d", "-s", "keepalive", "-x", "20", "-y", "5", "exec cat")
         self._tmux("set-option", "-g", "default-terminal", "xterm-256color")

@@ -74,7 +74,7 @@ def main() -> int:
     ovh.TERM = ovh.pick_term()
     py = sys.executable
     vtop = [py, "-m", "vtop", "--interval", "1"]
-    env = dict(os.environ)
+    env = dict(os.environ, VTOP_SIMULATED_NVML_COST="h200")  # simulated GPUs priced as the H200's calls
     res: dict[str, Any] = {
         "host": socket.gethostname(), "python": platform.python_version(), "nproc": os.cpu_count(),
         "terminal": f"tmux {ovh.COLS}x{ovh.ROWS}" if use_tmux else f"pty {ovh.COLS}x{ovh.ROWS}",

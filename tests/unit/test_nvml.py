@@ -380,3 +380,18 @@ print(json.dumps({"before": before, "gpus": len(p.gpus), "status": p.status,
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r == {"before": [], "gpus": 3, "status": OK, "after": True}, out.stderr
+
+
+def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``--simulate-gpus`` for a demo: calls cost no spin. The benchmark opts in to the H200's
+    prices with VTOP_SIMULATED_NVML_COST=h200 (bench/harness.py sets it)."""
+    from vtop.config import Config
+    from vtop.sources.fake_nvml import H200_CALL_S
+    from vtop.sources.nvml import make_gpu_source
+
+    monkeypatch.delenv("VTOP_SIMULATED_NVML_COST", raising=False)
+    src = make_gpu_source(Config(simulate_gpus=2))
+    assert src.poll().gpus and src.binding.call_cost_s == 0.0  # type: ignore[union-attr]
+    monkeypatch.setenv("VTOP_SIMULATED_NVML_COST", "h200")
+    src = make_gpu_source(Config(simulate_gpus=2))
+    assert src.poll().gpus and src.binding.call_cost_s == H200_CALL_S  # type: ignore[union-attr]
