@@ -574,7 +574,7 @@ class VtopApp(App[int]):
         if not targets:
             self.notify(f"py-spy: no process to dump under pid {e.process.pid}", severity="warning")
             return
-        self.push_screen(PySpyScreen(targets[0], server=e.process))
+        self.push_screen(PySpyScreen(targets[0], server=e.process, snapshot_folder=self.latest_snapshot_folder))
 
     def action_test_request(self) -> None:
         from vtop.ui.screens import ProbeScreen
@@ -592,7 +592,7 @@ class VtopApp(App[int]):
     def action_requests(self) -> None:
         from vtop.ui.screens import RequestsScreen
 
-        self.push_screen(RequestsScreen())
+        self.push_screen(RequestsScreen(lambda: self.log_view))
 
     def action_alert_details(self) -> None:
         self._widget("alerts", AlertsPanel).toggle_expanded()

@@ -7,7 +7,8 @@ takes its time; each ends in a result or a clear error written on screen.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -19,9 +20,6 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from vtop.actions.probe import ProbeResult, send_test_request
 from vtop.actions.pyspy import PySpyResult, Target, dump
-
-if TYPE_CHECKING:
-    from vtop.ui.app import VtopApp
 
 DEFAULT_MAX_TOKENS = 64
 WHY_MAX_TOKENS = (
@@ -58,8 +56,11 @@ class PySpyScreen(ModalScreen[None]):
         Binding("s", "save", "Save to snapshot"),
     ]
 
-    def __init__(self, target: Target, *, server: Any = None, timeout_s: float = 20.0, pyspy: str | None = None) -> None:
+    def __init__(self, target: Target, *, server: Any = None, timeout_s: float = 20.0, pyspy: str | None = None,
+                 snapshot_folder: Callable[[], Any] = lambda: None) -> None:
         super().__init__()
+        self.snapshot_folder = snapshot_folder
+        """The latest snapshot folder (the incident's bundle), or None: where dumps are saved."""
         self.target = target
         self.server = server
         self.timeout_s = timeout_s
@@ -90,7 +91,7 @@ class PySpyScreen(ModalScreen[None]):
 
     def _autosave(self, r: PySpyResult) -> None:
         """Into the latest snapshot folder, when there is one (the incident's bundle)."""
-        folder = getattr(self.app, "latest_snapshot_folder", lambda: None)()
+        folder = self.snapshot_folder()
         if folder is not None:
             saved = r.save_into(folder)
             self.notify(saved.message, severity="information" if saved.ok else "error")
@@ -112,11 +113,10 @@ class PySpyScreen(ModalScreen[None]):
         self.run_dump(True)
 
     def action_save(self) -> None:
-        app: VtopApp = self.app  # type: ignore[assignment]
         if self.result is None or not self.result.ok:
             self.notify("nothing to save yet", severity="warning")
             return
-        folder = app.latest_snapshot_folder()
+        folder = self.snapshot_folder()
         if folder is None:
             self.notify("no snapshot folder yet: press s on the dashboard first", severity="warning")
             return
@@ -205,6 +205,11 @@ class RequestsScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,r", "dismiss", "Close")]
 
+    def __init__(self, log_view: Callable[[], Any]) -> None:
+        super().__init__()
+        self.log_view = log_view
+        """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`), or None."""
+
     def compose(self) -> ComposeResult:
         from textual.widgets import DataTable
 
@@ -231,8 +236,7 @@ class RequestsScreen(ModalScreen[None]):
 
         from vtop.ui.widgets.alerts_panel import age_text
 
-        app: VtopApp = self.app  # type: ignore[assignment]
-        view = app.log_view
+        view = self.log_view()
         note = self.query_one("#req-note", Static)
         t = self.query_one("#req-table", DataTable)
         d = self.query_one("#req-done", DataTable)
