@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import lzma
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from tests.conftest import FIXTURES
 from vtop.clock import FakeClock

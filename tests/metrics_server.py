@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Sequence
 
 
 class MetricsServer:

@@ -32,7 +32,6 @@ import platform
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from vtop.sources.nvml import GPM_METRICS, gpm_metrics_get  # noqa: E402
+from vtop.sources.nvml import GPM_METRICS, gpm_metrics_get
 
 LOAD = r"""
 import sys, time, torch

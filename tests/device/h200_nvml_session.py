@@ -18,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 LOAD = r"""

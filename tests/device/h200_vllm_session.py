@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import json
+import os
 import subprocess
 import sys
 import time

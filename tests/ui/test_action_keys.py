@@ -217,9 +217,9 @@ async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm
         assert time.monotonic() - t0 < 0.5 and prompt.value.endswith("x")
         try:
             await wait_for(pilot, lambda: screen.result is not None, 20)
-        except AssertionError:
+        except AssertionError as e:
             raise AssertionError(f"no result; requests={vllm_like['requests']} focused={app.focused} "
-                                 f"text={screen.query_one('#probe-result').render()}")
+                                 f"text={screen.query_one('#probe-result').render()}") from e
         r = screen.result
         assert r.ok and r.finish_reason == "length" and r.output_tokens == 8
         assert vllm_like["requests"][0]["max_tokens"] == 8 and vllm_like["requests"][0]["temperature"] == 0

@@ -8,7 +8,6 @@ busy the SMs were. The tiny-kernel loop is the case that tells them apart.
 from __future__ import annotations
 
 import re
-
 import statistics
 
 from tests.conftest import FIXTURES, make_app

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from tests.conftest import FIXTURES, fake_gpus, make_app
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.sources.logtail import LogTailer, StreamTailer
 from vtop.monitor.logwatch import LogWatch
+from vtop.sources.logtail import LogTailer, StreamTailer
 from vtop.ui.app import VtopApp
 from vtop.ui.widgets.log_pane import LogPane
 from vtop.ui.widgets.startup_panel import StartupPanel

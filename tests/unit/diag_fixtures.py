@@ -17,9 +17,10 @@ import calendar
 import dataclasses
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from functools import cache
+from typing import Any
 
 from tests import h200_replay as R
 from tests.conftest import FIXTURES
@@ -28,8 +29,8 @@ from vtop.core.diagnose import Alert, Diagnoser, Thresholds
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import PhaseTracker
 from vtop.core.server import ServerTracker, ServerView
-from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
+from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
 from vtop.sources.prom import VllmMetrics, parse_vllm_metrics
 from vtop.sources.record import gpu_polls
 from vtop.sources.vllm import ModelsInfo, ServerPoll, poll_from_body, poll_from_error
@@ -87,7 +88,7 @@ def cpu_process() -> ServerProcess:
 # --------------------------------------------------------------------------- metrics
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixture_metrics(name: str) -> VllmMetrics:
     return parse_vllm_metrics((VLLM / name).read_bytes())
 
@@ -149,7 +150,7 @@ def stamped(lines: Iterable[str], year: int = 2026) -> list[tuple[float, str]]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def h200_log() -> tuple[tuple[float, str], ...]:
     return tuple(stamped(log_lines(LOGS / "vllm-0.26.0-h200-startup.log")))
 
@@ -164,7 +165,7 @@ def tracker_through(lines: Iterable[tuple[float, str]]) -> PhaseTracker:
 # --------------------------------------------------------------------------- the H200 replay
 
 
-@lru_cache(maxsize=None)
+@cache
 def h200_items() -> tuple[tuple[float, str, Any], ...]:
     """(launch-relative t, "gpu"|"server", GpuPoll on the replay clock | ServerPoll), in time order."""
     out: list[tuple[float, str, Any]] = []
@@ -326,14 +327,14 @@ def at(ticks: Sequence[Tick], rel: float) -> Tick:
 # --------------------------------------------------------------------------- vtop's own H200 GPU recording
 
 
-@lru_cache(maxsize=None)
+@cache
 def matmul_tiny_polls() -> tuple[GpuPoll, ...]:
     """vtop's 1 Hz NVML recording of the H200: idle, bf16 matmul (util 99 %, SM 95 %),
     tiny kernels (util ~19.5 %, SM ~0.09 %), idle."""
     return tuple(gpu_polls(FIXTURES / "nvml" / "h200-vtop-session-matmul-tiny.jsonl"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def live_run_records() -> tuple[dict[str, Any], ...]:
     """The second real H200 run (vtop watching live): its /metrics once a second; its
     runaway was cancelled by the client after 40 s (an abort: running drops, no 'length')."""

@@ -139,14 +139,14 @@ REQUEST_LINES = [
     f"(APIServer pid=31) {STAMP} Received request chatcmpl-2: prompt: \"<|user|>\\nMy SSN is 123-45-6789</s>\", "
     "params: SamplingParams(max_tokens=2030), prompt_token_ids: None, lora_request: None, prompt_adapter_request: None.",
     # 0.15+: DEBUG details and JSON body
-    f"(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:55] Request cmpl-3 details: prompt: 'My SSN is "
+    "(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:55] Request cmpl-3 details: prompt: 'My SSN is "
     "123-45-6789', prompt_token_ids: [1, 1619, 3403], prompt_embeds shape: None.",
-    f"(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:74] Request cmpl-3 JSON body: {{\"model\":\"m\","
+    "(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:74] Request cmpl-3 JSON body: {\"model\":\"m\","
     "\"prompt\":\"My SSN is 123-45-6789\",\"max_tokens\":16}",
     # --enable-log-outputs
     f"(APIServer pid=31) {STAMP} Generated response cmpl-3 (streaming complete): output: 'My SSN is 123-45-6789 "
     "again', finish_reason: length",
-    f"(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:101] Generated response cmpl-3 details: "
+    "(APIServer pid=31) DEBUG 05-30 12:00:01 [request_logger.py:101] Generated response cmpl-3 details: "
     "output_token_ids: [1619, 3403]",
 ]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import pytest  # noqa: E402
-from harness import MetricsTimeline, restrict_lines, restricted, thread_cpu_ns, thread_ms_per_s  # noqa: E402
+import pytest
+from harness import MetricsTimeline, restrict_lines, restricted, thread_cpu_ns, thread_ms_per_s
 
-from vtop.sources.prom import WANTED_SAMPLE_NAMES, parse_vllm_metrics  # noqa: E402
-from vtop.sources.vllm import coverage  # noqa: E402
+from vtop.sources.prom import WANTED_SAMPLE_NAMES, parse_vllm_metrics
+from vtop.sources.vllm import coverage
 
 
 def test_the_replays_line_filter_reads_as_prometheus_client_restricts() -> None:
@@ -143,7 +143,7 @@ def test_the_nvml_calibration_compares_memory_versions_in_vtops_place() -> None:
     """bench/nvml_calibrate.py's memory_versions alternates v1 and v2 between utilization and
     power, checks v2's used + reserved against v1's used, and the other calls' timing keeps
     going past a call this binding lacks (recorded, not raised); run here on the fake NVML."""
-    from nvml_calibrate import alternatives, memory_versions  # noqa: E402
+    from nvml_calibrate import alternatives, memory_versions
 
     from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 

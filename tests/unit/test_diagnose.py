@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 from tests.unit import diag_fixtures as F
 from vtop.core.diagnose import RULES, Alert, Diagnoser, Thresholds, diagnose_once
@@ -22,17 +22,17 @@ OTHER_PID = 4242
 # --------------------------------------------------------------------------- cached real replays
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_default() -> tuple[F.Tick, ...]:
     return tuple(F.replay_h200())
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_30() -> tuple[F.Tick, ...]:
     return tuple(F.replay_h200(Thresholds(runaway_s=30)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_30_named() -> tuple[F.Tick, ...]:
     return tuple(F.replay_h200(Thresholds(runaway_s=30), requests=F.runaway_requests, request_logging=True))
 
@@ -613,7 +613,7 @@ def test_restart_resets_the_server_state() -> None:
     ticks = F.replay_h200(Thresholds(runaway_s=30), until=190.2, session=ses)
     assert "runaway" in rules(ticks[-1].alerts)
     idle = F.fixture_metrics("h200-0.26.0-metrics-idle.txt")
-    for i in range(1, 60):
+    for _ in range(1, 60):
         ses.metrics(F.grow(idle, running=1.0), mono=ses.now + 1)
         alerts = ses.tick()
         assert "runaway" not in rules(alerts)

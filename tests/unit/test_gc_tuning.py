@@ -11,8 +11,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import make_app
 from vtop.gc_tuning import YOUNG_THRESHOLD
 from vtop.ui.app import VtopApp

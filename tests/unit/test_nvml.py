@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import pynvml
 import pytest
 
 from vtop.clock import FakeClock
-from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 from vtop.model.gpu import ABSENT, ERROR, OK, decode_throttle
+from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 from vtop.sources.nvml import NvmlSource
 
 

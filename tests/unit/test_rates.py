@@ -7,24 +7,23 @@ second): the 1500-request burst and the 71 s runaway that ran to the
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import lzma
 import math
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vtop.core.rates import (
-    histogram_quantiles,
     CounterMapWindow,
     CounterWindow,
     HistogramDelta,
     HistogramWindow,
     histogram_delta,
     histogram_quantile,
+    histogram_quantiles,
 )
 from vtop.sources.prom import Histogram, VllmMetrics, parse_vllm_metrics
 

@@ -16,7 +16,6 @@ import pytest
 from vtop.clock import FakeClock
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
 from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
-from vtop.sources.prom import parse_vllm_metrics
 from vtop.sources.vllm import ServerPoll, poll_from_body, poll_from_error
 
 FIX = Path(__file__).parent.parent / "fixtures" / "vllm"
