@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import vtop
-from vtop.model.redact import PY_STR_REPR
-from vtop.sources.discovery import ServerProcess, redact_argv
+from vtop.model.redact import PY_STR_REPR, redact_argv
+from vtop.sources.discovery import ServerProcess
 
 __all__ = [
     "LogRedactor",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from vtop.model.metrics import VllmMetrics
 
+#: Error kinds; ``http <code>`` is written with the status, e.g. ``http 500``.
 ERROR_KINDS = ("refused", "timeout", "http", "not vllm", "garbage", "too large", "reset", "dns", "other")
 
 

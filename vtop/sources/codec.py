@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from vtop.sources.discovery import ServerProcess, VllmChild, redact_argv
+from vtop.model.redact import redact_argv
+from vtop.sources.discovery import ServerProcess, VllmChild
 from vtop.sources.prom import HIST_ATTRS, EngineMetrics, Histogram, VllmMetrics
 from vtop.sources.vllm import ModelsInfo, ServerPoll
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from vtop.model.fmt import to_float as _float
 from vtop.model.fmt import to_int as _int
+from vtop.model.procs import ServerProcess, VllmChild
 from vtop.sources.procs import parse_stat
 
 __all__ = [
@@ -72,10 +73,6 @@ class ProcRecord:
     name: str
     cmdline: tuple[str, ...]
     create_time: float
-
-
-from vtop.model.procs import ServerProcess, VllmChild  # noqa: E402 - what a scan finds
-from vtop.model.redact import redact_argv  # noqa: E402,F401 - used here, and imported from here
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from vtop.model.metrics import EngineMetrics, Histogram, VllmMetrics
+
 __all__ = [
     "FINISH_REASONS",
     "HISTOGRAM_FAMILIES",
@@ -135,11 +137,6 @@ for _n, _a in _HISTOGRAMS.items():
 
 _NAME_RE = re.compile(r"[^{\s]*")
 
-
-# --- the snapshot -----------------------------------------------------------
-
-
-from vtop.model.metrics import EngineMetrics, Histogram, VllmMetrics, _Values  # noqa: E402,F401 - the snapshot's types
 
 # --- the line cache ---------------------------------------------------------
 

@@ -66,6 +66,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from vtop.clock import Clock
+from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
 from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url
 from vtop.sources.prom import (
     HIST_ATTRS,
@@ -150,9 +151,6 @@ def with_histograms(m: VllmMetrics, src: VllmMetrics, age_s: float) -> VllmMetri
         m, engines=engines, inter_token_metric=src.inter_token_metric, histograms_age_s=age_s,
         problems=problems, **{a: getattr(src, a) for a in HIST_ATTRS},
     )
-
-#: Error kinds; ``http <code>`` is written with the status, e.g. ``http 500``.
-from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll  # noqa: E402 - a poll's types
 
 _SAMPLE_RE = re.compile(rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^\n]*\})?[ \t]+[-+0-9.eEnaNIf]+", re.M)
 
