@@ -664,3 +664,27 @@ def test_elapsed_of_the_running_and_of_a_finished_phase() -> None:
     tr.feed("(EngineCore pid=2) INFO 05-01 10:00:09 [r.py:1] Model loading took 1.0 GiB memory and 9.0 seconds", 109.0)
     assert tr.elapsed(now=500.0, phase=Phase.WEIGHTS) == 9.0
     assert tr.elapsed(now=500.0, phase=Phase.CUDA_GRAPHS) is None
+
+
+def test_a_ready_queued_before_an_engine_death_does_not_undo_it() -> None:
+    """Real recording (vLLM 0.32 CPU, EngineCore killed with -9 under load): live, every
+    healthy poll queues a "ready" for the log's tracker, and the one from the second before
+    the death was applied after the death lines, turning "failed" back into "ready": the
+    screen showed no alert (4 kills in 4). Played here as live plays it (ready from the
+    /health answers, not from the recording's own marks)."""
+    from tests.conftest import FIXTURES
+    from vtop.config import Config
+    from vtop.monitor.player import Player
+    from vtop.sources.record import load
+
+    header, events = load(FIXTURES / "cpu-incidents" / "engine-death-enginecore-load.jsonl.gz")
+    events = [e for e in events if e.kind != "logmark"]
+    player = Player(events, {**header, "raw": True}, config=Config(interval=0.5))
+    m = player.play_to_end()
+    assert m.log_view is not None and m.log_view.snapshot.state == "failed"
+    died = [c for c in m.alert_log if any(a.rule == "engine_died" and a.severity == "critical" for a in c.alerts)]
+    assert died, [c.key() for c in m.alert_log]
+    kill = next(e for e in load(FIXTURES / "cpu-incidents" / "engine-death-enginecore-load.jsonl.gz")[1]
+                if e.kind == "mark" and "kill" in str(e.data.get("label")))
+    assert 0 <= died[0].mono - kill.mono <= 5.0  # named within 5 s of the kill
+    assert any(a.rule == "engine_died" for a in m.alert_log[-1].alerts)  # and still up at the end

@@ -485,8 +485,13 @@ class PhaseTracker:
             rec.start = self._launch_t
 
     def mark_ready(self, arrival: float, source: str = "health") -> None:
-        """The server answered ``/health`` 200 (or is otherwise known to be up)."""
-        if self._state in ("ready", "stopped"):
+        """The server answered ``/health`` 200 (or is otherwise known to be up).
+
+        A failure the log showed is never undone by a ready of the same start: an
+        engine that died under load leaves a /health 200 from the second before
+        queued behind its death lines (a new start, with its banner or a new
+        process, begins a new record)."""
+        if self._state in ("ready", "stopped", "failed"):
             return
         self._ready(self._time_at(arrival), arrival, source)
 
