@@ -88,6 +88,9 @@ class Player:
         self.interval = float(header.get("interval") or config.interval or 1.0)
         self.config = config
         self.log = FedLog(name) if self.has_log else None
+        self.raw = bool(header.get("raw"))
+        """A raw trace (:mod:`vtop.sources.trace`): no recorded launch/ready marks, so the
+        monitor works them out from the process table and the health answers, as live."""
         self.monitor = self._new_monitor()
         self.on_paused: Callable[[bool], None] | None = None
         """Told when the player pauses or resumes (the screen stops its timer)."""
@@ -103,7 +106,7 @@ class Player:
 
         lw = (LogWatch(self.log, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
               if self.log is not None else None)
-        m = Monitor(self.config, clock=self.clock, log_watch=lw, live=False)
+        m = Monitor(self.config, clock=self.clock, log_watch=lw, live=self.raw, find_logs=False)
         for url in self.urls:
             m.add_server(url, from_cli=True)
         return m
@@ -268,8 +271,9 @@ def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str |
     import os
 
     from vtop.sources.record import load
+    from vtop.sources.trace import is_trace, load_trace
 
-    header, events = load(path)
+    header, events = load_trace(path) if is_trace(path) else load(path)
     if header.get("schema") not in (None, "vtop-record") and not events:
         raise ValueError(f"{path}: not a vtop recording")
     if not events:
@@ -279,4 +283,4 @@ def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str |
     urls = tuple(dict.fromkeys(e.data.url for e in events if e.kind == "server"))
     cfg = dataclasses.replace(config, urls=urls, record=None, interval=interval,
                               history=max(history, 10 * interval))
-    return Player(events, header, config=cfg, name=name or os.path.basename(path), speed=speed)
+    return Player(events, header, config=cfg, name=name or os.path.basename(os.path.normpath(path)), speed=speed)

@@ -1,0 +1,149 @@
+"""A raw incident trace (``tests/corpus/FORMAT.md``) read as a recording's events.
+
+A trace is what the box said, second by second, recorded without vtop: the vLLM
+log byte for byte with its size each second, every ``/metrics`` and ``/health``
+answer, ``/version`` and ``/v1/models``, the process tree. This module turns it
+into the :class:`~vtop.sources.record.RecordEvent` stream a ``vtop --record`` file
+gives (``server``, ``procs``, ``log``), parsed by the very code the live sources
+use (:func:`~vtop.sources.vllm.poll_from_body`, the log's
+:class:`~vtop.sources.logtail.LineSplitter`, the process scan), so any vtop can be
+scored on a trace recorded before it existed. There are no ``logmark`` events:
+a trace says when the health answered and when the process began, and the
+monitor works out "launched" and "ready" from those as it does live.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vtop.model.server import ModelsInfo, ServerPoll
+from vtop.sources.record import RecordEvent
+
+TRUTH = "truth.json"
+
+
+def is_trace(path: str | os.PathLike[str]) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / TRUTH).is_file() and (p / "metrics.jsonl.gz").is_file()
+
+
+def _rows(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the recorder's end
+            if isinstance(row, dict):
+                yield row
+
+
+def truth_of(path: str | os.PathLike[str]) -> dict[str, Any]:
+    data = json.loads((Path(path) / TRUTH).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: {TRUTH} is not an object")
+    return data
+
+
+def _models(info: dict[str, Any] | None) -> ModelsInfo | None:
+    if not isinstance(info, dict):
+        return None
+    raw = info.get("data")
+    data: list[Any] = raw if isinstance(raw, list) else []
+    ids = tuple(str(d.get("id")) for d in data if isinstance(d, dict) and d.get("id"))
+    first = data[0] if data and isinstance(data[0], dict) else {}
+    mml = first.get("max_model_len")
+    return ModelsInfo(ids=ids, max_model_len=int(mml) if isinstance(mml, (int, float)) else None,
+                      root=str(first["root"]) if first.get("root") else None)
+
+
+def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[RecordEvent]]:
+    """The header (the interval, the truth) and the events of a trace, in time order."""
+    from vtop.sources.discovery import discover_servers
+    from vtop.sources.logtail import LineSplitter
+    from vtop.sources.vllm import poll_from_body, poll_from_error
+
+    p = Path(path)
+    truth = truth_of(p)
+    url = str((truth.get("server") or {}).get("url") or "http://127.0.0.1:8000").rstrip("/")
+    events: list[RecordEvent] = []
+
+    health = [(float(r["mono"]), r) for r in _rows(p / "health.jsonl.gz") if "mono" in r]
+    health.sort(key=lambda x: x[0])
+    info = sorted((r for r in _rows(p / "info.jsonl.gz") if "mono" in r), key=lambda r: float(r["mono"]))
+
+    def latest(rows: list[Any], mono: float, key: Any = None) -> Any:
+        out = None
+        for r in rows:
+            m = r[0] if isinstance(r, tuple) else float(r["mono"])
+            if m > mono:
+                break
+            out = r
+        return out
+
+    for r in _rows(p / "metrics.jsonl.gz"):
+        try:
+            t, mono = float(r["t"]), float(r["mono"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        h = latest(health, mono)
+        hrow = h[1] if h else None
+        i = latest(info, mono)
+        extra: dict[str, Any] = {}
+        if hrow is not None:
+            extra["health"] = hrow.get("status")
+            extra["health_polled"] = True
+        if i is not None:
+            if i.get("version"):
+                extra["version"] = str(i["version"])
+            models = _models(i.get("models"))
+            if models is not None:
+                extra["models"] = models
+        status, text = r.get("status"), r.get("text")
+        poll: ServerPoll
+        if status is None or text is None:
+            poll = poll_from_error(url, str(r.get("error") or "refused"), t=t, mono=mono, **extra)
+        else:
+            poll = poll_from_body(url, str(text), t=t, mono=mono, latency_s=r.get("dt"), status=int(status), **extra)
+        events.append(RecordEvent("server", t, mono, poll))
+
+    for r in _rows(p / "procs.jsonl.gz"):
+        try:
+            t, mono = float(r["t"]), float(r["mono"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        events.append(RecordEvent("procs", t, mono, discover_servers(r.get("procs") or [])))
+
+    log = p / "log.bin.gz"
+    if log.exists():
+        with gzip.open(log, "rb") as f:
+            data = f.read()
+        split = LineSplitter()
+        done = 0
+        for r in _rows(p / "log-index.jsonl.gz"):
+            try:
+                t, mono, size = float(r["t"]), float(r["mono"]), int(r["size"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if size < done:  # the file was truncated: start over
+                done = 0
+                split.reset()
+            lines = split.feed(data[done:size]) if size > done else []
+            done = max(done, size)
+            if lines:
+                events.append(RecordEvent("log", t, mono, lines))
+
+    events.sort(key=lambda e: e.at)
+    header = {"schema": "vtop-trace", "interval": 1.0, "history": 600.0, "truth": truth, "raw": True}
+    return header, events
