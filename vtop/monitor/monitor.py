@@ -6,7 +6,8 @@ widgets: the GPU history, one :class:`~vtop.core.server.ServerTracker` per
 server, which servers to watch (the URLs given, else the ones discovered),
 which process each is, which PIDs hold the GPUs, which log to follow and what
 it says (:class:`~vtop.monitor.logwatch.LogWatch`), the diagnosis, and the
-recorder. It does no I/O of its own and starts nothing: results come in
+recorder. It starts nothing and does no I/O of its own beyond looking up, when
+the server processes change, which one writes the log: results come in
 through ``apply_*`` (from :mod:`vtop.monitor.live` on a live box, from
 :mod:`vtop.monitor.player` for a recording), and :meth:`tick` closes a round:
 servers that went quiet turn stale, and the rules run over what came.
@@ -334,10 +335,11 @@ class Monitor:
         mine = [sp for sp in servers if any(url_matches(u, sp) for u in self.servers)]
         lw = self.log_watch
         if lw is not None:
-            if mine and self._launch_marked != mine[0].key:
-                self._launch_marked = mine[0].key
-                self.log_server = next((u for u in self.servers if url_matches(u, mine[0])), None)
-                lw.mark_launch_of(mine[0])
+            writer = self._writer_of_log(mine)
+            if writer is not None and self._launch_marked != writer.key:
+                self._launch_marked = writer.key
+                self.log_server = next((u for u in self.servers if url_matches(u, writer)), None)
+                lw.mark_launch_of(writer)
             return
         if not self.find_logs or self.config.log:
             return
@@ -364,6 +366,25 @@ class Monitor:
         self.log_watch = watch
         self._launch_marked = sp.key
         self.log_server = next((u for u in self.servers if url_matches(u, sp)), None)
+
+    def _writer_of_log(self, mine: list[ServerProcess]) -> ServerProcess | None:
+        """The server process that writes the ``--log`` file: a log belongs to one server,
+        and another vLLM on the box (another port) must never feed its tracker. The one
+        whose stdout or stderr is that very file; when that cannot be read (another user,
+        a container), the only server watched, if there is one."""
+        path = self.config.log
+        if not mine:
+            return None
+        if not path or path == "-":
+            return mine[0] if len(mine) == 1 else None
+        from vtop.sources.logtail import log_written_by
+
+        verdicts = [(sp, log_written_by(sp.pid, path)) for sp in mine]
+        writers = [sp for sp, v in verdicts if v]
+        if writers:
+            return writers[0]
+        unknown = [sp for sp, v in verdicts if v is None]
+        return unknown[0] if len(mine) == 1 and unknown else None
 
     # ------------------------------------------------------------------- rounds
     def tick(self) -> list[Alert]:

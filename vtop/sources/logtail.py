@@ -45,6 +45,7 @@ __all__ = [
     "TailState",
     "find_last_startup",
     "find_log_for_pid",
+    "log_written_by",
     "open_log",
 ]
 
@@ -593,6 +594,26 @@ def _describe(pid: int, stream: str, target: str) -> str:
         f"vLLM (pid {pid}) writes its {stream} to {target}, which is not a regular file. "
         "Pass `--log PATH` (or `--log -` to read a pipe)."
     )
+
+
+def log_written_by(pid: int, path: str, *, proc_root: str = "/proc") -> bool | None:
+    """Whether process ``pid`` writes the file ``path`` on its stdout or stderr (the same
+    file, not the same name: ``/proc/PID/fd/1`` and ``/2`` against ``path``'s device and
+    inode). None when it cannot be told: the file or the process's fds cannot be read."""
+    try:
+        want = os.stat(path)
+    except OSError:
+        return None
+    readable = False
+    for fdnum in (1, 2):
+        try:
+            st = os.stat(f"{proc_root}/{pid}/fd/{fdnum}")
+        except OSError:
+            continue
+        readable = True
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            return True
+    return False if readable else None
 
 
 def find_log_for_pid(pid: int, *, proc_root: str = "/proc") -> LogLocation:
