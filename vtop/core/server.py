@@ -199,13 +199,19 @@ class ServerTracker:
         self._restart_pending = False
         self._restart_at: float | None = None
         self._restart_why = ""
+        self._log_phase: str | None = None
         self.restarts = 0
 
     # -- feeding --
 
-    def feed(self, poll: ServerPoll, *, process: ProcessArg = UNKNOWN) -> None:
-        """Take one poll and what discovery says about the server's process."""
+    def feed(self, poll: ServerPoll, *, process: ProcessArg = UNKNOWN, log_phase: str | None = None) -> None:
+        """Take one poll and what discovery says about the server's process.
+
+        ``log_phase``: the phase the server's own log says its start is in, while it is
+        starting (None otherwise). A refused port is then ``starting``, not ``down``,
+        even when no process can be seen (a server in a container, another user's)."""
         mono = poll.mono
+        self._log_phase = log_phase
         if self._feeds and mono <= self._feeds[-1]:
             # Out of order or repeated: keep the newest view; no clock goes back.
             if mono < self._feeds[-1]:
@@ -312,7 +318,7 @@ class ServerTracker:
     def _fail_state(self, poll: ServerPoll) -> State:
         kind = poll.error or "other"
         if kind in _CONNECT_FAILS:
-            return "starting" if self._has_process() else "down"
+            return "starting" if self._has_process() or self._log_phase is not None else "down"
         if kind in _SLOW_FAILS:
             return "stale"
         if kind.startswith("http 5"):
@@ -436,6 +442,9 @@ class ServerTracker:
             if poll.ok and poll.latency_s is not None:
                 return f"answers slowly: /metrics took {poll.latency_s:.1f} s (limit {self.stale_after_s:.1f} s)"
             return f"{poll.message}; stale for {dur}, {last_ok}"
+        if state == "starting" and not self._has_process() and self._log_phase is not None:
+            return (f"starting: its log shows the start in {self._log_phase}; port refuses connections until "
+                    "it is ready (vtop cannot see its process)")
         if state == "starting":
             pid = getattr(proc, "pid", "?")
             port = getattr(proc, "port", None) or "?"

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.gpu_history import GpuHistory
+from vtop.core.phase_types import Phase
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
@@ -270,7 +271,7 @@ class Monitor:
         ws = self.servers.get(url) or self.add_server(url, from_cli=True)
         if self.recorder is not None:
             self.recorder.server(poll, fed=self.clock.monotonic())
-        ws.tracker.feed(poll, process=self.process_arg(ws))
+        ws.tracker.feed(poll, process=self.process_arg(ws), log_phase=self._log_phase_of(url))
         view = ws.tracker.view()
         ws.polls += 1
         if not ws.history or ws.history[-1] != view.state:
@@ -288,6 +289,14 @@ class Monitor:
         for cb in self.on_server_view:
             cb(ws, view)
         return view
+
+    def _log_phase_of(self, url: str) -> str | None:
+        """The phase the followed log shows a start in, for the server it belongs to."""
+        lv = self.log_view
+        if lv is None or url != self.log_target or lv.snapshot.state != "starting":
+            return None
+        cur = lv.snapshot.current
+        return cur.label if cur is not None else Phase.PROCESS_START.label
 
     # ---------------------------------------------------------------------- GPU
     def apply_gpu(self, poll: GpuPoll, names: dict[int, str] | None = None) -> None:
