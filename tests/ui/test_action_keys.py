@@ -1,7 +1,9 @@
 """The action keys in the app: s (snapshot), d (py-spy dump), t (test request), and --readonly.
 
-Real processes and real HTTP on loopback; slow answers are made slow on purpose to
-show the dashboard keeps answering while an action runs.
+Real processes and real HTTP on loopback. "Keeps answering while an action runs" is
+shown by holding the action (an Event the fake server or a wrapper waits on) until the
+test has seen a key's effect: no test here times anything (latency is bench/'s). Waits
+are for events; GUARD_S only stops a hang and never decides a healthy run.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import stat
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from vtop.ui.app import VtopApp
 from vtop.ui.screens import ProbeScreen, PySpyScreen
 
 SHOTS = os.environ.get("VTOP_SCREENSHOTS")
+GUARD_S = 30.0  # hang guard only: a healthy run, however loaded the box, never gets near it
 METRICS = (FIXTURES / "vllm" / "cpu-0.32.0-metrics-load.txt").read_bytes()
 
 
@@ -35,7 +38,8 @@ def sse(chunks: list[dict]) -> bytes:  # type: ignore[type-arg]
 @pytest.fixture
 async def vllm_like() -> AsyncIterator[dict]:  # type: ignore[type-arg]
     """A loopback server that answers like vLLM: /metrics, /health, /v1/models, a streamed chat."""
-    state: dict = {"delay": 0.0, "metrics_delay": 0.0, "requests": [], "url": ""}  # type: ignore[type-arg]
+    # chat_gate: when set to an Event, a chat request is held (after it was recorded) until it is set
+    state: dict = {"chat_gate": None, "requests": [], "url": ""}  # type: ignore[type-arg]
 
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
@@ -48,14 +52,14 @@ async def vllm_like() -> AsyncIterator[dict]:  # type: ignore[type-arg]
             body = await r.readexactly(length) if length else b""
             path = first.split()[1]
             if path == "/metrics":
-                await asyncio.sleep(state["metrics_delay"])
                 payload, ctype = METRICS, "text/plain"
             elif path == "/v1/models":
                 payload = json.dumps({"data": [{"id": "tiny", "max_model_len": 2048}]}).encode()
                 ctype = "application/json"
             elif path.startswith("/v1/chat"):
                 state["requests"].append(json.loads(body))
-                await asyncio.sleep(state["delay"])
+                if state["chat_gate"] is not None:
+                    await state["chat_gate"].wait()
                 chunks = [{"choices": [{"delta": {"content": f"w{i} "}, "finish_reason": None}]} for i in range(8)]
                 chunks.append({"choices": [{"delta": {}, "finish_reason": "length"}]})
                 chunks.append({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 8}})
@@ -76,17 +80,35 @@ async def vllm_like() -> AsyncIterator[dict]:  # type: ignore[type-arg]
         srv.close()
 
 
-def app_for(url: str, tmp_path: Path, **cfg: object) -> VtopApp:
+def app_for(url: str, tmp_path: Path, autopoll: bool = True, **cfg: object) -> VtopApp:
     return VtopApp(Config(urls=(url,), no_gpu=True, interval=0.5, snapshot_dir=str(tmp_path), **cfg),  # type: ignore[arg-type]
-                   hostname="t")
+                   autopoll=autopoll, hostname="t")
 
 
-async def wait_for(pilot, cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def wait_for(pilot, cond, timeout: float = GUARD_S) -> None:  # type: ignore[no-untyped-def]
+    """Wait for ``cond()`` (an event, not a duration); ``timeout`` is a hang guard only."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await pilot.pause(0.1)
+        if loop.time() > deadline:
+            raise AssertionError(f"hang guard: still waiting after {timeout:.0f} s")
+        await pilot.pause(0.05)
+
+
+def polled(app: VtopApp, url: str) -> bool:
+    """The dashboard has read the server once (its model name and max_model_len with it)."""
+    e = app.monitor.servers.get(url)
+    return e is not None and e.last_view is not None and bool(e.last_view.model_id)
+
+
+async def log_pane_settled(pilot, app: VtopApp) -> None:  # type: ignore[no-untyped-def]
+    """Before the app closes: the log pane shows the log and its line-width thread worker
+    (Textual's Log) is done. Closing the app under that worker fails the app with
+    NoActiveAppError, a race on exit that a loaded box hits when a test ends quickly."""
+    from textual.widgets import Log
+
+    await wait_for(pilot, lambda: app.w_log.line_count > 0
+                   and not any(isinstance(w.node, Log) and not w.is_finished for w in app.workers))
 
 
 async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -95,12 +117,28 @@ async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_
     out = tmp_path / "bundles"
     out.mkdir()
     app = app_for(vllm_like["url"], out, log=str(log))
+    # The bundle is held at its first progress report (it is copying the log, in its thread)
+    # until the second s has been answered: "a second s while the first runs" by construction.
+    copying, go_on = threading.Event(), threading.Event()
+    report = app._snapshot_progress_from_thread
+
+    def held_report(done: int, total: int) -> None:
+        copying.set()
+        go_on.wait(GUARD_S)
+        report(done, total)
+
+    app._snapshot_progress_from_thread = held_report  # type: ignore[method-assign]
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
-        await pilot.pause(1.0)
-        vllm_like["metrics_delay"] = 2.0  # the bundle waits for a slow /metrics
-        await pilot.press("s")
-        await pilot.press("s")  # while the first is still going
-        assert any("already being written" in n.message for n in app._notifications)
+        try:
+            await wait_for(pilot, lambda: polled(app, vllm_like["url"]))
+            await pilot.press("s")
+            await wait_for(pilot, copying.is_set)
+            await pilot.press("s")  # the first is still held
+            # proves: the second s is refused while the first bundle is still being written
+            await wait_for(pilot, lambda: any("already being written" in n.message for n in app._notifications))
+            assert app.last_snapshot is None and not go_on.is_set()
+        finally:
+            go_on.set()
         await wait_for(pilot, lambda: app.last_snapshot is not None)
         res = app.last_snapshot
         assert res.ok, res.message
@@ -113,7 +151,8 @@ async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_
         assert (folder / "vllm.log").read_bytes() == log.read_bytes()
         # notify() posts a message: the toast is in the list once the app has handled it
         await wait_for(pilot, lambda: any(str(folder) in n.message or folder.name in n.message
-                                          for n in app._notifications), 5)
+                                          for n in app._notifications))
+        await log_pane_settled(pilot, app)
 
 
 @pytest.mark.parametrize("redact", [True, False])
@@ -128,52 +167,78 @@ async def test_snapshot_follows_redact_prompts(vllm_like, tmp_path: Path, redact
     out.mkdir()
     app = app_for(vllm_like["url"], out, log=str(log), redact_prompts=redact)
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: polled(app, vllm_like["url"]))
         await pilot.press("s")
         await wait_for(pilot, lambda: app.last_snapshot is not None)
         copied = (Path(app.last_snapshot.path) / "vllm.log").read_text()
         assert (prompt in copied) is (not redact)
         assert json.loads((Path(app.last_snapshot.path) / "alerts.json").read_text()) == [a.to_json() for a in app.alerts]
+        await log_pane_settled(pilot, app)
 
 
 @pytest.fixture
 def python_child() -> AsyncIterator[subprocess.Popen]:  # type: ignore[type-arg]
-    code = "import time\ndef vtop_test_busy_loop():\n    while True:\n        time.sleep(0.05)\nvtop_test_busy_loop()\n"
-    p = subprocess.Popen([sys.executable, "-c", code])
-    time.sleep(0.5)
+    code = ("import time\ndef vtop_test_busy_loop():\n    print('ready', flush=True)\n    while True:\n"
+            "        time.sleep(0.05)\nvtop_test_busy_loop()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    # in its loop once it says so (a sleep of "long enough" was not, on a loaded box)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
     yield p  # type: ignore[misc]
     p.kill()
     p.wait()
+    if p.stdout is not None:
+        p.stdout.close()
 
 
-async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path, python_child) -> None:  # type: ignore[no-untyped-def]
-    app = app_for(vllm_like["url"], tmp_path)
+async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path, python_child,  # type: ignore[no-untyped-def]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtop.ui import screens
+
+    # The first py-spy run is held until the screen has answered a key: "the screen answers
+    # while py-spy runs" by construction, not by timing. Later runs go straight through.
+    running, go_on = asyncio.Event(), asyncio.Event()
+    real_dump = screens.dump
+
+    async def held_dump(*a, **k):  # type: ignore[no-untyped-def]
+        running.set()
+        await go_on.wait()
+        return await real_dump(*a, **k)
+
+    monkeypatch.setattr(screens, "dump", held_dump)
+    # no process scan of its own: the processes given below stay the only ones (a real scan
+    # that landed after them, as on a loaded box, took them away before the d key)
+    app = app_for(vllm_like["url"], tmp_path, autopoll=False)
     port = int(vllm_like["url"].rsplit(":", 1)[1])
     recs = [
         ProcRecord(4242, 1, "vllm", ("/usr/bin/python3", "/usr/bin/vllm", "serve", "tiny", "--port", str(port)), 1.0),
         ProcRecord(python_child.pid, 4242, "VLLM::EngineCor", ("VLLM::EngineCore",), 2.0),
     ]
     servers = list(discover(recs).servers)
-    async with app.run_test(size=(110, 36)) as pilot:
+    async with app.run_test(size=(110, 36), notifications=True) as pilot:
         app.apply_procs(servers)
         await pilot.press("d")
-        await pilot.pause()
+        await wait_for(pilot, lambda: isinstance(app.screen, PySpyScreen))
         screen = app.screen
         assert isinstance(screen, PySpyScreen) and screen.target.pid == python_child.pid
-        t0 = time.monotonic()
-        await pilot.press("down")  # the screen answers (scrolls) while py-spy runs
-        assert time.monotonic() - t0 < 0.5
-        await wait_for(pilot, lambda: screen.result is not None, 30)
+        try:
+            await wait_for(pilot, running.is_set)
+            await pilot.press("s")  # save: nothing yet
+            # proves: the screen handles a key while py-spy is still running (held)
+            await wait_for(pilot, lambda: any("nothing to save yet" in n.message for n in app._notifications))
+            assert screen.result is None and not go_on.is_set()
+        finally:
+            go_on.set()
+        await wait_for(pilot, lambda: screen.result is not None)
         assert screen.result.ok, screen.result.message
         text = str(app.screen.query_one("#dump").render())
         assert "vtop_test_busy_loop" in text
         first = screen.result
         await pilot.press("n")  # again, with native frames
-        await wait_for(pilot, lambda: screen.result is not first, 30)
+        await wait_for(pilot, lambda: screen.result is not first)
         assert screen.result.ok and screen.result.native
         second = screen.result
         await pilot.press("a")  # the API server instead: pid 4242 is not a real process here
-        await wait_for(pilot, lambda: screen.result is not second, 30)
+        await wait_for(pilot, lambda: screen.result is not second)
         assert screen.target.role == "api_server" and screen.target.pid == 4242
         assert not screen.result.ok and screen.result.kind == "gone"
         assert "4242" in str(app.screen.query_one("#dump").render())
@@ -181,23 +246,23 @@ async def test_pyspy_key_dumps_the_engine_in_a_screen(vllm_like, tmp_path: Path,
             Path(SHOTS).mkdir(parents=True, exist_ok=True)
             app.save_screenshot(str(Path(SHOTS) / "pyspy-screen.svg"))
         await pilot.press("escape")
-        assert not isinstance(app.screen, PySpyScreen)
+        await wait_for(pilot, lambda: not isinstance(app.screen, PySpyScreen))  # dismissed
 
 
 async def test_pyspy_key_without_a_process_says_so(tmp_path: Path) -> None:
     app = VtopApp(Config(urls=("http://127.0.0.1:9",), no_gpu=True), autopoll=False, hostname="t")
     async with app.run_test(size=(100, 30), notifications=True) as pilot:
         await pilot.press("d")
-        assert any("no vLLM process found" in n.message for n in app._notifications)
+        # notify() posts a message: the toast is in the list once the app has handled it
+        await wait_for(pilot, lambda: any("no vLLM process found" in n.message for n in app._notifications))
 
 
 async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm_like, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    vllm_like["delay"] = 1.5  # a slow server
     app = app_for(vllm_like["url"], tmp_path)
     async with app.run_test(size=(110, 36)) as pilot:
-        await pilot.pause(1.0)
+        await wait_for(pilot, lambda: polled(app, vllm_like["url"]))  # the form is filled from it
         await pilot.press("t")
-        await pilot.pause()
+        await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen) and bool(app.screen.query("#send")))  # composed
         screen = app.screen
         assert isinstance(screen, ProbeScreen)
         assert "never sends a request without max_tokens" in str(screen.query_one("#probe-why").render())
@@ -208,15 +273,21 @@ async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm
         assert not screen.result.ok and not screen.result.sent
         assert vllm_like["requests"] == []
         screen.result = None
+        gate = vllm_like["chat_gate"] = asyncio.Event()  # the server holds the request from now on
         max_in.focus()
-        await pilot.press("8", "enter")  # typed by hand, sent with enter
-        prompt = screen.query_one("#prompt")
-        prompt.focus()
-        t0 = time.monotonic()
-        await pilot.press("end", "x")  # typing while the request is in flight is handled at once
-        assert time.monotonic() - t0 < 0.5 and prompt.value.endswith("x")
         try:
-            await wait_for(pilot, lambda: screen.result is not None, 20)
+            await pilot.press("8", "enter")  # typed by hand, sent with enter
+            await wait_for(pilot, lambda: vllm_like["requests"])  # it reached the server, held there
+            prompt = screen.query_one("#prompt")
+            prompt.focus()
+            await pilot.press("end", "x")
+            # proves: typing is handled while the request is still in flight (held by the server)
+            await wait_for(pilot, lambda: prompt.value.endswith("x"))
+            assert screen.result is None and not gate.is_set()
+        finally:
+            gate.set()
+        try:
+            await wait_for(pilot, lambda: screen.result is not None)
         except AssertionError as e:
             raise AssertionError(f"no result; requests={vllm_like['requests']} focused={app.focused} "
                                  f"text={screen.query_one('#probe-result').render()}") from e
@@ -233,10 +304,10 @@ async def test_test_request_form_sends_with_max_tokens_and_stays_responsive(vllm
 async def test_readonly_turns_the_action_keys_off(vllm_like, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     app = app_for(vllm_like["url"], tmp_path, readonly=True)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(1.0)
+        await wait_for(pilot, lambda: polled(app, vllm_like["url"]))  # a server to act on
         for key in ("s", "d", "t"):
             await pilot.press(key)
-        await pilot.pause(0.5)
+        await pilot.pause(0.5)  # room for a wrongly started action to show (cannot fail a healthy run)
         assert app.screen is app.screen_stack[0]  # no dialog opened
         assert app.last_snapshot is None and not list(tmp_path.iterdir())
         assert "READ-ONLY" in app._status_text
@@ -252,7 +323,9 @@ async def test_readonly_note_is_not_in_a_normal_footer(tmp_path: Path) -> None:
 
 async def test_pyspy_dump_is_saved_into_the_latest_snapshot(vllm_like, tmp_path: Path, python_child) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "vtop-snapshot-20261130-120000").mkdir(mode=0o700)
-    app = app_for(vllm_like["url"], tmp_path)
+    # no process scan of its own: the processes given below stay the only ones (a real scan
+    # that landed after them, as on a loaded box, took them away before the d key)
+    app = app_for(vllm_like["url"], tmp_path, autopoll=False)
     port = int(vllm_like["url"].rsplit(":", 1)[1])
     recs = [
         ProcRecord(4242, 1, "vllm", ("/usr/bin/python3", "/usr/bin/vllm", "serve", "tiny", "--port", str(port)), 1.0),
@@ -261,8 +334,10 @@ async def test_pyspy_dump_is_saved_into_the_latest_snapshot(vllm_like, tmp_path:
     async with app.run_test(size=(110, 36)) as pilot:
         app.apply_procs(list(discover(recs).servers))
         await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, PySpyScreen))  # pushed: an event, not "by now"
         screen = app.screen
-        await wait_for(pilot, lambda: screen.result is not None, 30)
+        assert isinstance(screen, PySpyScreen)
+        await wait_for(pilot, lambda: screen.result is not None)
         saved = list((tmp_path / "vtop-snapshot-20261130-120000").glob("pyspy-*.txt"))
         assert len(saved) == 1 and "vtop_test_busy_loop" in saved[0].read_text()
         assert stat.S_IMODE(saved[0].stat().st_mode) == 0o600

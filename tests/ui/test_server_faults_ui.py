@@ -97,8 +97,8 @@ async def test_keys_answer_while_the_server_misbehaves(server, fault: str) -> No
 
     routes["/metrics"] = hang if fault == "slow" else fixed
     app = VtopApp(Config(urls=(url,), no_gpu=True, interval=0.5), hostname="t")
-    try:
-        async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
+        try:
             # the fault has happened: a scrape is held right now, or a bad answer was read
             await until(pilot, (hang.asked if fault == "slow" else answered).is_set, "a /metrics request")
             await pilot.press("c")
@@ -120,8 +120,8 @@ async def test_keys_answer_while_the_server_misbehaves(server, fault: str) -> No
             text = app.cards[entry.url].render().plain
             assert text and "Traceback" not in text
             assert v.message and "\n" not in v.message
-    finally:
-        hang.release.set()
+        finally:
+            hang.release.set()  # before the app is closed: it may be waiting on the held scrape
 
 
 async def test_a_key_is_handled_while_a_scrape_is_still_hung(server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -136,12 +136,12 @@ async def test_a_key_is_handled_while_a_scrape_is_still_hung(server, monkeypatch
     hang = Hang()
     routes["/metrics"] = hang
     app = VtopApp(Config(urls=(url,), no_gpu=True, interval=0.5), hostname="t")
-    try:
-        async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
+        try:
             await until(pilot, hang.asked.is_set, "a /metrics request")
             await pilot.press("c")
             await until(pilot, lambda: app.query_one(GpuPanel).compact, "the c key's effect")
             assert not hang.release.is_set() and hang.held
             assert not hang.held[0].at_eof()  # the scraper is still waiting for this answer
-    finally:
-        hang.release.set()
+        finally:
+            hang.release.set()  # before the app is closed: it may be waiting on the held scrape

@@ -1,10 +1,15 @@
 """The test request against a local SSE server on 127.0.0.1 that answers in vLLM's shapes
-(copied from shared/fixtures/vllm-0.32.0-cpu/requests.txt)."""
+(copied from shared/fixtures/vllm-0.32.0-cpu/requests.txt).
+
+Nothing here times a request: TTFT and totals are read on a clock the fake server moves
+(StepClock), and a server that hangs or stalls waits on an Event set only after the
+request has returned. GUARD_S is a hang guard only and never decides a healthy run."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,10 +17,40 @@ from typing import Any
 import httpx
 import pytest
 
+from vtop.actions import probe
 from vtop.actions.probe import TEMPLATE_MARGIN, fetch_models, send_test_request
 
 KEY = "sk-test-Zq81aPvLw0cE3tYh"
 CID = "chatcmpl-b7f0a1f2daf26bc2"
+GUARD_S = 30.0  # hang guard only: a healthy run, however loaded the box, never gets near it
+
+
+class StepClock:
+    """The probe's ``time.monotonic``, moved by the fake server instead of by the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _ProbeTime:
+    """Stands in for the ``time`` module inside vtop.actions.probe: monotonic from a StepClock."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock = clock
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
 
 
 def chat_chunks(tokens: list[str], finish: str = "length", usage: bool = True) -> list[str]:
@@ -53,6 +88,11 @@ class Reply:
     delay: float = 0.0
     hang: bool = False
     content_type: str = "text/event-stream"
+    #: move this clock by the delays instead of sleeping them; after the first token the
+    #: server waits until the probe has read the clock for it (its start, then its TTFT)
+    clock: StepClock | None = None
+    #: after this many chunks, hold the stream until FakeVllm.release is set
+    stall_after: int | None = None
 
 
 @dataclass
@@ -60,6 +100,8 @@ class FakeVllm:
     url: str
     requests: list[dict[str, Any]]
     reply: Reply
+    held: asyncio.Event = field(default_factory=asyncio.Event)  # a hang or a stall has begun
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # set after the request returned
 
 
 async def _handle(srv: FakeVllm, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -83,7 +125,8 @@ async def _handle(srv: FakeVllm, reader: asyncio.StreamReader, writer: asyncio.S
             await writer.drain()
             return
         if rep.hang:
-            await asyncio.sleep(30)
+            srv.held.set()
+            await srv.release.wait()
             return
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 500: "Internal Server Error"}[rep.status]
         if rep.status != 200 or rep.body:
@@ -94,11 +137,21 @@ async def _handle(srv: FakeVllm, reader: asyncio.StreamReader, writer: asyncio.S
         writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: {rep.content_type}\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
         for i, c in enumerate(rep.chunks):
+            if rep.stall_after is not None and i == rep.stall_after:
+                srv.held.set()
+                await srv.release.wait()
             wait = rep.first_delay if i == 1 else rep.delay
-            if wait:
+            if wait and rep.clock is not None:
+                rep.clock.advance(wait)
+            elif wait:
                 await asyncio.sleep(wait)
             writer.write(c.encode())
             await writer.drain()
+            if i == 1 and rep.clock is not None:
+                clock = rep.clock
+                end = asyncio.get_running_loop().time() + GUARD_S  # hang guard only
+                while clock.reads < 2 and asyncio.get_running_loop().time() < end:
+                    await asyncio.sleep(0.001)
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:
@@ -113,6 +166,7 @@ async def fake() -> AsyncIterator[FakeVllm]:
     srv.url = f"http://127.0.0.1:{port}"
     async with server:
         yield srv
+        srv.release.set()
         server.close()
 
 
@@ -122,17 +176,26 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def test_streamed_chat_measures_ttft_tokens_and_finish(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_streamed_chat_measures_ttft_tokens_and_finish(fake: FakeVllm, client: httpx.AsyncClient,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Proves TTFT is taken at the first token (not at the head or the role chunk) and the
+    # total at the end, on a clock the server moves: 0.01 s before each chunk, 0.15 s more
+    # before the first token; exact values, whatever the box's load.
     toks = ["\ufffdMem", " 1626", " 8182", " 5262", " 4716", " 606", " 7894", " 5904"]
-    fake.reply = Reply(chunks=chat_chunks(toks), first_delay=0.15, delay=0.01)
+    clock = StepClock()
+    monkeypatch.setattr(probe, "time", _ProbeTime(clock))
+    chunks = chat_chunks(toks)
+    fake.reply = Reply(chunks=chunks, first_delay=0.15, delay=0.01, clock=clock)
     r = await send_test_request(fake.url, model="/tmp/tinyllama", endpoint="chat", prompt="stream please",
                                 max_tokens=8, max_model_len=2048, api_key=KEY, client=client)
     assert r.ok and r.kind == "ok" and r.status == 200, r.message
     assert r.finish_reason == "length"
     assert r.output_tokens == 8 and r.tokens_from_usage and r.prompt_tokens == 13
-    assert r.ttft_s is not None and 0.14 <= r.ttft_s < 1.0
-    assert r.total_s is not None and r.total_s >= r.ttft_s + 0.05
-    assert r.tokens_per_s and r.decode_tokens_per_s and r.decode_tokens_per_s > r.tokens_per_s
+    ttft, total = 0.01 + 0.15, 0.01 + 0.15 + 0.01 * (len(chunks) - 2)
+    assert r.ttft_s == pytest.approx(ttft)
+    assert r.total_s == pytest.approx(total)
+    assert r.tokens_per_s == pytest.approx(8 / total)
+    assert r.decode_tokens_per_s == pytest.approx(7 / (total - ttft)) and r.decode_tokens_per_s > r.tokens_per_s
     assert r.text == "".join(toks)
     (req,) = fake.requests
     assert req["path"] == "/v1/chat/completions"
@@ -204,18 +267,26 @@ async def test_http_500_and_401_with_key_echo_scrubbed(fake: FakeVllm, client: h
 
 
 async def test_hanging_server_times_out(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+    # Proves: timeout_s ends a request the server never answers (it is still holding it
+    # when the result comes back), and the result says so.
     fake.reply = Reply(hang=True)
-    r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
-                                max_model_len=None, api_key=None, client=client, timeout_s=0.4)
+    r = await asyncio.wait_for(send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
+                                                 max_model_len=None, api_key=None, client=client, timeout_s=0.4),
+                               GUARD_S)
+    assert fake.held.is_set() and not fake.release.is_set()
     assert not r.ok and r.kind == "timeout" and "timed out after 0.4 s" in r.message
-    assert r.total_s is not None and r.total_s < 3
+    assert r.total_s is not None
 
 
 async def test_stalled_stream_times_out_with_partial_text(fake: FakeVllm, client: httpx.AsyncClient) -> None:
-    fake.reply = Reply(chunks=chat_chunks(["a", "b", "c"]), delay=5)
-    r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
-                                max_model_len=None, api_key=None, client=client, timeout_s=0.4)
-    assert r.kind == "timeout"
+    # Proves: a stream that stops after its first token (held until the result is back)
+    # is ended by timeout_s, as a timeout of a request that was sent.
+    fake.reply = Reply(chunks=chat_chunks(["a", "b", "c"]), stall_after=2)
+    r = await asyncio.wait_for(send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
+                                                 max_model_len=None, api_key=None, client=client, timeout_s=0.4),
+                               GUARD_S)
+    assert fake.held.is_set() and not fake.release.is_set()
+    assert r.kind == "timeout" and r.sent
 
 
 @pytest.mark.parametrize("chunks, needle", [

@@ -3,11 +3,12 @@ process, the parser on the recorded vLLM dump, and every error path."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,17 +168,30 @@ def _fake(tmp_path: Path, body: str) -> Path:
     return f
 
 
-async def test_timeout_kills_pyspy(tmp_path: Path) -> None:
-    marker = tmp_path / "pid"
-    fake = _fake(tmp_path, f"echo $$ > {marker}; exec sleep 30")
-    t = time.monotonic()
-    r = await dump(os.getpid(), pyspy=str(fake), timeout_s=0.5)
-    assert time.monotonic() - t < 5
-    assert not r.ok and r.kind == "timeout" and "0.5 s" in r.message
-    spid = int(marker.read_text())
-    time.sleep(0.05)
-    with pytest.raises(ProcessLookupError):
-        os.kill(spid, 0)
+async def test_timeout_kills_pyspy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Proves: a py-spy that never answers is ended by timeout_s, killed (SIGKILL) and reaped
+    # before dump() returns; its process object is caught where dump() starts it, so nothing
+    # waits "long enough" for it to write its pid or to die. 30 s is a hang guard only.
+    fake = _fake(tmp_path, "exec sleep 3600")
+    started: list[asyncio.subprocess.Process] = []
+    real_exec = asyncio.create_subprocess_exec
+
+    async def spy(*a, **k):  # type: ignore[no-untyped-def]
+        started.append(await real_exec(*a, **k))
+        return started[-1]
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spy)
+    try:
+        r = await asyncio.wait_for(dump(os.getpid(), pyspy=str(fake), timeout_s=0.5), 30)
+        assert not r.ok and r.kind == "timeout" and "0.5 s" in r.message
+        (proc,) = started
+        assert proc.returncode == -signal.SIGKILL  # killed, and waited for
+        with pytest.raises(ProcessLookupError):
+            os.kill(proc.pid, 0)  # reaped: no zombie left
+    finally:
+        for p in started:
+            if p.returncode is None:
+                p.kill()
 
 
 async def test_permission_denied_message(tmp_path: Path) -> None:

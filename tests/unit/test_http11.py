@@ -118,7 +118,8 @@ async def test_server_closing_idle_connection_is_retried_once(srv: KeepAliveServ
     await pool.get(srv.url + "/metrics", limit=1 << 20)
     for w in srv.writers:  # uvicorn closes idle keep-alive connections after 5 s
         w.close()
-    await asyncio.sleep(0.05)
+    for w in srv.writers:  # closed on the server's side (an event, not "after 50 ms")
+        await asyncio.wait_for(w.wait_closed(), 30)
     status, body = await pool.get(srv.url + "/metrics", limit=1 << 20)
     assert status == 200 and body == BODY
     assert srv.connections == 2
@@ -173,10 +174,26 @@ async def test_refused_on_localhost_with_two_addresses(pool: HttpPool) -> None:
 
 
 async def test_cancelled_request_does_not_leave_a_half_read_connection(srv: KeepAliveServer, pool: HttpPool) -> None:
+    import h11
+
     srv.mode = "partial"
+    conns: list = []  # type: ignore[type-arg]
+    connect = pool._connect
+
+    async def spy(*a, **k):  # type: ignore[no-untyped-def]
+        conns.append(await connect(*a, **k))
+        return conns[-1]
+
+    pool._connect = spy  # type: ignore[method-assign]
     task = asyncio.ensure_future(pool.get(srv.url + "/metrics", limit=1 << 20))
-    await asyncio.wait_for(srv.partial_sent.wait(), 5)
-    await asyncio.sleep(0.05)  # the client is now waiting for the rest of the body
+    await asyncio.wait_for(srv.partial_sent.wait(), 30)
+    # the client has read the answer's head and now waits for the rest of the body (an
+    # event seen in its parser's state, not "after 50 ms"); 30 s is a hang guard only
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while not (conns and conns[0].proto.their_state is h11.SEND_BODY):
+        assert loop.time() < end, "hang guard: the client never read the answer's head"
+        await asyncio.sleep(0.001)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

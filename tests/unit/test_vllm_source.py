@@ -1,6 +1,11 @@
 """The scraper against real HTTP servers on 127.0.0.1, serving recorded vLLM
 payloads and faults. Each poll must return (never raise) with the right
-error kind and a clear message, within its time budget."""
+error kind and a clear message, cut by its own deadline.
+
+Nothing here times a poll: a server that hangs waits on an Event that is set only
+after the poll has returned, so "the deadline cut it" is checked, not "it took < N s";
+the scraper's own clock (latency, histogram ages, re-scrape periods) is a FakeClock the
+test moves. GUARD_S is a hang guard only and never decides a healthy run."""
 
 from __future__ import annotations
 
@@ -9,14 +14,13 @@ import dataclasses
 import gc
 import json
 import socket
-import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from vtop.clock import SystemClock
+from vtop.clock import Clock, FakeClock, SystemClock
 from vtop.sources.http11 import HttpPool
 from vtop.sources.vllm import ServerPoll, Timeout, VllmScraper
 
@@ -130,14 +134,31 @@ async def client() -> AsyncIterator[HttpPool]:
     await c.aclose()
 
 
-# Generous enough for a loaded 2-core CI box (a real vLLM server may be compiling beside the
-# tests), short enough that the fault tests stay quick.
-SHORT = Timeout(connect=2.0, read=1.5)
+GUARD_S = 30.0  # hang guard only: a healthy run, however loaded the box, never gets near it
+# No deadline decides a test on a healthy run, however loaded the box: the fault answers come
+# at once, and the tests of the deadline set a short one and hold their server past it.
+ROOMY = Timeout(connect=GUARD_S / 2, read=GUARD_S / 2)
 
 
-def scraper(url: str, client: HttpPool, **kw: object) -> VllmScraper:
-    kw.setdefault("timeout", SHORT)
-    return VllmScraper(url, client=client, clock=SystemClock(), **kw)  # type: ignore[arg-type]
+def scraper(url: str, client: HttpPool, clock: Clock | None = None, **kw: object) -> VllmScraper:
+    kw.setdefault("timeout", ROOMY)
+    return VllmScraper(url, client=client, clock=clock or SystemClock(), **kw)  # type: ignore[arg-type]
+
+
+async def guarded(poll: Awaitable[ServerPoll]) -> ServerPoll:
+    """A poll, with a hang guard: a poll that its deadline does not cut fails here."""
+    try:
+        return await asyncio.wait_for(poll, GUARD_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"hang guard: the poll did not return within {GUARD_S:.0f} s") from None
+
+
+class Hold:
+    """What a hanging server waits on: ``entered`` once a request is held, ``release`` to let go."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
 
 
 def all_text(p: ServerPoll) -> str:
@@ -152,12 +173,20 @@ def all_text(p: ServerPoll) -> str:
 
 async def test_real_payload_and_info(server: Server, client: HttpPool) -> None:
     vllm_routes(server)
-    sc = scraper(server.url, client, timeout=None)
+    clock = FakeClock()
+    answer = server.routes["/metrics"]
+
+    async def metrics_after_250_ms(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
+        clock.advance(0.25)  # the server "takes" 250 ms on the scraper's clock
+        await answer(p, h, w)
+
+    server.routes["/metrics"] = metrics_after_250_ms
+    sc = scraper(server.url, client, clock, timeout=None)
     p = await sc.poll()
     assert p.ok and p.error is None, p.message
     assert p.metrics is not None and p.metrics.running == 2 and p.metrics.waiting == 6
     assert p.body_bytes == len(PAYLOAD) and p.status == 200
-    assert p.latency_s is not None and 0 <= p.latency_s < 2
+    assert p.latency_s == pytest.approx(0.25)  # latency is the /metrics request's, on the scraper's clock
     # first poll = a (re)connect: health, models and version come too
     assert p.health == 200 and p.health_polled and p.info_polled
     assert p.models is not None and p.models.model_id == "/tmp/tinyllama" and p.models.max_model_len == 2048
@@ -194,33 +223,50 @@ async def test_big_body_is_parsed_in_a_thread(server: Server, client: HttpPool,
 
 
 async def test_slow_server_times_out_in_budget(server: Server, client: HttpPool) -> None:
+    # Proves: the deadline ends a poll that the server never answers (it holds the request
+    # until after the poll has returned), and the message names that deadline.
+    hold = Hold()
+
     async def slow(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(5)
+        hold.entered.set()
+        await hold.release.wait()
         await send(w, 200, PAYLOAD)
 
     server.routes["/metrics"] = slow
-    sc = scraper(server.url, client)
-    t0 = time.monotonic()
-    p = await sc.poll()
-    took = time.monotonic() - t0
+    sc = scraper(server.url, client, deadline_s=1.0)
+    try:
+        p = await guarded(sc.poll())
+        assert hold.entered.is_set() and not hold.release.is_set()  # it returned with the answer held
+    finally:
+        hold.release.set()
     assert not p.ok and p.error == "timeout"
-    assert took < sc.deadline_s + 0.5
     assert "no answer" in p.message or "no complete answer" in p.message
+    assert f"within {sc.deadline_s:.1f} s" in p.message
 
 
 async def test_trickling_body_hits_the_deadline(server: Server, client: HttpPool) -> None:
+    # Proves: a body that keeps coming (10 bytes every 0.1 s, never ending until the poll
+    # has returned) is cut by the whole-request deadline, not waited out.
+    hold = Hold()
+    sent = [0]
+
     async def trickle(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, 100000))
-        for _ in range(100):
+        while not hold.release.is_set():
             w.write(b"#" * 10)
             await w.drain()
-            await asyncio.sleep(0.1)  # each chunk well inside the read timeout
+            sent[0] += 1
+            hold.entered.set()
+            await asyncio.sleep(0.1)  # pacing only: each chunk well inside the read timeout
 
     server.routes["/metrics"] = trickle
     sc = scraper(server.url, client, deadline_s=1.0)
-    t0 = time.monotonic()
-    p = await sc.poll()
-    assert p.error == "timeout" and time.monotonic() - t0 < 1.6
+    try:
+        p = await guarded(sc.poll())
+        assert hold.entered.is_set() and not hold.release.is_set()  # still trickling when it returned
+    finally:
+        hold.release.set()
+    assert p.error == "timeout" and "within 1.0 s" in p.message
 
 
 async def test_http_500(server: Server, client: HttpPool) -> None:
@@ -271,7 +317,7 @@ async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: Http
     gc.collect()
     tracemalloc.start()
     try:
-        p = await scraper(server.url, client, timeout=Timeout(5.0, 5.0)).poll()
+        p = await scraper(server.url, client).poll()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -281,15 +327,23 @@ async def test_50mb_body_is_cut_with_bounded_memory(server: Server, client: Http
 
 
 async def test_announced_huge_body_is_not_read(server: Server, client: HttpPool) -> None:
+    # Proves: a 50 MiB Content-Length is refused from the header, while the server still
+    # holds the rest of the body (reading on would end in a timeout, not "too large").
+    hold = Hold()
+
     async def announced(p: str, h: dict[str, str], w: asyncio.StreamWriter) -> None:
         w.write(head(200, 50 * 1024 * 1024) + b"x" * 1000)
         await w.drain()
-        await asyncio.sleep(2)
+        hold.entered.set()
+        await hold.release.wait()
 
     server.routes["/metrics"] = announced
-    t0 = time.monotonic()
-    p = await scraper(server.url, client).poll()
-    assert p.error == "too large" and time.monotonic() - t0 < 1.0
+    try:
+        p = await guarded(scraper(server.url, client).poll())
+        assert hold.entered.is_set() and not hold.release.is_set()
+    finally:
+        hold.release.set()
+    assert p.error == "too large", p.message
 
 
 async def test_connection_reset_mid_body(server: Server, client: HttpPool) -> None:
@@ -460,7 +514,8 @@ async def test_restricted_scrapes_after_a_full_one_read_the_same(server: Server,
     from vtop.sources.vllm import RESTRICTED_METRICS_PATH, coverage
 
     restricting_routes(server)
-    sc = scraper(server.url, client, timeout=None)
+    clock = FakeClock()
+    sc = scraper(server.url, client, clock, timeout=None)
     full = await sc.poll()
     assert full.ok and paths(server) == ["/metrics"] and full.body_bytes == len(PAYLOAD)
     p = await sc.poll()
@@ -473,8 +528,10 @@ async def test_restricted_scrapes_after_a_full_one_read_the_same(server: Server,
     for f in ("running", "waiting", "kv_cache_usage", "generation_tokens_total", "request_success_total",
               "time_to_first_token_seconds", "e2e_request_latency_seconds", "request_params_max_tokens"):
         assert getattr(a, f) == getattr(b, f), f
-    sc.FULL_EVERY_S = 0.3
-    await asyncio.sleep(0.35)
+    clock.advance(sc.FULL_EVERY_S - 1.0)
+    await sc.poll()
+    assert paths(server)[-1] == "restricted"  # not yet
+    clock.advance(1.0)  # FULL_EVERY_S after the full one, on the scraper's clock
     await sc.poll()
     await sc.poll()
     assert paths(server)[-2:] == ["/metrics", "restricted"]
@@ -524,10 +581,10 @@ async def test_histograms_are_read_every_HIST_EVERY_S_and_carried_over_between(
     from vtop.sources.vllm import FAST_METRICS_PATH, RESTRICTED_METRICS_PATH
 
     restricting_routes(server)
-    sc = scraper(server.url, client, timeout=None)
-    sc.HIST_EVERY_S = 0.4
+    clock = FakeClock()
+    sc = scraper(server.url, client, clock, timeout=None)
     full = await sc.poll()
-    await asyncio.sleep(0.05)
+    clock.advance(1.5)
     fast = await sc.poll()
     sent = [x[0] for x in server.seen if x[0].startswith("/metrics")]
     assert sent == ["/metrics", FAST_METRICS_PATH]
@@ -541,8 +598,8 @@ async def test_histograms_are_read_every_HIST_EVERY_S_and_carried_over_between(
         assert getattr(b, f) == getattr(a, f) is not None, f
         assert [getattr(e, f) for e in b.engines] == [getattr(e, f) for e in a.engines]
     assert b.inter_token_metric == a.inter_token_metric is not None
-    assert a.histograms_age_s == 0.0 and 0.04 <= b.histograms_age_s < 0.4
-    await asyncio.sleep(0.4)
+    assert a.histograms_age_s == 0.0 and b.histograms_age_s == pytest.approx(1.5)  # on the scraper's clock
+    clock.advance(sc.HIST_EVERY_S - 1.5)  # HIST_EVERY_S after the last read of them
     again = await sc.poll()
     assert [x[0] for x in server.seen if x[0].startswith("/metrics")][-1] == RESTRICTED_METRICS_PATH
     assert again.metrics is not None and again.metrics.histograms_age_s == 0.0
