@@ -176,7 +176,7 @@ async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
             monitor.tick()
             if clock.monotonic() - started >= window_s:
                 break
-        deadline = clock.monotonic() + max(2.0, 2 * interval)
+        deadline = clock.monotonic() + max(5.0, 3 * interval)
         while _waiting_for(monitor, feed) and clock.monotonic() < deadline:
             await asyncio.sleep(0.05)
             feed.collect()

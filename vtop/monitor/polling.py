@@ -76,6 +76,8 @@ class PollLoop:
         self.in_flight_since: float | None = None
         """Monotonic time the current poll started, or None between polls."""
         self.last_duration: float | None = None
+        self.last_delay: float | None = None
+        """How long the thread last chose to wait before its next poll (tests)."""
         self.polls = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -136,7 +138,8 @@ class PollLoop:
                 delay = self.interval - (0.05 + 2 * (ended - started))
             else:
                 delay = self.interval - (time.monotonic() - started)
-            self._wake.wait(max(0.0, delay))
+            self.last_delay = max(0.0, delay)
+            self._wake.wait(self.last_delay)
             self._wake.clear()
 
     def collect(self) -> bool:
