@@ -176,20 +176,24 @@ async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
             monitor.tick()
             if clock.monotonic() - started >= window_s:
                 break
+        # Rates need two scrapes: a window of an interval or more waits for the second
+        # (a busy box may have started the first one late).
+        polls = 2 if window_s >= interval else 1
         deadline = clock.monotonic() + max(5.0, 3 * interval)
-        while _waiting_for(monitor, feed) and clock.monotonic() < deadline:
+        while _waiting_for(monitor, feed, polls) and clock.monotonic() < deadline:
             await asyncio.sleep(0.05)
             feed.collect()
+            monitor.tick()
         monitor.tick()
-        for what in _waiting_for(monitor, feed):
+        for what in _waiting_for(monitor, feed, 1):
             monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
     finally:
         await feed.aclose()
     return started
 
 
-def _waiting_for(monitor: Monitor, feed: LiveFeed) -> list[str]:
-    """The sources that have not answered once yet."""
+def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> list[str]:
+    """The sources that have not answered once yet (a server: ``server_polls`` times)."""
     out = []
     if feed.gpu_loop is not None and feed.gpu_loop.polls == 0:
         out.append("NVML (GPU readings)")
@@ -197,7 +201,7 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed) -> list[str]:
         out.append("the vLLM log")
     if feed.disc_loop is not None and not monitor.discovered_once:
         out.append("the process scan")
-    out += [url for url, ws in monitor.servers.items() if ws.polls == 0]
+    out += [url for url, ws in monitor.servers.items() if ws.polls < server_polls]
     return out
 
 

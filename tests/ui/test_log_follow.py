@@ -22,7 +22,7 @@ def start_fake_vllm(tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def servers_of(pid: int) -> list:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         found = [sp for sp in discover_servers() if sp.pid == pid]
         if found:

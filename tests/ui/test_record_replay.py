@@ -55,7 +55,7 @@ async def record_live(tmp_path: Path, suffix: str = ".jsonl") -> tuple[Path, lis
                 await pilot.pause(0.12)
                 if i > 30:
                     break
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30
             while len(seen) < 12 and time.monotonic() < deadline:
                 await pilot.pause(0.1)
             live_inflight = [(r.request_id, r.max_tokens) for r in (app.log_view.inflight if app.log_view else ())]

@@ -72,7 +72,7 @@ def sleeper() -> Iterator[tuple[int, int]]:
     # command line and environment. Wait for the exec (flaky under load otherwise).
     import time
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     for p in (a, b):
         while time.monotonic() < deadline:
             try:

@@ -86,7 +86,7 @@ def test_in_a_real_terminal_esc_and_q_work_and_idle_wakeups_drop(tmp_path: Path)
         raise AssertionError(f"not within {timeout} s:\n{screen()}")
 
     try:
-        until(lambda: pidfile.exists() and "vLLM" in screen(), 20)
+        until(lambda: pidfile.exists() and "vLLM" in screen(), 60)
         pid = int(pidfile.read_text())
 
         def switches() -> int:
@@ -99,10 +99,10 @@ def test_in_a_real_terminal_esc_and_q_work_and_idle_wakeups_drop(tmp_path: Path)
         per_s = (switches() - s1) / 2.5
         assert per_s < 9, f"{per_s:.1f} wake-ups a second while idle (Textual's own key thread alone makes 10)"
         subprocess.run(["tmux", "send-keys", "-t", sess, "r"], check=True)
-        until(lambda: "Requests in flight" in screen(), 5)
+        until(lambda: "Requests in flight" in screen(), 30)
         subprocess.run(["tmux", "send-keys", "-t", sess, "Escape"], check=True)
-        until(lambda: "Requests in flight" not in screen(), 2)
+        until(lambda: "Requests in flight" not in screen(), 30)
         subprocess.run(["tmux", "send-keys", "-t", sess, "q"], check=True)
-        until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1], 3)
+        until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1], 30)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", sess], capture_output=True)
