@@ -71,7 +71,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
                    help="remove prompt text from log lines in recordings and snapshots (default: on)")
     p.add_argument("--runaway-threshold", dest="runaway_threshold", type=_duration("runaway_threshold"), default=S,
-                   metavar="DURATION", help="flag a runaway decode after this long with nothing finishing (default 2m)")
+                   metavar="DURATION", help=("flag a runaway decode after this long with nothing finishing (default 2m); a request "
+                         "/metrics shows running min(45s, this) while others finish is flagged too"))
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p

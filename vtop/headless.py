@@ -388,7 +388,8 @@ def doctor_main(argv: Sequence[str]) -> int:
     p.add_argument("--interval", default="1s", help="seconds between polls (default 1)")
     p.add_argument("--no-gpu", action="store_true", help="do not use NVML")
     p.add_argument("--runaway-threshold", default=None, metavar="DURATION",
-                   help="flag a runaway decode after this long with nothing finishing (default 2m)")
+                   help=("flag a runaway decode after this long with nothing finishing (default 2m); a request "
+                         "/metrics shows running min(45s, this) while others finish is flagged too"))
     p.add_argument("--record", default=None, metavar="FILE", help="also record the window to FILE")
     ns = p.parse_args(argv)
     try:

@@ -75,14 +75,16 @@ async def test_burst_fills_the_queue_and_raises_nothing(demo) -> None:  # type: 
     assert [a.rule for a in app.alerts if a.severity != "info"] == []
 
 
-async def test_runaway_is_flagged_after_the_default_120_s_with_the_request_named(demo) -> None:  # type: ignore[no-untyped-def]
+async def test_runaway_is_flagged_within_a_minute_with_the_request_named(demo) -> None:  # type: ignore[no-untyped-def]
+    """Default settings: the request without max_tokens is named within 60 s of its start
+    (its age from /metrics passes 45 s while the burst's requests are still finishing)."""
     app = demo
     begin = EV["runaway_begin"]
-    seek_wall(app, begin + 110)
-    assert "runaway" not in [a.rule for a in app.alerts], "flagged before the 120 s threshold"
+    seek_wall(app, begin + 35)
+    assert "runaway" not in [a.rule for a in app.alerts], "flagged before its age could be known"
     line = app.query_one("#requests-line").render()
     assert RUNAWAY_ID[:20] in str(line) and "no max_tokens from client" in str(line)
-    seek_wall(app, begin + 126)
+    seek_wall(app, begin + 60)
     runaway = [a for a in app.alerts if a.rule == "runaway"]
     assert runaway, [a.title for a in app.alerts]
     text = " ".join((runaway[0].title, *runaway[0].evidence, *runaway[0].fix))
@@ -130,6 +132,6 @@ async def test_seeking_back_forgets_what_came_later(demo) -> None:  # type: igno
     seek_wall(app, EV["runaway_begin"] - 3)
     assert not any(r.request_id == RUNAWAY_ID for r in app.log_view.inflight)
     assert not any(a.rule == "runaway" for a in app.alerts)
-    seek_wall(app, EV["runaway_begin"] + 110)  # and forward again: not flagged before its time
+    seek_wall(app, EV["runaway_begin"] + 35)  # and forward again: not flagged before its time
     assert any(r.request_id == RUNAWAY_ID for r in app.log_view.inflight)
     assert not any(a.rule == "runaway" for a in app.alerts)

@@ -110,14 +110,19 @@ def test_real_h200_runaway_not_during_startup_or_burst() -> None:
     assert max(firing) < 197.5  # the request finished (length) at +197 s
 
 
-def test_real_h200_default_thresholds_stay_quiet() -> None:
+def test_real_h200_default_thresholds_name_only_the_runaway() -> None:
+    """The real H200 run at default settings: start, burst of 1,500 with 708 waiting, then a
+    chat request without max_tokens that ran 71 s to the 32,768-token limit. Only that is loud,
+    named from its age (45 s) while it ran, never during the start or the burst."""
     ticks = run_default()
     assert len(ticks) > 200
     for t in ticks:
-        assert loud(t.alerts) == [], (t.rel, t.alerts)
+        assert {a.rule for a in loud(t.alerts)} <= {"runaway"}, (t.rel, t.alerts)
+    firing = [t.rel for t in ticks if loud(t.alerts)]
+    assert firing and 165.0 <= firing[0] <= 175.0 and max(firing) < 197.5, firing
     # Only the (really risky) launch flags: 32k context with no generation cap.
     infos = {a.rule for t in ticks for a in t.alerts}
-    assert infos == {"risky_flags"}
+    assert infos == {"risky_flags", "runaway"}
     assert "no generation cap with max_model_len 32,768" in F.at(ticks, 120).rule("risky_flags").title
     # the startup tracker saw the whole start and called it ready
     assert any(t.view.state == "starting" for t in ticks) and F.at(ticks, 120).view.state == "up"
@@ -178,7 +183,7 @@ def test_runaway_is_critical_when_the_queue_builds_behind_it() -> None:
         alerts = ses.tick()
         if seen_at is None and "runaway" in rules(alerts):
             seen_at = i
-    assert seen_at is not None and 120 <= seen_at <= 122
+    assert seen_at is not None and 45 <= seen_at <= 47  # its age from /metrics: 45 s (then the quiet rule at 120 s)
     a = next(x for x in alerts if x.rule == "runaway")
     assert a.severity == "critical" and a.title.startswith("Runaway decode on :8011: 2 requests")
     assert "waiting 12" in a.evidence[0] or "waiting 12" in " ".join(a.evidence)
@@ -203,7 +208,7 @@ def frozen_cpu(seconds: int, name: str = "cpu-0.32.0-metrics-load.txt") -> list[
 def test_engine_stall_on_a_frozen_real_cpu_payload() -> None:
     out = frozen_cpu(40)
     assert F.fixture_metrics("cpu-0.32.0-metrics-load.txt").running == 8
-    assert all("engine_stall" not in rules(a) for i, a in out if i < 30)
+    assert all("engine_stall" not in rules(a) for i, a in out if i < 20)
     i, alerts = out[-1]
     a = next(x for x in alerts if x.rule == "engine_stall")
     assert a.severity == "critical" and alerts[0] is a  # critical sorts first

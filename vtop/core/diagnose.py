@@ -53,8 +53,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vtop.core.inflight import OldestInFlight
 from vtop.core.phases import Phase
-from vtop.core.rates import histogram_delta
+from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.model.fmt import dur
 from vtop.model.fmt import to_float as _float
 
@@ -138,12 +139,17 @@ class Thresholds:
 
     #: runaway: no request finished for this long while requests run and tokens flow
     runaway_s: float = 120.0
+    #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/inflight.py) to have
+    #: run this long, while other requests finish around it; raised to ``runaway_age_ordinary_x`` times
+    #: what requests ordinarily take on this server (the p95 of those that finished)
+    runaway_age_s: float = 45.0
+    runaway_age_ordinary_x: float = 3.0
     #: runaway: a resolved max_tokens at or above this share of max_model_len means the client omitted it
     runaway_near_len_frac: float = 0.5
     #: runaway: generation must have grown within this many seconds ("tokens rising")
     rising_s: float = 10.0
     #: engine stall: running > 0 with the token and finish counters flat this long
-    engine_stall_s: float = 30.0
+    engine_stall_s: float = 20.0
     #: KV saturation: usage at or above this percentage ...
     kv_saturation_pct: float = 95.0
     #: ... for at least this long
@@ -301,6 +307,7 @@ class _Sample:
     prompt_hist: Any
     #: when the two histograms were read (earlier than ``t`` when carried over)
     hist_t: float
+    e2e: Any = None
 
 
 def _sample_of(t: float, m: Any) -> _Sample:
@@ -319,6 +326,7 @@ def _sample_of(t: float, m: Any) -> _Sample:
         max_tokens=getattr(m, "request_params_max_tokens", None),
         prompt_hist=getattr(m, "request_prompt_tokens", None),
         hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
+        e2e=getattr(m, "e2e_request_latency_seconds", None),
     )
 
 
@@ -358,6 +366,8 @@ class _ServerState:
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
+        #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
+        self.oldest = OldestInFlight()
 
     @property
     def last(self) -> _Sample | None:
@@ -408,6 +418,7 @@ class _ServerState:
                     self.busy_drops += p.running - s.running
             else:
                 self.busy_since = None
+        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done)
         if s.kv is not None:
             if s.kv >= kv_thr:
                 if self.kv_high_since is None:
@@ -707,6 +718,108 @@ class Diagnoser:
     # ------------------------------------------------------------------ rule 1: runaway decode
 
     def _runaway(self, ctx: _Ctx, url: str, v: Any, st: _ServerState) -> Alert | None:
+        """A request that decodes on and on (a client without max_tokens).
+
+        Evidence, either: nothing finished for ``runaway_s`` while tokens flow
+        (:meth:`_runaway_quiet`); or, whatever else comes and goes, the oldest in-flight
+        request is known from /metrics to have run ``runaway_age_s`` (or three times what
+        requests ordinarily take here) while tokens flow (:meth:`_runaway_by_age`).
+        Traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
+        runaway-streaming-after-others; quiet on normal-bursts-waiting-queue, normal-idle-3min,
+        normal-long-generation-max-tokens."""
+        return self._runaway_quiet(ctx, url, v, st) or self._runaway_by_age(ctx, url, v, st)
+
+    def _ordinary_e2e_s(self, st: _ServerState) -> float | None:
+        """How long requests ordinarily take on this server, over the history: the p95 of
+        the end-to-end latency of those that finished, or, by Little's law, the mean number
+        running over the rate they finish at (whichever is longer; None when nothing finished)."""
+        s = st.last
+        old = next((x for x in st.samples if x.done is not None or x.e2e is not None), None)
+        if s is None or old is None or old is s or s.t <= old.t:
+            return None
+        out: list[float] = []
+        if s.e2e is not None and old.e2e is not None:
+            d = histogram_delta(old.e2e, s.e2e)
+            if d is not None and (d.count or 0) >= 5:
+                q = histogram_quantile(0.95, d.buckets)
+                if q is not None and math.isfinite(q):
+                    out.append(q)
+        if s.done is not None and old.done is not None and s.done - old.done >= 5:
+            rate = (s.done - old.done) / (s.t - old.t)
+            runs = [x.running for x in st.samples if x.t >= old.t and x.running is not None]
+            if runs and rate > 0:
+                out.append(statistics.fmean(runs) / rate)
+        return max(out) if out else None
+
+    def _runaway_by_age(self, ctx: _Ctx, url: str, v: Any, st: _ServerState) -> Alert | None:
+        th = self.thresholds
+        s = st.last
+        if s is None or v.state not in _LIVE or not s.running or s.running < 1:
+            return None
+        age = st.oldest.lower_bound_s
+        ordinary = self._ordinary_e2e_s(st)
+        # --runaway-threshold below 45 s lowers this too: a flag works the same on both paths
+        limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
+        if age < limit or st.oldest.since is None:
+            return None
+        r = st.at(s.t - th.rising_s)
+        if r is None or r is s or r.gen is None or s.gen is None or not s.gen > r.gen or r.t >= s.t:
+            return None  # no tokens flowing: a stall, not a runaway (the stall rule's)
+        rate = (s.gen - r.gen) / (s.t - r.t)
+        n = s.running
+        w_now = s.waiting or 0.0
+        mml = v.max_model_len
+        short = _short(url)
+        named = self._named_request(ctx.requests.get(url))
+        ev = [
+            f"the oldest in-flight request has run at least {_dur(age)}: {_n(st.oldest.running_then)} running "
+            f"{_dur(age)} ago and running has never dropped below what is left of them, while requests that "
+            f"finished since (their end-to-end latency says when they began) cannot all be those",
+            f"{_plural(n, 'request')} running now, waiting {_n(w_now)}; decoding {rate:,.0f} tok/s",
+        ]
+        if ordinary is not None:
+            ev.append(f"requests that finished here took {_dur(ordinary)} or less (p95)")
+        legit = False
+        if named is not None:
+            rid, rage, upper, mt, no_client = named
+            if no_client:
+                ev.insert(0, f"request {rid}: the client sent no max_tokens, vLLM filled in {_n(mt)}; running "
+                             f"{'at most ' if upper else ''}{_dur(rage or 0)}")
+            elif mt is not None:
+                legit = True
+                ev.insert(0, f"oldest in-flight request {rid}: max_tokens {_n(mt)} set by the client, running "
+                             f"{'at most ' if upper else ''}{_dur(rage or 0)}")
+        if mml:
+            per_req = rate / n if n else rate
+            line = f"max_model_len {_n(mml)}: a chat request without max_tokens may generate up to {_n(mml)} - prompt tokens"
+            if per_req > 0:
+                line += f"; at {per_req:,.0f} tok/s per request that is up to {_dur(mml / per_req)}"
+            ev.append(line)
+        if legit:
+            title = f"Long request on {short}: running at least {_dur(age)} (its client set max_tokens)"
+            return Alert("runaway", "info", title, tuple(ev), (
+                "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
+            ), url, st.oldest.since)
+        fix = self._runaway_fixes(mml, ctx.logging.get(url) is False)
+        title = (f"Runaway decode on {short}: a request running at least {_dur(age)}, {rate:,.0f} tok/s, "
+                 "while other requests finish")
+        sev = "critical" if w_now > 0 else "warning"
+        return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, st.oldest.since)
+
+    @staticmethod
+    def _runaway_fixes(mml: int | None, no_request_log: bool) -> list[str]:
+        fix = [
+            "Set max_tokens (or max_completion_tokens) in every client request; chat requests without it may run "
+            f"to max_model_len{f' ({_n(mml)})' if mml else ''}.",
+            "Cap it on the server: restart vLLM with --override-generation-config "
+            f"'{{\"max_new_tokens\": {_cap_suggestion(mml)}}}' (there is no --max-tokens serve flag).",
+            "To stop it now, cancel the client request: vLLM aborts a request when its client disconnects.",
+        ]
+        if no_request_log:
+            fix.append("Start vLLM with --enable-log-requests to let vtop name the request.")
+        return fix
+
+    def _runaway_quiet(self, ctx: _Ctx, url: str, v: Any, st: _ServerState) -> Alert | None:
         th = self.thresholds
         s = st.last
         if s is None or v.state not in _LIVE or not s.running or s.running < 1:
@@ -813,15 +926,7 @@ class Diagnoser:
             if gl:
                 ev.append(gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)")
 
-        fix = [
-            "Set max_tokens (or max_completion_tokens) in every client request; chat requests without it may run "
-            f"to max_model_len{f' ({_n(mml)})' if mml else ''}.",
-            "Cap it on the server: restart vLLM with --override-generation-config "
-            f"'{{\"max_new_tokens\": {_cap_suggestion(mml)}}}' (there is no --max-tokens serve flag).",
-            "To stop it now, cancel the client request: vLLM aborts a request when its client disconnects.",
-        ]
-        if ctx.logging.get(url) is False:
-            fix.append("Start vLLM with --enable-log-requests to let vtop name the request.")
+        fix = self._runaway_fixes(mml, ctx.logging.get(url) is False)
         dur_txt = f"running {_dur(age)}" if age is not None else f"nothing finished for {_dur(now - since)}"
         title = f"Runaway decode on {short}: {_plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s, nothing finished"
         if age is None:

@@ -49,16 +49,22 @@ class OldestInFlight:
         self._hist: dict[float, float] | None = None
         self._hist_t: float | None = None
         self._now: float | None = None
+        self._done_at_hist: float | None = None
         self.finishes = 0
         """Finishes seen (from the latency histogram) since the start."""
 
     def reset(self) -> None:
         self.__init__(self.max_candidates)  # type: ignore[misc]
 
-    def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None) -> None:
+    def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None,
+            done: float | None = None) -> None:
         """One sample: its time, ``vllm:num_requests_running``, the e2e latency histogram
-        (an object with ``buckets``: ``(upper_bound, cumulative_count)``) and when that
-        histogram was read (``t`` unless carried over from an earlier scrape)."""
+        (an object with ``buckets``: ``(upper_bound, cumulative_count)``), when that
+        histogram was read (``t`` unless carried over from an earlier scrape), and the
+        finished-requests counter (``request_success_total`` summed). Finishes the counter
+        has and the histogram does not are taken as of any length: they count against
+        every sample (a histogram that lags or leaves some out never makes a request look
+        older than it is)."""
         if running is None:
             return
         self._now = t
@@ -71,9 +77,16 @@ class OldestInFlight:
                     self.reset()  # counters went back: a restart
                     self._now = t
                 else:
-                    self._take(self._hist, cur, last_t)
+                    seen = self._take(self._hist, cur, last_t)
+                    if done is not None and self._done_at_hist is not None and done > self._done_at_hist:
+                        unexplained = int(round(done - self._done_at_hist)) - seen
+                        if unexplained > 0:
+                            self.finishes += unexplained
+                            for c in self._cands:
+                                c.finished += unexplained
             if self._hist is None or ht > last_t:
                 self._hist, self._hist_t = cur, ht
+                self._done_at_hist = done
         if running < 1:
             self._cands.clear()  # nothing runs: every request of every earlier sample ended
             return
@@ -83,7 +96,9 @@ class OldestInFlight:
         if len(self._cands) < self.max_candidates:
             self._cands.append(_Candidate(t, running, 0, running))
 
-    def _take(self, prev: dict[float, float], cur: dict[float, float], t_prev: float) -> None:
+    def _take(self, prev: dict[float, float], cur: dict[float, float], t_prev: float) -> int:
+        """Count the finishes between two reads of the histogram; returns how many."""
+        seen = 0
         below = 0.0
         for le in sorted(cur):
             d = cur[le] - prev.get(le, 0.0)
@@ -91,11 +106,13 @@ class OldestInFlight:
             below = max(below, d)
             if n <= 0:
                 continue
+            seen += n
             self.finishes += n
             began_by = -math.inf if math.isinf(le) else t_prev - le
             for c in self._cands:
                 if c.t >= began_by:
                     c.finished += n
+        return seen
 
     @property
     def lower_bound_s(self) -> float:
@@ -103,6 +120,11 @@ class OldestInFlight:
         if self._now is None or not self._cands or self._hist is None:
             return 0.0  # no latency histogram (an old vLLM): finishes cannot be told
         return max(0.0, self._now - self._cands[0].t)
+
+    @property
+    def running_then(self) -> float | None:
+        """How many requests ran at :attr:`since`."""
+        return self._cands[0].running if self._cands else None
 
     @property
     def since(self) -> float | None:
