@@ -1,0 +1,1369 @@
+"""Record an incident trace from the REAL vLLM CPU server, independent of vtop.
+
+    python -m tests.corpus.record SCENARIO --out tests/corpus/traces/NAME [--seconds N]
+    python -m tests.corpus.record --list
+
+Starts the real ``vllm serve`` (the CPU build, :class:`tests.real.conftest.RealVllm`: venv
+``$VTOP_VLLM_VENV`` = /tmp/vllmcpu, model ``$VTOP_VLLM_MODEL`` = /tmp/tinyllama, on
+127.0.0.1 only), samples it once a second in threads while the scenario runs, and writes
+the trace as ``tests/corpus/FORMAT.md`` says:
+
+* ``metrics.jsonl.gz``: ``GET /metrics`` every second; the body keeps only the ``vllm:``
+  families and ``process_start_time_seconds`` (with their ``# HELP`` / ``# TYPE``); the
+  names of the families left out are listed in ``"dropped"`` on the first line that saw them;
+* ``health.jsonl.gz``: ``GET /health`` every second;
+* ``info.jsonl.gz``: ``/version`` and ``/v1/models``, a line when they change (polled every
+  5 s while healthy and at once when /health turns 200);
+* ``procs.jsonl.gz``: the server's process tree (and any other vLLM process on the box) from
+  ``/proc``, every 2 s and whenever the set of processes changes; ``--api-key`` and other
+  secret flag values masked as ``***``;
+* ``log.bin.gz`` + ``log-index.jsonl.gz``: the server's stdout+stderr byte for byte (the
+  fixture's own ``# vtop test fixture`` header line left out; the logs of several starts
+  concatenated) and its size each second;
+* ``events.jsonl``: what the recorder did, when; ``truth.json``: what happened, computed
+  from the events (``began`` / ``should_alert_by`` / ``ended``).
+
+Every scenario is bounded in requests and time and stops by itself; the server is
+killed at the end (after the last sample, so the trace does not hold the shutdown
+unless the scenario is about it). Only one vLLM server at a time: the recorder waits
+(``--wait-other``) until no other ``vllm serve`` runs on the box before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.real.conftest import RealVllm, ServerFailed
+
+HERE = Path(__file__).resolve().parent
+TRACES = HERE / "traces"
+INDEX = TRACES / "INDEX.md"
+WORK = Path(os.environ.get("VTOP_CORPUS_WORK", "/tmp/vtop-corpus"))
+
+#: seconds from ``began`` to ``should_alert_by`` per class (startup_failure: 0, at the error line)
+BUDGET = {"runaway": 60.0, "engine_stall": 30.0, "engine_death": 5.0, "kv_saturation": 40.0,
+          "startup_stall": 90.0, "startup_failure": 0.0}
+#: vtop rule names (vtop.core.diagnose.RULES) that count as naming each class
+EXPECT = {"runaway": ["runaway"], "engine_stall": ["engine_stall"], "engine_death": ["engine_died"],
+          "kv_saturation": ["kv_saturation"], "startup_stall": ["startup_stall"],
+          "startup_failure": ["startup_failure"], "restart": [], "normal": [], "clean_shutdown": []}
+SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
+FIXTURE_HEADER = b"# vtop test fixture"
+PROMPT = "Tell me about the quick brown fox and the lazy dog"
+
+
+# --- small helpers -------------------------------------------------------------------
+
+
+def now() -> tuple[float, float]:
+    return time.time(), time.monotonic()
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, a in enumerate(out):
+        for flag in SECRET_FLAGS:
+            if a == flag and i + 1 < len(out):
+                out[i + 1] = "***"
+            elif a.startswith(flag + "="):
+                out[i] = flag + "=***"
+    return out
+
+
+_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+KEEP_EXACT = ("process_start_time_seconds",)
+
+
+def _kept(name: str) -> bool:
+    # vllm:*_created are gauges of the counters' and histograms' creation times: constant for a start
+    # (process_start_time_seconds says the same), unread by vtop, and a fifth of the body
+    return (name.startswith("vllm:") and not name.endswith("_created")) or name in KEEP_EXACT
+
+
+def filter_metrics(text: str) -> tuple[str, set[str]]:
+    """The body with only the ``vllm:`` families (+ process_start_time_seconds); the dropped family names."""
+    keep: list[str] = []
+    dropped: set[str] = set()
+    typed: set[str] = set()
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+                continue
+            name = parts[2]
+            typed.add(name)
+            if _kept(name):
+                keep.append(line)
+            else:
+                dropped.add(name)
+            continue
+        m = _NAME_RE.match(line)
+        if m is None:
+            continue
+        name = m.group(0)
+        if _kept(name):
+            keep.append(line)
+        elif not any(name.startswith(f) for f in typed if not _kept(f)):
+            dropped.add(name)
+    return ("\n".join(keep) + "\n") if keep else "", dropped
+
+
+def refilter(trace: Path) -> None:
+    """Apply :func:`filter_metrics` again to a trace's metrics.jsonl.gz (after the filter changed)."""
+    path = trace / "metrics.jsonl.gz"
+    rows = [json.loads(x) for x in gzip.open(path, "rt", encoding="utf-8") if x.strip()]
+    seen: set[str] = set()
+    for r in rows:
+        seen |= set(r.get("dropped") or ())
+        if r.get("status") == 200 and r.get("text"):
+            text, dropped = filter_metrics(r["text"])
+            r["text"] = text
+            new = sorted(dropped - seen)
+            if new:
+                r["dropped"] = sorted(set(r.get("dropped") or ()) | set(new))
+                seen |= dropped
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+
+
+def _err_kind(e: Exception) -> str:
+    if isinstance(e, httpx.ConnectError):
+        return "refused"
+    if isinstance(e, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return "disconnected"
+    return type(e).__name__
+
+
+# --- /proc ---------------------------------------------------------------------------
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime"):
+                return float(line.split()[1])
+    return 0.0
+
+
+BOOT = _boot_time()
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def read_proc(pid: int) -> dict[str, Any] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    lp, rp = stat.find("("), stat.rfind(")")
+    if lp < 0 or rp < 0:
+        return None
+    rest = stat[rp + 2:].split()
+    if len(rest) < 20 or rest[0] == "Z":
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0")]
+    while args and args[-1] == "":
+        args.pop()
+    return {"pid": pid, "ppid": int(rest[1]), "name": stat[lp + 1:rp], "cmdline": mask_argv(args),
+            "create_time": round(BOOT + int(rest[19]) / CLK, 2)}
+
+
+def all_procs() -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            rec = read_proc(int(d))
+            if rec is not None:
+                out[rec["pid"]] = rec
+    return out
+
+
+def is_vllm_server(rec: dict[str, Any]) -> bool:
+    cmd = rec["cmdline"]
+    j = " ".join(cmd[:6])
+    return ("serve" in cmd[:4] and any(c.endswith("/vllm") or c == "vllm" for c in cmd[:2])) or \
+        "vllm.entrypoints.openai.api_server" in j
+
+
+def is_vllm_titled(rec: dict[str, Any]) -> bool:
+    cmd = rec["cmdline"]
+    return bool(cmd) and cmd[0].startswith("VLLM::")
+
+
+def vllm_tree(procs: dict[int, dict[str, Any]], roots: set[int]) -> list[dict[str, Any]]:
+    """The processes under ``roots`` and under any vLLM server / VLLM:: process of the box."""
+    roots = set(roots) | {p for p, r in procs.items() if is_vllm_server(r) or is_vllm_titled(r)}
+    kids: dict[int, list[int]] = {}
+    for r in procs.values():
+        kids.setdefault(r["ppid"], []).append(r["pid"])
+    seen: set[int] = set()
+    stack = [p for p in roots if p in procs]
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        stack.extend(kids.get(p, ()))
+    return [procs[p] for p in sorted(seen)]
+
+
+def other_servers(mine: set[int]) -> list[dict[str, Any]]:
+    procs = all_procs()
+    return [r for r in procs.values() if is_vllm_server(r) and r["pid"] not in mine]
+
+
+# --- the server ----------------------------------------------------------------------
+
+
+class Server(RealVllm):
+    """:class:`RealVllm` with env overrides (``None`` removes a variable) and a forced model folder."""
+
+    def __init__(self, log_dir: Path) -> None:
+        super().__init__(log_dir)
+        self.env_over: dict[str, str | None] = {}
+        self.force_model: Path | None = None
+
+    def _env(self, fresh_cache: bool, n: int) -> dict[str, str]:
+        env = super()._env(fresh_cache, n)
+        for k, v in self.env_over.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        return env
+
+    def _model_for(self, max_model_len: int) -> Path:
+        if self.force_model is not None:
+            return self.force_model
+        return super()._model_for(max_model_len)
+
+
+# --- the log (several starts concatenated, the fixture's header left out) ---------------
+
+
+class LogSegments:
+    def __init__(self) -> None:
+        self.segs: list[list[Any]] = []  # [path, header_len or None, final_size or None]
+        self.lock = threading.Lock()
+
+    def follow(self, path: Path | None) -> None:
+        with self.lock:
+            if path is None or (self.segs and self.segs[-1][0] == path):
+                return
+            if self.segs:
+                last = self.segs[-1]
+                last[2] = self._raw_size(last[0])
+            self.segs.append([path, None, None])
+
+    @staticmethod
+    def _raw_size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+    def _header(self, seg: list[Any]) -> int:
+        if seg[1] is None:
+            try:
+                with open(seg[0], "rb") as f:
+                    head = f.read(8192)
+            except OSError:
+                return 0
+            if head.startswith(FIXTURE_HEADER):
+                nl = head.find(b"\n")
+                if nl < 0:
+                    return len(head)  # not complete yet
+                seg[1] = nl + 1
+            elif head:
+                seg[1] = 0
+            else:
+                return 0
+        return int(seg[1])
+
+    def size(self) -> int:
+        with self.lock:
+            total = 0
+            for seg in self.segs:
+                raw = seg[2] if seg[2] is not None else self._raw_size(seg[0])
+                total += max(0, raw - self._header(seg))
+            return total
+
+    def data(self, limit: int) -> bytes:
+        with self.lock:
+            parts = []
+            for seg in self.segs:
+                try:
+                    b = seg[0].read_bytes()
+                except OSError:
+                    b = b""
+                if seg[2] is not None:
+                    b = b[:seg[2]]
+                parts.append(b[self._header(seg):])
+        return b"".join(parts)[:limit]
+
+
+# --- the sampler -----------------------------------------------------------------------
+
+
+class Sampler:
+    """Threads writing metrics/health/info/procs/log-index once a second."""
+
+    def __init__(self, out: Path, srv: Server) -> None:
+        self.out = out
+        self.srv = srv
+        self.stop_ev = threading.Event()
+        self.log = LogSegments()
+        self.latest: dict[str, float] = {}
+        self.healthy = False
+        self.last_log_size = 0
+        self.last_index: tuple[float, float, int] | None = None
+        self.files = {k: gzip.open(out / f"{k}.jsonl.gz", "wt", encoding="utf-8", compresslevel=9)
+                      for k in ("metrics", "health", "info", "procs", "log-index")}
+        self.threads = [threading.Thread(target=self._loop, args=(p, fn), daemon=True, name=f"sample-{n}")
+                        for n, p, fn in (("metrics", 1.0, self._metrics), ("health", 1.0, self._health),
+                                         ("procs", 1.0, self._procs))]
+        self._dropped_seen: set[str] = set()
+        self._info_last: Any = None
+        self._info_next = 0.0
+        self._procs_last: tuple[int, ...] | None = None
+        self._procs_next = 0.0
+        self.counts = {"metrics": 0, "metrics_ok": 0}
+
+    def _write(self, key: str, row: dict[str, Any]) -> None:
+        self.files[key].write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def start(self) -> None:
+        for th in self.threads:
+            th.start()
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        for th in self.threads:
+            th.join(30)
+        self._log_index()  # the last size, after everything else
+        for f in self.files.values():
+            f.close()
+
+    def _loop(self, period: float, fn: Callable[[httpx.Client], None]) -> None:
+        nxt = time.monotonic()
+        with httpx.Client(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
+            while not self.stop_ev.is_set():
+                try:
+                    fn(client)
+                except Exception as e:  # noqa: BLE001 - a sampler never dies
+                    print(f"[sampler] {fn.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
+                nxt += period
+                t = time.monotonic()
+                if nxt < t:
+                    nxt = t + period - ((t - nxt) % period)
+                self.stop_ev.wait(max(0.0, nxt - t))
+
+    # metrics
+    def _metrics(self, client: httpx.Client) -> None:
+        t, mono = now()
+        row: dict[str, Any] = {"t": round(t, 3), "mono": round(mono, 3)}
+        try:
+            r = client.get(self.srv.url + "/metrics")
+            row["dt"] = round(time.monotonic() - mono, 4)
+            row["status"], row["error"] = r.status_code, None
+            if r.status_code == 200:
+                text, dropped = filter_metrics(r.text)
+                new = sorted(dropped - self._dropped_seen)
+                if new:
+                    row["dropped"] = new
+                    self._dropped_seen |= dropped
+                row["text"] = text
+                self._parse_latest(text)
+                self.counts["metrics_ok"] += 1
+            else:
+                row["text"] = r.text[:2000]
+        except Exception as e:  # noqa: BLE001
+            row["dt"] = round(time.monotonic() - mono, 4)
+            row["status"], row["error"], row["text"] = None, _err_kind(e), None
+        self.counts["metrics"] += 1
+        self._write("metrics", row)
+
+    _GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+               "kv": "vllm:kv_cache_usage_perc", "preempt": "vllm:num_preemptions_total",
+               "gen": "vllm:generation_tokens_total"}
+
+    def _parse_latest(self, text: str) -> None:
+        vals: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            for key, name in self._GAUGES.items():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    with contextlib.suppress(ValueError, IndexError):
+                        vals[key] = vals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        self.latest = vals
+
+    # health + info
+    def _health(self, client: httpx.Client) -> None:
+        t, mono = now()
+        row: dict[str, Any] = {"t": round(t, 3), "mono": round(mono, 3)}
+        try:
+            r = client.get(self.srv.url + "/health", timeout=5.0)
+            row["status"], row["error"] = r.status_code, None
+        except Exception as e:  # noqa: BLE001
+            row["status"], row["error"] = None, _err_kind(e)
+        row["dt"] = round(time.monotonic() - mono, 4)
+        self._write("health", row)
+        ok = row["status"] == 200
+        turned = ok and not self.healthy
+        self.healthy = ok
+        if ok and (turned or time.monotonic() >= self._info_next):
+            self._info_next = time.monotonic() + 5.0
+            self._info(client)
+
+    def _info(self, client: httpx.Client) -> None:
+        t, mono = now()
+        try:
+            version = client.get(self.srv.url + "/version", timeout=5.0).json().get("version")
+            models = client.get(self.srv.url + "/v1/models", timeout=5.0).json()
+        except Exception:  # noqa: BLE001 - next time
+            return
+        key = json.dumps([version, [{k: m.get(k) for k in ("id", "root", "parent", "owned_by", "max_model_len")}
+                                    for m in (models.get("data") or []) if isinstance(m, dict)]], sort_keys=True)
+        if key != self._info_last:
+            self._info_last = key
+            self._write("info", {"t": round(t, 3), "mono": round(mono, 3), "version": version, "models": models})
+
+    # procs + log index
+    def _procs(self, client: httpx.Client) -> None:
+        self.log.follow(self.srv.log_path)
+        self._log_index()
+        t, mono = now()
+        roots = {self.srv.pid} if self.srv.pid else set()
+        tree = vllm_tree(all_procs(), roots)
+        pids = tuple(r["pid"] for r in tree)
+        if pids != self._procs_last or mono >= self._procs_next:
+            self._procs_last = pids
+            self._procs_next = mono + 2.0 - 0.05
+            self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
+
+    def _log_index(self) -> None:
+        t, mono = now()
+        size = self.log.size()
+        self.last_log_size = size
+        self.last_index = (t, mono, size)
+        self._write("log-index", {"t": round(t, 3), "mono": round(mono, 3), "size": size})
+
+
+# --- traffic (bounded) --------------------------------------------------------------------
+
+
+class Stream:
+    """One streaming chat request in a thread, until it finishes or :meth:`hangup` closes it."""
+
+    def __init__(self, ctx: Ctx, what: str, max_tokens: int | None = None, content: str = "Tell me a very long story.",
+                 read_timeout: float = 180.0, time_limit: float = 600.0) -> None:
+        self.ctx = ctx
+        self.what = what
+        self.body: dict[str, Any] = {"model": ctx.srv.model, "stream": True, "ignore_eos": True, "temperature": 0.8,
+                                     "stream_options": {"include_usage": True},
+                                     "messages": [{"role": "user", "content": content}]}
+        if max_tokens is not None:
+            self.body["max_tokens"] = max_tokens
+        self.read_timeout = read_timeout
+        self.time_limit = time_limit
+        self.id: str | None = None
+        self.chunks = 0
+        self.finish: str | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True, name=f"stream-{what}")
+
+    def start(self) -> Stream:
+        self.ctx.event(self.what + "_begin", max_tokens=self.body.get("max_tokens"), stream=True)
+        self._t.start()
+        return self
+
+    def hangup(self) -> None:
+        if not self.done.is_set():
+            self._stop.set()
+            self._t.join(30)
+            self.ctx.event("client_hangup", of=self.what, request_id=self.id, chunks=self.chunks)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            with httpx.Client(timeout=httpx.Timeout(30.0, read=self.read_timeout)) as c, \
+                    c.stream("POST", self.ctx.srv.url + "/v1/chat/completions", json=self.body) as r:
+                if r.status_code != 200:
+                    self.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
+                    return
+                for line in r.iter_lines():
+                    if self._stop.is_set() or time.monotonic() - t0 > self.time_limit:
+                        return  # closing the stream: vLLM aborts the request
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    d = json.loads(line[6:])
+                    if self.id is None and d.get("id"):
+                        self.id = d["id"]
+                        self.ctx.event(self.what + "_id", request_id=self.id)
+                    self.chunks += 1
+                    fr = (d.get("choices") or [{}])[0].get("finish_reason") if d.get("choices") else None
+                    if fr:
+                        self.finish = fr
+        except Exception as e:  # noqa: BLE001 - noted in the events
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if not self._stop.is_set():
+                self.ctx.event(self.what + "_end", request_id=self.id, chunks=self.chunks, finish=self.finish,
+                               error=self.error)
+            self.done.set()
+
+
+class ShortTraffic:
+    """Short requests (max_tokens 16-64) every few seconds, completions and chat, at most 3 in flight."""
+
+    def __init__(self, ctx: Ctx, period: tuple[float, float] = (2.0, 5.0), max_tokens: tuple[int, int] = (16, 64),
+                 max_count: int = 150, time_limit: float = 400.0, seed: int = 7) -> None:
+        self.ctx = ctx
+        self.period, self.max_tokens = period, max_tokens
+        self.max_count, self.time_limit = max_count, time_limit
+        self.rng = random.Random(seed)
+        self.sent = self.ok = self.failed = 0
+        self._stop = threading.Event()
+        self._inflight = threading.Semaphore(3)
+        self._t = threading.Thread(target=self._run, daemon=True, name="short-traffic")
+        self._client = httpx.Client(base_url=ctx.srv.url, timeout=httpx.Timeout(120.0, connect=5.0))
+
+    def start(self) -> ShortTraffic:
+        self.ctx.event("load_begin", kind="short", period=list(self.period), max_tokens=list(self.max_tokens))
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._t.join(130)
+            self.ctx.event("load_end", kind="short", sent=self.sent, ok=self.ok, failed=self.failed)
+
+    def _one(self, i: int) -> None:
+        mt = self.rng.randint(*self.max_tokens)
+        try:
+            if i % 2:
+                body = {"model": self.ctx.srv.model, "max_tokens": mt, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"{PROMPT} #{i}"}]}
+                r = self._client.post("/v1/chat/completions", json=body)
+            else:
+                body = {"model": self.ctx.srv.model, "prompt": f"{PROMPT} #{i}", "max_tokens": mt, "ignore_eos": True}
+                r = self._client.post("/v1/completions", json=body)
+            if r.status_code == 200:
+                self.ok += 1
+            else:
+                self.failed += 1
+        except Exception:  # noqa: BLE001 - counted
+            self.failed += 1
+        finally:
+            self._inflight.release()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set() and self.sent < self.max_count and time.monotonic() - t0 < self.time_limit:
+            if self._inflight.acquire(timeout=1.0):
+                self.sent += 1
+                threading.Thread(target=self._one, args=(self.sent,), daemon=True).start()
+                self._stop.wait(self.rng.uniform(*self.period))
+
+
+class StreamPool:
+    """``n`` concurrent streaming chat requests with ``max_tokens``, each replaced when done, until stopped."""
+
+    def __init__(self, ctx: Ctx, n: int, max_tokens: int, max_total: int = 400, time_limit: float = 400.0) -> None:
+        self.ctx, self.n, self.max_tokens = ctx, n, max_tokens
+        self.max_total, self.time_limit = max_total, time_limit
+        self.started = self.finished = 0
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.live: list[Stream] = []
+        self._t = threading.Thread(target=self._run, daemon=True, name="stream-pool")
+
+    def start(self) -> StreamPool:
+        self.ctx.event("load_begin", kind="stream_pool", concurrency=self.n, max_tokens=self.max_tokens)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set() and time.monotonic() - t0 < self.time_limit:
+            with self.lock:
+                self.live = [s for s in self.live if not s.done.is_set()]
+                while len(self.live) < self.n and self.started < self.max_total:
+                    s = Stream(self.ctx, "pool", max_tokens=self.max_tokens, content=f"{PROMPT} #{self.started}")
+                    s.ctx = _Quiet(self.ctx)  # type: ignore[assignment]
+                    s._t.start()
+                    self.live.append(s)
+                    self.started += 1
+            self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+        with self.lock:
+            live = list(self.live)
+        for s in live:
+            s._stop.set()
+        for s in live:
+            s._t.join(30)
+        self.ctx.event("load_end", kind="stream_pool", started=self.started, hung_up=len(live))
+
+
+class _Quiet:
+    """A ctx for pooled streams: their per-request events are not written."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.srv = ctx.srv
+
+    def event(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+# --- the context a scenario runs in ----------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    name: str
+    cls: str
+    fn: Callable[[Ctx], None]
+    seconds: float
+    doc: str
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str, cls: str, seconds: float) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
+    def deco(fn: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
+        SCENARIOS[name] = Scenario(name, cls, fn, seconds, (fn.__doc__ or "").strip())
+        return fn
+
+    return deco
+
+
+class Ctx:
+    def __init__(self, sc: Scenario, out: Path, seconds: float, work: Path) -> None:
+        self.sc = sc
+        self.out = out
+        self.seconds = seconds
+        self.work = work
+        self.srv = Server(work)
+        self.events: list[dict[str, Any]] = []
+        self._ev_file = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self._ev_lock = threading.Lock()
+        self.sampler: Sampler | None = None
+        self.flags: list[str] | None = None
+        self.stopped_pids: list[int] = []
+        self.truth_extra: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def event(self, what: str, **kw: Any) -> dict[str, Any]:
+        t, mono = now()
+        ev = {"t": round(t, 3), "mono": round(mono, 3), "what": what, **kw}
+        with self._ev_lock:
+            self.events.append(ev)
+            self._ev_file.write(json.dumps(ev) + "\n")
+            self._ev_file.flush()
+        print(f"[{time.strftime('%H:%M:%S')}] {what} {json.dumps(kw) if kw else ''}", flush=True)
+        return ev
+
+    def first(self, what: str) -> dict[str, Any] | None:
+        return next((e for e in self.events if e["what"] == what), None)
+
+    def last(self, what: str) -> dict[str, Any] | None:
+        return next((e for e in reversed(self.events) if e["what"] == what), None)
+
+    def sleep(self, s: float) -> None:
+        time.sleep(max(0.0, s))
+
+    # -- the server
+    def launch(self, extra_args: tuple[str, ...] = (), *, max_model_len: int | None = None, log_requests: bool = True,
+               fresh_cache: bool = False, env: dict[str, str | None] | None = None,
+               force_model: Path | None = None) -> None:
+        self.srv.env_over = dict(env or {})
+        self.srv.force_model = force_model
+        self.srv.launch(extra_args, max_model_len=max_model_len, log_requests=log_requests, fresh_cache=fresh_cache)
+        pid = self.srv.pid
+        cmd: list[str] = []
+        for _ in range(50):
+            rec = read_proc(pid) if pid else None
+            if rec and rec["cmdline"]:
+                cmd = rec["cmdline"]
+                break
+            time.sleep(0.02)
+        flags = cmd[cmd.index("serve") + 2:] if "serve" in cmd else []
+        if self.flags is None:
+            self.flags = flags
+        env_shown = {k: (None if v is None else v) for k, v in self.srv.env_over.items()}
+        self.event("launch", pid=pid, flags=flags, model=str(self.srv.served_model_dir), env=env_shown or None,
+                   kv_cache_space_gib=None if "VLLM_CPU_KVCACHE_SPACE" in self.srv.env_over
+                   else os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        s = self.srv.wait_health(timeout)
+        self.event("ready", healthy_after_s=round(s, 1), model=self.srv.model, max_model_len=self.srv.max_model_len)
+        return s
+
+    def start(self, *a: Any, **kw: Any) -> None:
+        self.launch(*a, **kw)
+        self.wait_ready()
+
+    def wait_exit(self, timeout: float) -> int | None:
+        proc = self.srv.proc
+        if proc is None:
+            return None
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rc = proc.poll()
+        if rc is not None:
+            self.event("server_exit", pid=proc.pid, returncode=rc)
+        return rc
+
+    def wait_log(self, pattern: str, timeout: float) -> bool:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if rx.search(self.srv.log_text()):
+                return True
+            if not self.srv.is_running():
+                return False
+            time.sleep(0.1)
+        return False
+
+    def stop_procs(self, pids: list[int], what: str) -> None:
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+            self.stopped_pids.append(p)
+        self.event("sigstop", pids=pids, of=what)
+
+    def cont_procs(self) -> None:
+        pids = list(self.stopped_pids)
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        self.stopped_pids.clear()
+        self.event("sigcont", pids=pids)
+
+    def close(self) -> None:
+        for p in self.stopped_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        self.stopped_pids.clear()
+        self._ev_file.close()
+
+
+# --- the scenarios ----------------------------------------------------------------------
+
+#: a runaway must outlive its 60 s budget: the CPU server decodes one stream at 220-300 tok/s, so an
+#: 8192 context ends by itself after 27-37 s; 65536 keeps it going for minutes
+RUNAWAY_MML = 65536
+
+
+@scenario("runaway-with-short-traffic", "runaway", 150)
+def runaway_with_short_traffic(ctx: Ctx) -> None:
+    """--max-model-len 65536 --enable-log-requests; one streaming chat request without max_tokens (ignore_eos)
+    for ~150 s while short requests (max_tokens 16-64) come and go every 2-5 s; then the client hangs up; 30 s after."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
+    short = ShortTraffic(ctx).start()
+    ctx.sleep(15)
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+    short.stop()
+
+
+@scenario("runaway-alone-no-request-log", "runaway", 150)
+def runaway_alone_no_request_log(ctx: Ctx) -> None:
+    """--max-model-len 65536, request logging off; one streaming chat request without max_tokens (ignore_eos),
+    nothing else, ~150 s; the client hangs up; 30 s after."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
+    ctx.sleep(10)
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+
+
+@scenario("runaway-streaming-after-others", "runaway", 120)
+def runaway_streaming_after_others(ctx: Ctx) -> None:
+    """--max-model-len 65536 --enable-log-requests; 3 legitimate streaming requests with max_tokens 1500 running
+    (each replaced when done), then the runaway (no max_tokens) starts for ~120 s; hang up; 30 s after."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
+    pool = StreamPool(ctx, n=3, max_tokens=1500, max_total=60, time_limit=ctx.seconds + 90).start()
+    ctx.sleep(25)
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+    pool.stop()
+
+
+@scenario("normal-long-generation-max-tokens", "normal", 150)
+def normal_long_generation_max_tokens(ctx: Ctx) -> None:
+    """--max-model-len 8192; legitimate streaming chat requests with max_tokens 6000 (ignore_eos), one after
+    the other for ~150 s, plus light short traffic: long generations that finish by themselves (length)."""
+    ctx.start(max_model_len=8192, log_requests=True)
+    short = ShortTraffic(ctx, period=(4.0, 8.0)).start()
+    ctx.sleep(10)
+    t_end = time.monotonic() + ctx.seconds
+    n = 0
+    while time.monotonic() < t_end and n < 8:
+        s = Stream(ctx, "long_request", max_tokens=6000, time_limit=300).start()
+        n += 1
+        while not s.done.wait(1.0):
+            if time.monotonic() > t_end + 60:
+                s.hangup()
+                break
+        ctx.sleep(3)
+    ctx.sleep(10)
+    short.stop()
+
+
+@scenario("normal-long-generation-20k", "normal", 150)
+def normal_long_generation_20k(ctx: Ctx) -> None:
+    """--max-model-len 65536; ONE legitimate streaming chat request with max_tokens 20000 (ignore_eos, under half
+    of max_model_len), running for well over a minute and finishing by itself (length), plus light short
+    traffic: a long generation the client asked for, NOT a runaway."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
+    short = ShortTraffic(ctx, period=(4.0, 8.0)).start()
+    ctx.sleep(10)
+    s = Stream(ctx, "long_request", max_tokens=20000, time_limit=ctx.seconds + 120).start()
+    if not s.done.wait(ctx.seconds + 120):
+        s.hangup()
+        ctx.notes.append("the 20000-token request did not finish in time and was hung up")
+    ctx.sleep(20)
+    short.stop()
+
+
+@scenario("normal-bursts-waiting-queue", "normal", 160)
+def normal_bursts_waiting_queue(ctx: Ctx) -> None:
+    """--max-num-seqs 4; bursts of 32 concurrent completions (max_tokens 768) every ~40 s: running 4 and a
+    waiting queue of up to 28 that drains over ~15-25 s per burst; normal."""
+    ctx.start(("--max-num-seqs", "4"), log_requests=True)
+    ctx.sleep(10)
+    t_end = time.monotonic() + ctx.seconds
+    b = 0
+    while time.monotonic() < t_end and b < 6:
+        b += 1
+        ctx.event("load_begin", kind="burst", n=32, concurrency=32, max_tokens=768, burst=b)
+        t0 = time.monotonic()
+        res = ctx.srv.load(n=32, concurrency=32, max_tokens=768, time_limit_s=60, request_timeout_s=150)
+        ctx.event("load_end", kind="burst", burst=b, ok=res.ok, failed=res.failed, elapsed_s=round(res.elapsed_s, 1))
+        ctx.sleep(40 - (time.monotonic() - t0))
+    ctx.sleep(15)
+
+
+@scenario("normal-idle-3min", "normal", 180)
+def normal_idle_3min(ctx: Ctx) -> None:
+    """Default flags; the server idles for ~180 s after it is ready (only the recorder's scrapes)."""
+    ctx.start(log_requests=True)
+    ctx.sleep(ctx.seconds)
+
+
+def _steady_load(ctx: Ctx, seconds: float) -> Any:
+    ctx.event("load_begin", kind="steady", concurrency=4, max_tokens=64)
+    return ctx.srv.start_load(n=2000, concurrency=4, max_tokens=64, time_limit_s=seconds, request_timeout_s=150)
+
+
+def _end_load(ctx: Ctx, fut: Any, timeout: float = 200) -> None:
+    try:
+        res = fut.result(timeout=timeout)
+        ctx.event("load_end", kind="steady", sent=res.sent, ok=res.ok, failed=res.failed,
+                  errors=res.errors[:3], elapsed_s=round(res.elapsed_s, 1))
+    except Exception as e:  # noqa: BLE001
+        ctx.event("load_end", kind="steady", error=f"{type(e).__name__}: {e}")
+
+
+@scenario("engine-stall-enginecore", "engine_stall", 60)
+def engine_stall_enginecore(ctx: Ctx) -> None:
+    """Steady load (4 concurrent completions, max_tokens 64); SIGSTOP the EngineCore for 60 s, SIGCONT, 30 s after."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, 20 + ctx.seconds + 30)
+    ctx.sleep(20)
+    eng = ctx.srv.engine_pid(timeout=5)
+    assert eng, "no EngineCore"
+    ctx.stop_procs([eng], "EngineCore")
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.sleep(30)
+    _end_load(ctx, fut, 60)
+
+
+@scenario("engine-stall-worker-only", "engine_stall", 60)
+def engine_stall_worker_only(ctx: Ctx) -> None:
+    """Steady load; SIGSTOP only the VLLM::Worker (a child of EngineCore on the CPU build) for 60 s, SIGCONT, 30 s after."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, 20 + ctx.seconds + 30)
+    ctx.sleep(20)
+    workers = ctx.srv.worker_pids()
+    assert workers, "no VLLM::Worker"
+    ctx.stop_procs(workers, "Worker")
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.sleep(30)
+    _end_load(ctx, fut, 60)
+
+
+@scenario("clean-sigterm-shutdown", "clean_shutdown", 30)
+def clean_sigterm_shutdown(ctx: Ctx) -> None:
+    """Steady load for 30 s, then SIGTERM to the API server (a clean shutdown), 20 s of the refused port after."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, ctx.seconds + 1)  # no new requests once the server is going down
+    ctx.sleep(ctx.seconds)
+    pid = ctx.srv.pid
+    assert pid
+    os.kill(pid, signal.SIGTERM)
+    ctx.event("sigterm", pid=pid, of="api_server")
+    ctx.wait_exit(60)
+    ctx.sleep(20)
+    _end_load(ctx, fut, 30)
+
+
+def _no_kv_env() -> dict[str, str | None]:
+    # RealVllm sets VLLM_CPU_KVCACHE_SPACE=1 (GiB); it would override --kv-cache-memory-bytes
+    return {"VLLM_CPU_KVCACHE_SPACE": None}
+
+
+@scenario("startup-failure-kv-too-small", "startup_failure", 20)
+def startup_failure_kv_too_small(ctx: Ctx) -> None:
+    """--max-model-len 8192 with --kv-cache-memory-bytes 4 MiB (2,048 tokens): the KV cache cannot hold one
+    sequence, the engine fails at startup and the server exits."""
+    ctx.launch(("--kv-cache-memory-bytes", str(4 * 2**20)), max_model_len=8192, log_requests=True, env=_no_kv_env())
+    rc = ctx.wait_exit(300)
+    if rc is None:
+        ctx.notes.append("the server did not exit within 300 s")
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("startup-failure-kv-too-large", "startup_failure", 20)
+def startup_failure_kv_too_large(ctx: Ctx) -> None:
+    """VLLM_CPU_KVCACHE_SPACE=64 (GiB) on a box with ~23 GiB: the worker refuses to allocate the KV cache
+    (ValueError: Available memory ... is less than requested memory for kv), the server exits."""
+    ctx.launch((), log_requests=True, env={"VLLM_CPU_KVCACHE_SPACE": "64"})
+    rc = ctx.wait_exit(300)
+    if rc is None:
+        ctx.notes.append("the server did not exit within 300 s")
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("startup-failure-bad-max-model-len", "startup_failure", 20)
+def startup_failure_bad_max_model_len(ctx: Ctx) -> None:
+    """--max-model-len 4096 on the 2048-position model, without VLLM_ALLOW_LONG_MAX_MODEL_LEN: config
+    validation fails in the API server before the engine starts; the server exits."""
+    ctx.launch(max_model_len=4096, log_requests=True, force_model=ctx.srv.model_dir,
+               env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": None})
+    rc = ctx.wait_exit(300)
+    if rc is None:
+        ctx.notes.append("the server did not exit within 300 s")
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("restart-counter-reset", "restart", 40)
+def restart_counter_reset(ctx: Ctx) -> None:
+    """Steady load 40 s; stop the server (SIGTERM, clean); start it again with the same flags; load 40 s:
+    counters reset, a new process_start_time_seconds, new pids."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, ctx.seconds)
+    ctx.sleep(ctx.seconds)
+    _end_load(ctx, fut, 60)
+    ctx.sleep(3)
+    pid = ctx.srv.pid
+    ctx.event("sigterm", pid=pid, of="api_server (restart)")
+    ctx.srv.stop()
+    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    ctx.sleep(3)
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, ctx.seconds)
+    ctx.sleep(ctx.seconds)
+    _end_load(ctx, fut, 60)
+    ctx.sleep(10)
+
+
+@scenario("startup-stall-compile", "startup_stall", 150)
+def startup_stall_compile(ctx: Ctx) -> None:
+    """Fresh compile cache; when the Worker logs "Warming up model for the compilation..." it is SIGSTOPped
+    for 150 s (EngineCore left running): a silent startup with the port refused; SIGCONT, the start completes."""
+    ctx.launch(log_requests=True, fresh_cache=True)
+    if not ctx.wait_log(r"Warming up model for the compilation", 300):
+        ctx.notes.append("never saw the compile phase")
+        return
+    time.sleep(1.0)
+    workers = ctx.srv.worker_pids()
+    assert workers, "no VLLM::Worker"
+    size = ctx.sampler.log.size() if ctx.sampler else 0
+    ctx.stop_procs(workers, "Worker")
+    ctx.event("log_size_at_sigstop", size=size)
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.wait_ready(300)
+    ctx.sleep(20)
+
+
+@scenario("engine-death-enginecore-idle", "engine_death", 30)
+def engine_death_enginecore_idle(ctx: Ctx) -> None:
+    """Idle server; kill -9 the EngineCore; the API server notices and exits; 30 s after."""
+    ctx.start(log_requests=True)
+    ctx.sleep(20)
+    eng = ctx.srv.engine_pid(timeout=5)
+    assert eng
+    os.kill(eng, signal.SIGKILL)
+    ctx.event("kill", pid=eng, of="EngineCore", signal="SIGKILL")
+    ctx.wait_exit(60)
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("engine-death-worker-load", "engine_death", 30)
+def engine_death_worker_load(ctx: Ctx) -> None:
+    """Steady load; kill -9 the VLLM::Worker; EngineCore / the API server notice and exit; 30 s after."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, 21)  # no new requests once the server is dead
+    ctx.sleep(20)
+    workers = ctx.srv.worker_pids()
+    assert workers
+    for w in workers:
+        os.kill(w, signal.SIGKILL)
+    ctx.event("kill", pid=workers[0], pids=workers, of="Worker", signal="SIGKILL")
+    ctx.wait_exit(60)
+    ctx.sleep(ctx.seconds)
+    _end_load(ctx, fut, 30)
+
+
+@scenario("kv-saturation-preemptions", "kv_saturation", 150)
+def kv_saturation_preemptions(ctx: Ctx) -> None:
+    """--kv-cache-memory-bytes 12 MiB (6,144 tokens: 3 sequences of 2,048) and 16 concurrent streaming
+    requests with max_tokens 1800: KV usage at 95-100 %, preemptions, a waiting queue, for ~150 s; then the
+    clients hang up."""
+    ctx.start(("--kv-cache-memory-bytes", str(12 * 2**20)), log_requests=True, env=_no_kv_env())
+    ctx.sleep(10)
+    pool = StreamPool(ctx, n=16, max_tokens=1800, max_total=300, time_limit=ctx.seconds + 120).start()
+    deadline = time.monotonic() + 120
+    full = None
+    while time.monotonic() < deadline:
+        sm = ctx.sampler.latest if ctx.sampler else {}
+        if sm.get("kv", 0.0) >= 0.95:
+            full = ctx.event("kv_full", kv=sm.get("kv"), running=sm.get("running"), waiting=sm.get("waiting"),
+                             preemptions=sm.get("preempt"))
+            break
+        time.sleep(0.5)
+    if full is None:
+        ctx.notes.append("KV usage never reached 95 % within 120 s of the load")
+    ctx.sleep(ctx.seconds)
+    pool.stop()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sm = ctx.sampler.latest if ctx.sampler else {}
+        if sm.get("kv", 1.0) < 0.5:
+            ctx.event("kv_released", kv=sm.get("kv"), running=sm.get("running"), waiting=sm.get("waiting"),
+                      preemptions=sm.get("preempt"))
+            break
+        time.sleep(0.5)
+    ctx.sleep(20)
+
+
+# --- truth ------------------------------------------------------------------------------
+
+
+ERROR_RE = re.compile(rb"(?:\) |^)(?:ERROR|CRITICAL) \d\d-\d\d |^Traceback \(most recent call last\)|"
+                      rb"^\w+(?:\.\w+)*(?:Error|Exception): ", re.M)
+
+
+def error_line(log: bytes, m: re.Match[bytes] | None) -> str | None:
+    """The whole log line the error match is on."""
+    if m is None:
+        return None
+    a = log.rfind(b"\n", 0, m.start()) + 1
+    b = log.find(b"\n", m.start())
+    return log[a:b if b >= 0 else len(log)].decode(errors="replace").rstrip("\r")[:400]
+
+
+def log_time_of(offset_end: int, index: list[dict[str, Any]]) -> float | None:
+    """Wall time of the first log-index sample whose size covers ``offset_end``."""
+    for r in index:
+        if r["size"] >= offset_end:
+            return float(r["t"])
+    return None
+
+
+def build_truth(ctx: Ctx, index: list[dict[str, Any]], log: bytes, version: str | None) -> dict[str, Any]:
+    cls = ctx.sc.cls
+    began = detectable = by = ended = None
+    phase: str | None = "ready"
+    ev = ctx.first
+    if cls == "runaway":
+        b, e = ev("runaway_begin"), ev("client_hangup")
+        began = b and b["t"]
+        ended = e and e["t"]
+    elif cls == "engine_stall":
+        b, e = ev("sigstop"), ev("sigcont")
+        began, ended = b and b["t"], e and e["t"]
+    elif cls == "engine_death":
+        b = ev("kill")
+        began = b and b["t"]
+        phase = None
+    elif cls == "kv_saturation":
+        b, e = ev("kv_full"), ev("kv_released")
+        began, ended = b and b["t"], e and e["t"]
+    elif cls == "startup_stall":
+        s, e = ev("log_size_at_sigstop"), ev("sigcont")
+        if s is not None:
+            began = log_time_of(int(s["size"]), index)
+            st = ev("sigstop")
+            if began is None and st is not None:
+                began = st["t"]
+        ended = e and e["t"]
+    elif cls == "startup_failure":
+        m = ERROR_RE.search(log)
+        if m is not None:
+            nl = log.find(b"\n", m.start())
+            began = log_time_of(nl + 1 if nl >= 0 else len(log), index)
+        ex = ev("server_exit")
+        ended = None
+        phase = "failed"
+        ctx.truth_extra["error_line"] = error_line(log, m)
+        ctx.truth_extra["server_exit"] = ex and ex["t"]
+    elif cls == "restart":
+        b, e = ev("sigterm"), ctx.last("ready")
+        began, ended = b and b["t"], e and e["t"]
+    elif cls == "clean_shutdown":
+        b, e = ev("sigterm"), ev("server_exit")
+        began, ended = b and b["t"], e and e["t"]
+        phase = "stopped"
+    elif cls == "normal":
+        r = ev("ready")
+        began = None
+        ended = None
+        _ = r
+    if began is not None and cls in BUDGET:
+        by = round(began + BUDGET[cls], 3)
+        detectable = began
+    first_launch = ev("launch")
+    return {
+        "name": ctx.out.name,
+        "class": cls,
+        "expect_rules": EXPECT[cls],
+        "began": began,
+        "detectable_from": detectable,
+        "should_alert_by": by,
+        "ended": ended,
+        "expected_phase": phase,
+        "server": {"url": ctx.srv.url, "flags": ctx.flags or [], "vllm": version,
+                   "model": first_launch and first_launch.get("model"),
+                   "env": first_launch and first_launch.get("env"),
+                   "kv_cache_space_gib": first_launch and first_launch.get("kv_cache_space_gib")},
+        "notes": " ".join(" ".join([ctx.sc.doc, *ctx.notes]).split()),
+        **ctx.truth_extra,
+    }
+
+
+KEY_LINES = [
+    ("request logged", rb"Received request (\S+)[^\n]*?max_tokens=(\d+|None)"),
+    ("aborted", rb"Aborted request[^\n]*"),
+    ("stats", rb"Engine 000: Avg prompt throughput[^\n]*"),
+    ("preemptions", rb"Preemptions: \d+"),
+    ("shm wait", rb"No available shared memory broadcast block[^\n]*"),
+    ("error", rb"(?:ERROR|CRITICAL) \d\d-\d\d[^\n]*"),
+    ("EngineDeadError", rb"EngineDeadError[^\n]*"),
+    ("died", rb"died unexpectedly[^\n]*"),
+    ("shutdown", rb"\[shutdown\][^\n]*"),
+    ("ValueError", rb"ValueError: [^\n]*"),
+    ("validation", rb"Value error, [^\n]*"),
+    ("traceback", rb"Traceback \(most recent call last\)"),
+    ("ready", rb"Application startup complete"),
+]
+
+
+def key_lines(log: bytes) -> list[str]:
+    out = []
+    for label, rx in KEY_LINES:
+        ms = list(re.finditer(rx, log))
+        if ms and label == "request logged":
+            mts = sorted({m.group(2).decode() for m in ms}, key=lambda x: (x == "None", int(x) if x.isdigit() else 0))
+            out.append(f"request logged x{len(ms)}: `Received request ... max_tokens=` {', '.join(mts[-4:])} "
+                       f"(largest {len(mts[-4:])} of {len(mts)} values)")
+        elif ms:
+            txt = ms[0].group(0).decode(errors="replace").strip()
+            txt = re.sub(r"\s+", " ", txt)[:140]
+            out.append(f"{label} x{len(ms)}: `{txt}`")
+    return out
+
+
+def _human(n: int) -> str:
+    return f"{n / 1024:.0f} KB" if n < 2**20 else f"{n / 2**20:.2f} MB"
+
+
+def write_index(trace: Path) -> None:
+    """Write (or rewrite) the trace's line in traces/INDEX.md, from its files."""
+    truth = json.loads((trace / "truth.json").read_text())
+    events = [json.loads(x) for x in (trace / "events.jsonl").read_text().splitlines() if x.strip()]
+    with gzip.open(trace / "log.bin.gz", "rb") as f:
+        log = f.read()
+    name, cls = trace.name, str(truth["class"])
+    doc = SCENARIOS[name].doc if name in SCENARIOS else str(truth.get("notes", ""))
+    doc = " ".join(doc.split())
+    ready = [e for e in events if e["what"] == "ready"]
+    if ready:
+        doc += " Ready after " + ", ".join(f"{e['healthy_after_s']:.0f} s" for e in ready) + "."
+    size = sum(p.stat().st_size for p in trace.iterdir())
+    TRACES.mkdir(parents=True, exist_ok=True)
+    head = ("# The traces\n\nOne line per trace (written by `tests/corpus/record.py`): name, class, duration "
+            "(launch to end), what was done, key log lines seen, size on disk.\n\n"
+            "| name | class | duration | what | key log lines | size |\n| --- | --- | --- | --- | --- | --- |\n")
+    lines = INDEX.read_text().splitlines() if INDEX.exists() else head.rstrip("\n").splitlines()
+    row = (f"| {name} | {cls} | {float(truth.get('duration_s') or 0):.0f} s | {doc.replace('|', '/')} | "
+           f"{'; '.join(k.replace('|', '/') for k in key_lines(log))} | {_human(size)} |")
+    lines = [ln for ln in lines if not ln.startswith(f"| {name} |")]
+    lines.append(row)
+    INDEX.write_text("\n".join(lines) + "\n")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def wait_for_others(limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    said = 0.0
+    while True:
+        others = other_servers(set())
+        if not others:
+            return
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"another vllm serve still runs after {limit_s:.0f} s: {[r['pid'] for r in others]}")
+        if time.monotonic() - said > 30:
+            said = time.monotonic()
+            print(f"[wait] another vllm serve runs ({[r['pid'] for r in others]}); waiting", flush=True)
+        time.sleep(5)
+
+
+def record(sc: Scenario, out: Path, seconds: float, wait_other: float) -> int:
+    wait_for_others(wait_other)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    work = WORK / out.name
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ctx = Ctx(sc, out, seconds, work)
+    atexit.register(ctx.srv._emergency_stop)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    sampler = Sampler(out, ctx.srv)
+    ctx.sampler = sampler
+    t0 = time.monotonic()
+    rc = 0
+    sampler.start()
+    try:
+        try:
+            sc.fn(ctx)
+        except (ServerFailed, AssertionError) as e:
+            ctx.notes.append(f"scenario error: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            ctx.event("scenario_error", error=str(e)[:2000])
+            rc = 1
+        ctx.event("end")
+    finally:
+        ctx.close()
+        sampler.stop()
+        version = None
+        with contextlib.suppress(Exception):
+            for line in gzip.open(out / "info.jsonl.gz", "rt"):
+                version = json.loads(line).get("version") or version
+        ctx.srv.stop()
+        atexit.unregister(ctx.srv._emergency_stop)
+    size_limit = sampler.last_index[2] if sampler.last_index else 0
+    log = sampler.log.data(size_limit)
+    with gzip.open(out / "log.bin.gz", "wb", compresslevel=9) as f:
+        f.write(log)
+    index = [json.loads(x) for x in gzip.open(out / "log-index.jsonl.gz", "rt") if x.strip()]
+    ours = {e.get("pid") for e in ctx.events if e["what"] == "launch"}
+    others: set[int] = set()
+    with contextlib.suppress(Exception):
+        for x in gzip.open(out / "procs.jsonl.gz", "rt"):
+            others |= {r["pid"] for r in json.loads(x)["procs"] if is_vllm_server(r) and r["pid"] not in ours}
+    if others:
+        ctx.notes.append(f"Another vLLM server (pid {sorted(others)}) ran on the box during the recording.")
+    truth = build_truth(ctx, index, log, version)
+    duration = time.monotonic() - t0
+    truth["duration_s"] = round(duration, 1)
+    (out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
+    total = sum(p.stat().st_size for p in out.iterdir())
+    sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+    keys = key_lines(log)
+    print(json.dumps({"trace": str(out), "duration_s": round(duration, 1), "size": total, "files": sizes,
+                      "metrics_rows": sampler.counts, "truth": {k: truth[k] for k in
+                                                                ("class", "began", "should_alert_by", "ended")},
+                      "key_lines": keys}, indent=2))
+    if out.resolve().parent == TRACES.resolve():
+        write_index(out)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.corpus.record", description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenario", nargs="?", choices=sorted(SCENARIOS))
+    ap.add_argument("--out", type=Path, help="the trace folder (default tests/corpus/traces/SCENARIO)")
+    ap.add_argument("--seconds", type=float, help="length of the scenario's main phase (default per scenario)")
+    ap.add_argument("--wait-other", type=float, default=1800.0,
+                    help="seconds to wait for another vllm serve on the box to go away (default 1800)")
+    ap.add_argument("--list", action="store_true", help="list the scenarios")
+    ap.add_argument("--refilter", type=Path, nargs="+", metavar="TRACE",
+                    help="filter these traces' /metrics bodies again (and rewrite their INDEX.md lines)")
+    ap.add_argument("--reindex", type=Path, nargs="+", metavar="TRACE", help="rewrite these traces' INDEX.md lines")
+    a = ap.parse_args(argv)
+    if a.refilter:
+        for t in a.refilter:
+            refilter(t)
+            write_index(t)
+        return 0
+    if a.reindex:
+        for t in a.reindex:
+            write_index(t)
+        return 0
+    if a.list or not a.scenario:
+        for s in SCENARIOS.values():
+            print(f"{s.name:<38} {s.cls:<16} {s.seconds:>4.0f} s  {s.doc.splitlines()[0]}")
+        return 0
+    sc = SCENARIOS[a.scenario]
+    seconds = a.seconds if a.seconds is not None else sc.seconds
+    if not 1 <= seconds <= 600:
+        ap.error("--seconds must be in 1..600")
+    return record(sc, a.out or TRACES / sc.name, seconds, a.wait_other)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
