@@ -20,8 +20,7 @@ OUT = Path(__file__).resolve().parent.parent / "screenshots"
 
 async def h200(until_t: float, name: str, size: tuple[int, int] = (120, 36)) -> None:
     clock = rp.make_clock()
-    app = VtopApp(Config(history=180), gpu_source=None, autopoll=False, hostname="h200 (replay)")
-    app.monitor.clock = clock
+    app = VtopApp(Config(history=180), gpu_source=None, autopoll=False, hostname="h200 (replay)", clock=clock)
     async with app.run_test(size=size) as pilot:
         await rp.feed(app, clock, until_t=until_t)
         await pilot.pause()

@@ -12,8 +12,7 @@ from vtop.ui.widgets.server_panel import ServerCard
 
 
 def app_for_replay(clock):  # type: ignore[no-untyped-def]
-    app = VtopApp(Config(no_gpu=False, history=120), gpu_source=None, autopoll=False, hostname="h200")
-    app.monitor.clock = clock
+    app = VtopApp(Config(no_gpu=False, history=120), gpu_source=None, autopoll=False, hostname="h200", clock=clock)
     return app
 
 
