@@ -66,3 +66,26 @@ async def test_screen_and_doctor_give_the_same_alerts_at_the_same_recorded_times
     if name == "cpu-engine-death":
         assert any(rule == "engine_died" and sev == "critical"
                    for _, alerts in want for rule, sev, _ in alerts), want
+
+
+async def test_the_alerts_panel_follows_an_alert_whose_numbers_move() -> None:
+    """The runaway's age grows while the alert stays the same rule: the panel shows the new
+    age, not the one it had when the alert appeared (a real trace, the corpus's)."""
+    from tests.corpus.score import TRACES
+    from vtop.ui.widgets.alerts_panel import AlertsPanel
+
+    app = replay_app(str(TRACES / "runaway-with-short-traffic"), config=Config())
+    async with app.run_test(size=(120, 40)) as pilot:
+        player = app.replay
+        assert player is not None
+        player.paused = True
+        await pilot.pause()
+        while not any(a.rule == "runaway" for a in app.alerts) and not player.ended:
+            player.seek(player.pos + 2.0)
+        first = next(a.title for a in app.alerts if a.rule == "runaway")
+        player.seek(player.pos + 20.0)
+        later = next(a.title for a in app.alerts if a.rule == "runaway")
+        assert later != first  # the age moved on
+        await pilot.pause()
+        shown = str(app.query_one(AlertsPanel).render())
+        assert later in shown.replace("\n", " ") or later.split(",")[0] in shown, shown

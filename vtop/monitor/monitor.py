@@ -419,6 +419,8 @@ class Monitor:
         alerts = self.diagnoser.update_from(
             now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
             log=lv, log_target=self.log_target if lv is not None else None)
+        if alerts != self.alerts:
+            self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
         change = AlertChange(now, self.clock.time(), tuple(alerts))
         if not self.alert_log or self.alert_log[-1].key() != change.key():
