@@ -688,3 +688,32 @@ def test_a_ready_queued_before_an_engine_death_does_not_undo_it() -> None:
                 if e.kind == "mark" and "kill" in str(e.data.get("label")))
     assert 0 <= died[0].mono - kill.mono <= 5.0  # named within 5 s of the kill
     assert any(a.rule == "engine_died" for a in m.alert_log[-1].alerts)  # and still up at the end
+
+
+def _final_alerts(path) -> list:  # type: ignore[no-untyped-def]
+    from vtop.config import Config
+    from vtop.monitor.player import open_recording
+
+    return open_recording(str(path), config=Config()).play_to_end().alerts
+
+
+def test_a_max_model_len_past_the_models_positions_is_named_with_its_fix() -> None:
+    """Real vLLM 0.32 CPU start with --max-model-len 4096 on a 2048-position model (corpus
+    trace): pydantic's ValidationError was shown as such; the line under it says what is wrong."""
+    from tests.corpus.score import TRACES
+
+    (a,) = [x for x in _final_alerts(TRACES / "startup-failure-bad-max-model-len") if x.rule == "startup_failure"]
+    assert "--max-model-len 4096 is longer than the model allows (2048 positions)" in a.title, a.title
+    assert "--max-model-len 2048" in a.fix[0] and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in a.fix[0]
+
+
+def test_a_worker_killed_by_signal_9_is_named_as_the_oom_killer_with_how_to_confirm() -> None:
+    """Real vLLM 0.32 CPU, its Worker killed with -9 under load (as the OOM killer does): the
+    engine's RuntimeError that follows outranked it ("died: RuntimeError", a startup fix)."""
+    from tests.conftest import FIXTURES
+
+    (a,) = [x for x in _final_alerts(FIXTURES / "cpu-incidents" / "engine-death-worker-load.jsonl.gz")
+            if x.rule == "engine_died"]
+    assert a.severity == "critical" and "killed (signal 9)" in a.title and "OOM killer" in a.title, a.title
+    fix = " ".join(a.fix)
+    assert "dmesg" in fix and "journalctl -k" in fix and "--max-num-seqs" in fix and "--kv-cache-memory-bytes" in fix

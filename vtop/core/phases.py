@@ -295,7 +295,16 @@ _ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
         3,
     ),
     ("module_not_found", re.compile(r"^(?:[\w.]+\.)?ModuleNotFoundError: No module named '(?P<mod>[^']+)'"), 3),
-    ("worker_died", re.compile(r"Worker proc (?P<who>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"), 1),
+    (
+        "model_len_too_long",
+        re.compile(
+            r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived max_model_len"
+            r"(?: \(max_position_embeddings=(?P<pos>\d+)(?:\.0)?)?"
+        ),
+        3,
+    ),
+    # What happened, not the RuntimeError the engine raises after it: a specific cause.
+    ("worker_died", re.compile(r"Worker proc (?P<who>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"), 3),
     (
         "engine_died",
         re.compile(
@@ -360,13 +369,27 @@ def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[
         else:
             pkg = _PACKAGE_FOR_MODULE.get(top, top)
             fix = f"Install it in vLLM's environment (pip install {pkg}) or turn off the feature that imports it."
+    elif kind == "model_len_too_long":
+        length, pos = g("len"), g("pos")
+        msg = f"--max-model-len {length} is longer than the model allows" + (f" ({pos} positions)" if pos else "")
+        fix = (
+            f"Pass --max-model-len {pos or 'N'} or less (the model's max_position_embeddings), or set "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only for a model whose position encoding (RoPE scaling) really "
+            "supports more: past it, outputs go wrong."
+        )
     elif kind == "worker_died":
         code = g("code")
-        msg = f"worker {g('who') or ''} died".replace("  ", " ") + (f" (exit code {code})" if code else "")
-        fix = (
-            "Exit code -9 is usually the kernel's OOM killer (host RAM: dmesg | grep -i 'killed process'); "
-            "otherwise the worker's traceback is just above this line."
-        )
+        who = g("who") or ""
+        if code == "-9":
+            msg = f"worker {who} was killed (signal 9), most likely by the kernel's OOM killer".replace("  ", " ")
+            fix = (
+                "Confirm it was the OOM killer: dmesg -T | grep -i -e 'killed process' -e 'out of memory' (or journalctl -k). "
+                "Then give it less to hold: lower --max-num-seqs or --max-model-len, or size the KV cache "
+                "(--kv-cache-memory-bytes; on the CPU backend VLLM_CPU_KVCACHE_SPACE), or free host memory."
+            )
+        else:
+            msg = f"worker {who} died".replace("  ", " ") + (f" (exit code {code})" if code else "")
+            fix = "The worker's traceback is just above this line (filter the log to errors)."
     elif kind == "engine_died":
         msg = "the engine process died"
         fix = (
