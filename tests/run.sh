@@ -158,7 +158,7 @@ if [ "$TIER" = fast ] || [ "$TIER" = all ]; then
   # (four runs, none flaky), 46 s with -n 6.
   NPROC=$(nproc 2>/dev/null || echo 2)
   WORKERS=$(( NPROC > 8 ? 8 : (NPROC < 4 ? 4 : NPROC) ))
-  run_pytest fast "not real" -n "$WORKERS" "$@"
+  run_pytest fast "not real" -n "$WORKERS" --timeout 180 "$@"
   [ "$RC" -eq 0 ] || FAILED+=("fast (pytest exit $RC)")
 fi
 

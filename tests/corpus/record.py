@@ -9,8 +9,10 @@ Starts the real ``vllm serve`` (the CPU build, :class:`tests.real.conftest.RealV
 the trace as ``tests/corpus/FORMAT.md`` says:
 
 * ``metrics.jsonl.gz``: ``GET /metrics`` every second; the body keeps only the ``vllm:``
-  families and ``process_start_time_seconds`` (with their ``# HELP`` / ``# TYPE``); the
-  names of the families left out are listed in ``"dropped"`` on the first line that saw them;
+  families (less the ``vllm:*_created`` gauges: constant creation times) and
+  ``process_start_time_seconds``, with their ``# HELP`` / ``# TYPE``; the names of the families
+  left out are listed in ``"dropped"`` on the first line that saw them. That is still 3-4 KB
+  gzip a second; ``python -m tests.corpus.shrink TRACE`` then keeps only what vtop reads;
 * ``health.jsonl.gz``: ``GET /health`` every second;
 * ``info.jsonl.gz``: ``/version`` and ``/v1/models``, a line when they change (polled every
   5 s while healthy and at once when /health turns 200);
@@ -868,22 +870,33 @@ def normal_long_generation_20k(ctx: Ctx) -> None:
     short.stop()
 
 
-@scenario("normal-bursts-waiting-queue", "normal", 160)
-def normal_bursts_waiting_queue(ctx: Ctx) -> None:
-    """--max-num-seqs 4; bursts of 32 concurrent completions (max_tokens 768) every ~40 s: running 4 and a
-    waiting queue of up to 28 that drains over ~15-25 s per burst; normal."""
+def _bursts(ctx: Ctx, max_tokens: int, every_s: float, max_bursts: int) -> None:
     ctx.start(("--max-num-seqs", "4"), log_requests=True)
     ctx.sleep(10)
     t_end = time.monotonic() + ctx.seconds
     b = 0
-    while time.monotonic() < t_end and b < 6:
+    while time.monotonic() < t_end and b < max_bursts:
         b += 1
-        ctx.event("load_begin", kind="burst", n=32, concurrency=32, max_tokens=768, burst=b)
+        ctx.event("load_begin", kind="burst", n=32, concurrency=32, max_tokens=max_tokens, burst=b)
         t0 = time.monotonic()
-        res = ctx.srv.load(n=32, concurrency=32, max_tokens=768, time_limit_s=60, request_timeout_s=150)
+        res = ctx.srv.load(n=32, concurrency=32, max_tokens=max_tokens, time_limit_s=60, request_timeout_s=150)
         ctx.event("load_end", kind="burst", burst=b, ok=res.ok, failed=res.failed, elapsed_s=round(res.elapsed_s, 1))
-        ctx.sleep(40 - (time.monotonic() - t0))
+        ctx.sleep(every_s - (time.monotonic() - t0))
     ctx.sleep(15)
+
+
+@scenario("normal-bursts-waiting-queue", "normal", 150)
+def normal_bursts_waiting_queue(ctx: Ctx) -> None:
+    """--max-num-seqs 4; bursts of 32 concurrent completions (max_tokens 96) every ~35 s: running 4 and a
+    waiting queue of up to 28 that drains within 2-3 s per burst; normal."""
+    _bursts(ctx, max_tokens=96, every_s=35, max_bursts=8)
+
+
+@scenario("normal-bursts-long-queue", "normal", 160)
+def normal_bursts_long_queue(ctx: Ctx) -> None:
+    """--max-num-seqs 4; bursts of 32 concurrent completions (max_tokens 768) every ~40 s: running 4 and a
+    waiting queue of up to 28 that drains over ~15-25 s per burst; normal."""
+    _bursts(ctx, max_tokens=768, every_s=40, max_bursts=6)
 
 
 @scenario("normal-idle-3min", "normal", 180)
@@ -970,8 +983,8 @@ def startup_failure_kv_too_small(ctx: Ctx) -> None:
 
 @scenario("startup-failure-kv-too-large", "startup_failure", 20)
 def startup_failure_kv_too_large(ctx: Ctx) -> None:
-    """VLLM_CPU_KVCACHE_SPACE=64 (GiB) on a box with ~23 GiB: the worker refuses to allocate the KV cache
-    (ValueError: Available memory ... is less than requested memory for kv), the server exits."""
+    """VLLM_CPU_KVCACHE_SPACE=64 (GiB), more than the box has: the worker refuses to allocate the KV cache
+    (ValueError: Available memory on node 0 ... is less than requested memory for kv), the server exits."""
     ctx.launch((), log_requests=True, env={"VLLM_CPU_KVCACHE_SPACE": "64"})
     rc = ctx.wait_exit(300)
     if rc is None:
@@ -1061,14 +1074,10 @@ def engine_death_worker_load(ctx: Ctx) -> None:
     _end_load(ctx, fut, 30)
 
 
-@scenario("kv-saturation-preemptions", "kv_saturation", 150)
-def kv_saturation_preemptions(ctx: Ctx) -> None:
-    """--kv-cache-memory-bytes 12 MiB (6,144 tokens: 3 sequences of 2,048) and 16 concurrent streaming
-    requests with max_tokens 1800: KV usage at 95-100 %, preemptions, a waiting queue, for ~150 s; then the
-    clients hang up."""
-    ctx.start(("--kv-cache-memory-bytes", str(12 * 2**20)), log_requests=True, env=_no_kv_env())
+def _kv_saturation(ctx: Ctx, kv_mib: int, streams: int, max_tokens: int) -> None:
+    ctx.start(("--kv-cache-memory-bytes", str(kv_mib * 2**20)), log_requests=True, env=_no_kv_env())
     ctx.sleep(10)
-    pool = StreamPool(ctx, n=16, max_tokens=1800, max_total=300, time_limit=ctx.seconds + 120).start()
+    pool = StreamPool(ctx, n=streams, max_tokens=max_tokens, max_total=400, time_limit=ctx.seconds + 120).start()
     deadline = time.monotonic() + 120
     full = None
     while time.monotonic() < deadline:
@@ -1091,6 +1100,22 @@ def kv_saturation_preemptions(ctx: Ctx) -> None:
             break
         time.sleep(0.5)
     ctx.sleep(20)
+
+
+@scenario("kv-saturation-preemptions", "kv_saturation", 150)
+def kv_saturation_preemptions(ctx: Ctx) -> None:
+    """--kv-cache-memory-bytes 12 MiB (6,144 tokens: 3 sequences of 2,048) and 16 concurrent streaming
+    requests with max_tokens 1800: KV usage at 95-100 %, preemptions, a waiting queue, for ~150 s; then the
+    clients hang up."""
+    _kv_saturation(ctx, kv_mib=12, streams=16, max_tokens=1800)
+
+
+@scenario("kv-saturation-many-seqs", "kv_saturation", 150)
+def kv_saturation_many_seqs(ctx: Ctx) -> None:
+    """--kv-cache-memory-bytes 24 MiB (12,288 tokens) and 32 concurrent streaming requests with max_tokens 1800:
+    many short sequences, so a preemption frees only a few % of the cache and KV usage stays near 100 %, with
+    preemptions and a waiting queue, for ~150 s; then the clients hang up."""
+    _kv_saturation(ctx, kv_mib=24, streams=32, max_tokens=1800)
 
 
 # --- truth ------------------------------------------------------------------------------
@@ -1246,6 +1271,8 @@ def write_index(trace: Path) -> None:
            f"{'; '.join(k.replace('|', '/') for k in key_lines(log))} | {_human(size)} |")
     lines = [ln for ln in lines if not ln.startswith(f"| {name} |")]
     lines.append(row)
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("| --- |")) + 1
+    lines[first:] = sorted(lines[first:])
     INDEX.write_text("\n".join(lines) + "\n")
 
 
