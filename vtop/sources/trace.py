@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vtop.model.server import ModelsInfo, ServerPoll
-from vtop.sources.record import RecordEvent
+from vtop.sources.record import RecordEvent, read
 
 TRUTH = "truth.json"
 
@@ -33,20 +33,8 @@ def is_trace(path: str | os.PathLike[str]) -> bool:
 
 
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    if not path.exists():
-        return
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the recorder's end
-            if isinstance(row, dict):
-                yield row
+    """The rows of one of the trace's JSONL files (none when it is absent; a damaged line is skipped)."""
+    return read(path) if path.exists() else iter(())
 
 
 def truth_of(path: str | os.PathLike[str]) -> dict[str, Any]:
