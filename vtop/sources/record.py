@@ -167,10 +167,16 @@ class Recorder:
 
     # -- what can be recorded --
     def gpu(self, poll: GpuPoll, names: dict[int, str] | None = None) -> None:
+        """Encoded on the writer thread, as a server poll is: the caller is the UI thread."""
+        names = dict(names) if names else None
+        self._put(lambda: self._encode_gpu(poll, names))
+
+    @staticmethod
+    def _encode_gpu(poll: GpuPoll, names: dict[int, str] | None) -> dict[str, Any]:
         d = {"kind": "gpu", **_compact_gpu(poll)}
         if names:
             d["names"] = {str(k): v for k, v in names.items()}
-        self._put(d)
+        return d
 
     def server(self, poll: Any, fed: float | None = None) -> None:
         """A :class:`~vtop.sources.vllm.ServerPoll`; metrics as changes (see module doc).
