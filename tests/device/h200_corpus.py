@@ -91,7 +91,7 @@ GPU_PARAMS: dict[str, Any] = {
 #: --small: a CPU server of 2 cores (the dry run)
 SMALL_PARAMS: dict[str, Any] = {
     **GPU_PARAMS, "burst_n": 48, "burst_tokens": 48, "burst_cap_s": 120.0, "steady_conc": 4, "steady_tokens": 48,
-    "runaway_hangup_s": 40.0, "hog_gib": 0.0,
+    "runaway_hangup_s": 40.0, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
     "capture_re": os.environ.get("VTOP_H200_CAPTURE_RE", r"Warming up model for the compilation").encode(),
 }
 
@@ -695,7 +695,8 @@ def startup_failure_cuda_oom(ctx: GpuCtx) -> None:
             err = (ctx.work / "hog.err").read_text(errors="replace")[-800:]
             raise R.ServerFailed(f"the memory hog did not allocate {gib} GiB: {err}")
         ctx.event("hog_ready", pid=ctx.hog.pid, gib=gib, mem_used=ctx.nvml.mem_used() if ctx.nvml else None)
-    ctx.launch()
+    # VTOP_H200_OOM_ARGS: flags that make the CPU build fail at startup too (the dry run)
+    ctx.launch(tuple(os.environ.get("VTOP_H200_OOM_ARGS", "").split()))
     if ctx.wait_exit(300) is None:
         ctx.notes.append("the server did not exit within 300 s")
     ctx.sleep(10)
