@@ -283,6 +283,17 @@ _ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
         3,
     ),
     ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
+    # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
+    # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
+    # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
+    (
+        "kv_host_memory",
+        re.compile(
+            r"Available memory on node (?P<node>\d+) \((?P<avail>[\d.]+)/(?P<total>[\d.]+) GiB\) on kv cache"
+            r" allocation is less than requested memory for kv \((?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
     (
         "max_model_len",
         re.compile(
@@ -327,6 +338,14 @@ _CAUSE_WINDOW_S = 60.0
 _PACKAGE_FOR_MODULE = {"flashinfer": "flashinfer-python", "vllm_flash_attn": "vllm-flash-attn", "cv2": "opencv-python"}
 
 
+def _kv_fit(avail: str | None) -> str:
+    """A KV cache size in whole GiB that fits in ``avail`` GiB with a little room (at least 1)."""
+    try:
+        return str(max(1, int(float(avail or "") * 0.8)))
+    except ValueError:
+        return "N"
+
+
 def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
     """(short message, usual fix) for a failure kind."""
 
@@ -347,6 +366,17 @@ def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[
         fix = (
             "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
             "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size."
+        )
+    elif kind == "kv_host_memory":
+        req, avail, total, node = g("req"), g("avail"), g("total"), g("node")
+        msg = (f"out of memory for the KV cache: {req} GiB asked, {avail} of {total} GiB available on NUMA node "
+               f"{node}")
+        fix = (
+            f"Size the KV cache to what the host has: on the CPU backend VLLM_CPU_KVCACHE_SPACE={_kv_fit(avail)} (GiB) "
+            f"or less, or --kv-cache-memory-bytes {_kv_fit(avail)}G; or free host memory that other processes hold. "
+            "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
+            "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
+            "--kv-cache-memory-bytes."
         )
     elif kind == "max_model_len":
         est = g("est")

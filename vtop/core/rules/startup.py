@@ -48,7 +48,9 @@ class StartupFailure:
         if f is None or f.phase is Phase.READY:
             return []
         where = f" during {f.phase.label}" if f.phase is not None else ""
-        title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {f.message}"
+        # The tracker's message may name the phase already ("ValueError during memory profiling").
+        message = f.message.removesuffix(where) if where else f.message
+        title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {message}"
         return [Alert("startup_failure", "critical", title, failure_evidence(ctx, f, where), (f.fix,),
                       ctx.log_target, f.arrival)]
 
@@ -62,8 +64,9 @@ def tracker_failure(ctx: Ctx) -> Failure | None:
 
 
 def failure_evidence(ctx: Ctx, f: Failure, where: str) -> tuple[str, ...]:
-    ev = [f"{f.message}{where}", f"telling line: {f.line.strip()[:300]}"]
-    if f.kind in ("kv_no_memory", "max_model_len"):
+    message = f.message.removesuffix(where) if where else f.message
+    ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
+    if f.kind in ("kv_no_memory", "kv_host_memory", "max_model_len"):
         ev += ctx.other_procs_lines(ctx.log_target, f.arrival)
     return tuple(ev)
 
