@@ -1,6 +1,6 @@
 #!/bin/bash
 # h200_corpus.sh A|B|C|D   (on the GPU machine, from the repo root): one `run` call of the H200 corpus.
-#   A  receive .vllm-gpu/part01, install.sh, then h200-runaway-short-traffic (the cold first start)
+#   A  receive the carried .vllm-gpu/part0* (part01, or part02 of three), install.sh, then h200-runaway-short-traffic (the cold first start)
 #   B  h200-startup-stall-graph-capture
 #   C  h200-startup-failure-cuda-oom, then h200-normal-burst-queue
 #   D  h200-engine-stall-load
@@ -14,7 +14,8 @@ CALL=${1:?A, B, C or D}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 case $CALL in
-  A) bash .vllm-gpu/device/receive.sh .vllm-gpu/part01 || exit 1
+  A) # the parts this call carries (part01, or the last of three with PART_MIB=40)
+     for P in .vllm-gpu/part0*; do [ -f "$P" ] && { bash .vllm-gpu/device/receive.sh "$P" || exit 1; }; done
      bash /tmp/vllm-gpu/install.sh > "$D/install.log" 2>&1 || { tail -n 30 "$D/install.log"; exit 1; }
      tail -n 3 "$D/install.log"; S=h200-runaway-short-traffic ;;
   B) S=h200-startup-stall-graph-capture ;;
