@@ -7,9 +7,11 @@ serves it again on ``127.0.0.1`` (a free port unless ``--port``), so that the re
 ``vtop``/``vtop doctor`` can be pointed at it with ``URL --log LOGFILE`` while the incident
 unfolds at its own pace:
 
-* ``/metrics`` (also ``/metrics/`` with any query: the full recorded body, as vLLM's own
-  ``/metrics`` handler does), ``/health``, ``/version``, ``/v1/models`` answer what the
-  trace recorded at that second (the latest row at or before it): the status and the body.
+* ``/metrics``, ``/health``, ``/version``, ``/v1/models`` answer what the trace recorded at
+  that second (the latest row at or before it): the status and the body. As on vLLM,
+  ``/metrics`` ignores a query and ``/metrics/?name[]=...`` (prometheus_client's app, which
+  vLLM mounts beside it) keeps only the samples named, with their families' HELP/TYPE lines:
+  vtop's restricted scrapes read histograms every few polls, as they do from the real server.
 * A second whose ``/metrics`` row says ``refused`` is a port that refuses: the listening
   socket is closed (the port stays bound but not listening, so a connect gets a reset,
   ECONNREFUSED) and open keep-alive connections are dropped. An endpoint whose own row says
@@ -33,8 +35,7 @@ What this CANNOT replay, so a run against it differs from the recorded box:
 * the GPU (the corpus is from CPU servers; NVML answers whatever this box has);
 * time below one second: every file has one row a second, so an answer changes on the
   row's second, and the recorded scrape latency (``dt``) is not reproduced;
-* the ``/metrics`` families the corpus dropped (``"dropped"``) stay missing, and a restricted
-  scrape (``/metrics/?name[]=...``) gets the full recorded body;
+* the ``/metrics`` families the corpus dropped (``"dropped"``) stay missing;
 * other endpoints (``/v1/completions``, ``/load``, ...) answer 404.
 
 Module API (for tests)::
@@ -59,6 +60,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -71,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 HOST = "127.0.0.1"
 #: how long a recorded ``timeout`` holds the request (vtop gives up after connect 1 s + read 2 s)
@@ -225,7 +228,12 @@ class TraceTimeline:
             bad = self._failed(r)
             if bad is not None or r is None:
                 return bad or Answer("refused")
-            return Answer("ok", int(r["status"]), str(r.get("text") or "").encode(), PROM_TYPE)
+            text = str(r.get("text") or "")
+            target, _, query = path.partition("?")
+            names = parse_qs(query).get("name[]")
+            if target.endswith("/metrics/") and names and int(r["status"]) == 200:
+                text = restrict(text, set(names))
+            return Answer("ok", int(r["status"]), text.encode(), PROM_TYPE)
         if route == "/health":
             r = self.health.at(off)
             bad = self._failed(r)
@@ -246,6 +254,32 @@ class TraceTimeline:
         return NOT_FOUND
 
 
+def restrict(text: str, names: set[str]) -> str:
+    """The exposition ``text`` with only the samples named (prometheus_client's ``name[]``:
+    a sample is kept by its own name, ``x_bucket`` apart from ``x_sum``), each kept family
+    with its HELP/TYPE lines."""
+    out: list[str] = []
+    family: str | None = None
+    header: list[str] = []
+    shown = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                if parts[2] != family:
+                    family, header, shown = parts[2], [], False
+                header.append(line)
+            continue
+        m = _SAMPLE.match(line)
+        if m and m.group(0) in names:
+            if not shown:
+                out.extend(header)
+                shown = True
+            out.append(line)
+    return "".join(out)
+
+
+_SAMPLE = re.compile(r"[^{\s]+")
 _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 

@@ -110,7 +110,7 @@ def test_timeline_answers_the_row_at_or_before_each_second(tiny: Path) -> None:
     assert not tl.port_open(-1.0)  # before the first scrape: nothing listened yet
     a = tl.answer("/metrics", 1.99)
     assert (a.kind, a.status, a.body) == ("ok", 200, b"body one\n")
-    assert tl.answer("/metrics/?name[]=vllm:x", 2.0).body == b"body two\n"
+    assert tl.answer("/metrics?name[]=vllm:x", 2.0).body == b"body two\n"  # no slash: the query is ignored
     assert tl.answer("/metrics", 3.5).kind == "timeout"
     assert tl.answer("/health", 2.5).status == 200
     assert json.loads(tl.answer("/version", 2.0).body) == {"version": "9.9.9"}
@@ -189,6 +189,27 @@ def test_a_corpus_trace_serves_its_recorded_body_and_log_at_a_given_second(tmp_p
         assert poll.metrics.is_vllm
 
 
+def test_a_restricted_scrape_gets_only_the_samples_named_as_from_vllm() -> None:
+    tl = TraceTimeline(RUNAWAY)
+    off = next(o for o, r in zip(tl.metrics.offs, tl.metrics.rows) if r.get("status") == 200) + 30
+    full = tl.answer("/metrics", off).body.decode()
+    assert tl.answer("/metrics?name[]=vllm:num_requests_running", off).body.decode() == full  # no slash: ignored
+    part = tl.answer("/metrics/?name%5B%5D=vllm:num_requests_running&name%5B%5D=vllm:e2e_request_latency_seconds_bucket",
+                     off).body.decode()
+    samples = {ln.split("{")[0].split()[0] for ln in part.splitlines() if ln and not ln.startswith("#")}
+    assert samples == {"vllm:num_requests_running", "vllm:e2e_request_latency_seconds_bucket"}
+    assert "# TYPE vllm:num_requests_running gauge" in part and "_sum" not in part
+    assert 0 < len(part) < len(full) / 2
+    # vtop's scraper then reads histograms only every few polls, as from the real server
+    with TraceServer(tl, start_at=off, clock=Clock()) as srv:
+        polls, sc = asyncio.run(_polls(srv.url, 3))
+    assert all(p.ok for p in polls)
+    assert sc.restricted_ok is True and sc.restricted_polls == 2
+    assert all(p.body_bytes < polls[0].body_bytes / 2 for p in polls[1:])
+    # the last poll's histograms were carried over from an earlier read, with their age
+    assert polls[2].metrics is not None and polls[2].metrics.histograms_age_s > 0
+
+
 def test_vtop_sees_the_port_refused_while_the_trace_was_starting_and_after_the_death() -> None:
     tl = TraceTimeline(DEATH)
     refused = [o for o in tl.metrics.offs if not tl.port_open(o)]
@@ -205,6 +226,15 @@ def test_vtop_sees_the_port_refused_while_the_trace_was_starting_and_after_the_d
         clock.t += dead - ready + 0.1
         srv.settle()
         assert asyncio.run(_poll(srv.url)).error == "refused"
+
+
+async def _polls(url: str, n: int) -> tuple[list[Any], VllmScraper]:
+    pool = HttpPool()
+    try:
+        sc = VllmScraper(url, client=pool, clock=SystemClock())
+        return [await sc.poll() for _ in range(n)], sc
+    finally:
+        await pool.aclose()
 
 
 async def _poll(url: str) -> Any:
