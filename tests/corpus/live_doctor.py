@@ -11,7 +11,10 @@ at once, then growing second by second) and the real CLI runs against it as a su
 
 * a trace with ``expect_rules`` (an incident): the play and the doctor start together at
   ``T0 = should_alert_by - window - lead`` (0 at least), so the doctor's report comes about when
-  the truth says the incident should be named. It passes when an alert of an expected rule of
+  the truth says the incident should be named (the ``rep@`` column: the trace second it came).
+  An incident with nothing to accumulate (``should_alert_by - began < lead + 1``: a startup
+  failure, named at its first error line) starts 1 s before ``began`` instead (point
+  ``first-line``): a window ending before that line could not contain it. It passes when an alert of an expected rule of
   warning or critical severity is in the report AND the exit status is non-zero.
 * a normal / restart / clean-shutdown trace (no ``expect_rules``): the doctor runs at 2-3
   points: the busiest ``window`` seconds (most running + waiting; the middle of an idle
@@ -137,7 +140,14 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
         return Job(tl.name, str(p), cls, point, round(max(0.0, start), 1), rules, sab, expect)
 
     if rules:
-        if sab is not None:
+        if sab is None:
+            return jobs
+        began = tl.began if tl.began is not None else sab
+        if sab - began < lead + 1:
+            # nothing to accumulate (a startup failure: named at its first error line): a window
+            # ending before that line could not see it, so it starts just before the line
+            jobs.append(job("first-line", began - 1, "named"))
+        else:
             jobs.append(job("alert", sab - window - lead, "named"))
         return jobs
     end_start = tl.end - window - END_MARGIN_S
