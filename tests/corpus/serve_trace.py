@@ -321,6 +321,7 @@ class TraceServer:
         self._log_f: Any = None
         self._ended = threading.Event()
         self._stopping = False
+        self._apply_lock: asyncio.Lock | None = None
         #: requests answered, by route (tests, the CLI's summary)
         self.served: dict[str, int] = {}
 
@@ -424,6 +425,12 @@ class TraceServer:
             await asyncio.sleep(self.tick_s)
 
     async def _apply(self) -> None:
+        if self._apply_lock is None:
+            self._apply_lock = asyncio.Lock()
+        async with self._apply_lock:  # the ticker and settle() must not open the port twice
+            await self._apply_now()
+
+    async def _apply_now(self) -> None:
         if self._ended.is_set():
             return
         off = self.offset()
