@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
+from vtop.core.loghistory import LogHistory, LogHistoryView
 from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
@@ -43,6 +44,9 @@ class LogView:
     """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
     finishes_logged: bool = False
     """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
+    history: LogHistoryView | None = None
+    """The log's stats lines of the last minutes on the monitor's clock (:mod:`vtop.core.loghistory`):
+    what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
 
     @property
     def state(self) -> str:
@@ -63,6 +67,7 @@ class LogWatch:
         self.stall_threshold_s = stall_threshold_s
         self.tracker = tracker or PhaseTracker()
         self.requests = RequestTracker()
+        self.history = LogHistory()
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
         self._lock = threading.Lock()
@@ -141,6 +146,7 @@ class LogWatch:
         with self._lock:
             self.tracker = PhaseTracker()
             self.requests = RequestTracker()
+            self.history = LogHistory()
             self._lines_total = 0
             self._restarts_seen = 0
             self._max_len_sent = None
@@ -154,13 +160,16 @@ class LogWatch:
     def poll(self) -> LogView:
         with self._lock:
             now = self.clock.monotonic()
+            wall = self.clock.time()
             lines = self.source.poll()
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
-                feed, req = self.tracker.feed, self.requests.feed
+                feed, req, hist = self.tracker.feed, self.requests.feed, self.history.feed
                 for line in lines:
-                    req(line, now, event=feed(line, now))
+                    ev = feed(line, now)
+                    req(line, now, event=ev)
+                    hist(ev, wall)
                 self._lines_total += len(lines)
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
@@ -194,6 +203,7 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
+                history=self.history.snapshot(now, wall),
             )
 
     def close(self) -> None:
