@@ -40,7 +40,7 @@ class WindowResult:
 
     @property
     def named(self) -> bool:
-        return any(r in self.expect for r in self.rules)
+        return any(r.split(":", 1)[-1] in self.expect for r in self.rules)
 
 
 def _offset(player: Any) -> float:

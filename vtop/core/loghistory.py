@@ -152,6 +152,46 @@ class LogHistoryView:
             start = first.mono  # the interval before it is unknown: only from the line on
         return (start, min(p.running for p in pts[i:])) if start < now else None
 
+    def stalled_since(self, now: float, first_seen: float) -> tuple[float, str] | None:
+        """(since when, why) the engine made no token, by the log, for a server whose
+        ``/metrics`` showed requests running and nothing moving from ``first_seen`` on:
+        the trailing stats lines with zero throughput and requests running
+        (:meth:`quiet_since`) when they reach ``first_seen``, or a shm-broadcast wait
+        (a worker silent 60 s) logged since a minute before ``first_seen``."""
+        out: tuple[float, str] | None = None
+        q = self.quiet_since(now)
+        if q is not None and self.stats[-1].mono >= first_seen - 300.0:
+            out = (q[0], f"the log's stats lines show no token made since {now - q[0]:.0f} s ago with "
+                         f"{q[1]} request(s) running (vLLM stops the line after two idle intervals)")
+        for t in self.shm_waits:
+            if first_seen - 60.0 <= t <= now and (out is None or t - 60.0 < out[0]):
+                out = (t - 60.0, f"the log says a worker did not answer for 60 s ({now - t:.0f} s ago: "
+                                 "'No available shared memory broadcast block found in 60 seconds')")
+        return out
+
+    def oldest_running(self, now: float, first_seen: float, prompt_flat: bool,
+                       named: tuple[str, float | None, bool, Any, bool] | None) -> tuple[float, float | None, str] | None:
+        """(since, running then, why): a request running now has run since ``since`` at
+        least, by the log, for a server whose ``/metrics`` showed requests running in every
+        sample from ``first_seen`` on. Either no request began since a stats line where
+        requests ran (:meth:`no_new_request_since`; the lines must reach ``first_seen`` and
+        ``prompt_flat`` say ``/metrics`` saw no prompt token since), or the request log names
+        a request sent without ``max_tokens`` (``named``: id, age, ..., client omitted it),
+        not aborted, and every stats line since it came shows requests running
+        (:meth:`busy_through`)."""
+        best: tuple[float, float | None, str] | None = None
+        nn = self.no_new_request_since()
+        if nn is not None and prompt_flat and self.stats[-1].mono >= first_seen - SLACK_S:
+            t0, r0 = nn
+            best = (t0, float(r0), f"the log's stats lines: {r0} request(s) running {now - t0:.0f} s ago, and in "
+                                   "every line since requests ran and no prompt was taken (no request began)")
+        if named is not None and named[4] and named[1] is not None:
+            t_recv = now - named[1]
+            if (best is None or t_recv < best[0]) and self.busy_through(t_recv, now):
+                best = (t_recv, None, f"the request log: {named[0]} came {named[1]:.0f} s ago without max_tokens "
+                                      "and was not aborted; every stats line since shows requests running")
+        return best
+
     def no_new_request_since(self) -> tuple[float, int] | None:
         """(t0, running at t0): requests ran at the stats line ``t0``, and every later line
         shows ``running`` >= 1 and no prompt throughput (no request began: a new one must
@@ -197,7 +237,9 @@ class LogHistory:
 
     def __init__(self, *, keep_s: float = 900.0, max_points: int = 4096, local_offset: Any = None) -> None:
         self.keep_s = keep_s
-        self._points: deque[tuple[float, str, tuple[Any, ...]]] = deque(maxlen=max_points)
+        self.max_points = max_points
+        self._points: dict[tuple[float, str], tuple[Any, ...]] = {}
+        self._newest: float | None = None
         self._shm: deque[float] = deque(maxlen=64)
         self._bound: float | None = None  # max(stamp - read wall time): the log clock's offset is at least this
         self._local = local_offset if local_offset is not None else _local_offset
@@ -208,6 +250,7 @@ class LogHistory:
 
     def reset(self) -> None:
         self._points.clear()
+        self._newest = None
         self._shm.clear()
         self._bound = None
         self._year = None
@@ -235,10 +278,18 @@ class LogHistory:
         if self._bound is None or b > self._bound:
             self._bound = b
         if stats is not None:
-            self._points.append((t, stats[0], stats[1:]))
-            while self._points and self._points[0][0] < t - self.keep_s:
-                self._points.popleft()
-        elif shm:
+            if self._newest is None or t > self._newest:
+                self._newest = t
+            if t < self._newest - self.keep_s:
+                return
+            # Keyed by stamp and engine: the attach-time tail read and the forward read
+            # give the same lines (in any order); one stats line a second per engine at most.
+            self._points[(t, stats[0])] = stats[1:]
+            if len(self._points) > self.max_points:
+                cut = self._newest - self.keep_s
+                keep = sorted(k for k in self._points if k[0] >= cut)[-self.max_points // 2:]
+                self._points = {k: self._points[k] for k in keep}
+        elif shm and t not in self._shm:
             self._shm.append(t)
 
     def _log_time(self, stamp: tuple[int, int, int, int, int], wall: float) -> float | None:
@@ -273,7 +324,10 @@ class LogHistory:
             return LogHistoryView(mono)
         shift = mono - wall - off  # stamp seconds -> monotonic
         merged: dict[float, list[Any]] = {}
-        for t, _eng, (p, g, r, w, kv, pre) in self._points:
+        cut = (self._newest or 0.0) - self.keep_s
+        for (t, _eng), (p, g, r, w, kv, pre) in self._points.items():
+            if t < cut:
+                continue
             cur = merged.get(t)
             if cur is None:
                 merged[t] = [p, g, r, w, kv, pre]
@@ -286,7 +340,7 @@ class LogHistory:
                 cur[5] = pre if cur[5] is None else (cur[5] + (pre or 0))
         # A stamp is the second the line was written in: its middle is the best guess.
         pts = tuple(StatsPoint(min(mono, t + 0.5 + shift), *v) for t, v in sorted(merged.items()))
-        return LogHistoryView(mono, pts, tuple(min(mono, t + 0.5 + shift) for t in self._shm), off)
+        return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off)
 
 
 def _local_offset(wall: float) -> float:

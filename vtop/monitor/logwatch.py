@@ -21,6 +21,8 @@ from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400
+#: what the attach-time tail read keeps: the stats lines and the shm-broadcast waits
+BACKFILL_NEEDLES = (b"Avg prompt throughput", b"No available shared memory broadcast block")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class LogWatch:
         self.tracker = tracker or PhaseTracker()
         self.requests = RequestTracker()
         self.history = LogHistory()
+        self._backfilled = False
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
         self._lock = threading.Lock()
@@ -162,6 +165,8 @@ class LogWatch:
             now = self.clock.monotonic()
             wall = self.clock.time()
             lines = self.source.poll()
+            if not self._backfilled and self.source.state.status == "following":
+                self._backfill(wall)
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
@@ -205,6 +210,19 @@ class LogWatch:
                 finishes_logged=self.requests.finishes_logged,
                 history=self.history.snapshot(now, wall),
             )
+
+    def _backfill(self, wall: float) -> None:
+        """Once the file is open: the stats lines at its end, ahead of the forward read
+        (which starts at the last startup, possibly 64 MiB back), into the history; the
+        forward read's copies of them are dropped there as repeats."""
+        self._backfilled = True
+        tail = getattr(self.source, "tail_lines", None)
+        if tail is None:
+            return
+        from vtop.core.phases import parse_line
+
+        for line in tail(BACKFILL_NEEDLES):
+            self.history.feed(parse_line(line), wall)
 
     def close(self) -> None:
         self.source.close()
