@@ -32,7 +32,7 @@ import pytest
 
 from tests.real.test_real_vtop import SHOTS, Watch, shot
 from vtop.config import Config
-from vtop.core.diagnose import Thresholds
+from vtop.core.rules import Thresholds
 from vtop.ui.app import VtopApp
 
 pytestmark = pytest.mark.real

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import FIXTURES
 from vtop.config import Config
-from vtop.core.diagnose import Thresholds
+from vtop.core.rules import Thresholds
 from vtop.ui.replay import replay_app
 
 INC = FIXTURES / "cpu-incidents"

@@ -25,9 +25,9 @@ from typing import Any
 from tests import h200_replay as R
 from tests.conftest import FIXTURES
 from vtop.clock import FakeClock
-from vtop.core.diagnose import Alert, Diagnoser, Thresholds
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import PhaseTracker
+from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers

@@ -10,9 +10,9 @@ import sys
 from functools import cache
 
 from tests.unit import diag_fixtures as F
-from vtop.core.diagnose import RULES, Alert, Diagnoser, Thresholds, diagnose_once
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import Phase, PhaseTracker
+from vtop.core.rules import RULES, Alert, Diagnoser, Thresholds, diagnose_once
 from vtop.sources.prom import Histogram
 
 URL = F.URL
@@ -66,7 +66,7 @@ def test_alert_to_json_and_rule_ids() -> None:
 
 
 def test_core_module_imports_neither_textual_nor_sources() -> None:
-    code = ("import sys, vtop.core.diagnose\n"
+    code = ("import sys, vtop.core.rules\n"
             "print(','.join(sorted(m for m in sys.modules if m.startswith(('textual', 'vtop.sources', 'httpx')))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -29,7 +29,7 @@ import calendar
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,6 +256,114 @@ _API_MARK_RE = re.compile(
 _SERVER_URL_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>\S+)|Uvicorn running on (?P<u2>\S+)")
 _READY_RE = re.compile(r"Application startup complete\.")
 
+
+# --------------------------------------------------------------------------- phase lines, as tables
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+#: a fact a line reports: (name, the match groups it is in (the first non-empty one), conversion,
+#: how it is kept: "set", "max" (the largest over ranks) or "default" (the first one seen))
+_Fact = tuple[str, tuple[str, ...], Callable[[str], Any], str]
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One kind of phase line: its pattern, the facts it reports, and what it does to its phase."""
+
+    rx: re.Pattern[str]
+    #: "enter" the phase, "end" it (a line one process logs), "rank_done" (a line each rank logs),
+    #: "ready", or None (facts only)
+    then: str | None = "enter"
+    facts: tuple[_Fact, ...] = ()
+    #: run with the tracker and the message before ``then`` (for what a line says beyond facts)
+    extra: Callable[[PhaseTracker, str], None] | None = None
+    #: the line may carry the next rows' facts too: look on; when the group ends, enter its phase
+    more: bool = False
+
+
+def _engine_config(tr: PhaseTracker, msg: str) -> None:
+    """The engine's config dump: model, parallel sizes (the world size), eager mode, max_seq_len."""
+    for name, rx in _CFG_RES.items():
+        c = rx.search(msg)
+        if not c:
+            continue
+        v = c.group("v")
+        if name == "enforce_eager":
+            tr._fact(name, v == "True")
+        elif name == "model":
+            tr._facts.setdefault("model", v)
+        else:
+            tr._fact(name, int(v))
+    tp = int(tr._facts.get("tensor_parallel_size", 1) or 1)
+    pp = int(tr._facts.get("pipeline_parallel_size", 1) or 1)
+    tr._world = tp * pp
+
+
+def _compile_cache(tr: PhaseTracker, msg: str) -> None:
+    """Whether torch.compile loads its graphs from the cache or compiles them afresh."""
+    if _COMPILE_CACHED_RE.search(msg):
+        tr._fact("compile_cached", True)
+    elif _COMPILE_FRESH_RE.search(msg) and "compile_cached" not in tr._facts:
+        tr._fact("compile_cached", False)
+
+
+#: Every phase line, grouped by the phase it belongs to, in the order they are tried (the first
+#: row that matches decides, unless it says ``more``). Progress frames (shards, graph capture) are
+#: :meth:`PhaseTracker._on_progress`'s.
+_PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
+    (Phase.READY, (_Line(_READY_RE, "ready"),)),
+    (Phase.ENGINE_INIT, (
+        _Line(_ENGINE_INIT_RE, facts=(("engine_version", ("ver",), str, "set"),), extra=_engine_config),
+        _Line(_ENGINE_WAIT_RE),
+        _Line(_ARCH_RE, None, (("architecture", ("v",), str, "set"),)),
+        _Line(_MAX_LEN_RE, None, (("max_model_len", ("v",), int, "set"),)),
+    )),
+    (Phase.WEIGHTS, (
+        _Line(_WEIGHTS_START_RE, facts=(("model", ("model",), str, "default"),)),
+        _Line(_WEIGHTS_TOOK_RE, "rank_done", (("weights_load_s", ("s",), float, "max"),)),
+        _Line(_MODEL_LOADING_RE, "rank_done", (
+            ("model_memory_gib", ("gib", "gb"), float, "max"), ("model_load_s", ("s",), float, "max"),
+        )),
+    )),
+    (Phase.TORCH_COMPILE, (
+        _Line(_COMPILE_END_RE, "rank_done", (("compile_s", ("s", "s2"), float, "max"),)),
+        _Line(_COMPILE_MARK_RE, extra=_compile_cache),
+    )),
+    (Phase.MEMORY_PROFILING, (
+        _Line(_PROFILING_TAKES_RE, "rank_done", (("profiling_s", ("s",), float, "max"),)),
+        _Line(_PROFILE_RUN_RE, facts=(("profile_run_s", ("s",), float, "max"),)),
+        _Line(_GRAPH_EST_RE, facts=(("graph_memory_estimate_gib", ("gib",), float, "max"),)),
+        _Line(_PROFILING_MARK_RE),
+        _Line(_KV_AVAILABLE_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
+        _Line(_KV_CPU_SET_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
+    )),
+    (Phase.KV_CACHE, (
+        _Line(_KV_BLOCKS_RE, None, (("gpu_blocks", ("gpu",), int, "set"), ("cpu_blocks", ("cpu",), int, "set")),
+              more=True),
+        _Line(_KV_TOKENS_RE, None, (("kv_cache_tokens", ("tok",), _int, "set"),), more=True),
+        _Line(_KV_CONC_RE, "end", (
+            ("max_concurrency", ("x",), float, "set"), ("max_concurrency_len", ("len",), _int, "set"),
+        )),
+    )),
+    (Phase.KV_CACHE, (_Line(_NUM_BLOCKS_RE, None, (("gpu_blocks", ("n",), int, "default"),)),)),
+    (Phase.CUDA_GRAPHS, (
+        _Line(_CAPTURE_START_RE),
+        _Line(_CAPTURE_END_RE, "rank_done", (
+            ("graph_capture_s", ("s",), float, "max"), ("graph_memory_gib", ("gib",), float, "max"),
+        )),
+    )),
+    (Phase.WARMUP, (
+        _Line(_INIT_ENGINE_RE, "end", (
+            ("init_engine_s", ("s",), float, "set"), ("init_compilation_s", ("c",), float, "set"),
+        )),
+        _Line(_WARMUP_MARK_RE),
+    )),
+    (Phase.API_SERVER, (_Line(_SERVER_URL_RE), _Line(_API_MARK_RE))),
+)
+
 _SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
 _STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
 _ACCESS_RE = re.compile(r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S+ HTTP/[\d.]+" \d{3}')
@@ -283,6 +391,17 @@ _ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
         3,
     ),
     ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
+    # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
+    # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
+    # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
+    (
+        "kv_host_memory",
+        re.compile(
+            r"Available memory on node (?P<node>\d+) \((?P<avail>[\d.]+)/(?P<total>[\d.]+) GiB\) on kv cache"
+            r" allocation is less than requested memory for kv \((?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
     (
         "max_model_len",
         re.compile(
@@ -327,6 +446,14 @@ _CAUSE_WINDOW_S = 60.0
 _PACKAGE_FOR_MODULE = {"flashinfer": "flashinfer-python", "vllm_flash_attn": "vllm-flash-attn", "cv2": "opencv-python"}
 
 
+def _kv_fit(avail: str | None) -> str:
+    """A KV cache size in whole GiB that fits in ``avail`` GiB with a little room (at least 1)."""
+    try:
+        return str(max(1, int(float(avail or "") * 0.8)))
+    except ValueError:
+        return "N"
+
+
 def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
     """(short message, usual fix) for a failure kind."""
 
@@ -347,6 +474,17 @@ def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[
         fix = (
             "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
             "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size."
+        )
+    elif kind == "kv_host_memory":
+        req, avail, total, node = g("req"), g("avail"), g("total"), g("node")
+        msg = (f"out of memory for the KV cache: {req} GiB asked, {avail} of {total} GiB available on NUMA node "
+               f"{node}")
+        fix = (
+            f"Size the KV cache to what the host has: on the CPU backend VLLM_CPU_KVCACHE_SPACE={_kv_fit(avail)} (GiB) "
+            f"or less, or --kv-cache-memory-bytes {_kv_fit(avail)}G; or free host memory that other processes hold. "
+            "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
+            "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
+            "--kv-cache-memory-bytes."
         )
     elif kind == "max_model_len":
         est = g("est")
@@ -933,152 +1071,37 @@ class PhaseTracker:
         return True
 
     def _on_phase_line(self, ev: LogEvent, msg: str, t: float, arrival: float) -> None:
-        if _READY_RE.search(msg):
-            self._ready(t, arrival, "log")
-            return
-        m = _ENGINE_INIT_RE.search(msg)
-        if m:
-            self._fact("engine_version", m.group("ver"))
-            for name, rx in _CFG_RES.items():
-                c = rx.search(msg)
-                if not c:
+        """Apply the first row of :data:`_PHASE_LINES` that matches ``msg``."""
+        for phase, rows in _PHASE_LINES:
+            pending = False
+            for row in rows:
+                m = row.rx.search(msg)
+                if m is None:
                     continue
-                v = c.group("v")
-                if name == "enforce_eager":
-                    self._fact(name, v == "True")
-                elif name == "model":
-                    self._facts.setdefault("model", v)
-                else:
-                    self._fact(name, int(v))
-            tp = int(self._facts.get("tensor_parallel_size", 1) or 1)
-            pp = int(self._facts.get("pipeline_parallel_size", 1) or 1)
-            self._world = tp * pp
-            self._enter(Phase.ENGINE_INIT, t, arrival)
-            return
-        if _ENGINE_WAIT_RE.search(msg):
-            self._enter(Phase.ENGINE_INIT, t, arrival)
-            return
-        m = _ARCH_RE.search(msg)
-        if m:
-            self._fact("architecture", m.group("v"))
-            return
-        m = _MAX_LEN_RE.search(msg)
-        if m:
-            self._fact("max_model_len", int(m.group("v")))
-            return
-
-        # -- weights
-        m = _WEIGHTS_START_RE.search(msg)
-        if m:
-            if m.group("model"):
-                self._facts.setdefault("model", m.group("model"))
-            self._enter(Phase.WEIGHTS, t, arrival)
-            return
-        m = _WEIGHTS_TOOK_RE.search(msg)
-        if m:
-            self._fact("weights_load_s", float(m.group("s")), keep_max=True)
-            self._rank_done(Phase.WEIGHTS, ev, t, arrival)
-            return
-        m = _MODEL_LOADING_RE.search(msg)
-        if m:
-            gib = m.group("gib") or m.group("gb")
-            self._fact("model_memory_gib", float(gib), keep_max=True)
-            if m.group("s"):
-                self._fact("model_load_s", float(m.group("s")), keep_max=True)
-            self._rank_done(Phase.WEIGHTS, ev, t, arrival)
-            return
-
-        # -- torch.compile
-        m = _COMPILE_END_RE.search(msg)
-        if m:
-            self._fact("compile_s", float(m.group("s") or m.group("s2")), keep_max=True)
-            self._rank_done(Phase.TORCH_COMPILE, ev, t, arrival)
-            return
-        if _COMPILE_MARK_RE.search(msg):
-            if _COMPILE_CACHED_RE.search(msg):
-                self._fact("compile_cached", True)
-            elif _COMPILE_FRESH_RE.search(msg) and "compile_cached" not in self._facts:
-                self._fact("compile_cached", False)
-            self._enter(Phase.TORCH_COMPILE, t, arrival)
-            return
-
-        # -- memory profiling
-        m = _PROFILING_TAKES_RE.search(msg)
-        if m:
-            self._fact("profiling_s", float(m.group("s")), keep_max=True)
-            self._rank_done(Phase.MEMORY_PROFILING, ev, t, arrival)
-            return
-        m = _PROFILE_RUN_RE.search(msg)
-        if m:
-            self._fact("profile_run_s", float(m.group("s")), keep_max=True)
-            self._enter(Phase.MEMORY_PROFILING, t, arrival)
-            return
-        m = _GRAPH_EST_RE.search(msg)
-        if m:
-            self._fact("graph_memory_estimate_gib", float(m.group("gib")), keep_max=True)
-            self._enter(Phase.MEMORY_PROFILING, t, arrival)
-            return
-        if _PROFILING_MARK_RE.search(msg):
-            self._enter(Phase.MEMORY_PROFILING, t, arrival)
-            return
-        m = _KV_AVAILABLE_RE.search(msg) or _KV_CPU_SET_RE.search(msg)
-        if m:
-            self._facts.setdefault("kv_cache_gib", float(m.group("gib")))
-            self._rank_done(Phase.MEMORY_PROFILING, ev, t, arrival)
-            return
-
-        # -- KV cache sizing
-        kv_line = False
-        m = _KV_BLOCKS_RE.search(msg)
-        if m:
-            self._fact("gpu_blocks", int(m.group("gpu")))
-            if m.group("cpu"):
-                self._fact("cpu_blocks", int(m.group("cpu")))
-            kv_line = True
-        m = _KV_TOKENS_RE.search(msg)
-        if m:
-            self._fact("kv_cache_tokens", int(m.group("tok").replace(",", "")))
-            kv_line = True
-        m = _KV_CONC_RE.search(msg)
-        if m:
-            self._fact("max_concurrency", float(m.group("x")))
-            self._fact("max_concurrency_len", int(m.group("len").replace(",", "")))
-            self._end(Phase.KV_CACHE, t, arrival)
-            return
-        if kv_line:
-            self._enter(Phase.KV_CACHE, t, arrival)
-            return
-        m = _NUM_BLOCKS_RE.search(msg)
-        if m:
-            self._facts.setdefault("gpu_blocks", int(m.group("n")))
-            return
-
-        # -- CUDA graphs
-        if _CAPTURE_START_RE.search(msg):
-            self._enter(Phase.CUDA_GRAPHS, t, arrival)
-            return
-        m = _CAPTURE_END_RE.search(msg)
-        if m:
-            self._fact("graph_capture_s", float(m.group("s")), keep_max=True)
-            if m.group("gib"):
-                self._fact("graph_memory_gib", float(m.group("gib")), keep_max=True)
-            self._rank_done(Phase.CUDA_GRAPHS, ev, t, arrival)
-            return
-
-        # -- warmup and API server
-        m = _INIT_ENGINE_RE.search(msg)
-        if m:
-            self._fact("init_engine_s", float(m.group("s")))
-            if m.group("c"):
-                self._fact("init_compilation_s", float(m.group("c")))
-            self._end(Phase.WARMUP, t, arrival)
-            return
-        if _WARMUP_MARK_RE.search(msg):
-            self._enter(Phase.WARMUP, t, arrival)
-            return
-        if _SERVER_URL_RE.search(msg) or _API_MARK_RE.search(msg):
-            self._enter(Phase.API_SERVER, t, arrival)
-            return
+                for name, groups, conv, how in row.facts:
+                    raw = next((v for v in (m.group(g) for g in groups) if v), None)
+                    if raw is None:
+                        continue
+                    if how == "default":
+                        self._facts.setdefault(name, conv(raw))
+                    else:
+                        self._fact(name, conv(raw), keep_max=how == "max")
+                if row.extra is not None:
+                    row.extra(self, msg)
+                if row.then == "enter":
+                    self._enter(phase, t, arrival)
+                elif row.then == "end":
+                    self._end(phase, t, arrival)
+                elif row.then == "rank_done":
+                    self._rank_done(phase, ev, t, arrival)
+                elif row.then == "ready":
+                    self._ready(t, arrival, "log")
+                if not row.more:
+                    return
+                pending = True
+            if pending:
+                self._enter(phase, t, arrival)
+                return
 
     def _check_error(self, ev: LogEvent, msg: str, t: float, arrival: float, level: str | None) -> None:
         text = msg.strip()

@@ -36,7 +36,7 @@ from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
-    from vtop.core.diagnose import Alert, Diagnoser
+    from vtop.core.rules import Alert, Diagnoser
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
@@ -147,7 +147,7 @@ class Monitor:
     @property
     def diagnoser(self) -> Diagnoser:
         if self._diagnoser is None:
-            from vtop.core.diagnose import Diagnoser, Thresholds
+            from vtop.core.rules import Diagnoser, Thresholds
 
             self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
         return self._diagnoser
@@ -445,7 +445,7 @@ class Monitor:
             ws.version += 1
         self.processes = []
         self.gpu_owner = {}
-        from vtop.core.diagnose import Diagnoser
+        from vtop.core.rules import Diagnoser
 
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
         self.alerts = []

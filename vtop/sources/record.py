@@ -53,6 +53,14 @@ KEYFRAME_EVERY = 60
 
 
 def _open(path: Path, mode: str) -> IO[str]:
+    if "a" in mode or "w" in mode:
+        # A recording holds log lines and server details: 0600 whatever the umask, as the
+        # snapshot bundle's files are. The file is made (or narrowed) before a byte is written.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
     if path.suffix == ".gz":
         return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
     return open(path, mode, encoding="utf-8")

@@ -40,7 +40,7 @@ from vtop.ui.widgets.server_panel import ServerCard
 from vtop.ui.widgets.startup_panel import StartupPanel
 
 if TYPE_CHECKING:
-    from vtop.core.diagnose import Alert, Diagnoser
+    from vtop.core.rules import Alert, Diagnoser
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.monitor.player import Player
 

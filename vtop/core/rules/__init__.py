@@ -1,0 +1,66 @@
+"""Diagnosis rules: what is wrong with a vLLM box, why, and the exact fix. Pure: no I/O.
+
+:class:`Diagnoser` is fed once per tick with what vtop already holds (the
+server views, the GPU history, the startup tracker's snapshot and stall, the
+in-flight requests read from the log) and answers a list of :class:`Alert`,
+critical first. It keeps a little state across ticks: when ``running`` last
+went from 0 to N, when a request last finished, when the token counters last
+moved, how long the KV cache has been full, GPU streaks and memory samples.
+
+Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
+
+``runaway``
+    Requests running, generation tokens rising, and no request finished for
+    ``runaway_s`` while ``waiting`` is zero or growing. The usual cause: a
+    chat client that omits ``max_tokens`` (vLLM then allows
+    ``max_model_len - prompt`` tokens, §4). A busy GPU is *not* required: one
+    decode stream on an H200 reads 10-23 % GPU-Util.
+``engine_stall``
+    ``running > 0`` while the token and finish counters stay flat for
+    ``engine_stall_s`` and ``/metrics`` still answers (§7.19: a frozen engine
+    keeps ``/health`` at 200 and freezes the gauges).
+``startup_stall`` / ``startup_failure`` / ``engine_died``
+    From the startup tracker: a silent start, a failed start (with the
+    tracker's fix), an engine that died after it was ready.
+``oom_startup`` / ``oom_transient`` / ``oom_steady`` / ``oom_risk``
+    A CUDA out-of-memory error (tracker failure or log line), classified by
+    when and around what it happened; ``oom_risk`` warns before one when a
+    GPU's memory climbs steadily towards full.
+``kv_saturation``
+    KV cache above ``kv_saturation_pct`` for a while with preemptions rising
+    or the queue growing.
+``sm_idle``
+    GPU-Util high while GPM SM activity stays low (only where the GPU reports
+    SM activity; never during a start, where that is expected).
+``risky_flags``
+    Launch flags that invite trouble: no generation cap with a long context,
+    ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
+    concurrency, ``--gpu-memory-utilization`` that leaves no room next to the
+    other processes on the GPU.
+
+``core`` must not import ``sources`` at run time: GPU samples, server
+processes and in-flight requests are read by attribute.
+
+The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (the typed :class:`Ctx` a
+rule is given, the :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
+module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
+:mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
+corpus traces that show it) and :mod:`.diagnoser`, which runs them.
+"""
+
+from __future__ import annotations
+
+from vtop.core.rules.alert import RULES, SEVERITIES, Alert, Thresholds
+from vtop.core.rules.context import Ctx, Rule
+from vtop.core.rules.diagnoser import Diagnoser, diagnose_once
+
+__all__ = [
+    "RULES",
+    "SEVERITIES",
+    "Alert",
+    "Ctx",
+    "Diagnoser",
+    "Rule",
+    "Thresholds",
+    "diagnose_once",
+]

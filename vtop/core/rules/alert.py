@@ -1,0 +1,119 @@
+"""What a rule answers (:class:`Alert`), the numbers it compares against (:class:`Thresholds`),
+and the stable ids (:data:`RULES`) and severities. Plain types: no state, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SEVERITIES = ("critical", "warning", "info")
+RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+RULES = (
+    "runaway",
+    "engine_stall",
+    "startup_stall",
+    "startup_failure",
+    "engine_died",
+    "oom_startup",
+    "oom_transient",
+    "oom_steady",
+    "oom_risk",
+    "kv_saturation",
+    "sm_idle",
+    "risky_flags",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One diagnosis: a name, how bad, the numbers behind it, and what to do."""
+
+    #: stable id, one of :data:`RULES`
+    rule: str
+    #: "info" | "warning" | "critical"
+    severity: str
+    #: one line, e.g. "Runaway decode on :8000: 1 request running 2m 05s, 460 tok/s, nothing finished"
+    title: str
+    #: lines with numbers
+    evidence: tuple[str, ...] = ()
+    #: what to do, with exact flags
+    fix: tuple[str, ...] = ()
+    #: server URL, "gpu0", or None (a start not tied to a known server)
+    target: str | None = None
+    #: monotonic time the condition began
+    since: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return (self.rule, self.target)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "title": self.title,
+            "evidence": list(self.evidence),
+            "fix": list(self.fix),
+            "target": self.target,
+            "since": self.since,
+        }
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the rules compare against. Seconds unless named ``_pct`` (0-100) or ``_ps`` (per second)."""
+
+    #: runaway: no request finished for this long while requests run and tokens flow
+    runaway_s: float = 120.0
+    #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/inflight.py) to have
+    #: run this long, while other requests finish around it; raised to ``runaway_age_ordinary_x`` times
+    #: what requests ordinarily take on this server (the p95 of those that finished)
+    runaway_age_s: float = 45.0
+    runaway_age_ordinary_x: float = 3.0
+    #: runaway: a resolved max_tokens at or above this share of max_model_len means the client omitted it
+    runaway_near_len_frac: float = 0.5
+    #: runaway: generation must have grown within this many seconds ("tokens rising")
+    rising_s: float = 10.0
+    #: engine stall: running > 0 with the token and finish counters flat this long
+    engine_stall_s: float = 20.0
+    #: KV saturation: usage at or above this percentage ...
+    kv_saturation_pct: float = 95.0
+    #: ... for at least this long
+    kv_saturation_s: float = 15.0
+    #: ... or, over the last ``kv_window_s``, at or above it this share of the time with the median within
+    #: 5 points of it (usage dips for a scrape as requests finish and are preempted, then climbs back)
+    kv_window_s: float = 30.0
+    kv_window_frac: float = 0.6
+    #: preemptions and queue growth are judged over this window
+    preempt_window_s: float = 60.0
+    #: preemptions per second that make a KV saturation critical (a preemption storm)
+    preempt_storm_ps: float = 1.0
+    #: sm_idle: GPU-Util at or above this percentage ...
+    sm_idle_util: float = 90.0
+    #: ... while GPM SM activity stays below this percentage ...
+    sm_idle_active: float = 15.0
+    #: ... for this long
+    sm_idle_s: float = 120.0
+    #: OOM: what happened this long before an OOM counts as its trigger (memory spike, long prompt, full KV)
+    transient_window_s: float = 30.0
+    #: OOM: GPU memory this many points above the level before the window counts as a spike
+    mem_spike_pct: float = 3.0
+    #: OOM: a prompt of at least this share of max_model_len counts as long
+    long_prompt_frac: float = 0.25
+    #: OOM: a server up this long with no other trigger points at allocator fragmentation
+    fragmentation_uptime_s: float = 6 * 3600.0
+    #: OOM: how long an OOM line seen in the log stays an alert (a failed start stays while it is failed)
+    oom_hold_s: float = 600.0
+    #: pre-OOM: GPU memory at or above this percentage ...
+    oom_risk_pct: float = 95.0
+    #: ... having climbed at least this many points ...
+    oom_risk_rise_pct: float = 2.0
+    #: ... steadily over this window
+    oom_risk_window_s: float = 300.0
+    #: risky flags: a max_model_len this long without a generation cap is flagged
+    long_context_len: int = 16384
+    #: risky flags: --max-num-seqs this many times the logged maximum concurrency is flagged
+    risky_seqs_ratio: float = 8.0
+    #: how much per-server / per-GPU history the diagnoser keeps
+    history_s: float = 900.0

@@ -1,0 +1,32 @@
+"""``engine_died``: an engine that died after its server was ready.
+
+Evidence: the startup tracker's :class:`~vtop.core.phases.Failure` in the READY phase: the log's
+``Worker proc ... died unexpectedly (exit code: N)``, ``Engine core proc ... died unexpectedly``,
+``EngineDeadError: EngineCore encountered an issue`` lines (with a cause logged shortly before). A failure seen in the log is never undone by a later
+ready or health event of the same start (the tracker's rule), so a ``/health`` 200 answered in the
+same second does not hide it. CUDA OOMs are the OOM rules'. Corpus traces:
+tests/corpus/traces/engine-death-enginecore-idle, engine-death-worker-load; quiet on
+clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered``: not a death).
+"""
+
+from __future__ import annotations
+
+from vtop.core.phases import Phase
+from vtop.core.rules.alert import Alert
+from vtop.core.rules.context import Ctx
+from vtop.core.rules.startup import failure_evidence, tracker_failure
+from vtop.core.rules.util import short_url
+
+
+class EngineDied:
+    """The engine-death rule (see the module's docstring)."""
+
+    ids = ("engine_died",)
+
+    def check(self, ctx: Ctx) -> list[Alert]:
+        f = tracker_failure(ctx)
+        if f is None or f.phase is not Phase.READY:
+            return []
+        title = f"vLLM engine on {short_url(ctx.log_target)} died: {f.message}"
+        return [Alert("engine_died", "critical", title, failure_evidence(ctx, f, ""), (f.fix,), ctx.log_target,
+                      f.arrival)]

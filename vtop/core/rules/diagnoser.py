@@ -1,0 +1,193 @@
+"""The diagnoser: feeds what the rules share (:class:`~vtop.core.rules.context.Memory`) once per
+tick, runs every rule family on a typed :class:`~vtop.core.rules.context.Ctx`, keeps the first
+``since`` of a condition that goes on, and sorts the alerts, critical first. Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from vtop.core.rules.alert import RANK, Alert, Thresholds
+from vtop.core.rules.context import Ctx, Memory, Rule
+from vtop.core.rules.death import EngineDied
+from vtop.core.rules.flags import RiskyFlags
+from vtop.core.rules.gpu import SmIdle
+from vtop.core.rules.kv import KvSaturation
+from vtop.core.rules.oom import Oom, OomRisk
+from vtop.core.rules.runaway import Runaway
+from vtop.core.rules.stall import EngineStall
+from vtop.core.rules.startup import StartupFailure, StartupStall
+from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
+from vtop.core.rules.util import LIVE, is_proc, role_of
+
+if TYPE_CHECKING:
+    from vtop.core.gpu_history import GpuHistory
+    from vtop.core.phases import StallInfo, StartupSnapshot
+    from vtop.core.server import ServerView
+
+__all__ = ["Diagnoser", "default_rules", "diagnose_once"]
+
+
+def default_rules() -> tuple[Rule, ...]:
+    """One of each family, in the order they run (the order of alerts is decided by the sort)."""
+    return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
+            StartupFailure(), EngineDied(), Oom())
+
+
+class Diagnoser:
+    """Stateful across ticks (it remembers when running last was 0, when a request last
+    finished, when the counters last moved, GPU streaks and memory samples), fed once per tick.
+
+    Not thread-safe: feed it from one thread (the UI tick is fine: a tick is a few
+    comparisons per server and per GPU; the rare alert text is built only when a rule fires).
+    """
+
+    def __init__(self, thresholds: Thresholds = Thresholds()) -> None:
+        self.thresholds = thresholds
+        self._mem = Memory()
+        #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
+        self.rules: tuple[Rule, ...] = default_rules()
+        self._since: dict[tuple[str, str | None], float] = {}
+        self.alerts: list[Alert] = []
+
+    # ------------------------------------------------------------------ feeding
+
+    def update_from(self, now: float, *, servers: Mapping[str, ServerView] | None, gpus: GpuHistory | None,
+                    log: Any = None, log_target: str | None = None) -> list[Alert]:
+        """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
+        views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
+        ``request_logging``, ``recent``; see :class:`vtop.monitor.logwatch.LogView`)
+        of the server at ``log_target``."""
+        if log is None:
+            return self.update(now, servers=servers, gpus=gpus)
+        return self.update(
+            now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
+            requests={log_target: log.inflight} if log_target else None,
+            request_logging={log_target: log.request_logging} if log_target else None,
+            log_lines=log.recent, log_target=log_target,
+        )
+
+
+    def update(
+        self,
+        now: float,
+        *,
+        servers: Mapping[str, ServerView] | None = None,
+        gpus: GpuHistory | None = None,
+        startup: StartupSnapshot | None = None,
+        startup_stall: StallInfo | None = None,
+        requests: Mapping[str, Sequence[Any]] | None = None,
+        request_logging: Mapping[str, bool] | None = None,
+        log_lines: Sequence[Any] | None = None,
+        log_target: str | None = None,
+    ) -> list[Alert]:
+        """Take this tick's state and return the alerts, critical first.
+
+        ``now`` is the monotonic time of the tick (the clock the views and GPU
+        polls use). ``requests`` maps a server URL to its in-flight requests
+        (objects with ``request_id``, ``age_s``, ``age_is_upper_bound``,
+        ``max_tokens``, ``no_client_max_tokens``); ``request_logging`` says per
+        URL whether the log has request lines at all. ``log_lines`` are the
+        startup tracker's recent lines (objects with ``text`` and ``arrival``),
+        scanned once each for CUDA OOMs. ``log_target`` is the URL of the server
+        the log and ``startup`` belong to (default: the only server, if one).
+        Pass every server on every tick: one missing from ``servers`` is forgotten.
+        """
+        servers = servers or {}
+        th = self.thresholds
+        if log_target is None and len(servers) == 1:
+            log_target = next(iter(servers))
+        ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
+                  log_target, log_lines)
+        mem = self._mem
+
+        for url in [u for u in mem.servers if u not in servers]:
+            del mem.servers[url]
+        for url, v in servers.items():
+            st = mem.servers.get(url)
+            if st is None:
+                st = mem.servers[url] = ServerState()
+            m = v.metrics
+            t = v.last_ok_mono
+            if m is not None and t is not None and (st.last is None or t > st.last.t):
+                st.add(sample_of(t, m), th.kv_saturation_pct, th.history_s)
+            if v.state in LIVE and st.first_up_t is None:
+                st.first_up_t = now
+            proc = v.process
+            if is_proc(proc):
+                for pid in getattr(proc, "gpu_pids", ()) or ():
+                    st.gpu_pids.add(int(pid))
+                    ctx.pid_owner[int(pid)] = (url, role_of(proc, int(pid)))
+        self._feed_gpus(ctx)
+
+        alerts: list[Alert] = []
+        for rule in self.rules:
+            alerts.extend(rule.check(ctx))
+
+        # Keep the first "since" of a condition that goes on (rules may only know it roughly).
+        seen: dict[tuple[str, str | None], float] = {}
+        out: list[Alert] = []
+        for a in alerts:
+            if a.since is not None:
+                first = self._since.get(a.key)
+                since = a.since if first is None else min(first, a.since)
+                seen[a.key] = since
+                if since != a.since:
+                    a = Alert(a.rule, a.severity, a.title, a.evidence, a.fix, a.target, since)
+            out.append(a)
+        self._since = seen
+        out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else now, a.rule, a.target or ""))
+        self.alerts = out
+        return out
+
+    # ------------------------------------------------------------------ GPUs
+
+    def _feed_gpus(self, ctx: Ctx) -> None:
+        g = ctx.gpus
+        if g is None:
+            return
+        mem = self._mem
+        poll = getattr(g, "last_poll", None)
+        mono = getattr(poll, "mono", None)
+        new = mono is not None and (mem.gpu_mono is None or mono > mem.gpu_mono)
+        for idx, tr in getattr(g, "tracks", {}).items():
+            last = tr.last
+            if last is None or getattr(last, "lost", False):
+                continue
+            procs = getattr(last, "procs", None)
+            for gp in procs or ():
+                owner = ctx.pid_owner.get(int(gp.pid))
+                if owner is not None:
+                    ctx.gpu_owner.setdefault(idx, [])
+                    if owner[0] not in ctx.gpu_owner[idx]:
+                        ctx.gpu_owner[idx].append(owner[0])
+                    st = mem.servers.get(owner[0])
+                    if st is not None:
+                        st.gpu_idx.add(idx)
+            if not new:
+                continue
+            gs = mem.gpus.get(idx)
+            if gs is None:
+                gs = mem.gpus[idx] = GpuState()
+            mt = getattr(last, "mem_total", None)
+            mu = getattr(last, "mem_used", None)
+            gs.add(
+                GpuPoint(
+                    float(mono),  # type: ignore[arg-type]
+                    getattr(last, "util_gpu", None),
+                    getattr(last, "sm_active", None),
+                    100.0 * mu / mt if mu is not None and mt else None,
+                    mu,
+                    mt,
+                    procs,
+                ),
+                self.thresholds.history_s,
+            )
+        if new:
+            mem.gpu_mono = mono
+
+
+def diagnose_once(now: float, *, thresholds: Thresholds = Thresholds(), **inputs: Any) -> list[Alert]:
+    """One look with no memory (the inputs of :meth:`Diagnoser.update`): only what needs no
+    duration fires (failures, stalls the tracker already timed, risky flags, OOM lines)."""
+    return Diagnoser(thresholds).update(now, **inputs)

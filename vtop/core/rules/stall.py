@@ -1,0 +1,76 @@
+"""``engine_stall``: a frozen engine behind a live API server.
+
+Evidence: ``running > 0`` while the generation/prompt token counters and the finished-request
+count stay flat for ``engine_stall_s``, and ``/metrics`` still answers (a frozen engine keeps
+``/health`` at 200 and freezes the gauges). GPU-Util near 0 during the silence says the engine
+launches no work (a Python-side hang or a stopped process); GPU-Util high with idle SMs says a
+collective (NCCL) waits for a peer. Corpus traces: tests/corpus/traces/engine-stall-enginecore,
+engine-stall-worker-only; quiet on every normal-* trace.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from vtop.core.rules.alert import Alert
+from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.util import LIVE, dur, num, short_url
+
+if TYPE_CHECKING:
+    from vtop.core.rules.state import ServerState
+    from vtop.core.server import ServerView
+
+
+class EngineStall:
+    """The engine-stall rule (see the module's docstring)."""
+
+    ids = ("engine_stall",)
+
+    def check(self, ctx: Ctx) -> list[Alert]:
+        return per_server(ctx, engine_stall)
+
+
+def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = ctx.th
+    s = st.last
+    if s is None or v.state not in LIVE or not s.running or s.running <= 0:
+        return None
+    if st.last_progress_t is None or st.busy_since is None:
+        return None
+    since = max(st.last_progress_t, st.busy_since)
+    now = ctx.now
+    if now - since < th.engine_stall_s:
+        return None
+    short = short_url(url)
+    ev = [
+        f"running {num(s.running)}, waiting {num(s.waiting)} for {dur(now - since)} with no new token and no "
+        "request finished",
+        f"generation tokens stuck at {num(s.gen)}, prompt tokens at {num(s.prompt)}",
+    ]
+    if v.health is not None or v.latency_s is not None:
+        lat = f", /metrics in {v.latency_s * 1000:.0f} ms" if v.latency_s is not None else ""
+        ev.append(f"the server still answers (/health {v.health if v.health is not None else '?'}{lat}): "
+                  "the API server is alive, the engine is not moving")
+    for idx in ctx.gpus_of(url):
+        gl = ctx.gpu_line(idx, since, now)
+        if gl:
+            gs = ctx.mem.gpus[idx]
+            pts = gs.between(since, now)
+            utils = [p.util for p in pts if p.util is not None]
+            sms = [p.sm for p in pts if p.sm is not None]
+            mu = statistics.fmean(utils) if utils else None
+            ms = statistics.fmean(sms) if sms else None
+            if mu is not None and mu < 5:
+                gl += ": the engine launches no GPU work (a Python-side hang, a deadlock, or a stopped process)"
+            elif mu is not None and mu >= th.sm_idle_util and ms is not None and ms < th.sm_idle_active:
+                gl += ": busy with idle SMs, the signature of a collective (NCCL) waiting for a peer"
+            ev.append(gl)
+    fix = [
+        "Press d for a py-spy dump of the EngineCore (the workers for TP>1): it shows where the engine waits.",
+        "Look in the log for 'No available shared memory broadcast block found in 60 seconds' (a worker is stuck).",
+        "If it does not move again, restart the server: /health stays 200 while the engine is frozen, so a health "
+        "check alone will not restart it.",
+    ]
+    title = f"Engine stalled on {short}: {num(s.running)} running, no token for {dur(now - since)}"
+    return Alert("engine_stall", "critical", title, tuple(ev), tuple(fix), url, since)

@@ -1,0 +1,187 @@
+"""What the diagnoser remembers between ticks: per server, the /metrics samples and the streaks
+read from them (busy since, last finish, last progress, KV high since); per GPU, the polled points
+and the sm_idle / oom_risk streaks. The rules read these; only the :class:`~vtop.core.rules.Diagnoser`
+feeds them."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+from vtop.core.inflight import OldestInFlight
+
+__all__ = ["GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float
+    running: float | None
+    waiting: float | None
+    kv: float | None  # percent
+    gen: float | None
+    prompt: float | None
+    preempt: float | None
+    done: float | None
+    length: float | None
+    max_tokens: Any
+    prompt_hist: Any
+    #: when the two histograms were read (earlier than ``t`` when carried over)
+    hist_t: float
+    e2e: Any = None
+
+
+def sample_of(t: float, m: Any) -> Sample:
+    succ = getattr(m, "request_success_total", None) or {}
+    kv = getattr(m, "kv_cache_usage", None)
+    return Sample(
+        t=t,
+        running=m.running,
+        waiting=m.waiting,
+        kv=None if kv is None or not math.isfinite(kv) else 100.0 * kv,
+        gen=m.generation_tokens_total,
+        prompt=m.prompt_tokens_total,
+        preempt=m.preemptions_total,
+        done=float(sum(succ.values())) if succ else None,
+        length=succ.get("length") if succ else None,
+        max_tokens=getattr(m, "request_params_max_tokens", None),
+        prompt_hist=getattr(m, "request_prompt_tokens", None),
+        hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
+        e2e=getattr(m, "e2e_request_latency_seconds", None),
+    )
+
+
+def keep_recent(times: list[float], items: list[Any], t: float, item: Any, keep_s: float) -> None:
+    """Append ``item`` at ``t``; drop what is older than ``keep_s``, in batches (cheap per call)."""
+    times.append(t)
+    items.append(item)
+    cut = bisect_right(times, t - keep_s)
+    if cut > 64 and cut > len(times) // 4:
+        del times[:cut]
+        del items[:cut]
+
+
+def went_back(old: float | None, new: float | None) -> bool:
+    return old is not None and new is not None and new < old
+
+
+class ServerState:
+    """What the diagnoser remembers about one server between ticks."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.samples: list[Sample] = []
+        self.first_t: float | None = None
+        self.last_finish_t: float | None = None
+        self.last_progress_t: float | None = None
+        #: first sample of the current stretch with running > 0
+        self.busy_since: float | None = None
+        #: the stretch was seen starting from running == 0 (else vtop came in while busy)
+        self.busy_known = False
+        #: the last sample with running == 0 before the stretch
+        self.idle_before: float | None = None
+        self.busy_n0 = 0.0
+        self.busy_done0 = 0.0
+        self.busy_drops = 0.0
+        self.kv_high_since: float | None = None
+        self.first_up_t: float | None = None
+        self.gpu_idx: set[int] = set()
+        self.gpu_pids: set[int] = set()
+        #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
+        self.oldest = OldestInFlight()
+
+    @property
+    def last(self) -> Sample | None:
+        return self.samples[-1] if self.samples else None
+
+    def at(self, t: float) -> Sample | None:
+        """The newest sample at or before ``t`` (else the oldest one)."""
+        if not self.samples:
+            return None
+        i = bisect_right(self.times, t)
+        return self.samples[max(0, i - 1)]
+
+    def add(self, s: Sample, kv_thr: float, keep_s: float) -> None:
+        p = self.last
+        if p is not None and (went_back(p.gen, s.gen) or went_back(p.prompt, s.prompt) or went_back(p.done, s.done)):
+            # A restart: nothing before it is comparable.
+            gpu_idx, gpu_pids = self.gpu_idx, self.gpu_pids
+            self.__init__()  # type: ignore[misc]
+            self.gpu_idx, self.gpu_pids = gpu_idx, gpu_pids
+            p = None
+        if self.first_t is None:
+            self.first_t = s.t
+        if p is None:
+            self.last_finish_t = self.last_finish_t or s.t
+            self.last_progress_t = self.last_progress_t or s.t
+        else:
+            finished = (s.done is not None and p.done is not None and s.done > p.done) or (
+                s.running is not None and p.running is not None and s.running < p.running
+            )
+            if finished:
+                self.last_finish_t = s.t
+            moved = any(
+                a is not None and b is not None and b > a
+                for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
+            )
+            if moved:
+                self.last_progress_t = s.t
+        if s.running is not None:
+            if s.running > 0:
+                if self.busy_since is None:
+                    self.busy_since = s.t
+                    self.busy_known = p is not None and p.running == 0
+                    self.idle_before = p.t if self.busy_known and p is not None else None
+                    self.busy_n0 = s.running
+                    self.busy_done0 = s.done or 0.0
+                    self.busy_drops = 0.0
+                elif p is not None and p.running is not None and s.running < p.running:
+                    self.busy_drops += p.running - s.running
+            else:
+                self.busy_since = None
+        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done)
+        if s.kv is not None:
+            if s.kv >= kv_thr:
+                if self.kv_high_since is None:
+                    self.kv_high_since = s.t
+            else:
+                self.kv_high_since = None
+        keep_recent(self.times, self.samples, s.t, s, keep_s)
+
+
+@dataclass(slots=True)
+class GpuPoint:
+    t: float
+    util: float | None
+    sm: float | None
+    mem_pct: float | None
+    mem_used: float | None
+    mem_total: float | None
+    procs: tuple[Any, ...] | None
+
+
+class GpuState:
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.points: list[GpuPoint] = []
+        self.idle_since: float | None = None
+        self.idle_util: list[float] = []
+        self.idle_sm: list[float] = []
+        self.idle_last_t: float | None = None
+        self.risk_since: float | None = None
+
+    def at(self, t: float) -> GpuPoint | None:
+        if not self.points:
+            return None
+        i = bisect_right(self.times, t)
+        return self.points[max(0, i - 1)]
+
+    def between(self, a: float, b: float) -> list[GpuPoint]:
+        i = bisect_right(self.times, a)
+        j = bisect_right(self.times, b)
+        return self.points[i:j]
+
+    def add(self, p: GpuPoint, keep_s: float) -> None:
+        keep_recent(self.times, self.points, p.t, p, keep_s)

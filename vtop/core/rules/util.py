@@ -1,0 +1,108 @@
+"""Small pieces the rules share: number and name formatting, reading a server's command line. Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from vtop.model.fmt import dur
+
+__all__ = ["GIB", "LIVE", "cap_suggestion", "dur", "flag", "gib", "hist_count_at_least", "is_proc", "json_keys",
+           "num", "plural", "role_of", "short_url", "version_tuple"]
+
+GIB = float(2**30)
+#: server states in which a server serves (the rules that read /metrics judge only these)
+LIVE = ("up", "restarted")
+
+
+def num(x: float | None) -> str:
+    return "?" if x is None else f"{x:,.0f}"
+
+
+def gib(b: float | None) -> str:
+    return "?" if b is None else f"{b / GIB:.1f} GiB"
+
+
+def short_url(url: str | None) -> str:
+    """``:8000`` for a local server, ``host:port`` otherwise."""
+    if not url:
+        return "vLLM"
+    m = re.match(r"^[a-z]+://(\[[^\]]+\]|[^/:]+)(?::(\d+))?", url)
+    if not m:
+        return url
+    host, port = m.group(1), m.group(2) or ""
+    if host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0"):
+        return f":{port}" if port else host
+    return f"{host}:{port}" if port else host
+
+
+def plural(n: float, word: str) -> str:
+    return f"{n:,.0f} {word}" + ("" if round(n) == 1 else "s")
+
+
+def is_proc(p: Any) -> bool:
+    return p is not None and not isinstance(p, str) and hasattr(p, "argv")
+
+
+def flag(proc: Any, name: str) -> str | None:
+    """Value of ``--name`` on a server's command line (``""`` for a bare flag)."""
+    f = getattr(proc, "flag", None)
+    if callable(f):
+        try:
+            return f(name)
+        except Exception:  # pragma: no cover - a fake without the parser
+            pass
+    argv = tuple(getattr(proc, "argv", ()) or ())
+    val: str | None = None
+    for i, tok in enumerate(argv):
+        if tok == name:
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            val = "" if nxt.startswith("--") else nxt
+        elif tok.startswith(name + "="):
+            val = tok[len(name) + 1:]
+    return val
+
+
+def version_tuple(v: str | None) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", v or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def hist_count_at_least(delta: Any, limit: float) -> tuple[float, float | None]:
+    """(observations in buckets whose lower edge is >= ``limit``, that edge)."""
+    if delta is None or not delta.buckets:
+        return 0.0, None
+    total = delta.buckets[-1][1]
+    prev_le = 0.0
+    prev_c = 0.0
+    for le, c in delta.buckets:
+        if prev_le >= limit:
+            return max(0.0, total - prev_c), prev_le
+        prev_le, prev_c = le, c
+    return 0.0, None
+
+
+def role_of(proc: Any, pid: int) -> str:
+    for c in getattr(proc, "children", ()) or ():
+        if getattr(c, "pid", None) == pid:
+            title = (getattr(c, "title", "") or "").replace("VLLM::", "").strip()
+            return title.split()[0] if title else str(getattr(c, "role", "process"))
+    return "vLLM"
+
+
+def json_keys(s: str | None) -> set[str]:
+    if not s:
+        return set()
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return set(re.findall(r"[\"']?(\w+)[\"']?\s*:", s))
+    return set(obj) if isinstance(obj, dict) else set()
+
+
+def cap_suggestion(mml: int | None) -> int:
+    """A generation cap to suggest: 4096, or half the context when that is smaller."""
+    if not mml:
+        return 4096
+    return min(4096, max(256, int(mml) // 2))
