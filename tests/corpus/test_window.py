@@ -51,3 +51,18 @@ def test_doctor_window_15_around_a_clean_shutdown(trace: Path) -> None:
         assert code == 0, (back, [a.rule for a in alerts])
     code, alerts = doctor_at(trace, stop + 1.0)
     assert code == 2 and not [a for a in alerts if a.severity in ("warning", "critical")]
+
+
+def test_doctor_window_15_names_a_startup_stall_with_the_flag_the_screen_takes() -> None:
+    """startup-stall-compile: the workers froze in torch.compile, the log went silent. With
+    ``--stall-threshold 60s`` (the screen names it 62 s in), doctor started 75 s in must see
+    that the silence began before it: the backlog read at attach arrived all at once, and
+    the silence is counted from its last line's stamp, not from when vtop read it."""
+    from vtop.config import Config
+
+    trace = TRACES / "startup-stall-compile"
+    truth = truth_of(trace)
+    code, alerts = doctor_at(trace, float(truth["should_alert_by"]) - WINDOW_S, config=Config(stall_threshold=60.0))
+    stall = [a for a in alerts if a.rule == "startup_stall"]
+    assert stall and code == 1, [(a.severity, a.rule) for a in alerts]
+    assert "no new log line for 1m" in stall[0].title

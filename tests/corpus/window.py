@@ -49,17 +49,18 @@ def _offset(player: Any) -> float:
     return float(e.t - e.mono)
 
 
-def doctor_at(path: Path, t_start: float, window_s: float = WINDOW_S) -> tuple[int, list[Any]]:
+def doctor_at(path: Path, t_start: float, window_s: float = WINDOW_S, config: Any = None) -> tuple[int, list[Any]]:
     """Exit status and alerts of ``vtop doctor --window window_s`` started at wall time
-    ``t_start`` of the trace (default settings)."""
+    ``t_start`` of the trace (default settings, or ``config``)."""
     from vtop.config import Config
     from vtop.headless import report
     from vtop.monitor.player import open_recording
 
-    full = open_recording(str(path), config=Config())
+    cfg = config or Config()
+    full = open_recording(str(path), config=cfg)
     off = _offset(full)
     at = t_start - off
-    player = open_recording(str(path), config=Config(), attach_at=at)
+    player = open_recording(str(path), config=cfg, attach_at=at)
     player.feed_until(at + window_s + SLACK_S)
     m = player.monitor
     m.tick()

@@ -114,3 +114,22 @@ def test_engines_of_one_second_are_summed() -> None:
               (WALL - 5, _stats(3, 20.0, kv=70.0).replace("Engine 000", "Engine 001"))], WALL)
     [p] = h.snapshot(100.0, WALL).stats
     assert (p.running, p.gen_tps, p.kv_pct) == (5, 30.0, 70.0)
+
+
+def test_backlog_lag_is_the_age_of_the_last_line_read_at_once() -> None:
+    from vtop.core.phases import LogEvent
+
+    h = LogHistory(local_offset=lambda w: 0.0)
+    # read live: no lag
+    h.feed(parse_line(_line(WALL - 1, "Loading weights took 3.2 seconds")), WALL, 100.0)
+    assert h.backlog_lag(100.0, WALL) == 0.0
+    # a backlog whose last line was written 80 s before it was read
+    h = LogHistory(local_offset=lambda w: 0.0)
+    h.feed(parse_line(_line(WALL - 80, "Warming up model for the compilation...")), WALL, 100.0)
+    assert abs(h.backlog_lag(100.0, WALL) - 79.5) < 0.01
+    # a shm-broadcast wait after it is a symptom, not activity: the lag stays
+    h.feed(parse_line(_line(WALL - 20, "No available shared memory broadcast block found in 60 seconds.")), WALL, 100.0)
+    assert abs(h.backlog_lag(100.0, WALL) - 79.5) < 0.01
+    # an unstamped line after it (a tqdm frame): when it came, the log does not say
+    h.feed(LogEvent("Loading: 50%|#| 2/4 [00:01<00:01]", "", "progress"), WALL, 100.0)
+    assert h.backlog_lag(100.0, WALL) == 0.0

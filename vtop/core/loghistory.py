@@ -247,6 +247,8 @@ class LogHistory:
         self._last_month: int | None = None
         self._last_stamp: Any = None
         self._last_t: float | None = None
+        self._last_line: tuple[float, float] | None = None  # (stamp, arrival) of the last stamped line but shm waits
+        self._last_unstamped = False
 
     def reset(self) -> None:
         self._points.clear()
@@ -257,12 +259,30 @@ class LogHistory:
         self._last_month = None
         self._last_stamp = None
         self._last_t = None
+        self._last_line = None
+        self._last_unstamped = False
 
-    def feed(self, event: Any, wall: float) -> None:
-        """One parsed line (:class:`~vtop.core.phases.LogEvent`: ``stamp``, ``message``),
-        read at wall-clock ``wall``."""
+    def backlog_lag(self, mono: float, wall: float) -> float:
+        """How long before it was read the last line was written, when that is known (the
+        last line is stamped) and more than a few seconds: a log read as a backlog at attach,
+        where every line arrives at once and silence measured on the arrival clock starts
+        at the attach. 0 otherwise."""
+        off = self.offset(wall)
+        if self._last_line is None or self._last_unstamped or off is None:
+            return 0.0
+        t, arrival = self._last_line
+        written = t + 0.5 - off + (mono - wall)  # on the monotonic clock
+        lag = arrival - written
+        return lag if lag > 5.0 else 0.0
+
+    def feed(self, event: Any, wall: float, arrival: float | None = None) -> None:
+        """One parsed line (:class:`~vtop.core.phases.LogEvent`: ``stamp``, ``message``,
+        ``kind``), read at wall-clock ``wall`` (monotonic ``arrival``)."""
         stamp = getattr(event, "stamp", None)
-        if stamp is None or getattr(event, "kind", None) != "record":
+        kind = getattr(event, "kind", None)
+        if stamp is None or kind != "record":
+            if kind in ("progress", "raw") and getattr(event, "text", "").strip():
+                self._last_unstamped = True  # a tqdm frame or a traceback line: when, the log does not say
             return
         msg: str = event.message
         stats = parse_stats(msg) if "throughput" in msg else None
@@ -291,6 +311,9 @@ class LogHistory:
                 self._points = {k: self._points[k] for k in keep}
         elif shm and t not in self._shm:
             self._shm.append(t)
+        if not shm and arrival is not None:
+            self._last_line = (t, arrival)
+            self._last_unstamped = False
 
     def _log_time(self, stamp: tuple[int, int, int, int, int], wall: float) -> float | None:
         if self._year is None:

@@ -174,7 +174,7 @@ class LogWatch:
                 for line in lines:
                     ev = feed(line, now)
                     req(line, now, event=ev)
-                    hist(ev, wall)
+                    hist(ev, wall, now)
                 self._lines_total += len(lines)
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
@@ -198,7 +198,9 @@ class LogWatch:
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                stall=self.tracker.stalled(now, self.stall_threshold_s),
+                # A log read as a backlog (an attach, doctor) arrived all at once: its silence
+                # began when its last line was written, not when vtop read it.
+                stall=self.tracker.stalled(now + self.history.backlog_lag(now, wall), self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
