@@ -21,25 +21,63 @@ TRACES = Path(__file__).parents[1] / "corpus" / "traces"
 _STAMP = re.compile(rb"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
 
 
+def _restamp(data: bytes, year: int, shift: float) -> bytes:
+    import calendar
+
+    def sub(m: re.Match[bytes]) -> bytes:
+        mon, day, hh, mi, ss = (int(x) for x in m.groups()[1:])
+        t = calendar.timegm((year, mon, day, hh, mi, ss, 0, 0, 0)) + shift
+        return m.group(1) + b" " + time.strftime("%m-%d %H:%M:%S", time.localtime(t)).encode()
+
+    return _STAMP.sub(sub, data)
+
+
+def _sizes(trace: Path) -> list[tuple[float, int]]:
+    return [(float(r["t"]), int(r["size"])) for r in read(trace / "log-index.jsonl.gz")]
+
+
 def restamped_log_until(trace: Path, t_end: float, now: float) -> bytes:
     """The trace's log as written up to wall time ``t_end``, its stamps moved so ``t_end`` is
     ``now`` (in this box's local time, as vLLM stamps its lines)."""
     data = gzip.open(trace / "log.bin.gz").read()
-    size = 0
-    for r in read(trace / "log-index.jsonl.gz"):
-        if float(r["t"]) <= t_end:
-            size = int(r["size"])
-    year = time.gmtime(t_end).tm_year
-    shift = now - t_end
+    size = max([n for t, n in _sizes(trace) if t <= t_end], default=0)
+    return _restamp(data[:size], time.gmtime(t_end).tm_year, now - t_end)
 
-    def sub(m: re.Match[bytes]) -> bytes:
-        mon, day, hh, mi, ss = (int(x) for x in m.groups()[1:])
-        import calendar
 
-        t = calendar.timegm((year, mon, day, hh, mi, ss, 0, 0, 0)) + shift
-        return m.group(1) + b" " + time.strftime("%m-%d %H:%M:%S", time.localtime(t)).encode()
+class LogWriter:
+    """Goes on writing the trace's log into ``path`` after ``t_start``, second by second, as
+    the server did (stamps moved as :func:`restamped_log_until` moved them)."""
 
-    return _STAMP.sub(sub, data[:size])
+    def __init__(self, trace: Path, path: Path, t_start: float, now: float) -> None:
+        import threading
+
+        self.data = gzip.open(trace / "log.bin.gz").read()
+        self.sizes = _sizes(trace)
+        self.path, self.t_start, self.now = path, t_start, now
+        self.done = max([n for t, n in self.sizes if t <= t_start], default=0)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        year = time.gmtime(self.t_start).tm_year
+        for t, size in self.sizes:
+            if t <= self.t_start or size <= self.done:
+                continue
+            if self.stop.wait(max(0.0, self.now + (t - self.t_start) - time.time())):
+                return
+            cut = self.data.rfind(b"\n", self.done, size) + 1  # whole lines only
+            if cut > self.done:
+                with self.path.open("ab") as f:
+                    f.write(_restamp(self.data[self.done:cut], year, self.now - self.t_start))
+                self.done = cut
+
+    def __enter__(self) -> LogWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
 
 
 def metrics_after(trace: Path, t_start: float, n: int) -> list[str]:
@@ -47,26 +85,37 @@ def metrics_after(trace: Path, t_start: float, n: int) -> list[str]:
     return [str(r["text"]) for r in rows[:n]]
 
 
-def test_doctor_names_an_engine_stall_that_began_before_its_window(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """engine-stall-enginecore: the engine froze at 02:08:57; doctor starts 24 s later with an 8 s
-    window. The window alone sees 8 s of flat counters (the rule needs 20 s); the log's stats
-    lines (a 0.0 tok/s line with 4 running, after one at 27 tok/s) say since when."""
+@pytest.mark.parametrize(("name", "after_s", "window", "mml", "rule", "code", "evidence"), [
+    # the engine froze at +0; the window alone sees 8 s of flat counters (the rule needs 20 s); the
+    # log's stats lines (a 0.0 tok/s line with 4 running, after one at 27 tok/s) say since when
+    ("engine-stall-enginecore", 24.0, "8", 2048, "engine_stall", 2, "stats lines show no token"),
+    # one request without max_tokens and no request log: every stats line since +9 s shows it
+    # running and no prompt taken, so it has run 53 s by the end of the 5 s window (a stats
+    # line comes 1 s into it, after the first scrape: the log and /metrics meet)
+    ("runaway-alone-no-request-log", 58.0, "5", 65536, "runaway", 1, "no prompt was taken"),
+    # short requests come and go every 2-5 s; the request log names the one without max_tokens
+    ("runaway-with-short-traffic", 55.0, "5", 65536, "runaway", 1, "came 6"),
+], ids=lambda x: x if isinstance(x, str) and "-" in x else None)
+def test_doctor_names_an_incident_that_began_before_its_window(  # type: ignore[no-untyped-def]
+        tmp_path: Path, capsys, monkeypatch, name, after_s, window, mml, rule, code, evidence) -> None:
     from vtop.cli import main
 
-    trace = TRACES / "engine-stall-enginecore"
+    trace = TRACES / name
     truth = truth_of(trace)
-    t_start = float(truth["began"]) + 24.0
+    t_start = float(truth["began"]) + after_s
     log = tmp_path / "vllm.log"
-    log.write_bytes(restamped_log_until(trace, t_start, time.time()))
+    now = time.time()
+    log.write_bytes(restamped_log_until(trace, t_start, now))
     monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
-    with MetricsServer(metrics_after(trace, t_start, 20), max_model_len=2048, version="0.32.0") as srv:
-        rc = main(["doctor", srv.url, "--log", str(log), "--no-gpu", "--window", "8", "--json"])
+    with MetricsServer(metrics_after(trace, t_start, 20), max_model_len=mml, version="0.32.0") as srv, \
+            LogWriter(trace, log, t_start, now):
+        rc = main(["doctor", srv.url, "--log", str(log), "--no-gpu", "--window", window, "--json"])
     rep = json.loads(capsys.readouterr().out)
-    stall = [a for a in rep["alerts"] if a["rule"] == "engine_stall"]
-    assert stall and stall[0]["severity"] == "critical", rep["alerts"]
-    assert rc == 2 and rep["exit_code"] == 2
-    assert any("stats lines show no token" in e for e in stall[0]["evidence"])
-    assert rep["window_asked_s"] == 8 and rep["log_history_s"] and rep["log_history_s"] > 30
+    got = [a for a in rep["alerts"] if a["rule"] == rule]
+    assert got and got[0]["severity"] == ("critical" if code == 2 else "warning"), rep["alerts"]
+    assert rc == code and rep["exit_code"] == code
+    assert any(evidence in e for e in got[0]["evidence"]), got[0]["evidence"]
+    assert rep["window_asked_s"] == float(window) and rep["log_history_s"] and rep["log_history_s"] > 30
 
 
 def test_attach_reads_the_stats_lines_at_the_end_before_the_forward_read_gets_there(tmp_path: Path) -> None:

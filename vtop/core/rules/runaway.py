@@ -141,8 +141,8 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
             "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
         ), url, since)
     fix = _runaway_fixes(mml, ctx.logging.get(url) is False)
-    title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s, "
-             "while other requests finish")
+    title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s"
+             + ("" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 
