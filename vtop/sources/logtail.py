@@ -355,13 +355,22 @@ class LogTailer:
             data = os.pread(fd, size - start, start)
         except OSError:
             return []
-        if start > 0:
-            nl = data.find(b"\n")
-            data = data[nl + 1:] if nl >= 0 else b""
-        out = []
-        for raw in data.replace(b"\r", b"\n").split(b"\n")[:-1]:
-            if any(n in raw for n in needles):
-                out.extend(split_glued(strip_ansi(raw.decode("utf-8", "replace"))))
+        data = data.replace(b"\r", b"\n")
+        first = data.find(b"\n") + 1 if start > 0 else 0  # the first line may be cut
+        last = data.rfind(b"\n")  # and the last one still being written
+        if last < first:
+            return []
+        bounds: set[tuple[int, int]] = set()
+        for needle in needles:  # bytes.find, not a loop over every line: 8 MiB in a few ms
+            i = data.find(needle, first, last)
+            while i >= 0:
+                a = data.rfind(b"\n", first, i) + 1 or first
+                b = data.find(b"\n", i, last + 1)
+                bounds.add((a, b))
+                i = data.find(needle, b, last)
+        out: list[str] = []
+        for a, b in sorted(bounds):
+            out.extend(split_glued(strip_ansi(data[a:b].decode("utf-8", "replace"))))
         return out
 
     def poll(self) -> list[str]:
