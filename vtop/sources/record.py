@@ -229,10 +229,10 @@ class Recorder:
     def log(self, t: float, mono: float, lines: list[str]) -> None:
         if not lines:
             return
-        if self.redact_prompts:
-            from vtop.model.redact import redact_prompts
+        from vtop.model.redact import redact_prompts, scrub_secrets
 
-            lines = [redact_prompts(x) for x in lines]
+        # secrets by pattern always (a log prints 'api_key': [...] whatever vtop knows); prompts unless asked
+        lines = [scrub_secrets(redact_prompts(x) if self.redact_prompts else x) for x in lines]
         self._put({"kind": "log", "t": t, "mono": mono, "lines": lines})
 
     def logmark(self, what: str, **kw: Any) -> None:
