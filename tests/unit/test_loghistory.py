@@ -62,10 +62,16 @@ def test_the_stamp_clock_is_found_for_utc_local_and_a_container() -> None:
     h = LogHistory(local_offset=lambda w: -18000.0)
     _feed(h, lines, WALL, offset=0.0)
     assert h.snapshot(500.0, WALL).offset_s == 0.0
-    # the server's box at UTC+9, vtop elsewhere: rounded up to the quarter hour
+    # the server's box at UTC+9, vtop elsewhere (or a skewed clock): the bound, the last line taken as
+    # written when it was read (10 s early: ages and silences come out shorter, never longer)
     h = LogHistory(local_offset=lambda w: 0.0)
     _feed(h, lines, WALL, offset=9 * 3600.0)
-    assert h.snapshot(500.0, WALL).offset_s == 9 * 3600.0
+    assert h.snapshot(500.0, WALL).offset_s == 9 * 3600.0 - 10
+    h = LogHistory(local_offset=lambda w: 0.0)
+    _feed(h, lines, WALL, offset=30.0)  # the server's clock 30 s ahead
+    v = h.snapshot(500.0, WALL)
+    assert v.offset_s == 20.0 and v.stats[-1].mono == 500.0  # not 15 min in the past
+    assert h.backlog_lag(500.0, WALL) == 0.0
 
 
 def test_quiet_since_an_engine_that_stopped() -> None:
@@ -133,3 +139,45 @@ def test_backlog_lag_is_the_age_of_the_last_line_read_at_once() -> None:
     # an unstamped line after it (a tqdm frame): when it came, the log does not say
     h.feed(LogEvent("Loading: 50%|#| 2/4 [00:01<00:01]", "", "progress"), WALL, 100.0)
     assert h.backlog_lag(100.0, WALL) == 0.0
+
+
+def _busy_history(now: float, running: int, seconds: int = 90) -> object:
+    from vtop.core.loghistory import LogHistoryView, StatsPoint
+
+    pts = tuple(StatsPoint(now - seconds + 10 * k, 5.0, 900.0, running, 0, 1.0, None) for k in range(seconds // 10 + 1))
+    return LogHistoryView(now, pts)
+
+
+def _doctor_on_a_busy_server(running: float, finishing: bool) -> list[object]:
+    """15 s of /metrics (a real H200 payload grown by hand), the log's stats lines showing
+    requests running for 90 s, and the request log holding a chat request without
+    max_tokens received 70 s ago with no end line (V1 logs none: it may have ended)."""
+    from tests.unit import diag_fixtures as F
+
+    ses = F.Session()
+    base = F.fixture_metrics("h200-0.26.0-metrics-burst-running1024.txt")
+    t0 = ses.now + 1
+    alerts: list[object] = []
+    for i in range(16):
+        done = dict(base.request_success_total)
+        if finishing:
+            done["stop"] = done.get("stop", 0.0) + 40.0 * i  # short requests finish all the time
+        m = F.grow(base, running=running, waiting=0.0, generation_tokens_total=base.generation_tokens_total + 9000.0 * i,
+                   prompt_tokens_total=base.prompt_tokens_total + 800.0 * i, request_success_total=done)
+        ses.metrics(m, mono=t0 + i, max_model_len=32768)
+        now = t0 + i
+        stale = F.InFlight("chatcmpl-stale", 70.0 + i, True, 32000, True)
+        alerts = ses.tick(requests={F.URL: [stale]}, request_logging={F.URL: True},
+                          log_history=_busy_history(now, int(running)))
+    return alerts
+
+
+def test_a_stale_request_log_entry_on_a_busy_server_is_no_runaway() -> None:
+    """V1 logs no end for a request that stops by itself: a chat request without max_tokens
+    received 70 s ago may have ended long since while short requests keep the server busy.
+    /metrics says every request running at its first sample finished (40 a second of 20
+    running): none is old, and the log's history must not claim one is."""
+    assert not [a for a in _doctor_on_a_busy_server(20.0, finishing=True) if getattr(a, "rule", "") == "runaway"]
+    # one request running and nothing finishing: it may well be that one; the log names it
+    named = [a for a in _doctor_on_a_busy_server(1.0, finishing=False) if getattr(a, "rule", "") == "runaway"]
+    assert named and any("chatcmpl-stale came 8" in e for e in named[0].evidence), named

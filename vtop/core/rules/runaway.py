@@ -92,8 +92,13 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     log_line = None
     hist = ctx.history_of(url)
     if age < limit and hist is not None and st.first_t is not None and st.busy_since is not None \
-            and st.busy_since <= st.first_t:
-        # What /metrics saw is too short to tell (doctor's window, an attach): the log's history.
+            and st.busy_since <= st.first_t and ctx.now - st.first_t < limit \
+            and st.oldest.since is not None and st.oldest.since - st.first_t <= max(2.0, (ctx.now - st.first_t) / 3):
+        # What /metrics saw is too short to tell (doctor's window, an attach), and does not
+        # contradict it: requests ran at every sample, and one running from the first third of
+        # it on has not finished by the end-to-end latencies of those that did (short requests
+        # that come and go do not keep that up; vtop/core/inflight.py). The log's history says
+        # since when.
         first = st.samples[0] if st.samples else None
         prompt_flat = first is not None and first.prompt is not None and s.prompt == first.prompt
         got = hist.oldest_running(ctx.now, st.first_t, prompt_flat, named)
