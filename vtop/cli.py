@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
         prog="vtop",
         description="Live terminal dashboard for GPU boxes serving LLMs with vLLM.",
         epilog=(
-            EXIT_HELP + " (--once). "
+            "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "
             "Settings also come from $XDG_CONFIG_HOME/vtop/config.toml (keys as the long flags, "
             "with _ for -) and VTOP_* environment variables (VTOP_INTERVAL=2); flags win. "
             "For SSH: TEXTUAL_COLOR_SYSTEM=256, NO_COLOR=1 and --theme ansi-dark are honoured."

@@ -94,7 +94,7 @@ def metrics_after(trace: Path, t_start: float, n: int) -> list[str]:
     # line comes 1 s into it, after the first scrape: the log and /metrics meet)
     ("runaway-alone-no-request-log", 58.0, "5", 65536, "runaway", 1, "no prompt was taken"),
     # short requests come and go every 2-5 s; the request log names the one without max_tokens
-    ("runaway-with-short-traffic", 55.0, "5", 65536, "runaway", 1, "came 6"),
+    ("runaway-with-short-traffic", 55.0, "5", 65536, "runaway", 1, "without max_tokens and was not aborted"),
 ], ids=lambda x: x if isinstance(x, str) and "-" in x else None)
 def test_doctor_names_an_incident_that_began_before_its_window(  # type: ignore[no-untyped-def]
         tmp_path: Path, capsys, monkeypatch, name, after_s, window, mml, rule, code, evidence) -> None:
