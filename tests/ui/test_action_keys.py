@@ -312,13 +312,15 @@ async def test_readonly_turns_the_action_keys_off(vllm_like, tmp_path: Path) -> 
         assert app.last_snapshot is None and not list(tmp_path.iterdir())
         assert "READ-ONLY" in app._status_text
         assert app.check_action("snapshot", ()) is None and app.check_action("toggle_log", ()) is True
-        assert app.check_action("readonly_info", ()) is True  # "READ-ONLY: s d t off" in the footer
+        # the help screen (?) says why they are off
+        assert any("READ-ONLY" in n for n in app.help_notes())
+        assert ("s", app.KEY_HELP["snapshot"], False) in app.help_keys()
 
 
-async def test_readonly_note_is_not_in_a_normal_footer(tmp_path: Path) -> None:
+async def test_readonly_note_is_not_in_a_normal_help(tmp_path: Path) -> None:
     app = VtopApp(Config(no_gpu=True), autopoll=False, hostname="t")
     async with app.run_test(size=(100, 30)):
-        assert app.check_action("readonly_info", ()) is False and app.check_action("snapshot", ()) is True
+        assert not app.help_notes() and app.check_action("snapshot", ()) is True
 
 
 async def test_pyspy_dump_is_saved_into_the_latest_snapshot(vllm_like, tmp_path: Path, python_child) -> None:  # type: ignore[no-untyped-def]

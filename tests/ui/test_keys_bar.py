@@ -13,9 +13,9 @@ def bar_text(app: VtopApp) -> str:
 
 async def test_keys_are_in_the_first_frame_and_a_click_presses_the_key() -> None:
     app = VtopApp(Config(no_gpu=True, log="/dev/null"), autopoll=False, hostname="t")
-    async with app.run_test(size=(100, 24)) as pilot:
+    async with app.run_test(size=(160, 24)) as pilot:
         text = bar_text(app)
-        assert text.startswith("q Quit c Cards p Phases l Log")
+        assert text.startswith("? Help q Quit e Alerts space Freeze + Faster - Slower c Cards p Phases l Log")
         assert "s Snap" in text and "d py-spy" in text and "t Test" in text
         log = app.w_log
         shown = log.display

@@ -66,6 +66,7 @@ class LiveFeed:
         self.config = monitor.config
         self.gpu_source = gpu_source
         self.discover = discover
+        self._hang_given = hang_after_s is not None
         self.hang_after_s = hang_after_s if hang_after_s is not None else max(3.0, 3 * self.config.interval)
         self.gpu_loop: PollLoop | None = None
         self.log_loop: PollLoop | None = None
@@ -120,6 +121,21 @@ class LiveFeed:
                 pass
         if self.monitor.log_watch is not None:
             self.monitor.log_watch.close()
+
+    def set_interval(self, seconds: float) -> None:
+        """A new poll interval, from the next poll of every source on (the screen's
+        ``+``/``-``); the monitor's config says it too. The caller checks the bounds."""
+        import dataclasses
+
+        self.config = dataclasses.replace(self.config, interval=seconds)
+        self.monitor.config = self.config
+        if not self._hang_given:
+            self.hang_after_s = max(3.0, 3 * seconds)
+        for loop in (self.gpu_loop, self.log_loop):
+            if loop is not None:
+                loop.interval = seconds
+        if self.disc_loop is not None:
+            self.disc_loop.interval = max(self.disc_loop.interval, self._scan_every())
 
     def collect(self) -> None:
         """At the face's tick: apply the NVML and log results waiting, and start

@@ -17,6 +17,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any, Literal
 
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -35,7 +36,7 @@ from vtop.sources.nvml import make_gpu_source
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.keys_bar import KeysBar
-from vtop.ui.widgets.log_pane import LogPane
+from vtop.ui.widgets.log_pane import LogFilter, LogPane
 from vtop.ui.widgets.server_panel import ServerCard
 from vtop.ui.widgets.startup_panel import StartupPanel
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 # imported where they are first used: each costs 10-60 ms at start-up.
 
 GIB = 2**30
-SERVER_PANEL_MIN_ROWS = 6
 
 
 class VtopApp(App[int]):
@@ -57,18 +57,25 @@ class VtopApp(App[int]):
     TITLE = "vtop"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
+        Binding("e", "alert_details", "Alerts"),
+        Binding("space", "freeze", "Freeze"),
+        Binding("plus,equals_sign", "poll_interval(-1)", "Faster", key_display="+"),
+        Binding("minus", "poll_interval(1)", "Slower", key_display="-"),
         Binding("c", "toggle_compact", "Cards"),
         Binding("p", "toggle_phases", "Phases"),
         Binding("l", "toggle_log", "Log"),
         Binding("w", "toggle_warnings", "Warn"),
+        Binding("slash", "filter_log", "Filter", key_display="/"),
+        Binding("r", "requests", "Requests"),
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
-        Binding("r", "requests", "Requests"),
-        Binding("e", "alert_details", "Alerts", show=False),
-        Binding("question_mark", "readonly_info", "READ-ONLY: s d t off"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
+    #: the poll intervals ``+``/``-`` step through (the config's bounds: at least 0.25 s)
+    INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
     ACTION_KEYS = ("snapshot", "pyspy", "test_request")
 
     def __init__(
@@ -117,6 +124,18 @@ class VtopApp(App[int]):
         self.gpu_hung = False
         self._status_text = ""
         self._ticks = 0
+        self.frozen = False
+        """space: the screen stops changing; polling, the histories and the alerts go on."""
+        self._paint_timer: Any = None
+        self._note = ""
+        self._note_timer: Any = None
+        self.log_wanted = True
+        """The log pane is wanted (``l`` toggles): it gets the rows the panels leave."""
+        self.log_forced = False
+        """``l`` pressed while an alert had taken the log's rows: give it some anyway."""
+        self._fit_gpus = -1
+        self._plan: dict[str, int] = {}
+        """Rows per part from the last layout plan (tests read it)."""
 
     # ------------------------------------------------------- what the monitor knows
     @property
@@ -215,6 +234,7 @@ class VtopApp(App[int]):
                 yield RequestsLine(id="requests-line")
             yield StartupPanel(gpu_activity=self.monitor.gpu_activity, id="startup")
         yield LogPane(id="log")
+        yield LogFilter(placeholder="filter the log: type a text (Enter keeps it, Esc clears it)", id="log-filter")
         yield KeysBar(id="keys")
 
     @property
@@ -241,13 +261,14 @@ class VtopApp(App[int]):
     def on_mount(self) -> None:
         self._widget("alerts", AlertsPanel)
         self._widget("requests", RequestsLine).display = False
+        self._widget("log", LogPane)
         self._widget("status", "#status")
         if self.replay is not None:
             if not self.replay.has_gpu:
                 self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
         elif self.gpu_source is None:
             self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
-        # No log watched: the pane would only take room from the charts.
+        # No log watched: the pane would only take room from the charts (the layout plan).
         self.w_log.display = self.log_watch is not None
         self.w_log.redact_prompts = self.config.redact_prompts
         self.w_startup.redraw()
@@ -272,7 +293,7 @@ class VtopApp(App[int]):
     def _start_polling(self) -> None:
         assert self.feed is not None
         self.feed.start()
-        self.set_interval(self.config.interval, self._tick, name="paint")
+        self._paint_timer = self.set_interval(self.config.interval, self._tick, name="paint")
 
     def on_resize(self) -> None:
         self._size_panels()
@@ -280,8 +301,96 @@ class VtopApp(App[int]):
     def _size_panels(self) -> None:
         panel = self.w_gpu
         panel.max_gap = max(2.5 * self.config.interval, self.config.interval + 1.0)
-        panel.max_height = max(1, self.size.height - 2 - SERVER_PANEL_MIN_ROWS)
-        panel.relayout()
+        self._fit()
+
+    def _fit(self) -> None:
+        """Share the rows between the panels (:mod:`vtop.ui.layout`): when an alert is on,
+        its fix and the server's queues come before the log pane; cards fold to one line
+        each before they go."""
+        from vtop.ui.layout import LOG_MIN_ROWS, Part, plan
+        from vtop.ui.widgets.alerts_panel import FOCUS, FULL, TITLES, is_incident
+        from vtop.ui.widgets.gpu_panel import CARD_HEIGHT, layout_for
+        from vtop.ui.widgets.server_panel import FULL_CARD, ONE_LINE, QUEUES
+
+        width, height = self.size
+        if width <= 0 or height <= 0:
+            return
+        total = max(0, height - 2)  # the status line and the keys
+        if self.query_one("#log-filter").display:
+            total -= 1
+        inner = max(10, width - 4)  # border and padding
+        console = self.console
+        parts: list[Part] = []
+        alerts = self.monitor.alerts
+        ap = self._widget("alerts", AlertsPanel)
+        if alerts:
+            parts.append(Part("alerts", (0,) + tuple(ap.rows(alerts, lv, inner) + 2 for lv in (TITLES, FOCUS, FULL))))
+        gpu = self.w_gpu
+        msg = gpu.message_text()
+        msg_rows = len(Text(msg).wrap(console, max(10, width - 2))) if msg else 0
+        n = len(self.gpu_history.tracks)
+        if n:
+            cols = layout_for(n, width, 10**6)[1]
+            full = msg_rows + (n if gpu.compact_forced else -(-n // cols) * CARD_HEIGHT)
+            parts.append(Part("gpu", (0, msg_rows + n, max(msg_rows + n, full))))
+        elif msg_rows:
+            parts.append(Part("gpu", (0, msg_rows)))
+        cards = list(self.cards.items())
+        for url, card in cards:
+            parts.append(Part("srv:" + url, card.level_heights(inner)))
+        req = self._widget("requests", RequestsLine)
+        if req.has_text:
+            parts.append(Part("requests", (0, 1)))
+        if not cards:
+            parts.append(Part("servers-msg", (0, 1)))
+        startup = self.w_startup
+        parts.append(Part("startup", (0, startup.rows(inner) + 2)))
+        log_wanted = self.log_watch is not None and self.log_wanted
+        incident = is_incident(alerts)
+        srv = ["srv:" + url for url, _ in cards]
+        story = startup.is_story()  # a start in progress, failed or stalled
+        if incident:
+            order = ([("alerts", TITLES), ("gpu", 1)] + [(k, ONE_LINE) for k in srv] + [("servers-msg", 1)]
+                     + [(k, QUEUES) for k in srv] + [("alerts", FOCUS)]
+                     + ([("log", 1)] if self.log_forced else [])
+                     + [("requests", 1)] + [("startup", 1)] * story + [(k, FULL_CARD) for k in srv]
+                     + [("alerts", FULL), ("gpu", 2), ("startup", 1), ("log", 1)])
+        else:
+            order = ([("gpu", 1)] + [(k, ONE_LINE) for k in srv] + [("servers-msg", 1)] + [("startup", 1)] * story
+                     + [(k, QUEUES) for k in srv] + [("alerts", TITLES), ("requests", 1), ("alerts", FOCUS),
+                                                      ("log", 1), ("gpu", 2)]
+                     + [(k, FULL_CARD) for k in srv] + [("startup", 1), ("alerts", FULL)])
+        if log_wanted:
+            parts.append(Part("log", (0, min(LOG_MIN_ROWS, total))))
+        level = plan(total, parts, order)
+        h = {p.name: p.levels[level[p.name]] for p in parts}
+        with self.batch_update():
+            ap.set_level(max(TITLES, level.get("alerts", FULL)))
+            ap.styles.max_height = h.get("alerts", 0) or None
+            if "gpu" in level:
+                gpu.display = h["gpu"] > 0
+                gpu.max_height = max(1, h["gpu"] - msg_rows)
+                gpu.relayout()
+            for url, card in cards:
+                card.set_level(level["srv:" + url])
+            req.display = req.has_text and level.get("requests", 0) > 0
+            self.query_one("#servers-msg", Static).display = not cards and level.get("servers-msg", 0) > 0
+            startup.display = level["startup"] > 0
+            body_rows = sum(v for k, v in h.items() if k not in ("alerts", "log"))
+            log = self.w_log
+            log.display = log_wanted and level.get("log", 0) > 0
+            body = self.query_one("#body", VerticalScroll)
+            if log.display:
+                rest = total - h.get("alerts", 0) - body_rows
+                body.styles.height = body_rows
+                rows = max(LOG_MIN_ROWS, rest)
+                if log.styles.height is None or log.styles.height.value != rows:
+                    log.styles.height = rows
+                    # the newest line at the bottom once the pane has its new height
+                    log.call_after_refresh(log.scroll_end, animate=False, immediate=True)
+            else:
+                body.styles.height = "1fr"
+        self._plan = h
 
     # --------------------------------------------------------- driven by hand
     async def poll_gpu_once(self) -> GpuPoll | None:
@@ -340,7 +449,7 @@ class VtopApp(App[int]):
         """Every interval: take what the sources brought, close the round, paint."""
         if self.feed is not None:
             self.feed.collect()
-        self.round()
+        self.round()  # frozen (space): the monitor's round still closes, the screen waits
         self._watchdog()
         self._ticks += 1
         if self._ticks == self.SETTLE_GC_AFTER_TICKS and not self.is_headless:
@@ -363,6 +472,8 @@ class VtopApp(App[int]):
         20 ms, the log in between); painting each as it came meant up to three
         full compositor passes a second. One paint per interval is one pass.
         """
+        if self.frozen:
+            return  # what changed waits in the monitor: space again paints it all at once
         changes = self.monitor.take_changes()
         m = self.monitor
         with self.batch_update():
@@ -374,8 +485,6 @@ class VtopApp(App[int]):
                 panel.update_view(poll.mono if poll else 0.0)
             if LOG_SOURCE in changes:
                 self.w_startup.set_message(m.log_message)
-                if m.log_watch is not None:
-                    self.w_log.display = True
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
@@ -384,6 +493,9 @@ class VtopApp(App[int]):
                 self._paint_servers()
             if ALERTS in changes:
                 self._widget("alerts", AlertsPanel).show_alerts(m.alerts)
+            if changes & {ALERTS, SERVERS, LOG, LOG_SOURCE} or len(self.gpu_history.tracks) != self._fit_gpus:
+                self._fit_gpus = len(self.gpu_history.tracks)
+                self._fit()
             self.update_status()
 
     def _paint_servers(self) -> None:
@@ -454,6 +566,10 @@ class VtopApp(App[int]):
             text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
                     f" │ every {self.config.interval:g} s" + rec_text + (" │ READ-ONLY" if self.config.readonly else "")
                     + (f" │ {self._snap_text}" if self._snap_text else ""))
+        if self.frozen:
+            text = " ❚❚ FROZEN (space: catch up) │" + text
+        if self._note:
+            text += f" │ {self._note}"
         if text != self._status_text:
             self._status_text = text
             self._widget("status", "#status").update(text)
@@ -480,12 +596,11 @@ class VtopApp(App[int]):
             return False
         if action in self.ACTION_KEYS and self.config.readonly:
             return None
-        if action == "readonly_info":
-            return True if self.config.readonly else False  # shown in the footer only when read-only
+        if action.startswith("replay_") and getattr(self.focused, "id", None) == "log-filter":
+            return False  # typing the log filter: space and the arrows are the text's
+        if action in ("freeze", "poll_interval") and self.feed is None and self.replay is None:
+            return None  # driven by hand (tests): nothing polls
         return True
-
-    def action_readonly_info(self) -> None:
-        self.notify("read-only (--readonly): the snapshot, py-spy and test-request keys are off")
 
     def latest_snapshot_folder(self) -> Any:
         from vtop.actions.snapshot import latest_bundle
@@ -590,13 +705,146 @@ class VtopApp(App[int]):
                                      client=self.action_client, api_key=self.monitor.api_key_for(e.url)))
 
     # ----------------------------------------------------------------- actions
+    def say(self, note: str, seconds: float = 6.0) -> None:
+        """A short note at the end of the status line, gone after ``seconds``."""
+        self._note = note
+        if self._note_timer is not None:
+            self._note_timer.stop()
+        self._note_timer = self.set_timer(seconds, self._clear_note)
+        self._status_text = ""
+        self.update_status()
+
+    def _clear_note(self) -> None:
+        self._note = ""
+        self.update_status()
+
+    def action_help(self) -> None:
+        from vtop.ui.screens import HelpScreen
+
+        self.push_screen(HelpScreen(self.help_keys(), self.help_notes()))
+
+    #: what each key does, in the help screen's words (the footer has room for one word)
+    KEY_HELP = {
+        "help": "this help",
+        "quit": "quit",
+        "alert_details": "every alert with every evidence line and every fix, whole and scrollable",
+        "freeze": "freeze the screen to read it; polling, the histories and the alerts go on "
+                  "(FROZEN in the status line); space again catches up",
+        "poll_interval": "poll faster / slower (0.25 s at the shortest; the status line says the interval)",
+        "toggle_compact": "GPU cards <-> one line per GPU (chosen from the room by default)",
+        "toggle_phases": "unfold the startup timeline of a server that is already up",
+        "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
+        "toggle_warnings": "log pane: warnings and errors only",
+        "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
+        "clear_filter": "clear the log filter",
+        "requests": "requests in flight from the vLLM request log, oldest first, and the last finished",
+        "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
+        "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
+        "test_request": "send a test request (max_tokens required)",
+        "replay_pause": "pause / play",
+        "replay_step": "one step (an interval) while paused",
+        "replay_speed": "play faster / slower (1x to 60x)",
+        "replay_seek": "seek: arrows 10 s, [ ] a minute, Home/End",
+        "replay_chapter": "jump to a chapter of the recording",
+    }
+
+    def help_keys(self) -> list[tuple[str, str, bool]]:
+        """(keys as shown, what they do, on here) for every key of the dashboard."""
+        groups: dict[str, tuple[list[str], str, bool]] = {}
+        for key, (_node, binding, enabled, _tip) in self.screen.active_bindings.items():
+            name = binding.action.split("(")[0]
+            if not hasattr(self, f"action_{name}") or key == "ctrl+q" or name == "quit" and key != "q":
+                continue
+            shown = "F1" if key == "f1" else self.get_key_display(binding) if binding.key_display else \
+                self.get_key_display(Binding(key, binding.action))
+            keys, _, on = groups.setdefault(name, ([], self.KEY_HELP.get(name, binding.description), enabled))
+            if shown not in keys:
+                keys.append(shown)
+        return [("/".join(k), what, on) for k, what, on in groups.values()]
+
+    def help_notes(self) -> list[str]:
+        notes = []
+        if self.config.readonly:
+            notes.append("READ-ONLY (--readonly): the snapshot, py-spy and test-request keys (s d t) are off.")
+        if self.replay is not None:
+            notes.append("A replay: s, d and t would act on this box, not the recorded one, so they are off.")
+        return notes
+
+    def action_freeze(self) -> None:
+        self.frozen = not self.frozen
+        self._status_text = ""
+        if self.frozen:
+            self.update_status()
+        else:
+            self.paint()
+
+    def action_poll_interval(self, direction: int) -> None:
+        """+ (direction -1): a shorter interval; - (1): a longer one; within the config's bounds
+        (at least 0.25 s, at most a tenth of the history)."""
+        feed = self.feed
+        if feed is None:
+            return
+        cur = self.config.interval
+        steps = [x for x in self.INTERVALS if x <= self.config.history / 10] or [cur]
+        cand = [x for x in steps if (x < cur - 1e-9 if direction < 0 else x > cur + 1e-9)]
+        if not cand:
+            why = "the shortest" if direction < 0 else f"the longest for a {self.config.history:g} s history"
+            self.say(f"interval stays {cur:g} s ({why})")
+            return
+        new = cand[-1] if direction < 0 else cand[0]
+        feed.set_interval(new)
+        self.config = feed.config
+        if self._paint_timer is not None:
+            self._paint_timer.stop()
+            self._paint_timer = self.set_interval(new, self._tick, name="paint")
+        gap = max(2.5 * new, new + 1.0)
+        self.w_gpu.max_gap = gap
+        for card in self.cards.values():
+            card.max_gap = gap
+        self.say(f"interval now {new:g} s (was {cur:g} s)")
+
+    def action_filter_log(self) -> None:
+        from textual.widgets import Input
+
+        box = self.query_one("#log-filter", Input)
+        if not self.w_log.display:
+            self.log_wanted = self.log_forced = True
+            self._fit()
+        box.display = True
+        box.focus()
+        self._fit()
+
+    def on_input_changed(self, event: Any) -> None:
+        if getattr(event.input, "id", None) == "log-filter":
+            self.w_log.set_substring(event.value)
+
+    def on_input_submitted(self, event: Any) -> None:
+        if getattr(event.input, "id", None) == "log-filter":
+            box = event.input
+            box.display = bool(event.value)
+            self.screen.set_focus(None)
+            self._fit()
+
+    def action_clear_filter(self) -> None:
+        from textual.widgets import Input
+
+        box = self.query_one("#log-filter", Input)
+        if box.value or box.display:
+            box.value = ""
+            box.display = False
+            self.w_log.set_substring("")
+            self.screen.set_focus(None)
+            self._fit()
+
     def action_requests(self) -> None:
         from vtop.ui.screens import RequestsScreen
 
         self.push_screen(RequestsScreen(lambda: self.log_view))
 
     def action_alert_details(self) -> None:
-        self._widget("alerts", AlertsPanel).toggle_expanded()
+        from vtop.ui.screens import AlertsScreen
+
+        self.push_screen(AlertsScreen(lambda: self.monitor.alerts))
 
     def action_toggle_compact(self) -> None:
         self.w_gpu.toggle_compact()
@@ -605,13 +853,19 @@ class VtopApp(App[int]):
         self.w_startup.toggle()
 
     def action_toggle_log(self) -> None:
-        pane = self.w_log
-        pane.display = not pane.display
+        shown = self.w_log.display
+        if not shown and self.log_wanted:
+            self.log_forced = True  # an alert or the cards had taken its rows: the user wants it anyway
+        else:
+            self.log_wanted = not shown
+            self.log_forced = self.log_wanted and self.log_forced
+        self._fit()
 
     def action_toggle_warnings(self) -> None:
-        pane = self.w_log
-        pane.display = True
-        pane.toggle_filter()
+        if not self.w_log.display:
+            self.log_wanted = self.log_forced = True
+        self.w_log.toggle_filter()
+        self._fit()
 
     async def action_quit(self) -> None:
         if self.feed is not None:

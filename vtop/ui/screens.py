@@ -260,3 +260,103 @@ class RequestsScreen(ModalScreen[None]):
             d.add_row(f.request_id, f.endpoint or "-", age_text(f.duration_s, f.duration_is_upper_bound), f.reason,
                       "-" if f.max_tokens is None else f"{f.max_tokens:,}",
                       "no max_tokens from client" if f.no_client_max_tokens else "")
+
+
+class AlertsScreen(ModalScreen[None]):
+    """``e``: every alert with every evidence line and every fix, whole, scrollable, full height.
+
+    Follows the app's alerts while open (once a second), so an alert that clears or a
+    new one shows here too."""
+
+    BINDINGS = [
+        Binding("escape,q,e", "dismiss", "Close"),
+        Binding("up,k", "scroll(-1)", "Up", show=False),
+        Binding("down,j", "scroll(1)", "Down", show=False),
+        Binding("pageup", "scroll(-10)", "Page up", show=False),
+        Binding("pagedown,space", "scroll(10)", "Page down", show=False),
+    ]
+
+    def __init__(self, alerts: Callable[[], Any]) -> None:
+        super().__init__()
+        self.alerts = alerts
+        """The app's alerts now (a callable: the screen follows them)."""
+        self._key: Any = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="-full"):
+            yield Label("Alerts: every line, every fix", id="dialog-title")
+            with VerticalScroll(id="alerts-scroll"):
+                yield Static("", id="alerts-all")
+            yield Label("esc/e close · ↑↓ PgUp PgDn scroll", id="dialog-keys")
+
+    def on_mount(self) -> None:
+        self.refresh_alerts()
+        self.set_interval(1.0, self.refresh_alerts)
+
+    def refresh_alerts(self) -> None:
+        from vtop.ui.widgets.alerts_panel import render_alerts
+
+        alerts = list(self.alerts())
+        key = tuple((a.rule, a.title, a.evidence, a.fix) for a in alerts)
+        if key == self._key:
+            return
+        self._key = key
+        body = render_alerts(alerts, everything=True) if alerts else Text("No alert now.", style="dim")
+        self.query_one("#alerts-all", Static).update(body)
+
+    def action_scroll(self, rows: int) -> None:
+        self.query_one("#alerts-scroll", VerticalScroll).scroll_relative(y=rows, animate=False)
+
+
+#: What each part of the screen shows, for the help screen (``?``, F1).
+ROWS_HELP = (
+    ("status line", "vtop's version, the host, the GPUs (SIMULATED when --fake-gpus), the vLLM servers' states, "
+                    "the poll interval, ● REC when recording, FROZEN when space froze the screen"),
+    ("alerts", "what is wrong, the numbers behind it, and the fix: ✖ CRITICAL, ▲ WARNING, ● info. "
+               "While one is on, the log pane gives up its rows; e shows every line"),
+    ("GPU card", "util: NVML GPU-Util (a kernel was running); SM act: the share of the SMs busy (GPM, Hopper+); "
+                 "mem: memory used; bw: DRAM bandwidth. Charts are 0-100 %, newest on the right; "
+                 "right: power/limit, temperature, memory, SM clock and throttle reasons; bottom: the processes"),
+    ("vLLM card", "running and waiting requests, KV cache use and generated tokens/s on the GPU cards' time axis; "
+                  "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
+                  "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished"),
+    ("requests line", "requests in flight from the vLLM request log, the oldest named, with the max_tokens vLLM "
+                      "filled in (r: all)"),
+    ("startup", "the phases of a vllm serve start, how long each took, progress, and a possible hang"),
+    ("log", "the vLLM log's last lines (its own time stamps); w: warnings only; /: a filter"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    """``?`` or F1: every key of this screen and what the rows mean."""
+
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+
+    def __init__(self, keys: list[tuple[str, str, bool]], notes: list[str]) -> None:
+        super().__init__()
+        self.keys = keys
+        """(key as shown, what it does, on) for every key."""
+        self.notes = notes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="-full"):
+            yield Label("vtop help", id="dialog-title")
+            with VerticalScroll(id="help-scroll"):
+                yield Static(self.help_text(), id="help")
+            yield Label("esc/? close · ↑↓ scroll", id="dialog-keys")
+
+    def help_text(self) -> Text:
+        out = Text()
+        out.append("Keys\n", style="bold")
+        w = max((len(k) for k, _, _ in self.keys), default=1)
+        for key, what, on in self.keys:
+            out.append(f"  {key:<{w}}  ", style="bold" if on else "dim")
+            out.append(what + ("" if on else " (off here)") + "\n", style="" if on else "dim")
+        for note in self.notes:
+            out.append(f"\n{note}\n", style="bold")
+        out.append("\nThe screen\n", style="bold")
+        for name, what in ROWS_HELP:
+            out.append(f"  {name}: ", style="bold")
+            out.append(what + "\n")
+        out.append("\nMissing data is a gap (n/a, -), never a zero.\n", style="dim")
+        return out

@@ -8,8 +8,9 @@ by a second re-renders one Static, not the screen.
 
 Severity is a word and a glyph as well as a colour (``NO_COLOR`` and 256-colour
 terminals lose colour, not meaning). Each alert shows its title, then its
-first evidence lines and its first fix; ``e`` expands every line of every
-alert.
+first evidence lines and its first fix, as far as the room allows
+(:mod:`vtop.ui.layout`); ``e`` opens every line of every alert, scrollable
+(:class:`~vtop.ui.screens.AlertsScreen`).
 
 :class:`RequestsLine` is the compact line under the server cards: requests
 in flight from the vLLM request log, the oldest named; ``r`` opens the full
@@ -36,17 +37,60 @@ def age_text(seconds: float | None, upper: bool = False) -> str:
     return ("≤" if upper else "") + txt
 
 
+#: how much of the alerts the panel shows (the app's layout plan picks one from the room):
+#: every alert's title; the worst one's first evidence line and its whole fix as well;
+#: the first two evidence lines and the fix of the first two alerts
+TITLES, FOCUS, FULL = 1, 2, 3
+
+
+def is_incident(alerts: Sequence[Any]) -> bool:
+    """A warning or a critical alert: the screen gives it room (:mod:`vtop.ui.layout`)."""
+    return any(a.severity in ("warning", "critical") for a in alerts)
+
+
+def render_alerts(alerts: Sequence[Any], level: int = FULL, *, width: int = 80, everything: bool = False) -> Text:
+    """The alerts as text. ``everything``: every evidence line and every fix of every
+    alert (the ``e`` view). Info alerts below ``FULL`` take one line (cut to ``width``)."""
+    out = Text()
+    for i, a in enumerate(alerts):
+        if i:
+            out.append("\n")
+        head = GLYPH.get(a.severity, a.severity) + " "
+        if a.severity == "info" and not everything:
+            title = a.title if len(head) + len(a.title) <= width else a.title[: max(1, width - len(head) - 1)] + "…"
+            out.append(head, style=STYLE.get(a.severity, ""))
+            out.append(title, style="bold")
+            continue
+        out.append(head, style=STYLE.get(a.severity, ""))
+        out.append(a.title, style="bold")
+        if everything:
+            ev, fixes = list(a.evidence), list(a.fix)
+        elif level <= TITLES or (level == FOCUS and i > 0) or (level == FULL and i > 1):
+            continue
+        else:
+            ev, fixes = list(a.evidence[: 1 if level == FOCUS else 2]), list(a.fix[:1])
+        for line in ev:
+            out.append("\n  · " + line)
+        for line in fixes:
+            out.append("\n  fix: ", style="bold green")
+            out.append(line)
+    return out
+
+
 class AlertsPanel(Static):
+    """The alerts, as much of them as the layout plan gives rows for (:attr:`level`)."""
+
     DEFAULT_CLASSES = "-empty"
 
     def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
-        self.expanded = False
+        self.level = FULL
         self.alerts: tuple[Any, ...] = ()
         self._key: Any = None
 
     def show_alerts(self, alerts: Sequence[Any]) -> None:
-        key = (tuple((a.rule, a.severity, a.title, a.evidence, a.fix) for a in alerts), self.expanded)
+        key = (tuple((a.rule, a.severity, a.title, a.evidence, a.fix) for a in alerts), self.level,
+               self._width())
         if key == self._key:
             return
         self._key = key
@@ -55,33 +99,24 @@ class AlertsPanel(Static):
         worst = alerts[0].severity if alerts else None
         self.set_class(worst == "critical", "-critical")
         self.set_class(worst == "warning", "-warning")
-        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}"
-                             + ("" if self.expanded else " (e: details)") if alerts else "")
+        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''} (e: all, with every fix)"
+                             if alerts else "")
         self.update(self.render_alerts())
 
-    def toggle_expanded(self) -> None:
-        self.expanded = not self.expanded
-        self._key = None
-        self.show_alerts(self.alerts)
+    def _width(self) -> int:
+        return max(10, (self.app.size.width if self.is_attached else 80) - 4)
+
+    def set_level(self, level: int) -> None:
+        if level != self.level:
+            self.level = level
+            self.show_alerts(self.alerts)
+
+    def rows(self, alerts: Sequence[Any], level: int, width: int) -> int:
+        """Rows of text the alerts take at ``level`` in ``width`` columns."""
+        return len(render_alerts(alerts, level, width=width).wrap(self.app.console, width))
 
     def render_alerts(self) -> Text:
-        out = Text()
-        many = len(self.alerts) > 2 and not self.expanded
-        for i, a in enumerate(self.alerts):
-            if i:
-                out.append("\n")
-            out.append(GLYPH.get(a.severity, a.severity) + " ", style=STYLE.get(a.severity, ""))
-            out.append(a.title, style="bold")
-            if (many and i >= 1) or (a.severity == "info" and not self.expanded):
-                continue  # info, or a third alert: one line each, details with e
-            ev = a.evidence if self.expanded else a.evidence[:2]
-            for line in ev:
-                out.append("\n  · " + line)
-            fixes = a.fix if self.expanded else a.fix[:1]
-            for line in fixes:
-                out.append("\n  fix: ", style="bold green")
-                out.append(line)
-        return out
+        return render_alerts(self.alerts, self.level, width=self._width())
 
 
 class RequestsLine(Static):
@@ -91,9 +126,13 @@ class RequestsLine(Static):
         super().__init__("", **kw)
         self._text = ""
 
+    @property
+    def has_text(self) -> bool:
+        """Something to say (the app's layout plan shows the line when there is room)."""
+        return bool(self._text)
+
     def show_requests(self, view: Any) -> None:
         text = self.line(view)
-        self.display = bool(text)
         if text != self._text:
             self._text = text
             self.update(text)

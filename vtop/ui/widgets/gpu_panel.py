@@ -432,6 +432,14 @@ class GpuPanel(Container):
         """The cards in GPU order; kept as they are mounted (no DOM query per tick)."""
         return [self._cards[i] for i in sorted(self._cards)]
 
+    @property
+    def compact_forced(self) -> bool:
+        """``c`` asked for one line per GPU."""
+        return bool(self._compact_forced)
+
+    def message_text(self) -> str:
+        return self._message or ""
+
     def toggle_compact(self) -> None:
         compact, _ = self._layout or (False, 1)
         self._compact_forced = not compact

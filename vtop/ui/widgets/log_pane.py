@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from textual.widgets import Log
+from textual.binding import Binding
+from textual.widgets import Input, Log
 
 from vtop.model.redact import redact_prompts, scrub_secrets
 
@@ -40,9 +41,11 @@ class LogPane(Log):
     def __init__(self, **kw: object) -> None:
         super().__init__(max_lines=1000, highlight=False, auto_scroll=True, **kw)  # type: ignore[arg-type]
         self.only_problems = False
+        self.substring = ""
+        """``/``: only lines holding this text (any case)."""
         self.redact_prompts = True
         """Prompts out of the pane (the app sets it from --redact-prompts / --no-redact-prompts)."""
-        self._key: tuple[int, bool] | None = None
+        self._key: tuple[int, bool, str] | None = None
         self.view: LogView | None = None
         self._last: LogLine | None = None
         self._last_text = ""
@@ -53,8 +56,26 @@ class LogPane(Log):
 
     def toggle_filter(self) -> None:
         self.only_problems = not self.only_problems
-        self.border_title = "log: warnings and errors only (w: all)" if self.only_problems else "log (w: warnings and errors only)"
+        self._title()
         self._redraw()
+
+    def set_substring(self, text: str) -> None:
+        if text == self.substring:
+            return
+        self.substring = text
+        self._title()
+        self._redraw()
+
+    def _title(self) -> None:
+        bits = ["warnings and errors only (w: all)"] if self.only_problems else []
+        if self.substring:
+            bits.append(f"lines with {self.substring!r} (Esc: all)")
+        self.border_title = "log: " + ", ".join(bits) if bits else "log (w: warnings and errors only)"
+
+    def keep(self, ln: LogLine) -> bool:
+        if not (ln.at_least("WARNING") if self.only_problems else not is_probe(ln)):
+            return False
+        return not self.substring or self.substring.lower() in ln.text.lower()
 
     def _redraw(self) -> None:
         """Append what is new; rebuild only when the filter changed or the ring moved past us.
@@ -65,13 +86,12 @@ class LogPane(Log):
         v = self.view
         if v is None:
             return
-        key = (v.lines_total, self.only_problems)
+        key = (v.lines_total, self.only_problems, self.substring)
         if key == self._key:
             return
-        rebuild = self._key is None or key[1] != self._key[1]
+        rebuild = self._key is None or key[1:] != self._key[1:]
         self._key = key
-        lines = [ln for ln in v.recent
-                 if (ln.at_least("WARNING") if self.only_problems else not is_probe(ln))]
+        lines = [ln for ln in v.recent if self.keep(ln)]
         new: list[LogLine] | None = None
         if not rebuild and self._last is not None:
             for i in range(len(lines) - 1, -1, -1):
@@ -91,3 +111,9 @@ class LogPane(Log):
         if lines:
             self._last = lines[-1]
             self._last_text = fmt_line(lines[-1], redact=self.redact_prompts)
+
+
+class LogFilter(Input):
+    """``/``: the log pane's filter, above the keys while it is in use; Esc clears it."""
+
+    BINDINGS = [Binding("escape", "app.clear_filter", "Clear", show=False)]

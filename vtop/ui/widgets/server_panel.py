@@ -29,6 +29,8 @@ STATE_WORDS = {
     "engine dead": "ENGINE DEAD",
 }
 BAD_STATES = {"down", "engine dead", "not vllm"}
+#: a card's levels (:meth:`ServerCard.set_level`)
+ONE_LINE, QUEUES, FULL_CARD = 1, 2, 3
 WARN_STATES = {"stale", "starting", "restarted"}
 
 
@@ -98,6 +100,29 @@ class ServerCard(_RunsWidget):
         self.extra_title = ""
         self._nlines: int | None = None
         self._sparks = SparkLines(64)
+        self._all_n: tuple[tuple[int, int], int] | None = None
+        self.level = FULL_CARD
+        """How much of the card the layout plan gives rows for: :data:`ONE_LINE` (no border,
+        one summary line), :data:`QUEUES` (running and waiting), :data:`FULL_CARD`."""
+
+    def level_heights(self, width: int) -> tuple[int, ...]:
+        """Rows (with the border) at each level: hidden, one line, queue rows, the whole card."""
+        key = (self._version, width)
+        if self._all_n is None or self._all_n[0] != key:
+            # the full card's lines are the ones drawn: computed once for both
+            rows = self.lines_cached(width) if self.level == FULL_CARD else self.all_lines(width)
+            self._all_n = (key, len(rows))
+        full = self._all_n[1] + 2
+        return (0, 1, min(full, 4), full)
+
+    def set_level(self, level: int) -> None:
+        if level == self.level:
+            return
+        self.level = level
+        self.set_class(level == ONE_LINE, "-line")
+        self.display = level > 0
+        self._version += 1
+        self.refresh(layout=True)
 
     def show(self, view: ServerView, now: float) -> None:
         self.view = view
@@ -145,6 +170,29 @@ class ServerCard(_RunsWidget):
         return max(peak, 1.0), f"max {peak:.0f}" if name in ("running", "waiting") and peak < 100_000 else f"max {fmt_num(peak)}"
 
     def lines(self, width: int) -> list[list[Run]]:
+        if self.level == ONE_LINE:
+            return [self.summary_line()]
+        rows = self.all_lines(width)
+        return rows[:2] if self.level == QUEUES else rows
+
+    def summary_line(self) -> list[Run]:
+        """The card on one line: ``vLLM :8000 UP · running 1 · waiting 0 · KV 1% · 414 tok/s``."""
+        v = self.view
+        port = self.key.rsplit(":", 1)[-1] if ":" in self.key.split("//")[-1] else self.key
+        if v is None:
+            return [(f"vLLM :{port} waiting for the first poll…", "dim")]
+        word = STATE_WORDS.get(v.state, v.state.upper())
+        style = "lost" if v.state in BAD_STATES else "warn" if v.state in WARN_STATES else "label"
+        out: list[Run] = [(f"vLLM :{port} ", "label"), (word, style)]
+        t = v.total
+        if t is not None:
+            kv = "n/a" if t.kv_pct is None else f"{t.kv_pct:.0f}%"
+            out.append((f" · running {fmt_num(t.running)} · waiting {fmt_num(t.waiting)} · KV {kv}", "label"))
+        if v.gen_tps is not None:
+            out.append((f" · {fmt_num(v.gen_tps)} tok/s", "label"))
+        return out
+
+    def all_lines(self, width: int) -> list[list[Run]]:
         v = self.view
         if v is None:
             return [[("waiting for the first poll…", "dim")]]

@@ -118,6 +118,15 @@ class StartupPanel(Static):
             self.set_class(state == s, f"-{s}")
         self.set_class(bool(v and v.stall), "-stall")
 
+    def rows(self, width: int) -> int:
+        """Rows of text the panel takes in ``width`` columns."""
+        return max(1, len(self.build().wrap(self.app.console, max(10, width))))
+
+    def is_story(self) -> bool:
+        """A start in progress, failed, or stalled: the panel is what the user came for."""
+        v = self.view
+        return v is not None and (v.state in ("starting", "failed") or v.stall is not None)
+
     def build(self) -> Text:
         v = self.view
         out = Text()
