@@ -212,7 +212,8 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
             return replay_doctor(path, cfg, as_json=ns.json)
         from vtop.ui.replay import replay_app
 
-        app = replay_app(path, config=cfg, speed=ns.speed, name="demo" if prog.endswith("demo") else None)
+        app = replay_app(path, config=cfg, speed=ns.speed, name="demo" if prog.endswith("demo") else None,
+                         demo=prog.endswith("demo"))
     except FileNotFoundError:
         p.exit(EXIT_USAGE, f"{prog}: error: {path}: no such file\n")
     except (OSError, ValueError, EOFError) as e:

@@ -31,6 +31,43 @@ from vtop.sources.logtail import TailState
 from vtop.sources.record import RecordEvent
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
+#: a chapter starts this long before what it is named after (the queue filling, an alert)
+CHAPTER_LEAD_S = 5.0
+
+
+def _incident(alerts: Any) -> bool:
+    return any(a.get("severity") in ("warning", "critical") for a in alerts or ())
+
+
+def find_chapters(events: list[RecordEvent]) -> list[tuple[str, float]]:
+    """The recording's chapters, (name, recorded monotonic seconds), from what it holds:
+    ``start`` (its first event); ``burst`` (the first server poll with requests waiting);
+    ``runaway``/``incident`` (the first warning or critical alert vtop recorded live, named
+    after its rule); ``end`` (the last moment that alert was on, before the recording went
+    on to a shutdown). Chapters the recording has nothing for are left out."""
+    if not events:
+        return []
+    out = [("start", events[0].at)]
+    for e in events:
+        if e.kind == "server":
+            m = getattr(e.data, "metrics", None)
+            if m is not None and (m.waiting or 0) > 0:
+                out.append(("burst", max(events[0].at, e.at - CHAPTER_LEAD_S)))
+                break
+    on: float | None = None
+    for e in events:
+        if e.kind != "alerts" or not isinstance(e.data, dict):
+            continue
+        alerts = e.data.get("alerts") or []
+        if on is None and _incident(alerts):
+            on = e.at
+            rule = next(a.get("rule") for a in alerts if a.get("severity") in ("warning", "critical"))
+            out.append((str(rule) if rule == "runaway" else "incident", e.at))
+        elif on is not None and not _incident(alerts):
+            out.append(("end", max(on, e.at - 1.0)))
+            break
+    out.sort(key=lambda c: c[1])
+    return out
 #: seconds of real time between steps of a playing replay
 TICK_S = 0.2
 
@@ -124,6 +161,15 @@ class Player:
         self.ended = False
         self._i = 0
         self._last_wall: float | None = None
+        self.chapters = find_chapters(events)
+        """(name, recorded monotonic seconds) in order: :func:`find_chapters`."""
+        self.pause_on_alert = False
+        """Pause (once per alert) where a warning or critical alert first shows while playing (the demo)."""
+        self.stop_at: float | None = None
+        """Pause here once while playing (the demo: the end of its incident, before the shutdown)."""
+        self.note = ""
+        """Why the player paused by itself (the status line says it)."""
+        self._alerts_seen: set[str] = set()
 
     def _new_monitor(self) -> Monitor:
         from vtop.monitor.logwatch import LogWatch
@@ -225,18 +271,73 @@ class Player:
     def advance(self, seconds: float) -> None:
         """Play ``seconds`` of recorded time (forward only)."""
         target = min(self.end, self.pos + max(0.0, seconds))
+        stop = self.stop_at
+        if stop is not None and self.pos < stop <= target:
+            target = stop
         self.feed_until(target)
         if self._i >= len(self.events) and self.pos >= self.end:
             self.ended = True
             self.paused = True
+        elif stop is not None and self.pos >= stop:
+            self.stop_at = None  # once: space plays on
+            self.note = "the incident's end (space: play on to the shutdown)"
+            self.paused = True
+        self._check_alerts()
         self._moved()
+
+    def _check_alerts(self, pause: bool = True) -> None:
+        """A warning or critical alert showing for the first time: pause there (once)."""
+        new = [a for a in self.monitor.alerts
+               if a.severity in ("warning", "critical") and a.rule not in self._alerts_seen]
+        if not new:
+            return
+        self._alerts_seen.update(a.rule for a in new)
+        if pause:
+            # Played up to it: the alert first shows here. The recorded alert that named the
+            # chapter was raised by the vtop that recorded; today's rules may raise it sooner.
+            for i, (name, at) in enumerate(self.chapters):
+                if name in (new[0].rule, "incident") and at > self.pos:
+                    prev = self.chapters[i - 1][1] if i else self.start
+                    self.chapters[i] = (name, max(prev, self.pos - CHAPTER_LEAD_S))
+        if pause and self.pause_on_alert and not self.paused:
+            self.note = f"{new[0].severity} alert: {new[0].rule} (space: play on)"
+            self.paused = True
+
+    # ------------------------------------------------------------ chapters
+    def chapter_index(self) -> int:
+        """The chapter the position is in (-1 before the first)."""
+        i = -1
+        for k, (_name, at) in enumerate(self.chapters):
+            if at <= self.pos + 1e-6:
+                i = k
+        return i
+
+    def goto_chapter(self, index: int) -> None:
+        """Seek to a chapter, paused there (a chapter is for looking)."""
+        if not self.chapters:
+            return
+        index = max(0, min(len(self.chapters) - 1, index))
+        self.seek(self.chapters[index][1])
+        self._check_alerts(pause=False)  # what a jump lands on does not pause a later play
+        self.note = ""
+        if not self.paused:
+            self.paused = True
+        self._moved()
+
+    def next_chapter(self, step: int) -> None:
+        i = self.chapter_index()
+        if step < 0 and i >= 0 and self.pos - self.chapters[i][1] > 2.0:
+            step = 0  # back to the start of this one first, as a music player does
+        self.goto_chapter(i + step)
 
     def seek(self, target: float) -> None:
         """Go to ``target`` (recorded monotonic seconds), back or forward."""
         target = min(self.end, max(self.start, target))
         if target < self.pos:
             self._reset()
+            self._alerts_seen.clear()
         self.feed_until(target)
+        self._check_alerts(pause=False)  # an alert seeked past does not stop a later play
         self.ended = self._i >= len(self.events)
         if self.ended:
             self.paused = True
@@ -247,8 +348,10 @@ class Player:
         self.advance(self.interval)
 
     def toggle_pause(self) -> None:
+        self.note = ""
         if self.ended:
             self.seek(self.start)
+            self._alerts_seen.clear()
             self.paused = False
         else:
             self.paused = not self.paused
@@ -281,7 +384,12 @@ class Player:
         except (OverflowError, ValueError, OSError):
             stamp = "?"
         state = "END" if self.ended else ("PAUSED" if self.paused else f"▶ {self.speed:g}x")
-        return f"REPLAY {self.name} │ {stamp} │ {_mmss(self.elapsed)}/{_mmss(self.duration)} │ {state}"
+        if self.note and self.paused and not self.ended:
+            state += f": {self.note}"
+        i = self.chapter_index()
+        chapter = f" │ {self.chapters[i][0]} {i + 1}/{len(self.chapters)}" if i >= 0 and len(self.chapters) > 1 else ""
+        # what the user acts on first (the state, the chapter); the clock last, where a narrow screen cuts
+        return f"REPLAY {self.name} │ {state}{chapter} │ {_mmss(self.elapsed)}/{_mmss(self.duration)} │ {stamp}"
 
 
 def _mmss(s: float) -> str:

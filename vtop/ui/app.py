@@ -745,7 +745,8 @@ class VtopApp(App[int]):
         "replay_step": "one step (an interval) while paused",
         "replay_speed": "play faster / slower (1x to 60x)",
         "replay_seek": "seek: arrows 10 s, [ ] a minute, Home/End",
-        "replay_chapter": "jump to a chapter of the recording",
+        "replay_chapter": "next / previous chapter of the recording",
+        "replay_goto": "jump to that chapter of the recording",
     }
 
     def help_keys(self) -> list[tuple[str, str, bool]]:
