@@ -47,8 +47,9 @@ def replay_app(path: str, *, config: Any, speed: float = 1.0, name: str | None =
             Binding("end", "replay_seek(1e9)", "End", show=False, priority=True),
             Binding("n", "replay_chapter(1)", "Next chapter", key_display="n"),
             Binding("N", "replay_chapter(-1)", "Prev chapter", show=False, key_display="N"),
-        ] + [Binding(str(i), f"replay_goto({i - 1})", f"Chapter {i}", show=False)
-             for i in range(1, min(9, len(player.chapters)) + 1)]
+        ]
+        BINDINGS += [Binding(str(i), f"replay_goto({i - 1})", f"Chapter {i}", show=False)
+                     for i in range(1, min(9, len(player.chapters)) + 1)]
 
         def action_replay_pause(self) -> None:
             player.toggle_pause()
