@@ -113,7 +113,7 @@ class VtopApp(App[int]):
             self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
         self.cards: dict[str, ServerCard] = {}
         """The server cards, by URL."""
-        self._card_versions: dict[str, int] = {}
+        self._card_versions: dict[str, tuple[int, float]] = {}
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
@@ -489,7 +489,7 @@ class VtopApp(App[int]):
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
                 self._widget("requests", RequestsLine).show_requests(m.log_view)
-            if SERVERS in changes:
+            if SERVERS in changes or self.cards:
                 self._paint_servers()
             if ALERTS in changes:
                 self._widget("alerts", AlertsPanel).show_alerts(m.alerts)
@@ -498,15 +498,26 @@ class VtopApp(App[int]):
                 self._fit()
             self.update_status()
 
-    def _paint_servers(self) -> None:
+    def chart_now(self) -> float:
+        """The right edge of every chart: the GPU cards' (their last poll) while it is recent,
+        so the server cards' sparklines end in the same column as the GPU ones; else now."""
         now = self.monitor.clock.monotonic()
+        poll = self.gpu_history.last_poll
+        if poll is not None and poll.gpus and 0.0 <= now - poll.mono <= self.w_gpu.max_gap:
+            return poll.mono
+        return now
+
+    def _paint_servers(self) -> None:
+        now = self.chart_now()
         for url, ws in self.monitor.servers.items():
             card = self.cards.get(url)
             if card is None:
                 card = self._mount_card(ws)
-            if self._card_versions.get(url) == ws.version:
+            # a new poll, or time moved on: the charts and "down for" follow the clock
+            # between polls too (a server that refuses is polled every 5 s)
+            if self._card_versions.get(url) == (ws.version, now):
                 continue
-            self._card_versions[url] = ws.version
+            self._card_versions[url] = (ws.version, now)
             p = ws.process
             card.max_num_seqs = p.max_num_seqs if p is not None else card.max_num_seqs
             if p is not None:
@@ -539,7 +550,9 @@ class VtopApp(App[int]):
         names = {g.name for g in poll.gpus}
         kind = names.pop() if len(names) == 1 else "mixed"
         txt = f"{len(poll.gpus)} × {kind}"
-        if poll.driver:
+        if self.config.simulate_gpus or (poll.driver and "simulated" in poll.driver):
+            txt += " SIMULATED"  # --simulate-gpus: made-up readings, said where the GPUs are named
+        elif poll.driver:
             txt += f" · driver {poll.driver.split()[0]}"
         lost = sum(1 for g in poll.gpus if g.lost)
         if lost:

@@ -10,6 +10,7 @@ their charts scale to the larger of the window's maximum and the server's
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from rich.text import Text
@@ -17,6 +18,7 @@ from rich.text import Text
 from vtop.core.rates import Quantiles
 from vtop.core.server import ServerView
 from vtop.core.spark import SparkLines
+from vtop.model.fmt import dur
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
 
 STATE_WORDS = {
@@ -74,9 +76,16 @@ def fmt_q(name: str, q: Quantiles) -> str:
     return f"{name} p50 {fmt_secs(q.p50)} p95 {fmt_secs(q.p95)} p99 {fmt_secs(q.p99)}"
 
 
-def _state_line(v: ServerView) -> str:
+_DOWN_FOR = re.compile(r"^down for .+? \(since ")
+
+
+def _state_line(v: ServerView, now: float | None = None) -> str:
     word = STATE_WORDS.get(v.state, v.state)
     msg = v.message
+    if now is not None and v.state == "down" and now >= v.since:
+        # The tracker wrote the duration at its last poll, and a refusing server is polled
+        # every 5 s: the card counts on from when it went down, a second at a time.
+        msg = _DOWN_FOR.sub(f"down for {dur(now - v.since)} (since ", msg, count=1)
     if msg.lower().startswith(v.state + ":"):
         msg = msg[len(v.state) + 1 :].lstrip()
     return f"{word}: {msg}"
@@ -199,7 +208,7 @@ class ServerCard(_RunsWidget):
         if v.metrics is None:
             # Never answered with metrics: empty charts would only hide the message.
             style = "lost" if v.state in BAD_STATES else "warn"
-            return [[(ln, style)] for ln in textwrap.wrap(_state_line(v), max(20, width))]
+            return [[(ln, style)] for ln in textwrap.wrap(_state_line(v, self.now), max(20, width))]
         label_w = SPARK_LEFT - 6
         extras = self._extras(v)
         spark_w = spark_width(width)
@@ -239,7 +248,7 @@ class ServerCard(_RunsWidget):
             out.append([(eng, "label")])
         if v.state != "up":
             style = "lost" if v.state in BAD_STATES else "warn"
-            for ln in textwrap.wrap(_state_line(v), max(20, width)):
+            for ln in textwrap.wrap(_state_line(v, self.now), max(20, width)):
                 out.append([(ln, style)])
         return out
 
@@ -248,7 +257,7 @@ class ServerCard(_RunsWidget):
         pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s"
         hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%"
         return [
-            f"prompt {fmt_num(v.prompt_tps)}/s",
+            "prompt -" if v.prompt_tps is None else f"prompt {fmt_num(v.prompt_tps)}/s",
             f"preempt {pre}",
             f"scrape {fmt_scrape(v.latency_s)}",
             hit,

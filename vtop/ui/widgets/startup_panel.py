@@ -192,7 +192,9 @@ class StartupPanel(Static):
                        " (py-spy dump --pid <EngineCore pid>).")
             if st.hint:
                 out.append(f"\n  {st.hint}", style="dim")
-        elif snap.state == "starting" and snap.current in BUSY_PHASES:
+        elif snap.state == "starting" and snap.current in BUSY_PHASES and self.gpu_activity(v.mono - 30.0)[0] is not None:
+            # Only where there are GPU readings: on a box with no GPU (a CPU vLLM) the line
+            # spoke of a 100 % GPU that does not exist.
             out.append("\n  100% GPU is expected while vLLM compiles, profiles memory and captures CUDA graphs.",
                        style="dim")
         return out
