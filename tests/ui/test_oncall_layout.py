@@ -121,3 +121,32 @@ async def test_e_shows_every_alert_whole_full_height(size: tuple[int, int]) -> N
     # every evidence line and the second fix (the server-side cap), whole, at the end of the scroll
     assert SERVER_FIX in last and "Risky launch flags" in last
     assert "KV cache" in first + last
+
+
+async def test_cards_as_wide_as_the_boxes_and_no_scrollbar_glyphs() -> None:
+    """Item 8: the GPU and vLLM cards ended a column short of the alert and log boxes, with
+    the body's scrollbar thumb drawn outside their border; the log's last row held a stray
+    eighth-block (its horizontal scrollbar)."""
+    async with runaway_at((120, 40)) as (lines, _app, _):
+        pass
+    right = {ln.rstrip()[-1] for ln in lines[1:-1] if ln.strip()[:1] in "│┃╭╰┏┗"}
+    assert right <= set("│┃╮╯┓┛"), right  # every box ends on the last column, nothing after it
+    assert all(len(ln) == 120 for ln in lines[1:-2] if ln.strip()[:1] in "│┃╭╰┏┗")
+    bottom = max(i for i, ln in enumerate(lines) if ln.startswith("╰"))
+    assert "(APIServer pid=" in lines[bottom - 1]  # the log's last row is a log line
+    assert not re.search(r"[▏▎▍▌▋▊▉]", lines[bottom - 1])
+
+
+async def test_200x60_no_empty_rows_between_the_startup_panel_and_the_log() -> None:
+    app = replay_app(str(demo_path()), config=Config(), name="demo")
+    async with app.run_test(size=(200, 60)) as pilot:
+        app.replay.paused = True
+        await pilot.pause()
+        seek_wall(app, EV["health_ready"] + 20)
+        await pilot.pause()
+        lines = screen_lines(app)
+    start = next(i for i, ln in enumerate(lines) if "vLLM start v0.26.0" in ln)
+    end_of_startup = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
+    assert lines[end_of_startup + 1].startswith("╭")  # the log pane's top border, straight after
+    assert "(APIServer pid=" in lines[end_of_startup + 2]
+    assert all(ln.strip() for ln in lines)
