@@ -1,9 +1,14 @@
-"""Regenerate the screenshots in screenshots/ that come from recordings (deterministic).
+"""Regenerate the screenshots in screenshots/ (deterministic: all from recordings).
 
     python -m tests.make_screenshots
 
-Screenshots of live runs (the real H200, the real vLLM CPU server) are made
-by the scripts and tests that ran them and are not regenerated here.
+Every SVG directly under screenshots/ is made here, from vtop's own recordings of
+real runs (the H200 demo, the H200 NVML session, the real vLLM CPU incidents), so
+one command brings them all up to the code; tests/unit/test_screenshots_current.py
+fails when one of them shows another footer or panel titles than the app does now.
+Screenshots of live runs that no recording can replay (a py-spy dump, a test
+request, a stalled start on the CPU server) are kept in screenshots/live-runs/,
+with the build that took them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ async def h200(until_t: float, name: str, size: tuple[int, int] = (120, 36)) -> 
     print("wrote", OUT / name)
 
 
-async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]) -> None:
+async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]
+               | list[tuple[str, float, str, tuple[int, int], tuple[str, ...]]]) -> None:
     """Screens of `vtop demo` (vtop's own recording of vLLM 0.26.0 on the H200) at times
     relative to the recipe's events (tests/fixtures/h200-demo/events.jsonl)."""
     import json
@@ -40,18 +46,94 @@ async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]) -> None:
     for line in (Path(__file__).parent / "fixtures" / "h200-demo" / "events.jsonl").read_text().splitlines():
         d = json.loads(line)
         ev.setdefault(d["ev"], float(d["t"]))
-    for event, plus, name, size in offsets:
-        app = replay_app(str(demo_path()), config=Config(), name="demo")
+    for event, plus, name, size, *more in offsets:
+        keys: tuple[str, ...] = tuple(more[0]) if more else ()
+        app = replay_app(str(demo_path()), config=Config(), name="demo", demo=True)
         async with app.run_test(size=size) as pilot:
             app.replay.paused = True
             await pilot.pause()
             app.replay.seek(ev[event] + plus - app.replay.clock.offset)
             await pilot.pause()
             if name.startswith("requests"):
-                await pilot.press("r")
+                keys = ("r",)
+            for k in keys:
+                await pilot.press(k)
                 await pilot.pause(0.3)
             app.save_screenshot(str(OUT / name))
         print("wrote", OUT / name)
+
+
+async def nvml_session(phase_end: str, name: str, size: tuple[int, int] = (120, 30)) -> None:
+    """vtop's own NVML recording of a real H200 (tests/device/h200_nvml_session.py): idle,
+    a bf16 matmul loop, a tiny-kernel loop; the screen at the end of ``phase_end``."""
+    from tests.ui.test_h200_session import phases
+    from vtop.sources.record import ReplayGpuSource
+
+    ph = phases()
+    names = list(ph)
+    polls = [p for n in names[: names.index(phase_end) + 1] for p in ph[n]]
+    app = VtopApp(Config(history=60), gpu_source=ReplayGpuSource(polls), autopoll=False, hostname="h200 (recorded)",
+                  log_watch=None, discover=lambda: [])
+    async with app.run_test(size=size) as pilot:
+        for _ in polls:
+            await app.poll_gpu_once()
+        await pilot.pause()
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
+async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: tuple[str, ...] = (),
+                       size: tuple[int, int] = (120, 40), rule: str | None = None) -> None:
+    """A real vLLM CPU server incident recorded by the real tier (tests/fixtures/cpu-incidents/),
+    replayed with that test's thresholds; ``after_alert`` seconds after the ``rule``'s alert
+    first shows (without a rule: that many seconds into it)."""
+    from vtop.core.rules import Thresholds
+    from vtop.ui.replay import replay_app
+
+    path = Path(__file__).parent / "fixtures" / "cpu-incidents" / recording
+    app = replay_app(str(path), config=Config(runaway_threshold=30.0), name=recording)
+    app.diagnoser.thresholds = Thresholds(runaway_s=30.0, engine_stall_s=8.0)
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+        first = None
+        while rule is not None and d.pos < d.end and first is None:
+            d.seek(d.pos + 1.0)
+            if any(a.rule == rule for a in app.alerts):
+                first = d.pos
+        d.seek((first if first is not None else d.start) + after_alert)
+        await pilot.pause()
+        for k in keys:
+            await pilot.press(k)
+            await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
+async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
+    """The help screen (? or F1) of the live dashboard, over the H200 replay's screen."""
+    clock = rp.make_clock()
+    app = VtopApp(Config(history=180), gpu_source=None, autopoll=False, hostname="h200 (replay)", clock=clock)
+    async with app.run_test(size=size) as pilot:
+        await rp.feed(app, clock, until_t=185)
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
+#: what main() writes: tests/unit/test_screenshots_current.py checks each against the live app
+MADE = (
+    "demo-h200-startup-cuda-graphs.svg", "demo-h200-burst.svg", "demo-h200-runaway-alert.svg",
+    "demo-h200-runaway-alert-80x24.svg", "demo-h200-runaway-alert-e.svg", "demo-h200-runaway-alert-e-80x24.svg",
+    "demo-h200-help.svg", "requests-h200-real-runaway.svg", "help-live.svg",
+    "h200-replay-burst.svg", "h200-replay-runaway.svg", "h200-replay-burst-80x24.svg",
+    "gpu-h200-real-matmul.svg", "gpu-h200-real-tiny-kernels.svg",
+    "alerts-cpu-real-runaway.svg", "requests-cpu-real-runaway.svg", "alerts-cpu-real-engine-stall.svg",
+    "server-cpu-real-load.svg",
+)
 
 
 async def main() -> None:
@@ -60,11 +142,23 @@ async def main() -> None:
         ("load_b_begin", 6.0, "demo-h200-burst.svg", (120, 40)),
         ("runaway_begin", 150.0, "demo-h200-runaway-alert.svg", (120, 40)),
         ("runaway_begin", 150.0, "demo-h200-runaway-alert-80x24.svg", (80, 24)),
+        ("runaway_begin", 150.0, "demo-h200-runaway-alert-e.svg", (120, 40), ("e",)),
+        ("runaway_begin", 150.0, "demo-h200-runaway-alert-e-80x24.svg", (80, 24), ("e",)),
+        ("runaway_begin", 150.0, "demo-h200-help.svg", (100, 40), ("question_mark",)),
         ("runaway_begin", 150.0, "requests-h200-real-runaway.svg", (120, 40)),
     ])
+    await help_live("help-live.svg")
     await h200(108.5, "h200-replay-burst.svg")
     await h200(185, "h200-replay-runaway.svg")
     await h200(108.5, "h200-replay-burst-80x24.svg", size=(80, 24))
+    await nvml_session("heavy", "gpu-h200-real-matmul.svg")
+    await nvml_session("tiny", "gpu-h200-real-tiny-kernels.svg")
+    await cpu_incident("runaway.jsonl.gz", "alerts-cpu-real-runaway.svg", after_alert=1.0, rule="runaway")
+    await cpu_incident("runaway.jsonl.gz", "requests-cpu-real-runaway.svg", after_alert=1.0, keys=("r",),
+                       rule="runaway")
+    await cpu_incident("engine-stall.jsonl.gz", "alerts-cpu-real-engine-stall.svg", after_alert=0.0,
+                       rule="engine_stall")
+    await cpu_incident("normal-load.jsonl.gz", "server-cpu-real-load.svg", after_alert=95.0)
 
 
 if __name__ == "__main__":

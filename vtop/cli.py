@@ -72,8 +72,11 @@ def threshold_values(ns: argparse.Namespace) -> dict[str, Any]:
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="vtop",
-        description="Live terminal dashboard for GPU boxes serving LLMs with vLLM.",
+        description=("Live terminal dashboard for GPU boxes serving LLMs with vLLM. Also: vtop doctor "
+                     "(watch a while, say what is wrong), vtop replay FILE (play a --record file), vtop demo "
+                     "(a recorded H200 incident); each has --help."),
         epilog=(
+            "Keys: ? help, space freeze, + - poll interval, / filter the log, e every alert, q quit. "
             "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "
             "Settings also come from $XDG_CONFIG_HOME/vtop/config.toml (keys as the long flags, "
             "with _ for -) and VTOP_* environment variables (VTOP_INTERVAL=2); flags win. "
@@ -125,7 +128,8 @@ def replay_parser(prog: str) -> argparse.ArgumentParser:
         description=("Play vtop's demo: a real vLLM 0.26.0 on an H200 starting up, serving a burst and a "
                      "runaway request, recorded by vtop itself." if demo else
                      "Play a recording made with vtop --record in the same UI, on the recorded clock."),
-        epilog=("Keys: space pause, . step, + - speed, left/right 10 s, [ ] 1 min, home/end, q quit. "
+        epilog=("Keys: space pause, . step, + - speed, left/right 10 s, [ ] 1 min, home/end, 1-9 or n/N "
+                "chapters, ? help, q quit. "
                 "With --doctor, " + EXIT_HELP + "."),
     )
     if not demo:

@@ -310,7 +310,7 @@ class AlertsScreen(ModalScreen[None]):
 
 #: What each part of the screen shows, for the help screen (``?``, F1).
 ROWS_HELP = (
-    ("status line", "vtop's version, the host, the GPUs (SIMULATED when --fake-gpus), the vLLM servers' states, "
+    ("status line", "vtop's version, the host, the GPUs (SIMULATED with --simulate-gpus), the vLLM servers' states, "
                     "the poll interval, ● REC when recording, FROZEN when space froze the screen"),
     ("alerts", "what is wrong, the numbers behind it, and the fix: ✖ CRITICAL, ▲ WARNING, ● info. "
                "While one is on, the log pane gives up its rows; e shows every line"),
