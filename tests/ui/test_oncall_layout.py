@@ -150,3 +150,19 @@ async def test_200x60_no_empty_rows_between_the_startup_panel_and_the_log() -> N
     assert lines[end_of_startup + 1].startswith("╭")  # the log pane's top border, straight after
     assert "(APIServer pid=" in lines[end_of_startup + 2]
     assert all(ln.strip() for ln in lines)
+
+
+async def test_a_resize_plans_again_for_the_new_size() -> None:
+    async with runaway_at((40, 12)) as (small, app, pilot):
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        await pilot.pause()
+        big = screen_lines(app)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.pause()
+        mid = screen_lines(app)
+    assert row_of(small, r"^ ?vLLM :8000 UP · running 1")
+    assert FIX in box_text(big, "alerts") and row_of(big, r"^[│┃] TTFT ") and row_of(big, r"GPU 0 · H200")
+    assert FIX in box_text(mid, "alerts") and row_of(mid, r"^[│┃] waiting +0 ")
+    assert all(len(ln) <= 80 for ln in mid)

@@ -297,6 +297,8 @@ class VtopApp(App[int]):
 
     def on_resize(self) -> None:
         self._size_panels()
+        # once more after the screen has its new size (the event can come before it does)
+        self.call_after_refresh(self._fit)
 
     def _size_panels(self) -> None:
         panel = self.w_gpu
@@ -366,6 +368,7 @@ class VtopApp(App[int]):
         h = {p.name: p.levels[level[p.name]] for p in parts}
         with self.batch_update():
             ap.set_level(max(TITLES, level.get("alerts", FULL)))
+            ap.show_alerts(alerts)  # drawn anew only if the width changed (a resize)
             ap.styles.max_height = h.get("alerts", 0) or None
             if "gpu" in level:
                 gpu.display = h["gpu"] > 0
