@@ -121,6 +121,27 @@ def parser() -> argparse.ArgumentParser:
 SUBCOMMANDS = ("replay", "demo", "doctor")
 
 
+def _write_csv(path: str, out: str) -> int:
+    """``replay FILE --csv [OUT]``; OSError/ValueError go to the caller's plain message."""
+    import sys
+
+    from vtop.export_csv import write_csv
+
+    if out == "-":
+        try:
+            write_csv(path, sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        n = write_csv(path, f)
+    print(f"{out}: {n} rows", file=sys.stderr)
+    return 0
+
+
 def replay_parser(prog: str) -> argparse.ArgumentParser:
     demo = prog.endswith("demo")
     p = Parser(
@@ -141,6 +162,10 @@ def replay_parser(prog: str) -> argparse.ArgumentParser:
                    help="no screen: play the whole recording through the monitor at once and print when each "
                         "alert came and went, then the report at its end (exit status as vtop doctor)")
     p.add_argument("--json", action="store_true", help="with --doctor: print that as JSON")
+    p.add_argument("--csv", nargs="?", const="-", metavar="OUT",
+                   help="no screen: write the recording's GPU and server samples as CSV (a header row, one row "
+                        "per GPU per poll and per server poll; empty where there is no value) to OUT, or to "
+                        "stdout")
     add_threshold_flags(p)
     return p
 
@@ -210,6 +235,8 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
         cfg = build({k: v for k, v in vars(ns).items() if k == "theme"} | threshold_values(ns), env={})
         if (why := theme_error(cfg.theme)) is not None:
             p.exit(EXIT_USAGE, f"{prog}: error: {why}\n")
+        if ns.csv is not None:
+            return _write_csv(path, ns.csv)
         if ns.doctor or ns.json:
             from vtop.headless import replay_doctor
 
