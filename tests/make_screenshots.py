@@ -128,7 +128,7 @@ async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
 MADE = (
     "demo-h200-startup-cuda-graphs.svg", "demo-h200-burst.svg", "demo-h200-runaway-alert.svg",
     "demo-h200-runaway-alert-80x24.svg", "demo-h200-runaway-alert-e.svg", "demo-h200-runaway-alert-e-80x24.svg",
-    "demo-h200-help.svg", "requests-h200-real-runaway.svg", "help-live.svg",
+    "demo-h200-help.svg", "requests-h200-real-runaway.svg", "help-live.svg", "demo-h200-processes.svg",
     "h200-replay-burst.svg", "h200-replay-runaway.svg", "h200-replay-burst-80x24.svg",
     "gpu-h200-real-matmul.svg", "gpu-h200-real-tiny-kernels.svg",
     "alerts-cpu-real-runaway.svg", "requests-cpu-real-runaway.svg", "alerts-cpu-real-engine-stall.svg",
@@ -146,6 +146,7 @@ async def main() -> None:
         ("runaway_begin", 150.0, "demo-h200-runaway-alert-e-80x24.svg", (80, 24), ("e",)),
         ("runaway_begin", 150.0, "demo-h200-help.svg", (100, 40), ("question_mark",)),
         ("runaway_begin", 150.0, "requests-h200-real-runaway.svg", (120, 40)),
+        ("runaway_begin", 150.0, "demo-h200-processes.svg", (120, 30), ("P",)),
     ])
     await help_live("help-live.svg")
     await h200(108.5, "h200-replay-burst.svg")

@@ -24,7 +24,7 @@ def gpu_app(clock: FakeClock, **cfg: object) -> VtopApp:
 
 async def test_question_mark_and_f1_open_help_with_every_key_and_the_rows() -> None:
     app = gpu_app(FakeClock())
-    async with app.run_test(size=(100, 40)) as pilot:
+    async with app.run_test(size=(100, 50)) as pilot:
         footer_keys = [k for k, _d, _n, _on in app.query_one(KeysBar).keys()]
         for key in ("question_mark", "f1"):
             await pilot.press(key)

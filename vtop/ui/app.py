@@ -69,6 +69,7 @@ class VtopApp(App[int]):
         Binding("w", "toggle_warnings", "Warn"),
         Binding("slash", "filter_log", "Filter", key_display="/"),
         Binding("r", "requests", "Requests"),
+        Binding("P", "processes", "Procs", key_display="P"),
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
@@ -753,6 +754,8 @@ class VtopApp(App[int]):
         "toggle_warnings": "log pane: warnings and errors only",
         "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
         "clear_filter": "clear the log filter",
+        "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
+                     "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
         "requests": "requests in flight from the vLLM request log, oldest first, and the last finished",
         "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
@@ -852,6 +855,11 @@ class VtopApp(App[int]):
             self.w_log.set_substring("")
             self.screen.set_focus(None)
             self._fit()
+
+    def action_processes(self) -> None:
+        from vtop.ui.screens import ProcessScreen
+
+        self.push_screen(ProcessScreen(self.monitor, live=self.replay is None))
 
     def action_requests(self) -> None:
         from vtop.ui.screens import RequestsScreen

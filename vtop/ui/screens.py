@@ -360,3 +360,121 @@ class HelpScreen(ModalScreen[None]):
             out.append(what + "\n")
         out.append("\nMissing data is a gap (n/a, -), never a zero.\n", style="dim")
         return out
+
+
+def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> list[tuple[str, ...]]:
+    """The process view's rows: each vLLM server's processes folded together under a
+    header row (API server, EngineCore, workers), then the other GPU processes; groups and
+    the processes in them sorted by ``sort`` (gpu_mem, cpu or pid), largest first."""
+    gib = 2**30
+    gpu_of: dict[int, list[tuple[int, int | None]]] = {}
+    poll = monitor.gpu_history.last_poll
+    for g in (poll.gpus if poll is not None else ()):
+        for p in g.procs or ():
+            gpu_of.setdefault(p.pid, []).append((g.index, p.used_bytes))
+
+    def gpu_mem(pid: int) -> float:
+        return sum(b or 0 for _, b in gpu_of.get(pid, ()))
+
+    def key(pid: int) -> float:
+        i = info.get(pid)
+        if sort == "cpu":
+            return (i.cpu_pct or 0.0) if i else 0.0
+        if sort == "pid":
+            return -pid
+        return gpu_mem(pid)
+
+    def row(pid: int, role: str, server: str) -> tuple[str, ...]:
+        i = info.get(pid)
+        gpus = ",".join(str(ix) for ix, _ in gpu_of.get(pid, ()))
+        mem = gpu_mem(pid)
+        return (str(pid), role, server, gpus or "-", f"{mem / gib:.1f} GiB" if pid in gpu_of else "-",
+                "-" if i is None or i.cpu_pct is None else f"{i.cpu_pct:.0f}",
+                "-" if i is None or i.rss_bytes is None else f"{i.rss_bytes / gib:.1f} GiB",
+                (i.user if i and i.user else "-"), ((i.command or "-")[:200] if i else "-"))
+
+    groups: list[tuple[float, list[tuple[str, ...]]]] = []
+    seen: set[int] = set()
+    for url, ws in monitor.servers.items():
+        sp = ws.process
+        if sp is None:
+            continue
+        port = url.rsplit(":", 1)[-1]
+        members = [(sp.pid, "API server")] + [(c.pid, c.title.split("::", 1)[-1] if "::" in c.title else c.role)
+                                                for c in sp.children]
+        seen.update(pid for pid, _ in members)
+        members.sort(key=lambda m: key(m[0]), reverse=True)
+        total = sum(gpu_mem(pid) for pid, _ in members)
+        head = (f"vLLM :{port}", f"{len(members)} processes", url, "", f"{total / gib:.1f} GiB", "", "", "", "")
+        groups.append((max(key(pid) for pid, _ in members) if sort != "gpu_mem" else total,
+                       [head] + [row(pid, "  " + role, f":{port}") for pid, role in members]))
+    for pid in gpu_of:
+        if pid not in seen:
+            groups.append((key(pid), [row(pid, monitor.gpu_owner.get(pid) or monitor.proc_names.get(pid, ""), "-")]))
+    groups.sort(key=lambda g: g[0], reverse=True)
+    return [r for _, rows in groups for r in rows]
+
+
+class ProcessScreen(ModalScreen[None]):
+    """``P``: the GPU processes and every vLLM server's processes (API server, EngineCore,
+    workers) folded together; ``m``/``c``/``i`` sort by GPU memory, CPU, PID. Refreshed
+    once a second (CPU % is measured between refreshes)."""
+
+    BINDINGS = [
+        Binding("escape,q,P", "dismiss", "Close"),
+        Binding("m", "sort('gpu_mem')", "Sort GPU mem"),
+        Binding("c", "sort('cpu')", "Sort CPU"),
+        Binding("i", "sort('pid')", "Sort PID"),
+    ]
+    COLUMNS = ("PID", "role", "server", "GPU", "GPU mem", "CPU %", "host mem", "user", "command")
+
+    def __init__(self, monitor: Any, *, live: bool = True) -> None:
+        super().__init__()
+        from vtop.sources.proctable import ProcTable
+
+        self.monitor = monitor
+        self.table = ProcTable() if live else None
+        """None in a replay: the recorded pids are not this box's processes."""
+        self.sort = "gpu_mem"
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import DataTable
+
+        with Vertical(id="dialog", classes="-full"):
+            yield Label("Processes: on the GPUs, and each vLLM server's tree folded together", id="dialog-title")
+            yield DataTable(id="proc-table", cursor_type="row")
+            yield Label("esc close · sort: m GPU memory · c CPU · i PID", id="dialog-keys")
+
+    def on_mount(self) -> None:
+        from textual.widgets import DataTable
+
+        self.query_one("#proc-table", DataTable).add_columns(*self.COLUMNS)
+        self.refresh_rows()
+        self.set_interval(1.0, self.refresh_rows)
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        poll = self.monitor.gpu_history.last_poll
+        for g in (poll.gpus if poll is not None else ()):
+            out.update(p.pid for p in g.procs or ())
+        for ws in self.monitor.servers.values():
+            if ws.process is not None:
+                out.add(ws.process.pid)
+                out.update(c.pid for c in ws.process.children)
+        return out
+
+    def refresh_rows(self) -> None:
+        from textual.widgets import DataTable
+
+        t = self.query_one("#proc-table", DataTable)
+        info = self.table.read(self.pids()) if self.table is not None else {}
+        rows = process_rows(self.monitor, info, self.sort)
+        t.clear()
+        for r in rows:
+            t.add_row(*r)
+        if not rows:
+            t.add_row("-", "no GPU process and no vLLM server process seen", *[""] * 7)
+
+    def action_sort(self, by: str) -> None:
+        self.sort = by
+        self.refresh_rows()

@@ -1,0 +1,69 @@
+"""``P``: the process view (issue 26, item 10): GPU processes and each vLLM server's tree folded together."""
+
+from __future__ import annotations
+
+import os
+
+from tests.screen_text import screen_text
+from tests.ui.test_demo_h200 import EV, seek_wall
+from vtop.clock import FakeClock
+from vtop.config import Config
+from vtop.demo import demo_path
+from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
+from vtop.ui.app import VtopApp
+from vtop.ui.replay import replay_app
+from vtop.ui.screens import ProcessScreen
+
+GIB = 2**30
+
+
+def table_rows(app) -> list[list[str]]:  # type: ignore[no-untyped-def]
+    from textual.widgets import DataTable
+
+    t = app.screen.query_one("#proc-table", DataTable)
+    return [[str(c) for c in t.get_row_at(i)] for i in range(t.row_count)]
+
+
+async def test_demo_folds_the_vllm_tree_under_its_server_with_gpu_memory() -> None:
+    app = replay_app(str(demo_path()), config=Config(), name="demo")
+    async with app.run_test(size=(140, 30)) as pilot:
+        app.replay.paused = True  # type: ignore[union-attr]
+        await pilot.pause()
+        seek_wall(app, EV["runaway_begin"] + 60)
+        await pilot.press("P")
+        await pilot.pause()
+        assert isinstance(app.screen, ProcessScreen)
+        rows = table_rows(app)
+        text = screen_text(app)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ProcessScreen)
+    head = rows[0]
+    assert head[0] == "vLLM :8000" and head[2] == "http://127.0.0.1:8000" and head[4] == "70.9 GiB"
+    engine = next(r for r in rows if r[0] == "792")
+    assert "EngineCore" in engine[1] and engine[3] == "0" and engine[4] == "70.9 GiB"
+    assert any(r[0] == "661" and "API server" in r[1] for r in rows)
+    assert engine[6] == "-" and engine[7] == "-"  # a replay: this box's /proc is not the recorded one
+    assert "EngineCore" in text
+
+
+async def test_live_rows_read_the_process_and_sort() -> None:
+    clock = FakeClock()
+    me = os.getpid()
+    app = VtopApp(Config(no_gpu=True), gpu_source=None, autopoll=False, hostname="t", clock=clock, log_watch=None)
+    async with app.run_test(size=(160, 30)) as pilot:
+        procs = (GpuProcess(me, 2 * GIB), GpuProcess(1, 5 * GIB))
+        app.apply_gpu(GpuPoll(t=clock.time(), mono=clock.monotonic(), status="ok",
+                              gpus=(GpuSample(index=0, name="NVIDIA H200", procs=procs),)))
+        await pilot.press("P")
+        await pilot.pause()
+        rows = table_rows(app)
+        assert [r[0] for r in rows] == ["1", str(me)]  # by GPU memory, largest first
+        mine = rows[1]
+        assert mine[4] == "2.0 GiB" and mine[6].endswith("GiB") and "python" in mine[8].lower()
+        await pilot.press("i")
+        await pilot.pause()
+        assert [r[0] for r in table_rows(app)] == ["1", str(me)]  # by PID, smallest first
+        await pilot.press("m")
+        await pilot.pause()
+        assert table_rows(app)[0][4] == "5.0 GiB"
