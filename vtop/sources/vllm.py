@@ -67,7 +67,7 @@ from urllib.parse import urlencode
 
 from vtop.clock import Clock
 from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
-from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url
+from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, within
 from vtop.sources.prom import (
     HIST_ATTRS,
     HISTOGRAM_FAMILIES,
@@ -338,7 +338,9 @@ class VllmScraper:
         fetch = self._client.get(self.url + path, headers=headers, limit=limit,
                                  connect_timeout=self.timeout.connect)
         try:
-            return await asyncio.wait_for(fetch, timeout=self.deadline_s)
+            # within(), not asyncio.wait_for: on Python 3.11 a cancel that came as the
+            # answer did was dropped and the scrape task polled on (see http11.within)
+            return await within(fetch, self.deadline_s)
         except asyncio.CancelledError:
             raise
         except (asyncio.TimeoutError, TimeoutError) as exc:
