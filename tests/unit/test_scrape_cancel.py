@@ -7,11 +7,13 @@ waited for it: a fast-tier test hung in teardown until pytest-timeout killed it.
 
 Each test holds the answer on an Event and, in one synchronous step, lets it go and
 cancels the caller: that is the race, made exact. No clock decides anything; GUARD_S
-only stops a hang."""
+only stops a hang. A poll cancelled half-way also leaves no coroutine it never started."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -149,3 +151,30 @@ async def test_within_cuts_at_its_deadline_and_passes_results_and_errors() -> No
     assert await within(value(), GUARD_S) == 7
     with pytest.raises(ValueError):
         await within(boom(), GUARD_S)
+
+
+async def test_a_poll_cancelled_in_its_first_info_request_leaves_no_coroutine_unawaited() -> None:
+    # /health, /v1/models and /version are asked one after another; the ones not reached
+    # when the poll is cancelled must not exist as coroutines ("... was never awaited").
+    held = asyncio.Event()
+    never = asyncio.Event()
+
+    class HealthHeld(HeldClient):
+        async def get(self, url: str, **kw: Any) -> tuple[int, bytes]:
+            if url.endswith("/health"):
+                held.set()
+                await never.wait()
+            return 200, b"vllm:num_requests_running 0\n"
+
+    s = VllmScraper("http://127.0.0.1:9", client=HealthHeld(), clock=SystemClock())  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        task = asyncio.ensure_future(s.poll())
+        await asyncio.wait_for(held.wait(), GUARD_S)
+        task.cancel()
+        await asyncio.wait({task}, timeout=GUARD_S)
+        assert task.cancelled()
+        del task
+        gc.collect()
+    unawaited = [str(w.message) for w in seen if "never awaited" in str(w.message)]
+    assert not unawaited
