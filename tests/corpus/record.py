@@ -17,8 +17,8 @@ the trace as ``tests/corpus/FORMAT.md`` says:
 * ``info.jsonl.gz``: ``/version`` and ``/v1/models``, a line when they change (polled every
   5 s while healthy and at once when /health turns 200);
 * ``procs.jsonl.gz``: the server's process tree (and any other vLLM process on the box) from
-  ``/proc``, every 2 s and whenever the set of processes changes; ``--api-key`` and other
-  secret flag values masked as ``***``;
+  ``/proc``, every second, each process with its CPU time so far (``"cpu"``: user + system
+  seconds); ``--api-key`` and other secret flag values masked as ``***``;
 * ``log.bin.gz`` + ``log-index.jsonl.gz``: the server's stdout+stderr byte for byte (the
   fixture's own ``# vtop test fixture`` header line left out; the logs of several starts
   concatenated) and its size each second;
@@ -193,8 +193,13 @@ def read_proc(pid: int) -> dict[str, Any] | None:
     args = [a.decode(errors="replace") for a in raw.split(b"\0")]
     while args and args[-1] == "":
         args.pop()
+    # fields after the ")" of /proc/PID/stat, 0-based from state: utime 11, stime 12 (clock ticks), starttime 19
+    try:
+        cpu: float | None = round((int(rest[11]) + int(rest[12])) / CLK, 2)
+    except (ValueError, IndexError):
+        cpu = None
     return {"pid": pid, "ppid": int(rest[1]), "name": stat[lp + 1:rp], "cmdline": mask_argv(args),
-            "create_time": round(BOOT + int(rest[19]) / CLK, 2)}
+            "create_time": round(BOOT + int(rest[19]) / CLK, 2), "cpu": cpu}
 
 
 def all_procs() -> dict[int, dict[str, Any]]:
@@ -355,7 +360,6 @@ class Sampler:
         self._info_last: Any = None
         self._info_next = 0.0
         self._procs_last: tuple[int, ...] | None = None
-        self._procs_next = 0.0
         self.counts = {"metrics": 0, "metrics_ok": 0}
 
     def _write(self, key: str, row: dict[str, Any]) -> None:
@@ -466,10 +470,9 @@ class Sampler:
         roots = {self.srv.pid} if self.srv.pid else set()
         tree = vllm_tree(all_procs(), roots)
         pids = tuple(r["pid"] for r in tree)
-        if pids != self._procs_last or mono >= self._procs_next:
-            self._procs_last = pids
-            self._procs_next = mono + 2.0 - 0.05
-            self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
+        # every second (the thread's period): each process's CPU time moves between samples
+        self._procs_last = pids
+        self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
 
     def _log_index(self) -> None:
         t, mono = now()
