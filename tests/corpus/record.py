@@ -1271,16 +1271,17 @@ def kv_saturation_many_seqs(ctx: Ctx) -> None:
 
 @scenario("runaway-nonstreaming-request-log", "runaway", 150)
 def runaway_nonstreaming_request_log(ctx: Ctx) -> None:
-    """--max-model-len 65536 --enable-log-requests; one NON-streaming /v1/completions request with max_tokens null
-    (sent explicitly: the completions API's default is 16; vLLM fills in max_model_len - prompt) and ignore_eos,
-    while short requests (max_tokens 16-64) come and go every 2-5 s; the client gives up after ~150 s (its read
-    timeout: the connection closes, vLLM aborts the request); 30 s after."""
+    """--max-model-len 65536 --enable-log-requests; one NON-streaming chat request without max_tokens (ignore_eos;
+    vLLM fills in max_model_len - prompt) while short requests (max_tokens 16-64) come and go every 2-5 s; the
+    client gives up after ~150 s (its read timeout: the connection closes, vLLM aborts the request); 30 s after.
+    (/v1/completions cannot make this runaway on vLLM 0.32: its max_tokens defaults to 16, and an explicit null
+    was served as 16 too.)"""
     ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
     short = ShortTraffic(ctx, seed=21).start()
     ctx.sleep(15)
-    body = {"model": ctx.srv.model, "prompt": "Write a very long essay about the sea.", "max_tokens": None,
-            "ignore_eos": True, "temperature": 0.8}
-    ra = NonStream(ctx, "runaway", "/v1/completions", body, give_up_s=ctx.seconds).start()
+    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write a very long essay about the sea."}]}
+    ra = NonStream(ctx, "runaway", "/v1/chat/completions", body, give_up_s=ctx.seconds).start()
     if not ra.done.wait(ctx.seconds + 30):
         ctx.notes.append("the non-streaming request did not end with the client's timeout")
     ctx.sleep(30)
@@ -1457,6 +1458,25 @@ def clean_sigterm_idle(ctx: Ctx) -> None:
     os.kill(pid, signal.SIGTERM)
     ctx.event("sigterm", pid=pid, of="api_server")
     ctx.wait_exit(60)
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("restart-idle", "restart", 30)
+def restart_idle(ctx: Ctx) -> None:
+    """A few requests, then an idle server is restarted: SIGTERM (clean), started again with the same flags
+    (the operator's restart), a few requests, idle 30 s: counters reset, new pids, no incident."""
+    ctx.start(log_requests=True)
+    res = ctx.srv.load(n=8, concurrency=2, max_tokens=32, time_limit_s=30)
+    ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
+    ctx.sleep(15)
+    pid = ctx.srv.pid
+    ctx.event("sigterm", pid=pid, of="api_server (restart)")
+    ctx.srv.stop()
+    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    ctx.sleep(3)
+    ctx.start(log_requests=True)
+    res = ctx.srv.load(n=4, concurrency=2, max_tokens=32, time_limit_s=30)
+    ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
     ctx.sleep(ctx.seconds)
 
 
