@@ -1480,6 +1480,23 @@ def restart_idle(ctx: Ctx) -> None:
     ctx.sleep(ctx.seconds)
 
 
+@scenario("engine-stall-enginecore-worker-streaming", "engine_stall", 60)
+def engine_stall_enginecore_worker_streaming(ctx: Ctx) -> None:
+    """3 streaming chat requests with max_tokens 1500 running (each replaced when done); SIGSTOP both the
+    EngineCore and its VLLM::Worker for 60 s (the clients wait on open streams), SIGCONT, 30 s after."""
+    ctx.start(log_requests=True)
+    pool = StreamPool(ctx, n=3, max_tokens=1500, max_total=60, time_limit=20 + ctx.seconds + 30).start()
+    ctx.sleep(20)
+    eng = ctx.srv.engine_pid(timeout=5)
+    workers = ctx.srv.worker_pids()
+    assert eng and workers, "no EngineCore / Worker"
+    ctx.stop_procs([eng, *workers], "EngineCore+Worker")
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.sleep(30)
+    pool.stop()
+
+
 _WORDS = ("river stone cloud lantern harbor meadow signal copper violet engine garden winter market "
           "forest candle mirror thunder silver window ladder orchard").split()
 
