@@ -1526,6 +1526,14 @@ def normal_long_prompts(ctx: Ctx) -> None:
     ctx.sleep(15)
 
 
+@scenario("kv-saturation-few-long-seqs", "kv_saturation", 120)
+def kv_saturation_few_long_seqs(ctx: Ctx) -> None:
+    """--kv-cache-memory-bytes 8 MiB (4,096 tokens: 2 sequences of 2,048) and 6 concurrent streaming requests with
+    max_tokens 1900: few running, each preemption drops a long sequence and recomputes it later; KV usage near
+    100 % with a waiting queue for ~120 s; then the clients hang up."""
+    _kv_saturation(ctx, kv_mib=8, streams=6, max_tokens=1900)
+
+
 # --- truth ------------------------------------------------------------------------------
 
 
