@@ -148,6 +148,29 @@ class StallInfo:
 
 
 @dataclass(frozen=True)
+class Quiet:
+    """A start in progress at one moment, whatever the stall threshold: how long its log has been
+    silent, and whether the current phase prints progress (and how fast it went)."""
+
+    phase: Phase | None
+    #: seconds since the last line or progress step (monotonic, arrival clock)
+    silent_s: float
+    last_line: str
+    hint: str
+    #: the current phase shows a progress bar that is not complete (shards N/M, graphs N/M)
+    progressing: bool
+    #: the longest step of that phase's bars so far (None: no step seen yet)
+    step_s: float | None
+
+    @property
+    def label(self) -> str:
+        return self.phase.label if self.phase else "start"
+
+    def as_stall(self) -> StallInfo:
+        return StallInfo(self.phase, self.silent_s, self.last_line, self.hint)
+
+
+@dataclass(frozen=True)
 class StartupFacts:
     """Numbers the log reports during a start. ``None`` means not (yet) reported."""
 

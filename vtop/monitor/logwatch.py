@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
+from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -43,6 +43,9 @@ class LogView:
     """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
     finishes_logged: bool = False
     """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
+    quiet: Quiet | None = None
+    """A start in progress: how long the log has been silent and what its progress says, whatever the
+    stall threshold (the diagnoser judges a stall by evidence from it; ``stall`` is the ceiling)."""
 
     @property
     def state(self) -> str:
@@ -194,6 +197,7 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
+                quiet=self.tracker.quiet(now),
             )
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from vtop.core.rules.util import LIVE, is_proc, role_of
 
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
-    from vtop.core.phases import StallInfo, StartupSnapshot
+    from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
@@ -64,7 +64,7 @@ class Diagnoser:
             now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
-            log_lines=log.recent, log_target=log_target,
+            log_lines=log.recent, log_target=log_target, startup_quiet=getattr(log, "quiet", None),
         )
 
 
@@ -80,6 +80,7 @@ class Diagnoser:
         request_logging: Mapping[str, bool] | None = None,
         log_lines: Sequence[Any] | None = None,
         log_target: str | None = None,
+        startup_quiet: Quiet | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -91,6 +92,9 @@ class Diagnoser:
         startup tracker's recent lines (objects with ``text`` and ``arrival``),
         scanned once each for CUDA OOMs. ``log_target`` is the URL of the server
         the log and ``startup`` belong to (default: the only server, if one).
+        ``startup_stall`` is the tracker's stall past the ceiling (``--stall-threshold``);
+        ``startup_quiet`` what it says of a start's silence and progress at any moment
+        (the startup-stall rule judges a stall by evidence from it).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -98,7 +102,7 @@ class Diagnoser:
         if log_target is None and len(servers) == 1:
             log_target = next(iter(servers))
         ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
-                  log_target, log_lines)
+                  log_target, log_lines, startup_quiet)
         mem = self._mem
 
         for url in [u for u in mem.servers if u not in servers]:
@@ -115,6 +119,7 @@ class Diagnoser:
                 st.first_up_t = now
             proc = v.process
             if is_proc(proc):
+                st.note_cpu(now, proc, th.history_s)
                 for pid in getattr(proc, "gpu_pids", ()) or ():
                     st.gpu_pids.add(int(pid))
                     ctx.pid_owner[int(pid)] = (url, role_of(proc, int(pid)))
