@@ -110,7 +110,7 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
     b = st.cpu_samples[-1]
     a = st.cpu_at(b.t - window_s)
     # The newest scan must be recent: a stale one says nothing about now.
-    if a is None or b.t - a.t < window_s or ctx.now - b.t > max(15.0, 0.5 * window_s):
+    if a is None or ctx.now - b.t > max(30.0, window_s):
         return None
     span = b.t - a.t
     allow = ctx.th.startup_still_cpu_frac * span
