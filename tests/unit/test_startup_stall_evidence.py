@@ -157,6 +157,18 @@ def test_slow_progress_waits_for_several_of_its_own_steps() -> None:
     assert _first(seen) in (80, 81), _first(seen)
 
 
+def test_a_first_weight_shard_read_with_the_cpu_still_is_not_a_stall() -> None:
+    # Loading weights waits on I/O (a slow disk, NFS): the processes are still while the first shard
+    # (0/4, no step timed yet) is read. Only timed progress or the ceiling may call that a stall.
+    raw = gzip.decompress((TRACE / "log.bin.gz").read_bytes()).decode()
+    head = raw[: raw.index("Loading safetensors checkpoint shards")]
+    ses = F.Session(url="http://127.0.0.1:8011", process=_cpu_tree(None, None, None), log=True)
+    ses.lines((ses.now, ln) for ln in head.splitlines())
+    ses.lines([(ses.now, "Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]")])
+    assert ses.log is not None and ses.log.current is Phase.WEIGHTS
+    assert _first(_run(ses, 300, (0.0, 0.0, 0.0))) is None
+
+
 def test_process_scans_carry_cpu_seconds_from_a_recording_and_bad_values_are_gaps() -> None:
     recs = [
         {"pid": 10, "ppid": 1, "name": "vllm", "cmdline": ["vllm", "serve", "m"], "create_time": 1.0, "cpu": 12.5},

@@ -6,7 +6,8 @@
   graphs ... N/M``) has stalled when no step came for ``startup_progress_x`` times its longest step
   so far (tqdm's elapsed time and the frames' arrival say how long a step takes), and at least
   ``startup_progress_floor_s``;
-* a silent phase (torch.compile, memory profiling, process start, or a bar not yet timed) has
+* a silent phase (torch.compile, memory profiling, process start, or a bar not yet timed; not the
+  weights, whose reads wait on I/O with the CPU still) has
   stalled when the log is silent for ``startup_still_s`` AND the server's processes are still: the
   CPU seconds (user + system, from the process scans) of the tree, or of the processes doing the
   work (the workers, else the engine cores), grew by less than ``startup_still_cpu_frac`` of a core
@@ -146,6 +147,10 @@ def _went_still(ctx: Ctx) -> list[str] | None:
     """Evidence lines when a silent phase's log, processes and GPUs all stopped moving."""
     q, th = ctx.quiet, ctx.th
     if q is None or q.silent_s < th.startup_still_s or (q.progressing and q.step_s is not None):
+        return None
+    if q.phase is Phase.WEIGHTS:
+        # Reading weights waits on the disk or the network, not the CPU: a first shard of 5 GB at
+        # 100 MB/s is 50 s of a still process. Only its progress (once timed) and the ceiling judge it.
         return None
     cpu = _cpu_still(ctx, th.startup_still_s)
     if cpu is None:
