@@ -85,6 +85,25 @@ def test_silent_compile_with_the_whole_tree_still_is_named() -> None:
     assert first is not None and 45 <= first <= 55, first
 
 
+def test_a_log_view_read_before_the_silence_still_counts_the_silence() -> None:
+    # A replay reads the log only when it has lines: the view of the log is from the last line, and
+    # the silence goes on after it. The rule counts it to now.
+    ses = _compile_start()
+    assert ses.log is not None
+    q0 = ses.log.quiet(ses.now)
+    t0 = ses.now
+    first = None
+    for i in range(1, 80):
+        ses.to(t0 + i)
+        if i % 5 == 0:
+            ses.process = _cpu_tree(10.0, 40 + i, 90.0)
+        ses.refused(t0 + i)
+        if _stall(ses.tick(startup_quiet=q0)) is not None:
+            first = i
+            break
+    assert first is not None and 45 <= first <= 55, first
+
+
 def test_busy_silent_compile_stays_quiet() -> None:
     # torch.compile of a big model: minutes without a line, the Worker at a full core.
     ses = _compile_start()

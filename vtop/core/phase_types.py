@@ -153,7 +153,7 @@ class Quiet:
     silent, and whether the current phase prints progress (and how fast it went)."""
 
     phase: Phase | None
-    #: seconds since the last line or progress step (monotonic, arrival clock)
+    #: seconds since the last line or progress step, as of ``mono`` (arrival clock)
     silent_s: float
     last_line: str
     hint: str
@@ -161,13 +161,20 @@ class Quiet:
     progressing: bool
     #: the longest step of that phase's bars so far (None: no step seen yet)
     step_s: float | None
+    #: the monotonic time this was read (a log view is read when the log is polled, not every tick)
+    mono: float = 0.0
 
     @property
     def label(self) -> str:
         return self.phase.label if self.phase else "start"
 
-    def as_stall(self) -> StallInfo:
-        return StallInfo(self.phase, self.silent_s, self.last_line, self.hint)
+    def silent_at(self, now: float) -> float:
+        """Seconds of silence at monotonic ``now`` (no line can have come since it was read, or it
+        would have been read again)."""
+        return self.silent_s + max(0.0, now - self.mono)
+
+    def as_stall(self, now: float) -> StallInfo:
+        return StallInfo(self.phase, self.silent_at(now), self.last_line, self.hint)
 
 
 @dataclass(frozen=True)

@@ -706,7 +706,7 @@ class PhaseTracker:
             progressing = any(n < tot for n, tot in bars)
             step = self._step_max.get(phase)
         return Quiet(phase, max(0.0, now - self._last_activity), self._last_line,
-                     _STALL_HINTS.get(phase, "") if phase else "", progressing, step)
+                     _STALL_HINTS.get(phase, "") if phase else "", progressing, step, now)
 
     @property
     def state(self) -> str:

@@ -94,10 +94,11 @@ def _progress_stopped(ctx: Ctx) -> list[str] | None:
     if q is None or not q.progressing or q.step_s is None:
         return None
     limit = max(th.startup_progress_floor_s, th.startup_progress_x * q.step_s)
-    if q.silent_s < limit:
+    silent = q.silent_at(ctx.now)
+    if silent < limit:
         return None
     return [
-        f"progress stopped: no step for {dur(q.silent_s)}, while its longest step so far took {q.step_s:.1f} s "
+        f"progress stopped: no step for {dur(silent)}, while its longest step so far took {q.step_s:.1f} s "
         f"(stalled past {th.startup_progress_x:g}x that, {dur(th.startup_progress_floor_s)} at least)"
     ]
 
@@ -146,7 +147,7 @@ def _gpu_idle(ctx: Ctx, window_s: float) -> tuple[bool, list[str]] | None:
 def _went_still(ctx: Ctx) -> list[str] | None:
     """Evidence lines when a silent phase's log, processes and GPUs all stopped moving."""
     q, th = ctx.quiet, ctx.th
-    if q is None or q.silent_s < th.startup_still_s or (q.progressing and q.step_s is not None):
+    if q is None or q.silent_at(ctx.now) < th.startup_still_s or (q.progressing and q.step_s is not None):
         return None
     if q.phase is Phase.WEIGHTS:
         # Reading weights waits on the disk or the network, not the CPU: a first shard of 5 GB at
@@ -170,7 +171,7 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     if stall is None and ctx.quiet is not None:
         why = _progress_stopped(ctx) or _went_still(ctx) or []
         if why:
-            stall = ctx.quiet.as_stall()
+            stall = ctx.quiet.as_stall(ctx.now)
     if stall is None:
         return None
     tgt = ctx.log_target
