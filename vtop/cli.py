@@ -9,6 +9,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -115,6 +116,8 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
         path = ns.file
     try:
         cfg = build({k: v for k, v in vars(ns).items() if k == "theme"}, env={})
+        if (why := theme_error(cfg.theme)) is not None:
+            p.exit(2, f"{prog}: error: {why}\n")
         if ns.doctor or ns.json:
             from vtop.headless import replay_doctor
 
@@ -131,6 +134,18 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
     if ns.paused and app.replay is not None:
         app.replay.paused = True
     return int(app.run() or 0)
+
+
+def theme_error(name: str | None) -> str | None:
+    """Why ``--theme NAME`` cannot be used, or None. Textual raised InvalidThemeError (a
+    traceback) from inside the app for a name it does not know."""
+    if not name:
+        return None
+    from textual.theme import BUILTIN_THEMES
+
+    if name in BUILTIN_THEMES:
+        return None
+    return f"--theme: no theme {name!r}; known: {', '.join(sorted(BUILTIN_THEMES))}"
 
 
 def limit_malloc_arenas() -> None:
@@ -192,6 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
         p.exit(2, f"vtop: error: {e}\n")
+    dumb = not (once or as_json) and os.environ.get("TERM", "") == "dumb"
+    if dumb:
+        # TERM=dumb (Emacs shells, some CI consoles) cannot draw a full-screen app: Textual
+        # drew it anyway, in 24-bit colour. Print the one-shot report instead, and say so.
+        print("vtop: TERM=dumb cannot show the dashboard; printing vtop --once instead "
+              "(set TERM=xterm-256color for the screen)", file=sys.stderr)
+        once = True
+    if (why := theme_error(cfg.theme)) is not None and not (once or as_json):
+        p.exit(2, f"vtop: error: {why}\n")
     if once or as_json:
         if cfg.log == "-":
             p.exit(2, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")

@@ -7,6 +7,7 @@ to every part; nothing else reads the environment or the config file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -66,7 +67,12 @@ def parse_duration(value: Any, name: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration like 5m or 30s, got {value!r}")
     if isinstance(value, (int, float)):
-        return float(value)
+        n = float(value)
+        # TOML has nan and inf, and float("nan") compares false with every bound: an
+        # interval of nan once passed validation and spun the poll loop at 97 % CPU.
+        if not math.isfinite(n) or n < 0:
+            raise ConfigError(f"{name}: expected a finite, non-negative duration, got {value!r}")
+        return n
     m = _DURATION.match(str(value))
     if not m:
         raise ConfigError(f"{name}: expected a duration like 5m, 30s or 0.5, got {value!r}")
@@ -112,10 +118,35 @@ def _coerce(name: str, value: Any) -> Any:
             value = [u for u in re.split(r"[,\s]+", value) if u]
         if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) for u in value):
             raise ConfigError(f"urls: expected a list of URLs, got {value!r}")
+        for u in value:
+            _check_url(u)
         return tuple(value)
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{name}: expected text, got {value!r}")
     return value
+
+
+def _check_url(url: str) -> None:
+    """A URL vtop can poll: a scheme of http or https, a host, a port that is a number.
+
+    ``http://[::1`` once got through and the server's card waited for its first poll
+    forever (``--once`` ended in a ValueError traceback)."""
+    from urllib.parse import urlsplit
+
+    s = url.strip()
+    if s.isdigit() or (s.startswith(":") and s[1:].isdigit()):
+        return  # a bare port: localhost (vtop.sources.urls.normalize_url)
+    try:
+        u = urlsplit(s if "://" in s else "http://" + s)
+        port = u.port
+    except ValueError as e:
+        raise ConfigError(f"URL {url!r}: not a URL vtop can poll ({e})") from None
+    if u.scheme not in ("http", "https"):
+        raise ConfigError(f"URL {url!r}: vtop polls http:// or https:// URLs, not {u.scheme}://")
+    if not u.hostname:
+        raise ConfigError(f"URL {url!r}: no host in it")
+    if port == 0:
+        raise ConfigError(f"URL {url!r}: port 0 is not a port a server listens on")
 
 
 SETTINGS = tuple(f.name for f in fields(Config) if f.name != "config_path")
@@ -144,6 +175,8 @@ def load_file(path: Path) -> dict[str, Any]:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read it ({e.strerror})") from None
     unknown = sorted(set(data) - set(SETTINGS))
@@ -176,6 +209,9 @@ def build(
     cfg = Config(**merged, config_path=str(path) if path.exists() else None)
     if cfg.interval < MIN_INTERVAL_S:
         raise ConfigError(f"interval: at least {MIN_INTERVAL_S} s, got {cfg.interval:g}")
+    if cfg.no_gpu and cfg.simulate_gpus:
+        raise ConfigError(f"no_gpu and simulate_gpus ({cfg.simulate_gpus}) were both given: use one "
+                          "(--no-gpu shows no GPU; --simulate-gpus N shows N made-up ones)")
     if cfg.history < 10 * cfg.interval:
         raise ConfigError(f"history: at least 10 intervals ({10 * cfg.interval:g} s), got {cfg.history:g}")
     return cfg

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vtop.model.redact import scrub_secrets
 from vtop.sources.discovery import ServerProcess
 
 __all__ = [
@@ -368,8 +369,10 @@ async def dump(pid: int, *, native: bool = False, timeout_s: float = 20, pyspy: 
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         raise
-    out = out_b.decode(errors="replace")
-    err = err_b.decode(errors="replace")
+    # py-spy prints the process's command line ("Process 12: vllm serve --api-key S"): scrubbed before
+    # it is shown, saved or put into a bundle
+    out = scrub_secrets(out_b.decode(errors="replace"))
+    err = scrub_secrets(err_b.decode(errors="replace"))
     rc = proc.returncode
     if rc == 0 and out.strip():
         title, version, threads = parse_dump(out)

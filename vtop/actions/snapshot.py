@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import vtop
-from vtop.model.redact import PY_STR_REPR, redact_argv
+from vtop.model.redact import PY_STR_REPR, redact_argv, scrub_secrets
 from vtop.sources.discovery import ServerProcess
 
 __all__ = [
@@ -225,10 +225,14 @@ def _secret_forms(secrets: Iterable[str]) -> list[bytes]:
 
 
 def _scrub(data: bytes, forms: Sequence[bytes]) -> bytes:
+    """The known secrets' values, then anything shaped like a secret (``scrub_secrets``): a server
+    vtop cannot see into (a container, another user, a remote URL) still logs its ``api_key``."""
     for f in forms:
         if f in data:
             data = data.replace(f, SECRET_MASK.encode())
-    return data
+    text = data.decode("utf-8", "surrogateescape")
+    scrubbed = scrub_secrets(text)
+    return data if scrubbed is text else scrubbed.encode("utf-8", "surrogateescape")
 
 
 class LogRedactor:

@@ -104,3 +104,50 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
             continue
         out.append(tok)
     return out
+
+
+# --------------------------------------------------------------------------- secrets by pattern
+#: What a secret looks like in text vtop copies (log lines, py-spy output, a process's command line,
+#: a URL), whether or not vtop knows the value: a server in a container or of another user shows no
+#: argv to vtop, yet its log prints ``non-default args: {... 'api_key': ['S'] ...}``.
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # vllm serve --api-key S / --api-key=S / --hf-token S (and a shell's quotes around S)
+    (re.compile(r"(--(?:api-key|hf-token|ssl-keyfile-password|token|password)(?:=|\s+))(?!\*\*\*)(['\"]?)[^\s'\"]+\2"),
+     r"\1***"),
+    # vLLM's "non-default args: {'api_key': ['S'], 'hf_token': 'S'}" (a Python dict's repr)
+    (re.compile(r"""(['"](?:api_key|hf_token|ssl_keyfile_password|token|password|secret)['"]\s*:\s*)"""
+                r"""(?:\[[^\]\n]*\]|'[^'\n]*'|"[^"\n]*")"""),
+     r"\1'***'"),
+    # Authorization: Bearer S / Basic S, and a bare "Bearer S"
+    (re.compile(r"(?i)(\bauthorization\b['\"]?\s*[:=]\s*['\"]?(?:bearer|basic)\s+)[^\s'\",}]+"), r"\1***"),
+    (re.compile(r"(\bBearer\s+)(?!\*\*\*)[A-Za-z0-9._~+/=-]{8,}"), r"\1***"),
+    # HF_TOKEN=S, OPENAI_API_KEY=S, AWS_SECRET_ACCESS_KEY=S, DB_PASSWORD=S (environment dumps, shells)
+    (re.compile(r"\b([A-Za-z][A-Za-z0-9_]*(?:TOKEN|_KEY|SECRET|PASSWORD|PASSWD)(?:_[A-Za-z0-9]+)?)=(?!\*\*\*)[^\s'\"]+"),
+     r"\1=***"),
+    # OpenAI-style and Hugging Face token shapes wherever they stand
+    (re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{16,}"), "sk-***"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_***"),
+    # userinfo in a URL: scheme://user:password@host
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@"), r"\1***@"),
+)
+#: cheap literal screen before the regexes (a line with none of these holds no pattern above)
+_SECRET_HINTS = ("key", "KEY", "token", "TOKEN", "Token", "password", "PASSWORD", "PASSWD", "secret", "SECRET",
+                 "Bearer", "bearer", "BEARER", "uthorization", "UTHORIZATION", "sk-", "hf_", "@")
+
+
+def scrub_secrets(text: str) -> str:
+    """``text`` with every secret-shaped value replaced by ``***`` (see ``_SECRET_PATTERNS``).
+
+    Applied to everything vtop writes or shows that came from outside: log lines (the pane, recordings,
+    the bundle's log copy), py-spy output, command lines. Known values (``--api-key`` given to vtop)
+    are scrubbed as well by the snapshot's own pass; this one needs no knowledge of them."""
+    if not any(h in text for h in _SECRET_HINTS):
+        return text
+    for rx, repl in _SECRET_PATTERNS:
+        text = rx.sub(repl, text)
+    return text
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password (``user:pw@``) replaced by ``***`` for display."""
+    return _SECRET_PATTERNS[-1][0].sub(_SECRET_PATTERNS[-1][1], url) if "@" in url else url

@@ -30,6 +30,12 @@ def short_name(proc: psutil.Process) -> str:
         cmd = proc.cmdline()
     except (psutil.AccessDenied, psutil.ZombieProcess):
         cmd = []
+    return title_of(cmd) or proc.name()
+
+
+def title_of(cmd: list[str]) -> str | None:
+    """The short name a command line gives (``VLLM::EngineCore``, ``vllm serve``...), or None for its
+    process name: :func:`short_name` of a live process, and of a recorded process table (a trace)."""
     if cmd:
         first = cmd[0]
         if first.startswith("VLLM::") or first.startswith("ray::"):
@@ -38,7 +44,7 @@ def short_name(proc: psutil.Process) -> str:
             return "vllm serve"
         if "vllm.entrypoints" in " ".join(cmd[1:3]):
             return "vllm api_server"
-    return proc.name()
+    return None
 
 
 _NO_PROC = object()

@@ -53,6 +53,14 @@ KEYFRAME_EVERY = 60
 
 
 def _open(path: Path, mode: str) -> IO[str]:
+    if "a" in mode or "w" in mode:
+        # A recording holds log lines and server details: 0600 whatever the umask, as the
+        # snapshot bundle's files are. The file is made (or narrowed) before a byte is written.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
     if path.suffix == ".gz":
         return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
     return open(path, mode, encoding="utf-8")
@@ -221,10 +229,10 @@ class Recorder:
     def log(self, t: float, mono: float, lines: list[str]) -> None:
         if not lines:
             return
-        if self.redact_prompts:
-            from vtop.model.redact import redact_prompts
+        from vtop.model.redact import redact_prompts, scrub_secrets
 
-            lines = [redact_prompts(x) for x in lines]
+        # secrets by pattern always (a log prints 'api_key': [...] whatever vtop knows); prompts unless asked
+        lines = [scrub_secrets(redact_prompts(x) if self.redact_prompts else x) for x in lines]
         self._put({"kind": "log", "t": t, "mono": mono, "lines": lines})
 
     def logmark(self, what: str, **kw: Any) -> None:

@@ -7,7 +7,10 @@ into the :class:`~vtop.sources.record.RecordEvent` stream a ``vtop --record`` fi
 gives (``server``, ``procs``, ``log``), parsed by the very code the live sources
 use (:func:`~vtop.sources.vllm.poll_from_body`, the log's
 :class:`~vtop.sources.logtail.LineSplitter`, the process scan), so any vtop can be
-scored on a trace recorded before it existed. There are no ``logmark`` events:
+scored on a trace recorded before it existed. A trace recorded on a GPU box (the H200
+ones) also has ``gpu.jsonl.gz``, NVML once a second, read into ``gpu`` events (a
+:class:`~vtop.model.gpu.GpuPoll` each) as the NVML source would have given them, so
+the GPU cards, the memory history and the GPU rules see them. There are no ``logmark`` events:
 a trace says when the health answered and when the process began, and the
 monitor works out "launched" and "ready" from those as it does live.
 """
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vtop.model.gpu import OK, GpuPoll, GpuProcess, GpuSample
 from vtop.model.server import ModelsInfo, ServerPoll
 from vtop.sources.record import RecordEvent, read
 
@@ -54,6 +58,76 @@ def _models(info: dict[str, Any] | None) -> ModelsInfo | None:
     mml = first.get("max_model_len")
     return ModelsInfo(ids=ids, max_model_len=int(mml) if isinstance(mml, (int, float)) else None,
                       root=str(first["root"]) if first.get("root") else None)
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+def _gpu_sample(g: dict[str, Any], i: int, name: str) -> GpuSample:
+    sm = _num(g.get("sm_active"))
+    procs: tuple[GpuProcess, ...] | None = None
+    raw = g.get("procs")
+    if isinstance(raw, list):
+        procs = tuple(GpuProcess(int(p[0]), _int(p[1])) for p in raw
+                      if isinstance(p, (list, tuple)) and len(p) >= 2 and _int(p[0]) is not None)
+    idx = _int(g.get("index"))
+    return GpuSample(
+        index=i if idx is None else idx,
+        name=name,
+        util_gpu=_num(g.get("util")),
+        mem_used=_int(g.get("mem_used")),
+        mem_total=_int(g.get("mem_total")),
+        power_w=_num(g.get("power_w")),
+        power_limit_w=_num(g.get("power_limit_w")),
+        sm_active=None if sm is None else 100.0 * sm,  # recorded as a fraction; vtop keeps percent
+        procs=procs,
+    )
+
+
+def gpu_events(path: str | os.PathLike[str], gpu_name: str = "GPU") -> list[RecordEvent]:
+    """``gpu.jsonl.gz`` of a trace as ``gpu`` events: a :class:`GpuPoll` and its processes' names each.
+
+    A process's name is the row's ``names`` entry, else its title in ``procs.jsonl.gz``; a damaged row
+    is skipped. An empty list when the file is absent (no NVML on the recording box).
+    """
+    from vtop.sources.procs import title_of
+
+    p = Path(path)
+    known: dict[int, str] = {}
+    for r in _rows(p / "procs.jsonl.gz"):
+        for pr in r.get("procs") or ():
+            if isinstance(pr, dict) and isinstance(pr.get("pid"), int):
+                cmd = pr.get("cmdline")
+                known[pr["pid"]] = title_of(cmd if isinstance(cmd, list) else []) or str(pr.get("name") or "?")
+    out: list[RecordEvent] = []
+    for r in _rows(p / "gpu.jsonl.gz"):
+        try:
+            t, mono = float(r["t"]), float(r["mono"])
+            gpus = tuple(_gpu_sample(g, i, gpu_name) for i, g in enumerate(r["gpus"]) if isinstance(g, dict))
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+        rn = r.get("names")
+        row_names: dict[str, Any] = rn if isinstance(rn, dict) else {}
+        names: dict[int, str] = {}
+        for g in gpus:
+            for gp in g.procs or ():
+                n = row_names.get(str(gp.pid)) or known.get(gp.pid)
+                if n:
+                    names[gp.pid] = str(n)
+        out.append(RecordEvent("gpu", t, mono, GpuPoll(t=t, mono=mono, status=OK, gpus=gpus), names))
+    return out
 
 
 def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[RecordEvent]]:
@@ -131,6 +205,9 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
             done = max(done, size)
             if lines:
                 events.append(RecordEvent("log", t, mono, lines))
+
+    gpu_name = str((truth.get("server") or {}).get("gpu") or "GPU")
+    events.extend(gpu_events(p, gpu_name))
 
     events.sort(key=lambda e: e.at)
     header = {"schema": "vtop-trace", "interval": 1.0, "history": 600.0, "truth": truth, "raw": True}

@@ -35,7 +35,11 @@ def url_hostport(url: str) -> tuple[str, int]:
 
 
 def normalize_url(url: str) -> str:
+    """``http://`` in front when no scheme is given; a bare port (``8201`` or ``:8201``) is
+    that port on localhost, not a host named 8201."""
     url = url.strip().rstrip("/")
+    if url.isdigit() or (url.startswith(":") and url[1:].isdigit()):
+        return "http://localhost:" + url.lstrip(":")
     return url if "://" in url else "http://" + url
 
 

@@ -249,6 +249,7 @@ class VtopApp(App[int]):
             self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="GPU panel off (--no-gpu)."))
         # No log watched: the pane would only take room from the charts.
         self.w_log.display = self.log_watch is not None
+        self.w_log.redact_prompts = self.config.redact_prompts
         self.w_startup.redraw()
         self._size_panels()
         self.monitor.add_cli_urls()

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from textual.widgets import Log
 
+from vtop.model.redact import redact_prompts, scrub_secrets
+
 if TYPE_CHECKING:
     from vtop.core.phase_types import LogLine
     from vtop.monitor.logwatch import LogView
@@ -19,22 +21,27 @@ if TYPE_CHECKING:
 
 #: uvicorn's access lines for monitoring probes (vtop's own scrapes among them):
 #: one a second per monitor, they would bury everything else. Still in snapshots.
-_PROBE = re.compile(r'"GET /(?:metrics|health|version|v1/models|ping)/? HTTP/[\d.]+" 200')
+_PROBE = re.compile(r'"GET /(?:metrics|health|version|v1/models|ping)/?(?:\?[^ "]*)? HTTP/[\d.]+" 200')
 
 
 def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
-def fmt_line(ln: LogLine) -> str:
-    """The line as vLLM wrote it (its own time stamp and level are in it), ANSI removed."""
-    return ln.text
+def fmt_line(ln: LogLine, *, redact: bool = True) -> str:
+    """The line as vLLM wrote it (its own time stamp and level are in it), ANSI removed, with
+    secret-shaped values masked and, unless ``--no-redact-prompts``, prompts replaced by their length
+    (the README promises prompts are not shown; the bundle's screen.svg is this pane)."""
+    text = redact_prompts(ln.text) if redact else ln.text
+    return scrub_secrets(text)
 
 
 class LogPane(Log):
     def __init__(self, **kw: object) -> None:
         super().__init__(max_lines=1000, highlight=False, auto_scroll=True, **kw)  # type: ignore[arg-type]
         self.only_problems = False
+        self.redact_prompts = True
+        """Prompts out of the pane (the app sets it from --redact-prompts / --no-redact-prompts)."""
         self._key: tuple[int, bool] | None = None
         self.view: LogView | None = None
         self._last: LogLine | None = None
@@ -71,16 +78,16 @@ class LogPane(Log):
                 if lines[i] is self._last:
                     new = lines[i + 1 :]
                     break
-            if new is not None and self._last_text != fmt_line(self._last):
+            if new is not None and self._last_text != fmt_line(self._last, redact=self.redact_prompts):
                 new = None  # the last line changed in place (a progress bar moved on)
         if new is None:
             self.clear()
             new = lines[-300:]
         if new:
-            self.write_lines((fmt_line(ln) for ln in new), scroll_end=False)
+            self.write_lines((fmt_line(ln, redact=self.redact_prompts) for ln in new), scroll_end=False)
             # Log.auto_scroll only follows when the view was already at the end,
             # which clear() undoes; the newest line is what matters here.
             self.scroll_end(animate=False, immediate=True)
         if lines:
             self._last = lines[-1]
-            self._last_text = fmt_line(lines[-1])
+            self._last_text = fmt_line(lines[-1], redact=self.redact_prompts)
