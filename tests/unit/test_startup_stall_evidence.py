@@ -77,6 +77,7 @@ def test_silent_compile_with_a_still_worker_is_named_within_90s_of_going_still()
     assert a.title.startswith("Startup of :8011 stalled in torch.compile: no new log line for ")
     ev = "\n".join(a.evidence)
     assert "VLLM::Worker (pid 13284) 0.00 s" in ev and "does not run" in ev, ev
+    assert "kill -CONT" in a.fix[0] and any("py-spy" in f for f in a.fix)
 
 
 def test_silent_compile_with_the_whole_tree_still_is_named() -> None:

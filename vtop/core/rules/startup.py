@@ -168,8 +168,12 @@ def startup_stall(ctx: Ctx) -> Alert | None:
         return None
     stall = ctx.stall
     why: list[str] = []
+    still = False
     if stall is None and ctx.quiet is not None:
-        why = _progress_stopped(ctx) or _went_still(ctx) or []
+        why = _progress_stopped(ctx) or []
+        if not why:
+            why = _went_still(ctx) or []
+            still = bool(why)
         if why:
             stall = ctx.quiet.as_stall(ctx.now)
     if stall is None:
@@ -199,6 +203,9 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     if working:
         ev.append("the SMs are busy: the phase may just be slow (a big model's first torch.compile or profiling)")
     fix = []
+    if still:
+        fix.append("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is "
+                   "stopped, D waits on I/O); kill -CONT a stopped one.")
     if stall.hint:
         fix.append(stall.hint[0].upper() + stall.hint[1:] + ".")
     fix.append("Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.")
