@@ -10,7 +10,8 @@ TRACE --doctor`` and the screen would, as fast as it goes. Per trace:
   incident began); **in time** when that is no later than ``should_alert_by`` (plus one
   second: the trace's sampling);
 * **false alarms**: alerts of warning or critical severity of a rule the truth does not
-  expect (on a normal trace: any);
+  expect (on a normal trace: any), less the truth's ``allowed_rules`` (a warning that rightly
+  foretold the incident, e.g. risky flags before a startup OOM);
 * **cleared**: for an incident that ended within the trace, no expected alert is still
   up at the trace's end;
 * **phase**: the startup tracker's state at the end against ``expected_phase``.
@@ -73,6 +74,9 @@ def score_trace(path: Path) -> Score:
 
     truth = truth_of(path)
     expect = [str(r) for r in truth.get("expect_rules") or []]
+    # rules that are right on this trace without naming its incident (a warning that foretold it):
+    # not false alarms, not the naming either
+    allowed = {str(r) for r in truth.get("allowed_rules") or []}
     began, by, ended = truth.get("began"), truth.get("should_alert_by"), truth.get("ended")
     player = open_recording(str(path), config=Config())
     m = player.play_to_end()
@@ -84,7 +88,8 @@ def score_trace(path: Path) -> Score:
         for a in change.alerts:
             if a.rule in expect and first_t is None:
                 first_t, first_title = change.t, a.title
-            elif a.rule not in expect and a.severity in BAD and (a.rule, a.severity) not in seen_false:
+            elif (a.rule not in expect and a.rule not in allowed and a.severity in BAD
+                  and (a.rule, a.severity) not in seen_false):
                 seen_false.add((a.rule, a.severity))
                 since = change.t - began if isinstance(began, (int, float)) else change.t - player.clock.offset
                 false.append(f"{a.severity} {a.rule} at +{since:.0f}s: {a.title}")

@@ -43,3 +43,16 @@ def test_no_startup_stall_on_a_real_recording(rel: str) -> None:
 def test_no_startup_stall_on_a_normal_trace(name: str) -> None:
     assert len(NORMAL) >= 6
     assert _stalls(TRACES / name) == []
+
+
+def test_the_h200_graph_capture_stall_is_named_from_its_progress_within_90s() -> None:
+    # The real H200 trace: the EngineCore SIGSTOPped at graph capture 5/51 for 120 s. No CPU readings:
+    # its own progress bar (51 graphs in a few seconds) says it stopped.
+    p = TRACES / "h200-startup-stall-graph-capture"
+    truth = truth_of(p)
+    m = open_recording(str(p), config=Config()).play_to_end()
+    hits = [(c.t, a) for c in m.alert_log for a in c.alerts if a.rule == "startup_stall"]
+    assert hits, "not named"
+    t, a = hits[0]
+    assert t - float(truth["began"]) <= 90.0, t - float(truth["began"])
+    assert "CUDA graph capture" in a.title and any("progress stopped" in e for e in a.evidence), (a.title, a.evidence)
