@@ -123,7 +123,7 @@ class PhaseView:
 class Failure:
     """Why a start (or a running engine) died: the telling line and the usual fix."""
 
-    kind: str  # cuda_oom, kv_no_memory, kv_host_memory, max_model_len, module_not_found, exception,
+    kind: str  # cuda_oom, kv_no_memory, kv_host_memory, gpu_free_at_start, max_model_len, module_not_found, exception,
     #            engine_init_failed, engine_died, worker_died
     line: str
     message: str

@@ -398,6 +398,17 @@ _ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
     # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
     # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
     # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
+    # 0.26 on an H200 beside a 100 GiB process: "ValueError: Free memory on device cuda:0 (38.77/139.8 GiB) on
+    # startup is less than desired GPU memory utilization (0.5, 69.9 GiB). Decrease GPU memory utilization or
+    # reduce GPU memory used by other processes."
+    (
+        "gpu_free_at_start",
+        re.compile(
+            r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than"
+            r" desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
     (
         "kv_host_memory",
         re.compile(
@@ -458,6 +469,14 @@ def _kv_fit(avail: str | None) -> str:
         return "N"
 
 
+def _util_fit(free: str | None, total: str | None) -> str:
+    """A --gpu-memory-utilization that fits in what is free, two points under it."""
+    try:
+        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
+    except (ValueError, ZeroDivisionError):
+        return "what is free"
+
+
 def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
     """(short message, usual fix) for a failure kind."""
 
@@ -489,6 +508,16 @@ def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[
             "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
             "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
             "--kv-cache-memory-bytes."
+        )
+    elif kind == "gpu_free_at_start":
+        free, total, util, req = g("free"), g("total"), g("util"), g("req")
+        msg = (f"not enough free GPU memory at start: {free} of {total} GiB free, --gpu-memory-utilization {util} "
+               f"asks for {req} GiB")
+        fit = _util_fit(free, total)
+        fix = (
+            "Another process holds GPU memory (nvidia-smi shows it): stop or move it, or lower "
+            f"--gpu-memory-utilization to {fit} or less (what is free beside it). A lower --max-model-len or "
+            "--max-num-seqs, or --kv-cache-memory-bytes, makes vLLM need less."
         )
     elif kind == "max_model_len":
         est = g("est")

@@ -83,7 +83,7 @@ def tracker_failure(ctx: Ctx) -> Failure | None:
 def failure_evidence(ctx: Ctx, f: Failure, where: str) -> tuple[str, ...]:
     message = f.message.removesuffix(where) if where else f.message
     ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
-    if f.kind in ("kv_no_memory", "kv_host_memory", "max_model_len"):
+    if f.kind in ("kv_no_memory", "kv_host_memory", "gpu_free_at_start", "max_model_len"):
         ev += ctx.other_procs_lines(ctx.log_target, f.arrival)
     return tuple(ev)
 
