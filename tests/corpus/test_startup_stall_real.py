@@ -56,3 +56,19 @@ def test_the_h200_graph_capture_stall_is_named_from_its_progress_within_90s() ->
     t, a = hits[0]
     assert t - float(truth["began"]) <= 90.0, t - float(truth["began"])
     assert "CUDA graph capture" in a.title and any("progress stopped" in e for e in a.evidence), (a.title, a.evidence)
+
+
+@pytest.mark.parametrize("name", ["startup-stall-compile", "startup-stall-engine-init", "startup-stall-process-start"])
+def test_a_silent_stall_is_named_within_90s_of_its_processes_going_still(name: str) -> None:
+    # The real CPU traces: a process of the start SIGSTOPped (in torch.compile: the Worker; in engine init;
+    # at process start), the log silent; the process table has each process's CPU seconds.
+    p = TRACES / name
+    truth = truth_of(p)
+    m = open_recording(str(p), config=Config()).play_to_end()
+    hits = [(c.t, a) for c in m.alert_log for a in c.alerts if a.rule == "startup_stall"]
+    assert hits, "not named"
+    t, a = hits[0]
+    assert t - float(truth["began"]) <= 90.0, t - float(truth["began"])
+    assert a.severity == "warning" and any("CPU" in e for e in a.evidence), (a.title, a.evidence)
+    assert "kill -CONT" in a.fix[0], a.fix
+    assert not [x for x in m.alert_log[-1].alerts if x.rule == "startup_stall"], "not cleared once it went on"
