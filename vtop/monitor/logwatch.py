@@ -16,7 +16,7 @@ from typing import Any
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.loghistory import LogHistory, LogHistoryView
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
+from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -46,6 +46,9 @@ class LogView:
     """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
     finishes_logged: bool = False
     """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
+    quiet: Quiet | None = None
+    """A start in progress: how long the log has been silent and what its progress says, whatever the
+    stall threshold (the diagnoser judges a stall by evidence from it; ``stall`` is the ceiling)."""
     history: LogHistoryView | None = None
     """The log's stats lines of the last minutes on the monitor's clock (:mod:`vtop.core.loghistory`):
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
@@ -194,13 +197,14 @@ class LogWatch:
                 elif kind == "reset_requests":
                     self.requests.reset()
             snap = self.tracker.snapshot()
+            # A log read as a backlog (an attach, doctor) arrived all at once: its silence
+            # began when its last line was written, not when vtop read it.
+            lag = self.history.backlog_lag(now, wall)
             return LogView(
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                # A log read as a backlog (an attach, doctor) arrived all at once: its silence
-                # began when its last line was written, not when vtop read it.
-                stall=self.tracker.stalled(now + self.history.backlog_lag(now, wall), self.stall_threshold_s),
+                stall=self.tracker.stalled(now + lag, self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
@@ -210,6 +214,7 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
+                quiet=self.tracker.quiet(now + lag),
                 history=self.history.snapshot(now, wall),
             )
 
