@@ -281,7 +281,10 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
+        startup["log_problem"] = lv.problem
     notes = list(monitor.notes)
+    if lv is not None and lv.problem:
+        notes.append(lv.problem)
     if monitor.log_message and monitor.log_watch is None:
         notes.append(monitor.log_message)
     reqs = []
