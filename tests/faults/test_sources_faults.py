@@ -221,3 +221,28 @@ def test_api_unresponsive_is_a_warning_then_critical_and_clears_on_an_answer() -
             t2.feed(poll_from_error(url, kind, t=clock.time(), mono=clock.monotonic()))
         assert not [a for a in Diagnoser().update(clock.monotonic(), servers={url: t2.view()})
                     if a.rule == "api_unresponsive"]
+
+
+async def test_the_screen_names_a_server_that_accepts_and_never_answers() -> None:
+    # Issue #25 item 2 on the live screen: the alert (with what to do) above the STALE card,
+    # while the keys still answer.
+    import asyncio
+
+    from vtop.config import Config
+    from vtop.ui.app import VtopApp
+    from vtop.ui.widgets.alerts_panel import AlertsPanel
+
+    with BadServer("hang") as srv:
+        app = VtopApp(Config(urls=(srv.url,), no_gpu=True, interval=0.5), hostname="t")
+        async with app.run_test(size=(120, 40)) as pilot:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + GUARD_S  # hang guard only
+            while not any(a.rule == "api_unresponsive" for a in app.monitor.alerts):
+                assert loop.time() < end, "hang guard: no api_unresponsive alert"
+                await pilot.pause(0.1)
+            await pilot.pause()
+            text = app.query_one(AlertsPanel).render_alerts().plain
+            assert "not answering" in text and srv.url.rsplit(":", 1)[1] in text, text
+            await pilot.press("r")  # a key still answers while the scrapes hang
+            await pilot.pause()
+            assert len(app.screen_stack) > 1
