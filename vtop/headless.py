@@ -26,7 +26,10 @@ saturation that began minutes before it.
 Threads and timeouts: NVML, the process table and the log are read in daemon
 threads, HTTP is async with the scraper's deadlines; after the window each
 source gets a short deadline for its first answer, and one that gives none is
-named in the notes: a hung call never hangs ``--once``.
+named in the notes and in ``silent_sources`` (exit 3 without an alert): a hung call
+never hangs ``--once`` (NVML's shutdown gives up after 1 s when a poll still holds it).
+A server whose scrapes time out (it accepts and does not answer) is waited for until
+the ``api_unresponsive`` rule can judge it (6 s of silence), so it is named, not STALE.
 
 ``vtop replay FILE --doctor`` plays a recording through the same monitor and
 prints when each alert came and went.

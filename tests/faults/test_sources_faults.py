@@ -64,7 +64,8 @@ SERVER_CASES: dict[str, tuple[int, str]] = {
 }
 
 
-@pytest.mark.parametrize("mode", list(SERVER_CASES))
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in ("hang", "slow", "trickle") else m
+                                  for m in SERVER_CASES])
 def test_a_misbehaving_server_gets_a_line_and_its_exit_status(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
     want_rc, want = SERVER_CASES[mode]
     with BadServer(mode) as srv:
@@ -73,6 +74,7 @@ def test_a_misbehaving_server_gets_a_line_and_its_exit_status(mode: str, capsys:
     assert rc == want_rc, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hang", "trickle"])
 def test_a_server_that_accepts_and_never_answers_is_an_incident_in_doctor_and_json(
         mode: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,6 +103,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml) -> None:
     monkeypatch.setattr(nvml_mod, "make_gpu_source", lambda cfg: nvml_mod.NvmlSource(nvml=nvml))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["--once", "doctor"])
 def test_a_hung_nvml_call_does_not_hang_once_or_doctor(cmd: str, healthy_server: str, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -223,6 +226,7 @@ def test_api_unresponsive_is_a_warning_then_critical_and_clears_on_an_answer() -
                     if a.rule == "api_unresponsive"]
 
 
+@pytest.mark.slow
 async def test_the_screen_names_a_server_that_accepts_and_never_answers() -> None:
     # Issue #25 item 2 on the live screen: the alert (with what to do) above the STALE card,
     # while the keys still answer.

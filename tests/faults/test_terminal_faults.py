@@ -115,6 +115,7 @@ def check_frame(rows: list[str], *, log_shown: bool) -> None:
     assert all(not r.strip() for r in rows[bottoms[-1] + 1:keys_bar]), screen
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_hiding_the_log_pane_under_cpu_load_leaves_no_stale_rows(cpu_load: None) -> None:
     # Issue #25 item 9: under load, `l` left old rows and borders over the DOWN card until a
