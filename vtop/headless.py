@@ -5,8 +5,8 @@ the sources (NVML, process discovery, the ``/metrics`` scraper, the log tail)
 into a :class:`~vtop.monitor.Monitor` (trackers, the diagnosis rules) for a
 short window, and what it knows is turned into one
 :class:`Report`, printed as plain text for an incident channel or as JSON for
-scripts (schema: ``vtop/schema/report-v1.schema.json``, ``"schema":
-"vtop.report/1"``).
+scripts (schema: ``vtop/schema/report-v2.schema.json``, ``"schema":
+"vtop.report/2"``).
 
 Exit status, the convention of the monitoring plugins (Nagios, Icinga, Sensu
 checks) that on-call tooling already understands: **0** OK; **1** warning (an
@@ -55,7 +55,7 @@ from vtop.model.fmt import dur
 from vtop.monitor.live import LiveFeed
 from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
-SCHEMA = "vtop.report/1"
+SCHEMA = "vtop.report/2"
 GPU_SOURCE = "NVML (GPU readings)"
 MAX_REQUESTS = 50
 __all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "run_once"]
