@@ -806,7 +806,7 @@ class PhaseTracker:
                 t = None
             if t is not None:
                 if self._anchor is None:
-                    self._rebase(t - arrival)
+                    self._rebase(t - arrival - self._pre_stamp_offset())
                 self._anchor = (t, arrival)
                 self._stamp_cache = (ev.stamp, t)
                 return t
@@ -814,8 +814,17 @@ class PhaseTracker:
 
     def _time_at(self, arrival: float) -> float:
         if self._anchor is None:
-            return arrival
+            return arrival + self._pre_stamp_offset()
         return self._anchor[0] + max(0.0, arrival - self._anchor[1])
+
+    def _pre_stamp_offset(self) -> float:
+        """Before any stamped line: the launch (an epoch time on the log's clock) with its arrival
+        anchors the log's clock; else times stay on the arrival clock. Without it a ready seen
+        before any stamp (a log that is missing, binary or quiet) was a monotonic time minus an
+        epoch: "ready in -1796162519.7 s"."""
+        if self._launch_t is not None and self._launch_arrival is not None:
+            return self._launch_t - self._launch_arrival
+        return 0.0
 
     def _rebase(self, delta: float) -> None:
         """Move times taken on the arrival clock (before any stamp) onto the log's clock."""

@@ -52,10 +52,39 @@ class LogView:
     history: LogHistoryView | None = None
     """The log's stats lines of the last minutes on the monitor's clock (:mod:`vtop.core.loghistory`):
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
+    binary_lines: int = 0
+    """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the log as a source, in one line (None: nothing): it is missing, a
+        directory, unreadable, not text, or its input ended. Shown where the startup panel is and
+        in the notes of ``--once``/``doctor``/JSON."""
+        return log_problem(self.tail, self.lines_total, self.binary_lines)
 
     @property
     def state(self) -> str:
         return self.snapshot.state
+
+
+def is_binary_line(line: str) -> bool:
+    """A line of a file that is not text: a NUL, or a quarter or more of it bytes that were not UTF-8."""
+    return "\x00" in line or (len(line) >= 8 and line.count("\ufffd") * 4 >= len(line))
+
+
+def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | None:
+    """See :attr:`LogView.problem`."""
+    src = tail.source
+    if tail.status == "error":
+        return f"vLLM log: {tail.message or 'cannot be read'}"
+    if tail.status == "waiting":
+        return f"vLLM log: {src} does not exist (yet); waiting for it to appear"
+    if tail.status == "ended":
+        return f"vLLM log: input ended ({'standard input' if src == '-' else src} was closed by its writer)"
+    if binary_lines >= 3 and binary_lines * 2 >= lines_total:
+        return (f"vLLM log: {src} does not look like a text log ({binary_lines} of {lines_total} lines read are "
+                "binary); pass the server's stdout/stderr file")
+    return None
 
 
 class LogWatch:
@@ -76,6 +105,7 @@ class LogWatch:
         self._backfilled = False
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
+        self._binary_lines = 0
         self._lock = threading.Lock()
         #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
         self.recorder: Any = None
@@ -154,6 +184,7 @@ class LogWatch:
             self.requests = RequestTracker()
             self.history = LogHistory()
             self._lines_total = 0
+            self._binary_lines = 0
             self._restarts_seen = 0
             self._max_len_sent = None
             while True:
@@ -179,6 +210,7 @@ class LogWatch:
                     req(line, now, event=ev)
                     hist(ev, wall, now)
                 self._lines_total += len(lines)
+                self._binary_lines += sum(1 for line in lines if is_binary_line(line))
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
             while True:
@@ -216,6 +248,7 @@ class LogWatch:
                 finishes_logged=self.requests.finishes_logged,
                 quiet=self.tracker.quiet(now + lag),
                 history=self.history.snapshot(now, wall),
+                binary_lines=self._binary_lines,
             )
 
     def _backfill(self, wall: float) -> None:

@@ -22,6 +22,7 @@ RULES = (
     "kv_saturation",
     "sm_idle",
     "risky_flags",
+    "api_unresponsive",
 )
 
 
@@ -66,6 +67,10 @@ class Thresholds:
 
     #: runaway: no request finished for this long while requests run and tokens flow
     runaway_s: float = 120.0
+    #: api_unresponsive: accepted scrapes without a complete answer for this long (a warning; two
+    #: of the scraper's 3 s deadlines), and for this long (critical)
+    api_silent_s: float = 6.0
+    api_silent_critical_s: float = 30.0
     #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/inflight.py) to have
     #: run this long, while other requests finish around it; raised to ``runaway_age_ordinary_x`` times
     #: what requests ordinarily take on this server (the p95 of those that finished)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vtop.core.rules.alert import RANK, Alert, Thresholds
+from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Ctx, Memory, Rule
 from vtop.core.rules.death import EngineDied
 from vtop.core.rules.flags import RiskyFlags
@@ -32,7 +33,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive())
 
 
 class Diagnoser:
