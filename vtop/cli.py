@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
                    help="print one plain-text snapshot (GPUs, servers, startup, alerts) and exit; "
                         "exit 0 OK, 1 warning, 2 critical (or a server down), 3 unknown")
     p.add_argument("--json", action="store_true", default=S,
-                   help="with --once (implied): the snapshot as JSON, schema vtop.report/1")
+                   help="with --once (implied): the snapshot as JSON, schema vtop.report/2")
     p.add_argument("--window", type=_duration("window"), default=S, metavar="DURATION",
                    help="--once: how long to watch before printing (default 2 intervals: rates need two scrapes)")
     p.add_argument("--record-max-mb", dest="record_max_mb", type=int, default=S, metavar="MB",
@@ -182,7 +182,7 @@ def doctor_parser() -> argparse.ArgumentParser:
                    help="vLLM server(s); default: the ones running on this box")
     p.add_argument("--window", type=_duration("window"), default=15.0, metavar="DURATION",
                    help="how long to watch (default 15s)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema vtop.report/1)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema vtop.report/2)")
     p.add_argument("--log", default=S, metavar="PATH", help="the vLLM log (default: found from the process)")
     p.add_argument("--interval", type=_duration("interval"), default=S, metavar="SECONDS",
                    help="seconds between polls (default 1)")

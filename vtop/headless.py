@@ -5,14 +5,15 @@ the sources (NVML, process discovery, the ``/metrics`` scraper, the log tail)
 into a :class:`~vtop.monitor.Monitor` (trackers, the diagnosis rules) for a
 short window, and what it knows is turned into one
 :class:`Report`, printed as plain text for an incident channel or as JSON for
-scripts (schema: ``vtop/schema/report-v1.schema.json``, ``"schema":
-"vtop.report/1"``).
+scripts (schema: ``vtop/schema/report-v2.schema.json``, ``"schema":
+"vtop.report/2"``).
 
 Exit status, the convention of the monitoring plugins (Nagios, Icinga, Sensu
 checks) that on-call tooling already understands: **0** OK; **1** warning (an
 alert of warning severity); **2** critical (a critical alert, or a watched server
 down or its engine dead); **3** unknown (vtop could not look: bad usage, a bad
-config, a recording it cannot read, or no source answered in the window). So
+config, a recording it cannot read, no source answered in the window, a source that
+never answered (a hung NVML call), or a server whose /metrics is not vLLM's). So
 ``vtop doctor || page-someone`` pages on a warning too, and a check runner maps
 the status as it does for its plugins. ``exit_code`` in the JSON is the same.
 
@@ -25,7 +26,10 @@ saturation that began minutes before it.
 Threads and timeouts: NVML, the process table and the log are read in daemon
 threads, HTTP is async with the scraper's deadlines; after the window each
 source gets a short deadline for its first answer, and one that gives none is
-named in the notes: a hung call never hangs ``--once``.
+named in the notes and in ``silent_sources`` (exit 3 without an alert): a hung call
+never hangs ``--once`` (NVML's shutdown gives up after 1 s when a poll still holds it).
+A server whose scrapes time out (it accepts and does not answer) is waited for until
+the ``api_unresponsive`` rule can judge it (6 s of silence), so it is named, not STALE.
 
 ``vtop replay FILE --doctor`` plays a recording through the same monitor and
 prints when each alert came and went.
@@ -51,7 +55,8 @@ from vtop.model.fmt import dur
 from vtop.monitor.live import LiveFeed
 from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
-SCHEMA = "vtop.report/1"
+SCHEMA = "vtop.report/2"
+GPU_SOURCE = "NVML (GPU readings)"
 MAX_REQUESTS = 50
 __all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "run_once"]
 
@@ -78,6 +83,9 @@ class Report:
     """Some source answered (a server, even to refuse; NVML; the log): else the status is unknown."""
     history_s: float | None = None
     """Seconds of the log's history read before the window (its stats lines), if any."""
+    silent: list[str] = field(default_factory=list)
+    """The sources that gave no answer at all by the deadline (a hung NVML call, a log read that
+    never returned): vtop could not look at them, so with no alert the status is unknown (3)."""
 
     @property
     def exit_code(self) -> int:
@@ -88,9 +96,17 @@ class Report:
             return EXIT_CRITICAL
         if any(a.get("severity") == "warning" for a in self.alerts):
             return EXIT_WARNING
-        if not self.looked:
+        if not self.looked or self.silent or self.unread:
             return EXIT_UNKNOWN
         return EXIT_OK
+
+    @property
+    def unread(self) -> list[str]:
+        """The watched servers vtop could not read vLLM's numbers from: something answers that is
+        not vLLM's /metrics (HTML, a 404, a 302, another exporter, over 16 MiB), or it never gave
+        data (HTTP 500, timeouts): vtop could not look, so with no alert the status is unknown."""
+        return [s["url"] for s in self.servers
+                if s.get("state") == "not vllm" or (s.get("state") == "stale" and s.get("running") is None)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +125,7 @@ class Report:
             "requests_in_flight": self.requests_in_flight,
             "alerts": self.alerts,
             "notes": self.notes,
+            "silent_sources": list(self.silent),
             "exit_code": self.exit_code,
         }
 
@@ -207,19 +224,45 @@ async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
             await asyncio.sleep(0.05)
             feed.collect()
             monitor.tick()
+        # A server that accepts and gives no complete answer (a blocked API-server event loop):
+        # wait until it has been silent long enough for the api_unresponsive rule to judge it,
+        # so ``--once`` names it rather than reporting a STALE card and exit 0.
+        silent_s = monitor.diagnoser.thresholds.api_silent_s
+        deadline = max(deadline, clock.monotonic() + silent_s + 1.0)
+        while _judging_silence(monitor, silent_s) and clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            feed.collect()
+            monitor.tick()
         monitor.tick()
+        monitor.diagnose()  # the rules again at the end: a silence has grown with no new poll
+        feed.silent = []
         for what in _waiting_for(monitor, feed, 1):
+            feed.silent.append(what)
             monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
     finally:
         await feed.aclose()
     return started
 
 
+def _judging_silence(monitor: Monitor, silent_s: float) -> bool:
+    """A server's scrapes time out (accepted, no complete answer) and it has not yet been
+    silent for ``silent_s``."""
+    from vtop.core.rules.api import silent_for
+
+    now = monitor.clock.monotonic()
+    for ws in monitor.servers.values():
+        v = ws.tracker.view()
+        t = silent_for(now, v)
+        if t is not None and t < silent_s:
+            return True
+    return False
+
+
 def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> list[str]:
     """The sources that have not answered once yet (a server: ``server_polls`` times)."""
     out = []
     if feed.gpu_loop is not None and feed.gpu_loop.polls == 0:
-        out.append("NVML (GPU readings)")
+        out.append(GPU_SOURCE)
     if feed.log_loop is not None and feed.log_loop.polls == 0:
         out.append("the vLLM log")
     if feed.disc_loop is not None and not monitor.discovered_once:
@@ -228,7 +271,8 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> lis
     return out
 
 
-def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None) -> Report:
+def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None,
+           silent: list[str] | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
     from vtop.core.phases import summarize
 
@@ -240,7 +284,10 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
+        startup["log_problem"] = lv.problem
     notes = list(monitor.notes)
+    if lv is not None and lv.problem:
+        notes.append(lv.problem)
     if monitor.log_message and monitor.log_watch is None:
         notes.append(monitor.log_message)
     reqs = []
@@ -257,7 +304,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         window_s=clock.monotonic() - started,
         host=socket.gethostname(),
         gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
-        gpu_message=poll.message if poll else None,
+        gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
         gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws)) | {"polls": ws.polls}
                  for ws in monitor.servers.values()],
@@ -269,7 +316,15 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         window_asked_s=window_asked_s,
         looked=_looked(monitor),
         history_s=_history_s(monitor),
+        silent=list(silent or ()),
     )
+
+
+def _silent_gpu(silent: list[str] | None, waited: float) -> str | None:
+    """The GPU line when NVML never answered: a hung driver call, said as such."""
+    if silent and GPU_SOURCE in silent:
+        return f"{GPU_SOURCE}: no answer within {waited:.0f} s (a hung NVML call: the driver or a GPU may be stuck)"
+    return None
 
 
 def _looked(monitor: Monitor) -> bool:
@@ -408,7 +463,8 @@ def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = Fals
     finally:
         if recorder is not None:
             recorder.close()
-    rep = report(monitor, started, gpu_off=gpu_source is None, window_asked_s=window_s)
+    rep = report(monitor, started, gpu_off=gpu_source is None, window_asked_s=window_s,
+                 silent=feed.silent)
     if as_json:
         out.write(json.dumps(rep.to_json(), indent=2) + "\n")
     else:

@@ -17,8 +17,8 @@ the trace as ``tests/corpus/FORMAT.md`` says:
 * ``info.jsonl.gz``: ``/version`` and ``/v1/models``, a line when they change (polled every
   5 s while healthy and at once when /health turns 200);
 * ``procs.jsonl.gz``: the server's process tree (and any other vLLM process on the box) from
-  ``/proc``, every 2 s and whenever the set of processes changes; ``--api-key`` and other
-  secret flag values masked as ``***``;
+  ``/proc``, every second, each process with its CPU time so far (``"cpu"``: user + system
+  seconds); ``--api-key`` and other secret flag values masked as ``***``;
 * ``log.bin.gz`` + ``log-index.jsonl.gz``: the server's stdout+stderr byte for byte (the
   fixture's own ``# vtop test fixture`` header line left out; the logs of several starts
   concatenated) and its size each second;
@@ -193,8 +193,13 @@ def read_proc(pid: int) -> dict[str, Any] | None:
     args = [a.decode(errors="replace") for a in raw.split(b"\0")]
     while args and args[-1] == "":
         args.pop()
+    # fields after the ")" of /proc/PID/stat, 0-based from state: utime 11, stime 12 (clock ticks), starttime 19
+    try:
+        cpu: float | None = round((int(rest[11]) + int(rest[12])) / CLK, 2)
+    except (ValueError, IndexError):
+        cpu = None
     return {"pid": pid, "ppid": int(rest[1]), "name": stat[lp + 1:rp], "cmdline": mask_argv(args),
-            "create_time": round(BOOT + int(rest[19]) / CLK, 2)}
+            "create_time": round(BOOT + int(rest[19]) / CLK, 2), "cpu": cpu}
 
 
 def all_procs() -> dict[int, dict[str, Any]]:
@@ -355,7 +360,6 @@ class Sampler:
         self._info_last: Any = None
         self._info_next = 0.0
         self._procs_last: tuple[int, ...] | None = None
-        self._procs_next = 0.0
         self.counts = {"metrics": 0, "metrics_ok": 0}
 
     def _write(self, key: str, row: dict[str, Any]) -> None:
@@ -466,10 +470,9 @@ class Sampler:
         roots = {self.srv.pid} if self.srv.pid else set()
         tree = vllm_tree(all_procs(), roots)
         pids = tuple(r["pid"] for r in tree)
-        if pids != self._procs_last or mono >= self._procs_next:
-            self._procs_last = pids
-            self._procs_next = mono + 2.0 - 0.05
-            self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
+        # every second (the thread's period): each process's CPU time moves between samples
+        self._procs_last = pids
+        self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
 
     def _log_index(self) -> None:
         t, mono = now()
@@ -649,6 +652,151 @@ class _Quiet:
 
     def event(self, *a: Any, **k: Any) -> None:
         pass
+
+
+class NonStream:
+    """One NON-streaming request in a thread; the client gives up (closes the connection: vLLM aborts the
+    request) when its read timeout ``give_up_s`` passes, as a client with a timeout does."""
+
+    def __init__(self, ctx: Ctx, what: str, path: str, body: dict[str, Any], give_up_s: float) -> None:
+        self.ctx, self.what, self.path, self.body, self.give_up_s = ctx, what, path, body, give_up_s
+        self.status: int | None = None
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True, name=f"nonstream-{what}")
+
+    def start(self) -> NonStream:
+        self.ctx.event(self.what + "_begin", path=self.path, max_tokens=self.body.get("max_tokens", "absent"),
+                       stream=False, give_up_s=self.give_up_s)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with httpx.Client(timeout=httpx.Timeout(30.0, read=self.give_up_s)) as c:
+                r = c.post(self.ctx.srv.url + self.path, json=self.body)
+            self.status = r.status_code
+            if r.status_code == 200:
+                js = r.json()
+                self.finish = (js.get("choices") or [{}])[0].get("finish_reason")
+                self.usage = js.get("usage")
+            else:
+                self.error = f"HTTP {r.status_code}: {r.text[:300]}"
+            self.ctx.event(self.what + "_end", status=self.status, finish=self.finish, usage=self.usage,
+                           error=self.error)
+        except httpx.ReadTimeout:
+            self.ctx.event("client_hangup", of=self.what, reason=f"read timeout after {self.give_up_s:.0f} s")
+        except Exception as e:  # noqa: BLE001 - noted in the events
+            self.error = f"{type(e).__name__}: {e}"
+            self.ctx.event(self.what + "_end", status=None, error=self.error)
+        finally:
+            self.done.set()
+
+
+class MixedTraffic:
+    """Chat and completion requests, streaming or not, ``max_tokens`` drawn from a range, with a concurrency
+    that changes every ``step`` seconds within ``concurrency``; bounded in count and time."""
+
+    def __init__(self, ctx: Ctx, concurrency: tuple[int, int] = (1, 6), max_tokens: tuple[int, int] = (16, 512),
+                 step: float = 20.0, max_count: int = 800, time_limit: float = 200.0, seed: int = 11,
+                 prompt: Callable[[int, random.Random], str] | None = None, kind: str = "mixed") -> None:
+        self.ctx, self.concurrency, self.max_tokens, self.step = ctx, concurrency, max_tokens, step
+        self.max_count, self.time_limit, self.kind = max_count, time_limit, kind
+        self.rng = random.Random(seed)
+        self.prompt = prompt or (lambda i, rng: f"{PROMPT} #{i}")
+        self.level = concurrency[0]
+        self.sent = self.ok = self.failed = 0
+        self.prompt_tokens = self.completion_tokens = 0
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t0 = 0.0
+        self._threads = [threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"{kind}-{i}")
+                         for i in range(concurrency[1])]
+        self._ctl = threading.Thread(target=self._control, daemon=True, name=f"{kind}-ctl")
+
+    def start(self) -> MixedTraffic:
+        self.ctx.event("load_begin", kind=self.kind, concurrency=list(self.concurrency),
+                       max_tokens=list(self.max_tokens))
+        self._t0 = time.monotonic()
+        self._ctl.start()
+        for th in self._threads:
+            th.start()
+        return self
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._ctl.join(5)
+        for th in self._threads:
+            th.join(150)
+        self.ctx.event("load_end", kind=self.kind, sent=self.sent, ok=self.ok, failed=self.failed,
+                       prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                       errors=self.errors[:3])
+
+    def _over(self) -> bool:
+        return self._stop.is_set() or time.monotonic() - self._t0 > self.time_limit
+
+    def _control(self) -> None:
+        while not self._over():
+            with self.lock:
+                self.level = self.rng.randint(*self.concurrency)
+            self.ctx.event("load_level", kind=self.kind, concurrency=self.level)
+            self._stop.wait(self.step)
+
+    def _worker(self, slot: int) -> None:
+        with httpx.Client(base_url=self.ctx.srv.url, timeout=httpx.Timeout(150.0, connect=5.0)) as client:
+            while not self._over():
+                with self.lock:
+                    active = slot < self.level and self.sent < self.max_count
+                    if active:
+                        self.sent += 1
+                        i = self.sent
+                        mt = self.rng.randint(*self.max_tokens)
+                        chat, stream = self.rng.random() < 0.5, self.rng.random() < 0.5
+                        text = self.prompt(i, self.rng)
+                if not active:
+                    self._stop.wait(0.5)
+                    continue
+                try:
+                    usage = self._one(client, text, mt, chat, stream)
+                    with self.lock:
+                        self.ok += 1
+                        if usage:
+                            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+                            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+                except Exception as e:  # noqa: BLE001 - counted
+                    with self.lock:
+                        self.failed += 1
+                        if len(self.errors) < 20:
+                            self.errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+                self._stop.wait(self.rng.uniform(0.0, 1.0))
+
+    def _one(self, client: httpx.Client, text: str, mt: int, chat: bool, stream: bool) -> dict[str, Any] | None:
+        body: dict[str, Any] = {"model": self.ctx.srv.model, "max_tokens": mt, "ignore_eos": True}
+        if chat:
+            body["messages"] = [{"role": "user", "content": text}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = text
+            path = "/v1/completions"
+        if not stream:
+            r = client.post(path, json=body)
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            return dict(r.json().get("usage") or {})
+        body.update(stream=True, stream_options={"include_usage": True})
+        usage = None
+        with client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    usage = json.loads(line[6:]).get("usage") or usage
+        return usage
 
 
 # --- the context a scenario runs in ----------------------------------------------------
@@ -1118,6 +1266,274 @@ def kv_saturation_many_seqs(ctx: Ctx) -> None:
     _kv_saturation(ctx, kv_mib=24, streams=32, max_tokens=1800)
 
 
+# --- more variations (recorded 2026-12-02 with the process tree's CPU time) -----------------
+
+
+@scenario("runaway-nonstreaming-request-log", "runaway", 150)
+def runaway_nonstreaming_request_log(ctx: Ctx) -> None:
+    """--max-model-len 65536 --enable-log-requests; one NON-streaming chat request without max_tokens (ignore_eos;
+    vLLM fills in max_model_len - prompt) while short requests (max_tokens 16-64) come and go every 2-5 s; the
+    client gives up after ~150 s (its read timeout: the connection closes, vLLM aborts the request); 30 s after.
+    (/v1/completions cannot make this runaway on vLLM 0.32: its max_tokens defaults to 16, and an explicit null
+    was served as 16 too.)"""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
+    short = ShortTraffic(ctx, seed=21).start()
+    ctx.sleep(15)
+    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write a very long essay about the sea."}]}
+    ra = NonStream(ctx, "runaway", "/v1/chat/completions", body, give_up_s=ctx.seconds).start()
+    if not ra.done.wait(ctx.seconds + 30):
+        ctx.notes.append("the non-streaming request did not end with the client's timeout")
+    ctx.sleep(30)
+    short.stop()
+
+
+@scenario("runaway-during-burst-queue", "runaway", 150)
+def runaway_during_burst_queue(ctx: Ctx) -> None:
+    """--max-model-len 65536 --max-num-seqs 4 --enable-log-requests; bursts of 24 concurrent completions
+    (max_tokens 384) every ~40 s, each with a waiting queue; 3 s into the second burst (4 running, ~20 waiting)
+    a streaming chat request without max_tokens (ignore_eos) is sent: it waits its turn in the queue, then holds
+    one of the 4 slots for ~150 s while the bursts go on; the client hangs up; 30 s after."""
+    ctx.start(("--max-num-seqs", "4"), max_model_len=RUNAWAY_MML, log_requests=True)
+    ctx.sleep(10)
+    burst_no = [0]
+    stop = threading.Event()
+
+    def bursts() -> None:
+        t_end = time.monotonic() + 40 + ctx.seconds + 40
+        while not stop.is_set() and time.monotonic() < t_end and burst_no[0] < 8:
+            burst_no[0] += 1
+            b = burst_no[0]
+            ctx.event("load_begin", kind="burst", n=24, concurrency=24, max_tokens=384, burst=b)
+            t0 = time.monotonic()
+            res = ctx.srv.load(n=24, concurrency=24, max_tokens=384, time_limit_s=60, request_timeout_s=200)
+            ctx.event("load_end", kind="burst", burst=b, ok=res.ok, failed=res.failed,
+                      elapsed_s=round(res.elapsed_s, 1))
+            stop.wait(max(0.0, 40 - (time.monotonic() - t0)))
+
+    th = threading.Thread(target=bursts, daemon=True, name="bursts")
+    th.start()
+    deadline = time.monotonic() + 120
+    while burst_no[0] < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ctx.sleep(3)
+    sm = ctx.sampler.latest if ctx.sampler else {}
+    ctx.event("queue_at_runaway", running=sm.get("running"), waiting=sm.get("waiting"))
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+    stop.set()
+    th.join(250)
+
+
+def _kill_tree_member(ctx: Ctx, what: str) -> None:
+    if what == "EngineCore":
+        eng = ctx.srv.engine_pid(timeout=5)
+        assert eng, "no EngineCore"
+        os.kill(eng, signal.SIGKILL)
+        ctx.event("kill", pid=eng, of="EngineCore", signal="SIGKILL")
+    else:
+        workers = ctx.srv.worker_pids()
+        assert workers, "no VLLM::Worker"
+        for w in workers:
+            os.kill(w, signal.SIGKILL)
+        ctx.event("kill", pid=workers[0], pids=workers, of="Worker", signal="SIGKILL")
+
+
+@scenario("engine-death-enginecore-load", "engine_death", 30)
+def engine_death_enginecore_load(ctx: Ctx) -> None:
+    """Steady load (4 concurrent completions, max_tokens 64); kill -9 the EngineCore; the API server notices
+    and exits; 30 s after."""
+    ctx.start(log_requests=True)
+    fut = _steady_load(ctx, 21)  # no new requests once the server is dead
+    ctx.sleep(20)
+    _kill_tree_member(ctx, "EngineCore")
+    ctx.wait_exit(60)
+    ctx.sleep(ctx.seconds)
+    _end_load(ctx, fut, 30)
+
+
+@scenario("engine-death-worker-idle", "engine_death", 30)
+def engine_death_worker_idle(ctx: Ctx) -> None:
+    """Idle server; kill -9 the VLLM::Worker (as the kernel's OOM killer would); EngineCore and the API server
+    notice and exit; 30 s after."""
+    ctx.start(log_requests=True)
+    ctx.sleep(20)
+    _kill_tree_member(ctx, "Worker")
+    if ctx.wait_exit(60) is None:
+        ctx.notes.append("the server was still running 60 s after the kill")
+    ctx.sleep(ctx.seconds)
+
+
+def _stop_tree(ctx: Ctx, root: int, what: str) -> list[int]:
+    """SIGSTOP ``root`` and then its descendants (a stopped parent forks no more), as one event."""
+    import psutil
+
+    pids: list[int] = []
+    for _ in range(3):
+        try:
+            tree = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        new = [p.pid for p in tree if p.pid not in pids]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+                pids.append(p)
+                ctx.stopped_pids.append(p)
+    ctx.event("sigstop", pids=pids, of=what)
+    return pids
+
+
+def _startup_stall(ctx: Ctx, pattern: str, what: str, root: Callable[[], int | None]) -> None:
+    ctx.launch(log_requests=True)
+    if not ctx.wait_log(pattern, 300):
+        ctx.notes.append(f"never saw {pattern!r}")
+        return
+    pid = root()
+    assert pid, f"no {what}"
+    _stop_tree(ctx, pid, what)
+    time.sleep(0.5)  # what was written before the stop reaches the log file
+    size = ctx.sampler.log.size() if ctx.sampler else 0
+    ctx.event("log_size_at_sigstop", size=size)
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.wait_ready(300)
+    ctx.sleep(20)
+
+
+@scenario("startup-stall-process-start", "startup_stall", 150)
+def startup_stall_process_start(ctx: Ctx) -> None:
+    """When the API server logs its "non-default args" line (right after the banner), the whole process tree
+    (the API server and whatever it has spawned) is SIGSTOPped for 150 s, as a process blocked on a hung
+    filesystem would be: no log, no CPU time, the port not open; SIGCONT, the start completes."""
+    _startup_stall(ctx, r"non-default args", "API server tree", lambda: ctx.srv.pid)
+
+
+@scenario("startup-stall-engine-init", "startup_stall", 150)
+def startup_stall_engine_init(ctx: Ctx) -> None:
+    """When the EngineCore logs "Initializing a V1 LLM engine", it (and any Worker it has spawned) is SIGSTOPped
+    for 150 s, the API server left running and waiting for it: a silent engine init with the port refused;
+    SIGCONT, the start completes."""
+    _startup_stall(ctx, r"Initializing a V1 LLM engine", "EngineCore tree", lambda: ctx.srv.engine_pid(timeout=10))
+
+
+@scenario("startup-failure-missing-module", "startup_failure", 20)
+def startup_failure_missing_module(ctx: Ctx) -> None:
+    """--load-format fastsafetensors, whose package (fastsafetensors) this vLLM build does not have: the Worker
+    fails to import it when it loads the weights (ModuleNotFoundError), the engine fails to start, the server
+    exits."""
+    ctx.launch(("--load-format", "fastsafetensors"), log_requests=True)
+    rc = ctx.wait_exit(300)
+    if rc is None:
+        ctx.notes.append("the server did not exit within 300 s")
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("normal-steady-mixed", "normal", 180)
+def normal_steady_mixed(ctx: Ctx) -> None:
+    """Default flags, --enable-log-requests; ~180 s of mixed traffic: chat and completions, streaming and not,
+    max_tokens 16-512 (ignore_eos), the concurrency changing every 20 s between 1 and 6; normal."""
+    ctx.start(log_requests=True)
+    ctx.sleep(10)
+    mix = MixedTraffic(ctx, concurrency=(1, 6), max_tokens=(16, 512), step=20, time_limit=ctx.seconds).start()
+    ctx.sleep(ctx.seconds)
+    mix.stop()
+    ctx.sleep(15)
+
+
+@scenario("clean-sigterm-idle", "clean_shutdown", 20)
+def clean_sigterm_idle(ctx: Ctx) -> None:
+    """Idle server (a few requests early on, then nothing for 20 s); SIGTERM to the API server (a clean
+    shutdown of an idle server); 20 s of the refused port after."""
+    ctx.start(log_requests=True)
+    res = ctx.srv.load(n=6, concurrency=2, max_tokens=32, time_limit_s=30)
+    ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
+    ctx.sleep(20)
+    pid = ctx.srv.pid
+    assert pid
+    os.kill(pid, signal.SIGTERM)
+    ctx.event("sigterm", pid=pid, of="api_server")
+    ctx.wait_exit(60)
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("restart-idle", "restart", 30)
+def restart_idle(ctx: Ctx) -> None:
+    """A few requests, then an idle server is restarted: SIGTERM (clean), started again with the same flags
+    (the operator's restart), a few requests, idle 30 s: counters reset, new pids, no incident."""
+    ctx.start(log_requests=True)
+    res = ctx.srv.load(n=8, concurrency=2, max_tokens=32, time_limit_s=30)
+    ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
+    ctx.sleep(15)
+    pid = ctx.srv.pid
+    ctx.event("sigterm", pid=pid, of="api_server (restart)")
+    ctx.srv.stop()
+    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    ctx.sleep(3)
+    ctx.start(log_requests=True)
+    res = ctx.srv.load(n=4, concurrency=2, max_tokens=32, time_limit_s=30)
+    ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
+    ctx.sleep(ctx.seconds)
+
+
+@scenario("engine-stall-enginecore-worker-streaming", "engine_stall", 60)
+def engine_stall_enginecore_worker_streaming(ctx: Ctx) -> None:
+    """3 streaming chat requests with max_tokens 1500 running (each replaced when done); SIGSTOP both the
+    EngineCore and its VLLM::Worker for 60 s (the clients wait on open streams), SIGCONT, 30 s after."""
+    ctx.start(log_requests=True)
+    pool = StreamPool(ctx, n=3, max_tokens=1500, max_total=60, time_limit=20 + ctx.seconds + 30).start()
+    ctx.sleep(20)
+    eng = ctx.srv.engine_pid(timeout=5)
+    workers = ctx.srv.worker_pids()
+    assert eng and workers, "no EngineCore / Worker"
+    ctx.stop_procs([eng, *workers], "EngineCore+Worker")
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.sleep(30)
+    pool.stop()
+
+
+_WORDS = ("river stone cloud lantern harbor meadow signal copper violet engine garden winter market "
+          "forest candle mirror thunder silver window ladder orchard").split()
+
+
+@scenario("normal-long-prompts", "normal", 150)
+def normal_long_prompts(ctx: Ctx) -> None:
+    """--max-model-len 8192; ~150 s of long prompts (about 1,000-6,000 tokens, random words) with short outputs
+    (max_tokens 8-32), chat and completions, streaming and not, 1-3 at a time: prefill-heavy; normal."""
+    ctx.start(max_model_len=8192, log_requests=True)
+    probe = " ".join(_WORDS * 10)
+    try:
+        n = int(ctx.srv.post("/tokenize", json={"model": ctx.srv.model, "prompt": probe}).json()["count"])
+        per_word = n / (len(_WORDS) * 10)
+    except Exception:  # noqa: BLE001 - a guess then
+        per_word = 2.0
+    ctx.event("prompt_calibration", tokens_per_word=round(per_word, 2))
+
+    def prompt(i: int, rng: random.Random) -> str:
+        words = int(rng.randint(1000, 6000) / max(per_word, 0.5))
+        return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+    ctx.sleep(5)
+    mix = MixedTraffic(ctx, concurrency=(1, 3), max_tokens=(8, 32), step=25, time_limit=ctx.seconds, seed=5,
+                       prompt=prompt, kind="long_prompts").start()
+    ctx.sleep(ctx.seconds)
+    mix.stop()
+    ctx.sleep(15)
+
+
+@scenario("kv-saturation-few-long-seqs", "kv_saturation", 120)
+def kv_saturation_few_long_seqs(ctx: Ctx) -> None:
+    """--kv-cache-memory-bytes 8 MiB (4,096 tokens: 2 sequences of 2,048) and 6 concurrent streaming requests with
+    max_tokens 1900: few running, each preemption drops a long sequence and recomputes it later; KV usage near
+    100 % with a waiting queue for ~120 s; then the clients hang up."""
+    _kv_saturation(ctx, kv_mib=8, streams=6, max_tokens=1900)
+
+
 # --- truth ------------------------------------------------------------------------------
 
 
@@ -1291,7 +1707,7 @@ def wait_for_others(limit_s: float) -> None:
         if time.monotonic() - said > 30:
             said = time.monotonic()
             print(f"[wait] another vllm serve runs ({[r['pid'] for r in others]}); waiting", flush=True)
-        time.sleep(5)
+        time.sleep(1)  # another helper's servers may follow each other closely: catch the gap
 
 
 def record(sc: Scenario, out: Path, seconds: float, wait_other: float) -> int:

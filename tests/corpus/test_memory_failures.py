@@ -27,3 +27,18 @@ def test_cpu_kv_cache_larger_than_host_memory_is_a_memory_failure_with_memory_fi
         assert flag in fix, (flag, fix)
     # the phase is said once, not "during memory profiling during memory profiling"
     assert all(text.count("during memory profiling") <= 1 for text in (a.title, *a.evidence)), (a.title, a.evidence)
+
+
+def test_h200_start_beside_a_100gib_process_is_a_memory_failure_with_memory_fixes() -> None:
+    # vLLM 0.26.0 on an H200 with a 100 GiB hog on the GPU: "ValueError: Free memory on device cuda:0
+    # (38.77/139.8 GiB) on startup is less than desired GPU memory utilization (0.5, 69.9 GiB)".
+    m = open_recording(str(TRACES / "h200-startup-failure-cuda-oom"), config=Config()).play_to_end()
+    alerts = [a for change in m.alert_log for a in change.alerts if a.rule == "startup_failure"]
+    assert alerts, [a.title for change in m.alert_log for a in change.alerts]
+    a = alerts[0]
+    assert "not enough free GPU memory at start: 38.77 of 139.8 GiB free" in a.title, a.title
+    assert "--gpu-memory-utilization 0.5 asks for 69.9 GiB" in a.title and "ValueError" not in a.title, a.title
+    fix = " ".join(a.fix)
+    assert "--gpu-memory-utilization to 0.26 or less" in fix, fix
+    for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes"):
+        assert flag in fix, (flag, fix)

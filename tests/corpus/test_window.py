@@ -35,7 +35,9 @@ def test_doctor_window_15_names_an_incident_that_began_before_it(trace: Path) ->
 @pytest.mark.parametrize("trace", QUIET, ids=lambda p: p.name)
 def test_doctor_window_15_on_a_normal_load_exits_0(trace: Path) -> None:
     results = run_trace(trace, step_s=20.0)
-    assert len(results) >= 4
+    # from 60 s in, every 20 s while a whole window fits: the shortest normal trace
+    # (h200-normal-burst-queue, 130 s) gives 3
+    assert len(results) >= 3
     bad = [(round(r.at_s), r.exit_code, r.rules) for r in results if r.exit_code != 0]
     assert not bad, f"{trace.name}: {bad}"
 

@@ -38,7 +38,7 @@ from vtop.ui.app import VtopApp
 pytestmark = pytest.mark.real
 
 REC = os.environ.get("VTOP_RECORD_DIR")
-SCHEMA = Path(__file__).parents[2] / "vtop" / "schema" / "report-v1.schema.json"
+SCHEMA = Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json"
 
 
 def app_for(srv: Any, tmp: Path, name: str, **cfg: Any) -> VtopApp:

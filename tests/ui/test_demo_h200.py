@@ -119,7 +119,7 @@ def test_doctor_on_the_h200_named_the_runaway() -> None:
     txt = (DEMO / "doctor-runaway.txt").read_text()
     assert "Runaway decode on :8000" in txt and RUNAWAY_ID in txt and "130,917" in txt
     rep = json.loads(lzma.open(DEMO / "doctor-runaway.json.xz", "rt").read())
-    assert rep["schema"] == "vtop.report/1"
+    assert rep["schema"] == "vtop.report/1"  # recorded by the vtop of that session (exit codes before version 2)
     assert [a["rule"] for a in rep["alerts"]][0] == "runaway"
 
 

@@ -266,6 +266,7 @@ class Session:
         if self.log is not None:
             kw.setdefault("startup", self.log.snapshot())
             kw.setdefault("startup_stall", self.log.stalled(now, self.stall_s))
+            kw.setdefault("startup_quiet", self.log.quiet(now))
             kw.setdefault("log_lines", self.log.recent(limit=200))
         kw.setdefault("log_target", self.url)
         return self.diag.update(now, servers={self.url: self.server_tracker.view()}, gpus=self.hist, **kw)

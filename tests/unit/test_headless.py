@@ -1,4 +1,4 @@
-"""`vtop --once`, `--json` (schema vtop.report/1) and `vtop doctor`, as a user runs them (subprocesses),
+"""`vtop --once`, `--json` (schema vtop.report/2) and `vtop doctor`, as a user runs them (subprocesses),
 against a local server answering with real vLLM 0.26.0 payloads from the H200 recording."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tests.metrics_server import MetricsServer, h200_payloads
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v1.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
 
 

@@ -123,7 +123,7 @@ class PhaseView:
 class Failure:
     """Why a start (or a running engine) died: the telling line and the usual fix."""
 
-    kind: str  # cuda_oom, kv_no_memory, kv_host_memory, max_model_len, module_not_found, exception,
+    kind: str  # cuda_oom, kv_no_memory, kv_host_memory, gpu_free_at_start, max_model_len, module_not_found, exception,
     #            engine_init_failed, engine_died, worker_died
     line: str
     message: str
@@ -145,6 +145,36 @@ class StallInfo:
     @property
     def label(self) -> str:
         return self.phase.label if self.phase else "start"
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A start in progress at one moment, whatever the stall threshold: how long its log has been
+    silent, and whether the current phase prints progress (and how fast it went)."""
+
+    phase: Phase | None
+    #: seconds since the last line or progress step, as of ``mono`` (arrival clock)
+    silent_s: float
+    last_line: str
+    hint: str
+    #: the current phase shows a progress bar that is not complete (shards N/M, graphs N/M)
+    progressing: bool
+    #: the longest step of that phase's bars so far (None: no step seen yet)
+    step_s: float | None
+    #: the monotonic time this was read (a log view is read when the log is polled, not every tick)
+    mono: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.phase.label if self.phase else "start"
+
+    def silent_at(self, now: float) -> float:
+        """Seconds of silence at monotonic ``now`` (no line can have come since it was read, or it
+        would have been read again)."""
+        return self.silent_s + max(0.0, now - self.mono)
+
+    def as_stall(self, now: float) -> StallInfo:
+        return StallInfo(self.phase, self.silent_at(now), self.last_line, self.hint)
 
 
 @dataclass(frozen=True)

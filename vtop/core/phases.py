@@ -43,6 +43,7 @@ from vtop.core.phase_types import (
     Phase,
     PhaseView,
     Progress,
+    Quiet,
     RankTiming,
     StallInfo,
     StartupFacts,
@@ -59,6 +60,7 @@ __all__ = [
     "PhaseTracker",
     "PhaseView",
     "Progress",
+    "Quiet",
     "RankTiming",
     "StallInfo",
     "StartupFacts",
@@ -243,6 +245,8 @@ _CAPTURE_BAR_RE = re.compile(
     r"Capturing CUDA graph(?:s| shapes)(?: \((?:(?P<kind>[^,()]+), )?(?P<mode>[A-Z_]+)\))?:"
     r"\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)"
 )
+#: tqdm's elapsed time in a frame: "| 2/4 [00:05<00:05, 2.51s/it]" (h:mm:ss past an hour)
+_TQDM_ELAPSED_RE = re.compile(r"\| \d+/\d+ \[(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+)<")
 _CAPTURE_END_RE = re.compile(r"Graph capturing finished in (?P<s>\d+) secs?(?:, took (?P<gib>[\d.]+) GiB)?")
 
 _WARMUP_MARK_RE = re.compile(r"Kernel JIT monitor activated")
@@ -394,6 +398,17 @@ _ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
     # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
     # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
     # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
+    # 0.26 on an H200 beside a 100 GiB process: "ValueError: Free memory on device cuda:0 (38.77/139.8 GiB) on
+    # startup is less than desired GPU memory utilization (0.5, 69.9 GiB). Decrease GPU memory utilization or
+    # reduce GPU memory used by other processes."
+    (
+        "gpu_free_at_start",
+        re.compile(
+            r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than"
+            r" desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
     (
         "kv_host_memory",
         re.compile(
@@ -454,6 +469,14 @@ def _kv_fit(avail: str | None) -> str:
         return "N"
 
 
+def _util_fit(free: str | None, total: str | None) -> str:
+    """A --gpu-memory-utilization that fits in what is free, two points under it."""
+    try:
+        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
+    except (ValueError, ZeroDivisionError):
+        return "what is free"
+
+
 def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
     """(short message, usual fix) for a failure kind."""
 
@@ -485,6 +508,16 @@ def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[
             "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
             "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
             "--kv-cache-memory-bytes."
+        )
+    elif kind == "gpu_free_at_start":
+        free, total, util, req = g("free"), g("total"), g("util"), g("req")
+        msg = (f"not enough free GPU memory at start: {free} of {total} GiB free, --gpu-memory-utilization {util} "
+               f"asks for {req} GiB")
+        fit = _util_fit(free, total)
+        fix = (
+            "Another process holds GPU memory (nvidia-smi shows it): stop or move it, or lower "
+            f"--gpu-memory-utilization to {fit} or less (what is free beside it). A lower --max-model-len or "
+            "--max-num-seqs, or --kv-cache-memory-bytes, makes vLLM need less."
         )
     elif kind == "max_model_len":
         est = g("est")
@@ -580,6 +613,9 @@ class PhaseTracker:
     _ready_t: float | None
     _ready_source: str | None
     _progress_seen: dict[str, int]
+    #: per phase: the arrival of its last progress step, and its longest step so far
+    _step_last: dict[Phase, float]
+    _step_max: dict[Phase, float]
     _expect_logo_model: bool
 
     def __init__(self, *, year: int | None = None, ring_size: int = 5000) -> None:
@@ -686,6 +722,21 @@ class PhaseTracker:
         phase = self._current
         return StallInfo(phase, silent, self._last_line, _STALL_HINTS.get(phase, "") if phase else "")
 
+    def quiet(self, now: float) -> Quiet | None:
+        """How long a start in progress has been silent at monotonic ``now`` (whatever the
+        threshold), with what the current phase's progress bars say; None when not starting."""
+        if self._state != "starting" or self._last_activity is None:
+            return None
+        phase = self._current
+        progressing = False
+        step: float | None = None
+        if phase is not None:
+            bars = self._phases[phase].progress.values()
+            progressing = any(n < tot for n, tot in bars)
+            step = self._step_max.get(phase)
+        return Quiet(phase, max(0.0, now - self._last_activity), self._last_line,
+                     _STALL_HINTS.get(phase, "") if phase else "", progressing, step, now)
+
     @property
     def state(self) -> str:
         return self._state
@@ -755,7 +806,7 @@ class PhaseTracker:
                 t = None
             if t is not None:
                 if self._anchor is None:
-                    self._rebase(t - arrival)
+                    self._rebase(t - arrival - self._pre_stamp_offset())
                 self._anchor = (t, arrival)
                 self._stamp_cache = (ev.stamp, t)
                 return t
@@ -763,8 +814,17 @@ class PhaseTracker:
 
     def _time_at(self, arrival: float) -> float:
         if self._anchor is None:
-            return arrival
+            return arrival + self._pre_stamp_offset()
         return self._anchor[0] + max(0.0, arrival - self._anchor[1])
+
+    def _pre_stamp_offset(self) -> float:
+        """Before any stamped line: the launch (an epoch time on the log's clock) with its arrival
+        anchors the log's clock; else times stay on the arrival clock. Without it a ready seen
+        before any stamp (a log that is missing, binary or quiet) was a monotonic time minus an
+        epoch: "ready in -1796162519.7 s"."""
+        if self._launch_t is not None and self._launch_arrival is not None:
+            return self._launch_t - self._launch_arrival
+        return 0.0
 
     def _rebase(self, delta: float) -> None:
         """Move times taken on the arrival clock (before any stamp) onto the log's clock."""
@@ -800,6 +860,8 @@ class PhaseTracker:
         self._ready_t = None
         self._ready_source = None
         self._progress_seen = {}
+        self._step_last = {}
+        self._step_max = {}
         self._expect_logo_model = False
 
     def _restart(self, t: float) -> None:
@@ -942,14 +1004,27 @@ class PhaseTracker:
         if nxt is not None and self._phases[nxt].start is None:
             self._enter(nxt, end, arrival)
 
-    def _progress(self, phase: Phase, label: str, n: int, tot: int, t: float, arrival: float) -> bool:
+    def _progress(self, phase: Phase, label: str, n: int, tot: int, t: float, arrival: float,
+                  elapsed_s: float | None = None) -> bool:
         rec = self._phases[phase]
         if rec.start is None:
             self._enter(phase, t, arrival)
         rec.progress[label] = (n, tot)
         key = f"{phase.value}:{label}"
-        changed = self._progress_seen.get(key) != n
+        before = self._progress_seen.get(key)
+        changed = before != n
         self._progress_seen[key] = n
+        if changed:
+            # How long a step takes, to know when progress has stopped: the time between two
+            # frames that moved (frames read in one poll share an arrival) and tqdm's own
+            # elapsed time over the steps done.
+            steps = [elapsed_s / n] if elapsed_s is not None and n > 0 else []
+            last = self._step_last.get(phase)
+            if last is not None and before is not None and n > before:
+                steps.append((arrival - last) / (n - before))
+            if steps:
+                self._step_max[phase] = max(self._step_max.get(phase, 0.0), *steps)
+            self._step_last[phase] = arrival
         return changed
 
     def _ready(self, t: float, arrival: float, source: str) -> None:
@@ -1057,17 +1132,21 @@ class PhaseTracker:
         self._begin(t, arrival)
 
     def _on_progress(self, msg: str, t: float, arrival: float) -> bool:
+        e = _TQDM_ELAPSED_RE.search(msg)
+        elapsed = (int(e.group("h") or 0) * 3600 + int(e.group("m")) * 60 + int(e.group("s"))) if e else None
         m = _SHARDS_RE.search(msg)
         if m:
-            return self._progress(Phase.WEIGHTS, "shards", int(m.group("n")), int(m.group("tot")), t, arrival)
+            return self._progress(Phase.WEIGHTS, "shards", int(m.group("n")), int(m.group("tot")), t, arrival,
+                                  elapsed)
         m = _CAPTURE_BAR_RE.search(msg)
         if m:
             label = m.group("mode") or "graphs"
             prof = self._phases[Phase.MEMORY_PROFILING]
+            phase = Phase.CUDA_GRAPHS
             if self._current is Phase.MEMORY_PROFILING and prof.end is None:
                 # 0.21+ may capture graphs to measure their memory while profiling.
-                return self._progress(Phase.MEMORY_PROFILING, label, int(m.group("n")), int(m.group("tot")), t, arrival)
-            return self._progress(Phase.CUDA_GRAPHS, label, int(m.group("n")), int(m.group("tot")), t, arrival)
+                phase = Phase.MEMORY_PROFILING
+            return self._progress(phase, label, int(m.group("n")), int(m.group("tot")), t, arrival, elapsed)
         return True
 
     def _on_phase_line(self, ev: LogEvent, msg: str, t: float, arrival: float) -> None:

@@ -135,6 +135,12 @@ class ServerView:
     restarts: int
     #: the poll interval the tracker measured
     interval_s: float
+    #: monotonic start of the first poll of the current run of failed polls (None while it answers):
+    #: since then no complete answer came
+    failing_since: float | None = None
+    #: polls in a row that got no complete answer within the scraper's deadline (``timeout``): a
+    #: server that accepts and never answers, answers late, or trickles its body
+    timeouts: int = 0
 
     @property
     def is_live(self) -> bool:
@@ -189,6 +195,7 @@ class ServerTracker:
         self._last_ok_mono: float | None = None
         self._last_ok_t: float | None = None
         self._first_fail_mono: float | None = None
+        self._timeouts = 0
         self._metrics: VllmMetrics | None = None
         self._health: int | None = None
         self._health_bad_since: float | None = None
@@ -232,6 +239,7 @@ class ServerTracker:
         if poll.version is not None:
             self._version = poll.version
 
+        self._timeouts = self._timeouts + 1 if poll.error == "timeout" else 0
         if poll.ok and poll.metrics is not None:
             self._take_metrics(poll, poll.metrics)
             self._first_fail_mono = None
@@ -413,6 +421,8 @@ class ServerTracker:
             process=self._process,
             restarts=self.restarts,
             interval_s=interval,
+            failing_since=self._first_fail_mono,
+            timeouts=self._timeouts,
         )
 
     def _message(self, state: State, since: float, now: float, stale_by_age: bool) -> str:

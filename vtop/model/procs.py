@@ -31,6 +31,8 @@ class VllmChild:
     holds_gpu: bool = False
     #: depth below the server (1 = direct child)
     depth: int = 1
+    #: user + system CPU seconds so far (None: not read, or not readable)
+    cpu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class ServerProcess:
     #: the raw command line; may hold ``--api-key`` (hence repr=False)
     argv: tuple[str, ...] = field(repr=False)
     api_key: str | None = field(default=None, repr=False)
+    #: user + system CPU seconds of this process so far (None: not read, or not readable)
+    cpu: float | None = None
 
     @property
     def key(self) -> tuple[int, float]:
@@ -87,6 +91,14 @@ class ServerProcess:
 
     def worker_pids(self) -> tuple[int, ...]:
         return tuple(c.pid for c in self.children if c.role == "worker")
+
+    def cpu_by_pid(self) -> dict[int, float]:
+        """User + system CPU seconds of each process of the tree (the server and its children) that
+        has a reading; empty when none has (an old recording, a process vtop may not read)."""
+        out = {c.pid: c.cpu for c in self.children if c.cpu is not None}
+        if self.cpu is not None:
+            out[self.pid] = self.cpu
+        return out
 
     def display_argv(self) -> str:
         """The command line for display, with secrets masked."""

@@ -72,6 +72,8 @@ class LiveFeed:
         self.log_loop: PollLoop | None = None
         self.disc_loop: PollLoop | None = None
         self.scrapers: dict[str, VllmScraper] = {}
+        #: the sources that never answered by the end of a headless window (set by vtop.headless.watch)
+        self.silent: list[str] = []
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._client: HttpPool | None = None
         self._names: Any = None

@@ -16,7 +16,7 @@ from typing import Any
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.loghistory import LogHistory, LogHistoryView
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
+from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -46,13 +46,45 @@ class LogView:
     """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
     finishes_logged: bool = False
     """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
+    quiet: Quiet | None = None
+    """A start in progress: how long the log has been silent and what its progress says, whatever the
+    stall threshold (the diagnoser judges a stall by evidence from it; ``stall`` is the ceiling)."""
     history: LogHistoryView | None = None
     """The log's stats lines of the last minutes on the monitor's clock (:mod:`vtop.core.loghistory`):
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
+    binary_lines: int = 0
+    """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the log as a source, in one line (None: nothing): it is missing, a
+        directory, unreadable, not text, or its input ended. Shown where the startup panel is and
+        in the notes of ``--once``/``doctor``/JSON."""
+        return log_problem(self.tail, self.lines_total, self.binary_lines)
 
     @property
     def state(self) -> str:
         return self.snapshot.state
+
+
+def is_binary_line(line: str) -> bool:
+    """A line of a file that is not text: a NUL, or a quarter or more of it bytes that were not UTF-8."""
+    return "\x00" in line or (len(line) >= 8 and line.count("\ufffd") * 4 >= len(line))
+
+
+def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | None:
+    """See :attr:`LogView.problem`."""
+    src = tail.source
+    if tail.status == "error":
+        return f"vLLM log: {tail.message or 'cannot be read'}"
+    if tail.status == "waiting":
+        return f"vLLM log: {src} does not exist (yet); waiting for it to appear"
+    if tail.status == "ended":
+        return f"vLLM log: input ended ({'standard input' if src == '-' else src} was closed by its writer)"
+    if binary_lines >= 3 and binary_lines * 2 >= lines_total:
+        return (f"vLLM log: {src} does not look like a text log ({binary_lines} of {lines_total} lines read are "
+                "binary); pass the server's stdout/stderr file")
+    return None
 
 
 class LogWatch:
@@ -73,6 +105,7 @@ class LogWatch:
         self._backfilled = False
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
+        self._binary_lines = 0
         self._lock = threading.Lock()
         #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
         self.recorder: Any = None
@@ -151,6 +184,7 @@ class LogWatch:
             self.requests = RequestTracker()
             self.history = LogHistory()
             self._lines_total = 0
+            self._binary_lines = 0
             self._restarts_seen = 0
             self._max_len_sent = None
             while True:
@@ -176,6 +210,7 @@ class LogWatch:
                     req(line, now, event=ev)
                     hist(ev, wall, now)
                 self._lines_total += len(lines)
+                self._binary_lines += sum(1 for line in lines if is_binary_line(line))
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
             while True:
@@ -194,13 +229,14 @@ class LogWatch:
                 elif kind == "reset_requests":
                     self.requests.reset()
             snap = self.tracker.snapshot()
+            # A log read as a backlog (an attach, doctor) arrived all at once: its silence
+            # began when its last line was written, not when vtop read it.
+            lag = self.history.backlog_lag(now, wall)
             return LogView(
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                # A log read as a backlog (an attach, doctor) arrived all at once: its silence
-                # began when its last line was written, not when vtop read it.
-                stall=self.tracker.stalled(now + self.history.backlog_lag(now, wall), self.stall_threshold_s),
+                stall=self.tracker.stalled(now + lag, self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
@@ -210,7 +246,9 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
+                quiet=self.tracker.quiet(now + lag),
                 history=self.history.snapshot(now, wall),
+                binary_lines=self._binary_lines,
             )
 
     def _backfill(self, wall: float) -> None:

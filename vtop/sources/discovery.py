@@ -36,6 +36,7 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -45,7 +46,7 @@ from typing import Any
 from vtop.model.fmt import to_float as _float
 from vtop.model.fmt import to_int as _int
 from vtop.model.procs import ServerProcess, VllmChild
-from vtop.sources.procs import parse_stat
+from vtop.sources.procs import parse_stat, stat_cpu_s
 
 __all__ = [
     "ProcRecord",
@@ -73,6 +74,8 @@ class ProcRecord:
     name: str
     cmdline: tuple[str, ...]
     create_time: float
+    #: user + system CPU seconds so far (None: not read, or not readable)
+    cpu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,9 +380,18 @@ def _coerce(rec: Any) -> ProcRecord | None:
             name=str(get("name", "") or ""),
             cmdline=tuple(str(c) for c in cmd),
             create_time=float(get("create_time", 0.0) or 0.0),
+            cpu=_cpu_of(get("cpu", None)),
         )
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _cpu_of(x: Any) -> float | None:
+    """A record's ``cpu`` (user + system seconds): a finite number >= 0, else None (never a zero)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    v = float(x)
+    return v if math.isfinite(v) and v >= 0 else None
 
 
 def read_processes() -> list[ProcRecord]:
@@ -455,7 +467,7 @@ def _read_proc_linux() -> list[ProcRecord]:
             parts = parts[0].split()
         cmd = tuple(x.decode("utf-8", "replace") for x in parts)
         out.append(ProcRecord(pid=int(name), ppid=ppid, name=comm, cmdline=cmd,
-                              create_time=boot + start_ticks / _TICKS))
+                              create_time=boot + start_ticks / _TICKS, cpu=stat_cpu_s(stat, _TICKS)))
     return out
 
 
@@ -464,7 +476,7 @@ def _read_psutil() -> list[ProcRecord]:
 
     out: list[ProcRecord] = []
     try:
-        it = psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time"], ad_value=None)
+        it = psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time", "cpu_times"], ad_value=None)
         for p in it:
             try:
                 info = p.info
@@ -475,6 +487,7 @@ def _read_psutil() -> list[ProcRecord]:
                         name=str(info.get("name") or ""),
                         cmdline=tuple(info.get("cmdline") or ()),
                         create_time=float(info.get("create_time") or 0.0),
+                        cpu=_psutil_cpu(info.get("cpu_times")),
                     )
                 )
             except (psutil.Error, KeyError, TypeError, ValueError):
@@ -482,6 +495,13 @@ def _read_psutil() -> list[ProcRecord]:
     except (psutil.Error, OSError):
         pass
     return out
+
+
+def _psutil_cpu(ct: Any) -> float | None:
+    try:
+        return _cpu_of(float(ct.user) + float(ct.system))
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def discover(procs: Iterable[Any] | None = None) -> Discovery:
@@ -532,6 +552,7 @@ def discover(procs: Iterable[Any] | None = None) -> Discovery:
                 gpu_pids=gpu,
                 gpu_pids_guessed=guessed,
                 argv=rec.cmdline,
+                cpu=rec.cpu,
                 **info,
             )
         )
@@ -545,7 +566,7 @@ def discover(procs: Iterable[Any] | None = None) -> Discovery:
         role, rank, ranks = _classify(title)
         if role == "other":
             continue
-        orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0))
+        orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0, cpu=rec.cpu))
     orphans.sort(key=lambda c: c.pid)
     return Discovery(tuple(servers), tuple(orphans))
 
@@ -573,7 +594,7 @@ def _walk(root: int, records: Mapping[int, ProcRecord], kids: Mapping[int, list[
             title, role, rank, ranks = (rec.name or "python"), "helper", None, ()
         else:
             title, role, rank, ranks = (rec.name or "?"), "child", None, ()
-        out.append(VllmChild(pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=depth))
+        out.append(VllmChild(pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=depth, cpu=rec.cpu))
         stack.extend((c, depth + 1) for c in sorted(kids.get(pid, ()), reverse=True))
     return out
 
@@ -594,7 +615,7 @@ def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChi
         gpu = [c.pid for c in children if c.role == "child"] or [server_pid]
     gset = set(gpu)
     marked = tuple(
-        VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth)
+        VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth, c.cpu)
         for c in children
     )
     return marked, tuple(gpu), guessed

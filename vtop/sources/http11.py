@@ -40,11 +40,15 @@ import asyncio
 import errno
 import socket
 import ssl
+import sys
 import zlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["HttpError", "HttpPool", "host_port", "split_url"]
+__all__ = ["HttpError", "HttpPool", "host_port", "split_url", "within"]
+
+_T = TypeVar("_T")
 
 _READ = 65536
 
@@ -78,6 +82,33 @@ def split_url(url: str) -> tuple[str, str, int, str]:
     port = parts.port or (443 if scheme == "https" else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return scheme, host, port, target
+
+
+if sys.version_info >= (3, 11):
+
+    async def within(aw: Awaitable[_T], seconds: float) -> _T:
+        """``await aw``, cut after ``seconds`` (:class:`TimeoutError`); a cancellation of
+        the caller always propagates.
+
+        Not ``asyncio.wait_for``: up to Python 3.11 it runs ``aw`` in a task of its own
+        and, when the caller is cancelled in the loop iteration where that task finishes,
+        returns the result and drops the cancellation (CPython gh-86296; 3.12 rebuilt
+        wait_for on ``asyncio.timeout``). Seen here: the app's exit (LiveFeed.stop) and
+        then the event loop's close (``_cancel_all_tasks``) cancelled a scrape task just
+        as an answer came; it polled on (a closed port, every 5 s: the back-off) and the
+        close waited for it for ever (a UI test hung in teardown on a loaded CI box;
+        tests/unit/test_scrape_cancel.py makes the race exact). ``asyncio.timeout``
+        awaits ``aw`` in the caller's own task, with no task in between (also one task
+        less per request), and tells its own cancel from another one by counting them.
+        """
+        async with asyncio.timeout(seconds):
+            return await aw
+
+else:  # Python 3.10 has no asyncio.timeout; its wait_for keeps the race above
+
+    async def within(aw: Awaitable[_T], seconds: float) -> _T:
+        """``asyncio.wait_for`` (see the 3.11+ definition for why not there)."""
+        return await asyncio.wait_for(aw, seconds)
 
 
 class _Conn:
@@ -152,7 +183,7 @@ class HttpPool:
                 self._ssl = ssl.create_default_context()
             ctx = self._ssl
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await within(
                 asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None, limit=_READ),
                 timeout)
         except (asyncio.TimeoutError, TimeoutError) as exc:

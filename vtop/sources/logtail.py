@@ -403,6 +403,13 @@ class LogTailer:
             self._from_start = True  # it will be a new file: read it whole
             self._set("waiting", f"waiting for {self.path} to appear")
             return False
+        except PermissionError:
+            self._set("error", f"cannot read {self.path}: permission denied (vtop runs as uid {os.getuid()}; "
+                               "run it as the user that writes the log, or make the file readable)")
+            return False
+        except OSError as exc:
+            self._set("error", f"cannot open {self.path}: {exc.strerror or exc}")
+            return False
         try:
             return self._adopt(fd)
         except BaseException:

@@ -447,8 +447,14 @@ class NvmlSource:
                 notes=notes,
             )
 
-    def close(self) -> None:
-        with self._lock:
+    def close(self, wait_s: float = 1.0) -> bool:
+        """Free the GPM samples and shut NVML down; False when a poll still holds NVML
+        after ``wait_s`` (a hung driver call): then nothing is touched, as a shutdown
+        beside a call in flight is not safe, and the caller goes on (its poll thread is a
+        daemon). Waiting on the lock for good made ``--once`` as hung as the call."""
+        if not self._lock.acquire(timeout=max(0.0, wait_s)):
+            return False
+        try:
             for d in self._devices:
                 self._free_gpm(d)
             N = self._nvml
@@ -458,6 +464,9 @@ class NvmlSource:
                 except Exception:  # noqa: BLE001 - closing: nothing left to tell
                     pass
             self._inited = False
+        finally:
+            self._lock.release()
+        return True
 
 
 #: The GPM metrics vtop reads, in order: SM activity, SM occupancy, DRAM bandwidth.

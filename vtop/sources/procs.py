@@ -66,6 +66,19 @@ def parse_stat(raw: bytes) -> tuple[str, int, int] | None:
         return None
 
 
+def stat_cpu_s(raw: bytes, ticks: int) -> float | None:
+    """User + system CPU seconds of a process (fields 14 and 15 of ``/proc/PID/stat``, in clock
+    ``ticks`` a second), or None if the text is not shaped like it."""
+    rp = raw.rfind(b")")
+    if rp < 0 or ticks <= 0:
+        return None
+    rest = raw[rp + 2 :].split(None, 14)
+    try:
+        return (int(rest[11]) + int(rest[12])) / ticks
+    except (IndexError, ValueError):
+        return None
+
+
 def proc_start(pid: int) -> object:
     """The start ticks of ``pid`` (see :func:`parse_stat`). None when that process is
     not there (gone, or not in our PID namespace); ``_NO_PROC`` when there is no

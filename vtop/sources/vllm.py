@@ -61,13 +61,14 @@ import asyncio
 import json
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
 from vtop.clock import Clock
 from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
-from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url
+from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, within
 from vtop.sources.prom import (
     HIST_ATTRS,
     HISTOGRAM_FAMILIES,
@@ -338,7 +339,9 @@ class VllmScraper:
         fetch = self._client.get(self.url + path, headers=headers, limit=limit,
                                  connect_timeout=self.timeout.connect)
         try:
-            return await asyncio.wait_for(fetch, timeout=self.deadline_s)
+            # within(), not asyncio.wait_for: on Python 3.11 a cancel that came as the
+            # answer did was dropped and the scrape task polled on (see http11.within)
+            return await within(fetch, self.deadline_s)
         except asyncio.CancelledError:
             raise
         except (asyncio.TimeoutError, TimeoutError) as exc:
@@ -466,12 +469,14 @@ class VllmScraper:
         want_info = reconnect or self._last_info is None or mono - self._last_info >= self.info_every_s
         out: dict[str, Any] = {}
         notes: list[str] = []
-        jobs: list[Any] = []
+        # The requests, not yet started: coroutines made up front were never awaited when
+        # the poll was cancelled in the first one (a RuntimeWarning at every such exit).
+        jobs: list[Callable[[], Awaitable[Any]]] = []
         if want_health:
-            jobs.append(self._health())
+            jobs.append(self._health)
         if want_info:
-            jobs.append(self._models())
-            jobs.append(self._version())
+            jobs.append(self._models)
+            jobs.append(self._version)
         if not jobs:
             return out
         # One after another, on the /metrics keep-alive connection: asking all three at
@@ -480,7 +485,7 @@ class VllmScraper:
         results: list[Any] = []
         for job in jobs:
             try:
-                results.append(await job)
+                results.append(await job())
             except Exception as e:  # noqa: BLE001 - classified below, like gather's
                 results.append(e)
         i = 0

@@ -32,6 +32,9 @@ Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
 ``sm_idle``
     GPU-Util high while GPM SM activity stays low (only where the GPU reports
     SM activity; never during a start, where that is expected).
+``api_unresponsive``
+    An API server that accepts connections and gives no complete ``/metrics`` answer within
+    the scraper's deadline for a while (hung, late, or trickling): its event loop is blocked.
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
@@ -43,7 +46,7 @@ processes and in-flight requests are read by attribute.
 
 The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (the typed :class:`Ctx` a
 rule is given, the :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
-module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
+module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
 :mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
 corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 """

@@ -22,6 +22,7 @@ RULES = (
     "kv_saturation",
     "sm_idle",
     "risky_flags",
+    "api_unresponsive",
 )
 
 
@@ -66,6 +67,10 @@ class Thresholds:
 
     #: runaway: no request finished for this long while requests run and tokens flow
     runaway_s: float = 120.0
+    #: api_unresponsive: accepted scrapes without a complete answer for this long (a warning; two
+    #: of the scraper's 3 s deadlines), and for this long (critical)
+    api_silent_s: float = 6.0
+    api_silent_critical_s: float = 30.0
     #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/inflight.py) to have
     #: run this long, while other requests finish around it; raised to ``runaway_age_ordinary_x`` times
     #: what requests ordinarily take on this server (the p95 of those that finished)
@@ -115,5 +120,17 @@ class Thresholds:
     long_context_len: int = 16384
     #: risky flags: --max-num-seqs this many times the logged maximum concurrency is flagged
     risky_seqs_ratio: float = 8.0
+    #: startup stall, a phase that prints progress (shards N/M, CUDA graphs N/M): no step for this many
+    #: times its longest step so far ...
+    startup_progress_x: float = 4.0
+    #: ... and at least this long (named within 90 s of the last progress while steps take 15 s or less)
+    startup_progress_floor_s: float = 60.0
+    #: startup stall, a silent phase (torch.compile, profiling, process start): the log silent and the
+    #: server's processes still (and the GPU idle, where known) for this long
+    startup_still_s: float = 45.0
+    #: ... "still": less CPU time than this share of one core over that window
+    startup_still_cpu_frac: float = 0.01
+    #: ... "GPU idle": mean GPU-Util below this percentage over that window
+    startup_still_gpu_util: float = 5.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

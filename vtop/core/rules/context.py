@@ -19,7 +19,7 @@ from vtop.core.rules.util import gib, short_url
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
-    from vtop.core.phases import StallInfo, StartupSnapshot
+    from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
 __all__ = ["Ctx", "Memory", "Rule", "per_gpu", "per_server"]
@@ -55,6 +55,8 @@ class Ctx:
     log_target: str | None
     #: the startup tracker's recent lines (``text``, ``arrival``, ``t``)
     log_lines: Sequence[Any] | None = None
+    #: a start in progress: how long its log has been silent, what its progress says
+    quiet: Quiet | None = None
     #: gpu index -> the server URLs with a GPU process on it
     gpu_owner: dict[int, list[str]] = field(default_factory=dict)
     #: pid -> (server URL, role)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vtop.core.rules.alert import RANK, Alert, Thresholds
+from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Ctx, Memory, Rule
 from vtop.core.rules.death import EngineDied
 from vtop.core.rules.flags import RiskyFlags
@@ -23,7 +24,7 @@ from vtop.core.rules.util import LIVE, is_proc, role_of
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
-    from vtop.core.phases import StallInfo, StartupSnapshot
+    from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
@@ -32,7 +33,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive())
 
 
 class Diagnoser:
@@ -66,6 +67,7 @@ class Diagnoser:
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
             log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
+            startup_quiet=getattr(log, "quiet", None),
         )
 
 
@@ -81,6 +83,7 @@ class Diagnoser:
         request_logging: Mapping[str, bool] | None = None,
         log_lines: Sequence[Any] | None = None,
         log_target: str | None = None,
+        startup_quiet: Quiet | None = None,
         log_history: LogHistoryView | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
@@ -96,6 +99,9 @@ class Diagnoser:
         ``log_history`` its log's stats lines of the last minutes
         (:mod:`vtop.core.loghistory`), which the runaway, stall and KV rules judge
         with what ``/metrics`` showed (``vtop doctor``'s short window, an attach).
+        ``startup_stall`` is the tracker's stall past the ceiling (``--stall-threshold``);
+        ``startup_quiet`` what it says of a start's silence and progress at any moment
+        (the startup-stall rule judges a stall by evidence from it).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -103,7 +109,7 @@ class Diagnoser:
         if log_target is None and len(servers) == 1:
             log_target = next(iter(servers))
         ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
-                  log_target, log_lines)
+                  log_target, log_lines, startup_quiet)
         ctx.history = log_history
         mem = self._mem
 
@@ -121,6 +127,7 @@ class Diagnoser:
                 st.first_up_t = now
             proc = v.process
             if is_proc(proc):
+                st.note_cpu(now, proc, th.history_s)
                 for pid in getattr(proc, "gpu_pids", ()) or ():
                     st.gpu_pids.add(int(pid))
                     ctx.pid_owner[int(pid)] = (url, role_of(proc, int(pid)))

@@ -2,14 +2,15 @@
 startup tracker's failure, or an OOM line in the log), and ``oom_risk`` before one.
 
 Evidence: the line itself (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate X``,
-``CUDA error: out of memory``, vLLM's ``Free memory on device (F/T GiB) on startup is less than
-desired GPU memory utilization``), classified by when and around what it happened: during a start
+``CUDA error: out of memory``), classified by when and around what it happened: during a start
 (with the phase: weights, CUDA graphs, profiling) -> ``oom_startup``; at run time after a KV cache
 full with preemptions -> ``oom_steady`` (KV pressure); after a GPU memory spike or long prompts in
 the ``transient_window_s`` before -> ``oom_transient``; with memory reserved but unallocated at
 least the request, or after ``fragmentation_uptime_s`` up -> ``oom_steady`` (fragmentation).
 ``oom_risk``: a GPU's memory at ``oom_risk_pct`` having climbed ``oom_risk_rise_pct`` steadily over
-``oom_risk_window_s``. Corpus traces: none (the corpus is the CPU build, which has no CUDA OOM);
+``oom_risk_window_s``. vLLM's own check at start (``Free memory on device cuda:0 (F/T GiB) on startup is
+less than desired GPU memory utilization``) is no CUDA OOM: the startup failure rule names it, as in
+tests/corpus/traces/h200-startup-failure-cuda-oom. Corpus traces with a CUDA OOM: none yet;
 the real H200 logs in tests/fixtures/logs/vllm-0.26.0-h200-failure.log and the lines in
 tests/unit/diag_fixtures.py (copied from real torch messages) show them.
 """
@@ -41,10 +42,6 @@ _OOM_GPU_RE = re.compile(
 _OOM_OTHER_RE = re.compile(r"Process (?P<pid>\d+) has (?P<amt>[\d.]+ [KMGT]?i?B) memory in use")
 _OOM_SELF_RE = re.compile(r"this process has (?P<amt>[\d.]+ [KMGT]?i?B) memory in use")
 _OOM_FRAG_RE = re.compile(r"and (?P<amt>[\d.]+ [KMGT]?i?B|\d+ bytes) is reserved by PyTorch but unallocated")
-_FREE_AT_START_RE = re.compile(
-    r"Free memory on device \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than desired GPU memory"
-    r" utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)"
-)
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 
@@ -73,7 +70,9 @@ class OomEvent:
 
 
 def is_oom_failure(f: Failure) -> bool:
-    return f.kind == "cuda_oom" or (f.kind == "exception" and _FREE_AT_START_RE.search(f.line) is not None)
+    # vLLM's own check "Free memory on device ... on startup is less than desired GPU memory utilization" is
+    # no CUDA OOM: the tracker names it (gpu_free_at_start) and the startup-failure rule shows it.
+    return f.kind == "cuda_oom"
 
 class Oom:
     """The OOM rules: remembers each OOM seen (one per burst: a traceback repeats the line) until
@@ -166,12 +165,6 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
     gm = _OOM_GPU_RE.search(line)
     if gm:
         detail += f"; GPU {gm.group('gpu')} had {gm.group('free')} free of {gm.group('total')}"
-    fs = _FREE_AT_START_RE.search(line)
-    if fs:
-        detail = (
-            f"only {fs.group('free')} of {fs.group('total')} GiB free at start, but --gpu-memory-utilization "
-            f"{fs.group('util')} asks for {fs.group('req')} GiB"
-        )
     ev.append(detail)
     ev.append(f"line: {line[:300]}")
     fm = _OOM_FRAG_RE.search(line)
@@ -192,7 +185,7 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
             ctx.startup.facts.max_model_len if ctx.startup is not None else None
         )
         fix: list[str] = []
-        if other_lines or torch_others or fs:
+        if other_lines or torch_others:
             fix.append(
                 "Another process holds memory on this GPU: stop it or move it, or lower --gpu-memory-utilization"
                 + (f" (now {util:g})" if util else "")

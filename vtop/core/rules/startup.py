@@ -1,10 +1,27 @@
 """``startup_stall`` and ``startup_failure``: a start that hangs, a start that failed.
 
-``startup_stall`` -- evidence: the startup tracker's :class:`~vtop.core.phases.StallInfo` (the log
-silent and no progress for the stall threshold in the current phase), with the GPUs' activity during
-the silence (busy SMs make it "info": the phase may just be slow) and any 'No available shared
-memory broadcast block' waits. Corpus trace: tests/corpus/traces/startup-stall-compile (workers
-frozen in torch.compile, the log silent); quiet on every normal-* trace.
+``startup_stall`` -- evidence, per phase, from the tracker's :class:`~vtop.core.phases.Quiet`:
+
+* a phase that prints progress (``Loading safetensors checkpoint shards: N/M``, ``Capturing CUDA
+  graphs ... N/M``) has stalled when no step came for ``startup_progress_x`` times its longest step
+  so far (tqdm's elapsed time and the frames' arrival say how long a step takes), and at least
+  ``startup_progress_floor_s``;
+* a silent phase (torch.compile, memory profiling, process start, or a bar not yet timed; not the
+  weights, whose reads wait on I/O with the CPU still) has
+  stalled when the log is silent for ``startup_still_s`` AND the server's processes are still: the
+  CPU seconds (user + system, from the process scans) of the tree, or of the processes doing the
+  work (the workers, else the engine cores), grew by less than ``startup_still_cpu_frac`` of a core
+  over that window, AND, where GPU data exists, the GPU idled (mean GPU-Util below
+  ``startup_still_gpu_util``). A busy silent compile (CPU moving) stays quiet. Where no CPU reading
+  exists (an old recording), none is invented: only the ceiling applies;
+* the ceiling: the tracker's :class:`~vtop.core.phases.StallInfo`, the log silent for
+  ``--stall-threshold`` (10 minutes), whatever else is seen; there the GPUs' SM activity during the
+  silence (busy SMs make it "info": the phase may just be slow) and 'No available shared memory
+  broadcast block' waits are evidence too.
+
+Corpus trace: tests/corpus/traces/startup-stall-compile (the Worker SIGSTOPped in torch.compile for
+150 s, the log silent); quiet on every normal-* trace and the H200 start in
+vtop/data/demo-h200-vllm-0.26.0.jsonl.gz (graph capture progress frames).
 
 ``startup_failure`` -- evidence: the tracker's :class:`~vtop.core.phases.Failure` of a start that
 never became ready (its telling line, its phase, the usual fix; for a KV cache or max_model_len
@@ -66,19 +83,104 @@ def tracker_failure(ctx: Ctx) -> Failure | None:
 def failure_evidence(ctx: Ctx, f: Failure, where: str) -> tuple[str, ...]:
     message = f.message.removesuffix(where) if where else f.message
     ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
-    if f.kind in ("kv_no_memory", "kv_host_memory", "max_model_len"):
+    if f.kind in ("kv_no_memory", "kv_host_memory", "gpu_free_at_start", "max_model_len"):
         ev += ctx.other_procs_lines(ctx.log_target, f.arrival)
     return tuple(ev)
 
 
+def _progress_stopped(ctx: Ctx) -> list[str] | None:
+    """Evidence lines when the current phase's progress bar stopped for several of its steps."""
+    q, th = ctx.quiet, ctx.th
+    if q is None or not q.progressing or q.step_s is None:
+        return None
+    limit = max(th.startup_progress_floor_s, th.startup_progress_x * q.step_s)
+    silent = q.silent_at(ctx.now)
+    if silent < limit:
+        return None
+    return [
+        f"progress stopped: no step for {dur(silent)}, while its longest step so far took {q.step_s:.1f} s "
+        f"(stalled past {th.startup_progress_x:g}x that, {dur(th.startup_progress_floor_s)} at least)"
+    ]
+
+
+def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
+    """Evidence lines when the server's processes used (almost) no CPU over the last ``window_s``;
+    None when they did, or when there is no reading to tell (never a guess)."""
+    st = ctx.mem.servers.get(ctx.log_target) if ctx.log_target else None
+    if st is None or not st.cpu_samples:
+        return None
+    b = st.cpu_samples[-1]
+    a = st.cpu_at(b.t - window_s)
+    # The newest scan must be recent: a stale one says nothing about now.
+    if a is None or ctx.now - b.t > max(30.0, window_s):
+        return None
+    span = b.t - a.t
+    allow = ctx.th.startup_still_cpu_frac * span
+    common = [p for p in b.cpu if p in a.cpu]
+    if not common:
+        return None
+    used = {p: b.cpu[p] - a.cpu[p] for p in common}
+    tree = sum(used.values())
+    if tree < allow:
+        return [f"the server's processes used {tree:.2f} s of CPU in {dur(span)} ({len(common)} processes): "
+                "nothing runs"]
+    still = [p for p in b.working if p in used and used[p] < allow]
+    if not still:
+        return None
+    who = ", ".join(f"{b.names.get(p, 'process')} (pid {p}) {used[p]:.2f} s" for p in still)
+    return [f"CPU time in {dur(span)}: {who}, while the tree used {tree:.1f} s: the process doing the start's "
+            "work does not run (stopped, or blocked)"]
+
+
+def _gpu_idle(ctx: Ctx, window_s: float) -> tuple[bool, list[str]] | None:
+    """(idle, evidence) of the server's GPUs over the last ``window_s``; None without GPU data."""
+    idxs = ctx.gpus_of(ctx.log_target) or sorted(ctx.mem.gpus)
+    utils: list[float] = []
+    for idx in idxs:
+        utils += [p.util for p in ctx.mem.gpus[idx].between(ctx.now - window_s, ctx.now) if p.util is not None]
+    if not utils:
+        return None
+    mean = statistics.fmean(utils)
+    return mean < ctx.th.startup_still_gpu_util, [f"GPU-Util {mean:.0f} % over the same {dur(window_s)}"]
+
+
+def _went_still(ctx: Ctx) -> list[str] | None:
+    """Evidence lines when a silent phase's log, processes and GPUs all stopped moving."""
+    q, th = ctx.quiet, ctx.th
+    if q is None or q.silent_at(ctx.now) < th.startup_still_s or (q.progressing and q.step_s is not None):
+        return None
+    if q.phase is Phase.WEIGHTS:
+        # Reading weights waits on the disk or the network, not the CPU: a first shard of 5 GB at
+        # 100 MB/s is 50 s of a still process. Only its progress (once timed) and the ceiling judge it.
+        return None
+    cpu = _cpu_still(ctx, th.startup_still_s)
+    if cpu is None:
+        return None
+    gpu = _gpu_idle(ctx, th.startup_still_s)
+    if gpu is not None and not gpu[0]:
+        return None
+    return cpu + (gpu[1] if gpu is not None else [])
+
+
 def startup_stall(ctx: Ctx) -> Alert | None:
     snap = ctx.startup
+    if not (snap is None or snap.state == "starting"):
+        return None
     stall = ctx.stall
-    if stall is None or not (snap is None or snap.state == "starting"):
+    why: list[str] = []
+    still = False
+    if stall is None and ctx.quiet is not None:
+        why = _progress_stopped(ctx) or []
+        if not why:
+            why = _went_still(ctx) or []
+            still = bool(why)
+        if why:
+            stall = ctx.quiet.as_stall(ctx.now)
+    if stall is None:
         return None
     tgt = ctx.log_target
     since = ctx.now - stall.silent_s
-    ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}"]
+    ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}", *why]
     if snap is not None and stall.phase is not None:
         pv = snap.phase(stall.phase)
         if pv is not None and pv.progress:
@@ -101,6 +203,9 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     if working:
         ev.append("the SMs are busy: the phase may just be slow (a big model's first torch.compile or profiling)")
     fix = []
+    if still:
+        fix.append("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is "
+                   "stopped, D waits on I/O); kill -CONT a stopped one.")
     if stall.hint:
         fix.append(stall.hint[0].upper() + stall.hint[1:] + ".")
     fix.append("Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.")

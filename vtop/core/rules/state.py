@@ -12,7 +12,7 @@ from typing import Any
 
 from vtop.core.inflight import OldestInFlight
 
-__all__ = ["GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
+__all__ = ["CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
 
 
 @dataclass(slots=True)
@@ -67,6 +67,19 @@ def went_back(old: float | None, new: float | None) -> bool:
     return old is not None and new is not None and new < old
 
 
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """The CPU seconds of a server's processes at one process scan."""
+
+    t: float
+    #: pid -> user + system CPU seconds
+    cpu: dict[int, float]
+    #: the processes that do a start's work: the workers, else the engine cores, else the server
+    working: tuple[int, ...]
+    #: pid -> its title ("VLLM::Worker") or role, for evidence lines
+    names: dict[int, str]
+
+
 class ServerState:
     """What the diagnoser remembers about one server between ticks."""
 
@@ -91,6 +104,32 @@ class ServerState:
         self.gpu_pids: set[int] = set()
         #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
         self.oldest = OldestInFlight()
+        #: CPU seconds of the server's processes, one sample per process scan seen
+        self.cpu_times: list[float] = []
+        self.cpu_samples: list[CpuSample] = []
+        self.cpu_seen: object = None
+
+    def note_cpu(self, t: float, proc: Any, keep_s: float) -> None:
+        """Take the CPU seconds of a server's process scan (a ServerProcess read by attribute),
+        once per scan (the same object on the next tick is the same scan)."""
+        if proc is self.cpu_seen:
+            return
+        self.cpu_seen = proc
+        by = getattr(proc, "cpu_by_pid", None)
+        cpu = by() if callable(by) else {}
+        if not cpu:
+            return  # no reading (an old recording, a process vtop may not read): no sample, never a zero
+        kids = tuple(getattr(proc, "children", ()) or ())
+        working = tuple(c.pid for c in kids if c.role == "worker") or tuple(c.pid for c in kids if c.role == "engine")
+        roles = {int(c.pid): str(getattr(c, "title", "") or c.role) for c in kids}
+        roles[int(proc.pid)] = "API server"
+        keep_recent(self.cpu_times, self.cpu_samples, t, CpuSample(t, cpu, working or (int(proc.pid),), roles),
+                    keep_s)
+
+    def cpu_at(self, t: float) -> CpuSample | None:
+        """The newest CPU sample at or before ``t`` (None: none that old)."""
+        i = bisect_right(self.cpu_times, t)
+        return self.cpu_samples[i - 1] if i else None
 
     @property
     def last(self) -> Sample | None:

@@ -129,6 +129,18 @@ class StartupPanel(Static):
 
     def build(self) -> Text:
         v = self.view
+        problem = v.problem if v is not None else None
+        if problem and v is not None:
+            # what is wrong with the log itself (missing, a directory, unreadable, binary, ended)
+            if v.state == "idle":
+                return Text(f"⚠ {problem}", style="bold yellow")
+            out = self._build()
+            out.append(f"\n⚠ {problem}", style="bold yellow")
+            return out
+        return self._build()
+
+    def _build(self) -> Text:
+        v = self.view
         out = Text()
         if v is None or (v.state == "idle" and not v.recent):
             msg = self.message or "vLLM log: not watched (pass --log PATH, or --log - to read a pipe)"

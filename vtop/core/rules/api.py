@@ -1,0 +1,79 @@
+"""``api_unresponsive``: an API server that accepts connections and does not answer.
+
+Evidence: the server tracker's scrape outcomes (:class:`~vtop.core.server.ServerView`): the last
+poll got no complete ``/metrics`` answer within the scraper's deadline (``timeout``: the
+connection was accepted, then no answer, an answer that came too late, or a body trickled out
+slower than the deadline), and no complete answer came since the first poll of that run
+(``failing_since``). A refused port is not this (``down``/``starting``); an HTTP error or a body
+that is not vLLM's is not either (the server answered).
+
+Why an incident: vLLM's API server is one asyncio event loop (uvicorn). A synchronous call in a
+handler, a huge prompt being tokenized in the loop, or a stuck request-level hook block every
+request at once: ``/metrics``, ``/health`` and the clients' requests alike, while the port stays
+open, so a load balancer's TCP check and a ``ps`` see nothing wrong. The fix starts with where
+the loop is: a py-spy dump of the API server process.
+
+Severity: a warning once it has been silent for ``api_silent_s`` (two scrape deadlines: one slow
+scrape on a loaded box is not an incident), critical after ``api_silent_critical_s``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vtop.core.rules.alert import Alert
+from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.util import dur, short_url
+
+if TYPE_CHECKING:
+    from vtop.core.rules.state import ServerState
+    from vtop.core.server import ServerView
+
+
+class ApiUnresponsive:
+    """The unresponsive-API-server rule (see the module's docstring)."""
+
+    ids = ("api_unresponsive",)
+
+    def check(self, ctx: Ctx) -> list[Alert]:
+        return per_server(ctx, api_unresponsive)
+
+
+def silent_for(now: float, v: ServerView) -> float | None:
+    """Seconds the server has accepted scrapes without a complete answer (None: it answers, or the
+    last failure was not a timeout)."""
+    if v.last_error != "timeout" or v.failing_since is None:
+        return None
+    return max(0.0, now - v.failing_since)
+
+
+def api_unresponsive(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = ctx.th
+    silent = silent_for(ctx.now, v)
+    if silent is None or silent < th.api_silent_s:
+        return None
+    severity = "critical" if silent >= th.api_silent_critical_s else "warning"
+    short = short_url(url)
+    title = (f"API server of {short} not answering: no complete /metrics answer for {dur(silent)} "
+             f"(connections accepted)")
+    ev = [
+        f"{v.timeouts} scrape{'s' if v.timeouts != 1 else ''} in a row timed out: "
+        f"{v.last_error_message or 'no complete answer in time'}",
+    ]
+    if v.last_ok_mono is None:
+        ev.append("no complete answer since vtop began watching it")
+    else:
+        ev.append(f"last complete answer {dur(max(0.0, ctx.now - v.last_ok_mono))} ago")
+    if v.health is not None:
+        ev.append(f"/health last answered {v.health}")
+    ev.append("the port accepts connections, so a TCP health check still passes")
+    pid = getattr(v.process, "pid", None) if v.process not in (None, "unknown") else None
+    who = f"the API server (pid {pid})" if pid is not None else "the API server"
+    fix = (
+        f"py-spy dump --pid {pid if pid is not None else '<API server pid>'} (or press d): where {who}'s event loop "
+        "is blocked (a synchronous call in a handler, a huge prompt tokenized in the loop, a stuck hook)",
+        "If py-spy shows the loop idle in epoll, look between vtop and the port: a proxy, a firewall, "
+        "another process on the port",
+        f"Check by hand: curl -m 5 -sS {url}/metrics | head",
+    )
+    return Alert("api_unresponsive", severity, title, tuple(ev), fix, url, v.failing_since)
