@@ -2,8 +2,15 @@
 
 All of vtop's flags live in this one module. A flag that is not given does not
 override the config file or the environment (``argparse.SUPPRESS`` defaults).
-Bad input ends with one ``vtop: error: ...`` line and exit status 2, never a
+Bad input ends with one ``vtop: error: ...`` line and exit status 3, never a
 traceback.
+
+Exit status, the convention of the monitoring plugins (Nagios, Icinga, Sensu
+checks), for ``vtop --once``, ``vtop doctor`` and ``vtop replay FILE --doctor``:
+0 OK, 1 warning (an alert of warning severity), 2 critical (a critical alert, or
+a watched server down or its engine dead), 3 unknown (vtop could not look: bad
+usage, a bad config, a recording it cannot read, or no source answered). Bad
+usage of the screen itself exits 3 too.
 """
 
 from __future__ import annotations
@@ -16,8 +23,18 @@ from typing import Any
 
 from vtop import __version__
 from vtop.config import MIN_INTERVAL_S, ConfigError, build, parse_duration
+from vtop.exitcodes import EXIT_HELP, EXIT_USAGE
 
 S = argparse.SUPPRESS
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with bad usage ending in exit status 3 (unknown) instead of 2,
+    which the plugin convention keeps for critical."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _duration(name: str) -> Any:
@@ -30,11 +47,34 @@ def _duration(name: str) -> Any:
     return conv
 
 
+#: The diagnosis thresholds as flags: (flag, Config field, help). One definition, added to
+#: every parser that diagnoses (the screen and ``--once``, ``doctor``, ``replay``), so a flag
+#: works the same in each; a flag not given leaves the config file and environment alone.
+THRESHOLD_FLAGS = (
+    ("--stall-threshold", "stall_threshold",
+     "flag a start that prints nothing and makes no progress this long (default 10m)"),
+    ("--runaway-threshold", "runaway_threshold",
+     "flag a runaway decode after this long with nothing finishing (default 2m); a request "
+     "/metrics shows running min(45s, this) while others finish is flagged too"),
+)
+
+
+def add_threshold_flags(p: argparse.ArgumentParser) -> None:
+    for flag, dest, text in THRESHOLD_FLAGS:
+        p.add_argument(flag, dest=dest, type=_duration(dest), default=S, metavar="DURATION", help=text)
+
+
+def threshold_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """The threshold flags given (as Config fields)."""
+    return {dest: getattr(ns, dest) for _, dest, _ in THRESHOLD_FLAGS if hasattr(ns, dest)}
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="vtop",
         description="Live terminal dashboard for GPU boxes serving LLMs with vLLM.",
         epilog=(
+            "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "
             "Settings also come from $XDG_CONFIG_HOME/vtop/config.toml (keys as the long flags, "
             "with _ for -) and VTOP_* environment variables (VTOP_INTERVAL=2); flags win. "
             "For SSH: TEXTUAL_COLOR_SYSTEM=256, NO_COLOR=1 and --theme ansi-dark are honoured."
@@ -51,8 +91,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--record", default=S, metavar="FILE", help="append every sample to FILE (JSONL; .gz compresses)")
     p.add_argument("--log", default=S, metavar="PATH",
                    help="the vLLM log to follow; - reads standard input (docker logs -f C 2>&1 | vtop --log -)")
-    p.add_argument("--stall-threshold", dest="stall_threshold", type=_duration("stall_threshold"), default=S,
-                   metavar="DURATION", help="flag a start that prints nothing and makes no progress this long (default 10m)")
     p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
                    help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
     p.add_argument("--readonly", action="store_true", default=S,
@@ -62,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", default=S, help="Textual theme, e.g. ansi-dark to use the terminal's own colours")
     p.add_argument("--once", action="store_true", default=S,
                    help="print one plain-text snapshot (GPUs, servers, startup, alerts) and exit; "
-                        "exit 1 when a server is down or an alert is critical")
+                        "exit 0 OK, 1 warning, 2 critical (or a server down), 3 unknown")
     p.add_argument("--json", action="store_true", default=S,
                    help="with --once (implied): the snapshot as JSON, schema vtop.report/1")
     p.add_argument("--window", type=_duration("window"), default=S, metavar="DURATION",
@@ -71,9 +109,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the recording stops growing at this size (default 200)")
     p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
                    help="remove prompt text from log lines in recordings and snapshots (default: on)")
-    p.add_argument("--runaway-threshold", dest="runaway_threshold", type=_duration("runaway_threshold"), default=S,
-                   metavar="DURATION", help=("flag a runaway decode after this long with nothing finishing (default 2m); a request "
-                         "/metrics shows running min(45s, this) while others finish is flagged too"))
+    add_threshold_flags(p)
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p
@@ -84,12 +120,13 @@ SUBCOMMANDS = ("replay", "demo", "doctor")
 
 def replay_parser(prog: str) -> argparse.ArgumentParser:
     demo = prog.endswith("demo")
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         description=("Play vtop's demo: a real vLLM 0.26.0 on an H200 starting up, serving a burst and a "
                      "runaway request, recorded by vtop itself." if demo else
                      "Play a recording made with vtop --record in the same UI, on the recorded clock."),
-        epilog="Keys: space pause, . step, + - speed, left/right 10 s, [ ] 1 min, home/end, q quit.",
+        epilog=("Keys: space pause, . step, + - speed, left/right 10 s, [ ] 1 min, home/end, q quit. "
+                "With --doctor, " + EXIT_HELP + "."),
     )
     if not demo:
         p.add_argument("file", metavar="FILE", help="a recording (JSONL, or .gz)")
@@ -100,14 +137,65 @@ def replay_parser(prog: str) -> argparse.ArgumentParser:
                    help="no screen: play the whole recording through the monitor at once and print when each "
                         "alert came and went, then the report at its end (exit status as vtop doctor)")
     p.add_argument("--json", action="store_true", help="with --doctor: print that as JSON")
+    add_threshold_flags(p)
     return p
+
+
+def doctor_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="vtop doctor",
+        description=("Watch for a short window, then say what is wrong and what to do. The vLLM log's "
+                     "last minutes (its stats lines, request lines, phase lines) are read too, so an "
+                     "incident that began before the window is named."),
+        epilog=EXIT_HELP + ". So `vtop doctor || page-someone` pages on a warning too.",
+    )
+    p.add_argument("urls", nargs="*", metavar="URL", default=S,
+                   help="vLLM server(s); default: the ones running on this box")
+    p.add_argument("--window", type=_duration("window"), default=15.0, metavar="DURATION",
+                   help="how long to watch (default 15s)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema vtop.report/1)")
+    p.add_argument("--log", default=S, metavar="PATH", help="the vLLM log (default: found from the process)")
+    p.add_argument("--interval", type=_duration("interval"), default=S, metavar="SECONDS",
+                   help="seconds between polls (default 1)")
+    p.add_argument("--no-gpu", dest="no_gpu", action="store_true", default=S, help="do not use NVML")
+    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
+                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    add_threshold_flags(p)
+    p.add_argument("--record", default=S, metavar="FILE", help="also record the window to FILE")
+    p.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                   help="config file to read instead of the default")
+    return p
+
+
+def _run_doctor(argv: Sequence[str]) -> int:
+    p = doctor_parser()
+    ns = vars(p.parse_args(argv))
+    window = ns.pop("window")
+    as_json = ns.pop("json")
+    config_file = ns.pop("config_file", None)
+    if "urls" in ns:
+        ns["urls"] = tuple(ns["urls"])
+    try:
+        cfg = build(ns, config_file=config_file)
+    except ConfigError as e:
+        p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
+    if window <= 0:
+        p.exit(EXIT_USAGE, "vtop doctor: error: --window must be positive\n")
+    if cfg.log == "-":
+        p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
+    from vtop.headless import run_once
+
+    try:
+        return run_once(cfg, window_s=window, as_json=as_json, doctor=True)
+    except OSError as e:
+        p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
 
 
 def _run_replay(argv: Sequence[str], prog: str) -> int:
     p = replay_parser(prog)
     ns = p.parse_args(argv)
     if not 1 <= ns.speed <= 60:
-        p.exit(2, f"{prog}: error: --speed: 1 to 60, got {ns.speed:g}\n")
+        p.exit(EXIT_USAGE, f"{prog}: error: --speed: 1 to 60, got {ns.speed:g}\n")
     if prog.endswith("demo"):
         from vtop.demo import demo_path
 
@@ -115,9 +203,9 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
     else:
         path = ns.file
     try:
-        cfg = build({k: v for k, v in vars(ns).items() if k == "theme"}, env={})
+        cfg = build({k: v for k, v in vars(ns).items() if k == "theme"} | threshold_values(ns), env={})
         if (why := theme_error(cfg.theme)) is not None:
-            p.exit(2, f"{prog}: error: {why}\n")
+            p.exit(EXIT_USAGE, f"{prog}: error: {why}\n")
         if ns.doctor or ns.json:
             from vtop.headless import replay_doctor
 
@@ -126,11 +214,11 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
 
         app = replay_app(path, config=cfg, speed=ns.speed, name="demo" if prog.endswith("demo") else None)
     except FileNotFoundError:
-        p.exit(2, f"{prog}: error: {path}: no such file\n")
+        p.exit(EXIT_USAGE, f"{prog}: error: {path}: no such file\n")
     except (OSError, ValueError, EOFError) as e:
-        p.exit(2, f"{prog}: error: {path}: cannot play it: {e}\n")
+        p.exit(EXIT_USAGE, f"{prog}: error: {path}: cannot play it: {e}\n")
     except ConfigError as e:
-        p.exit(2, f"{prog}: error: {e}\n")
+        p.exit(EXIT_USAGE, f"{prog}: error: {e}\n")
     if ns.paused and app.replay is not None:
         app.replay.paused = True
     return int(app.run() or 0)
@@ -196,9 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("replay", "demo"):
         return _run_replay(argv[1:], f"vtop {argv[0]}")
     if argv and argv[0] == "doctor":
-        from vtop.headless import doctor_main
-
-        return doctor_main(argv[1:])
+        return _run_doctor(argv[1:])
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)
@@ -206,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
-        p.exit(2, f"vtop: error: {e}\n")
+        p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
     dumb = not (once or as_json) and os.environ.get("TERM", "") == "dumb"
     if dumb:
         # TERM=dumb (Emacs shells, some CI consoles) cannot draw a full-screen app: Textual
@@ -215,22 +301,22 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(set TERM=xterm-256color for the screen)", file=sys.stderr)
         once = True
     if (why := theme_error(cfg.theme)) is not None and not (once or as_json):
-        p.exit(2, f"vtop: error: {why}\n")
+        p.exit(EXIT_USAGE, f"vtop: error: {why}\n")
     if once or as_json:
         if cfg.log == "-":
-            p.exit(2, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
+            p.exit(EXIT_USAGE, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
         from vtop.headless import run_once
 
         try:
             return run_once(cfg, window_s=window if window is not None else 2 * cfg.interval, as_json=as_json)
         except OSError as e:
-            p.exit(2, f"vtop: error: {e}\n")
+            p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
     log_fd = None
     if cfg.log == "-":
         try:
             log_fd = _stdin_for_log()
         except OSError as e:
-            p.exit(2, f"vtop: error: --log - needs a terminal for the keys: {e.strerror or e}\n")
+            p.exit(EXIT_USAGE, f"vtop: error: --log - needs a terminal for the keys: {e.strerror or e}\n")
     from vtop.gc_tuning import hold_until_settled
 
     hold_until_settled()  # the app's third tick turns it back on (settle_gc)
@@ -239,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         app = VtopApp(cfg, log_fd=log_fd)
     except OSError as e:  # e.g. the --record file cannot be opened
-        p.exit(2, f"vtop: error: {e}\n")
+        p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
     rc = app.run()
     return int(rc or 0)
 

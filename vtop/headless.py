@@ -8,9 +8,19 @@ short window, and what it knows is turned into one
 scripts (schema: ``vtop/schema/report-v1.schema.json``, ``"schema":
 "vtop.report/1"``).
 
-Exit status: 0 when nothing is wrong, 1 when a watched server is down (or its
-engine dead) or an alert is critical, 2 for bad input. So
-``vtop --once || page-someone`` works.
+Exit status, the convention of the monitoring plugins (Nagios, Icinga, Sensu
+checks) that on-call tooling already understands: **0** OK; **1** warning (an
+alert of warning severity); **2** critical (a critical alert, or a watched server
+down or its engine dead); **3** unknown (vtop could not look: bad usage, a bad
+config, a recording it cannot read, or no source answered in the window). So
+``vtop doctor || page-someone`` pages on a warning too, and a check runner maps
+the status as it does for its plugins. ``exit_code`` in the JSON is the same.
+
+The log's history: the monitor reads the vLLM log from its last startup (or its
+last MiB) before the window begins, and :mod:`vtop.core.loghistory` turns its
+stamped stats lines into history the rules judge (running, waiting, KV usage,
+throughput every 10 s), so a 15 s window still names a runaway, a stall or a KV
+saturation that began minutes before it.
 
 Threads and timeouts: NVML, the process table and the log are read in daemon
 threads, HTTP is async with the scraper's deadlines; after the window each
@@ -23,27 +33,27 @@ prints when each alert came and went.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
 import socket
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vtop import __version__
-from vtop.config import Config, ConfigError, build, parse_duration
+from vtop.config import Config
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerView
+from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
+from vtop.model.fmt import dur
 from vtop.monitor.live import LiveFeed
 from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
 SCHEMA = "vtop.report/1"
 MAX_REQUESTS = 50
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "run_once"]
 
 
 @dataclass
@@ -62,13 +72,24 @@ class Report:
     alerts: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     requests_in_flight: int | None = None
+    window_asked_s: float | None = None
+    """The window the user asked for (``window_s`` is what it took)."""
+    looked: bool = True
+    """Some source answered (a server, even to refuse; NVML; the log): else the status is unknown."""
+    history_s: float | None = None
+    """Seconds of the log's history read before the window (its stats lines), if any."""
 
     @property
     def exit_code(self) -> int:
+        """0 OK, 1 warning, 2 critical, 3 unknown (the monitoring-plugin convention)."""
         if any(a.get("severity") == "critical" for a in self.alerts):
-            return EXIT_PROBLEM
-        if any(s.get("state") in ("down", "engine dead") for s in self.servers):
-            return EXIT_PROBLEM
+            return EXIT_CRITICAL
+        if any(s.get("state") in ("down", "engine dead") and s.get("polls", 1) for s in self.servers):
+            return EXIT_CRITICAL
+        if any(a.get("severity") == "warning" for a in self.alerts):
+            return EXIT_WARNING
+        if not self.looked:
+            return EXIT_UNKNOWN
         return EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
@@ -79,6 +100,8 @@ class Report:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t)),
             "host": self.host,
             "window_s": round(self.window_s, 3),
+            "window_asked_s": _r(self.window_asked_s, 3),
+            "log_history_s": _r(self.history_s, 0),
             "gpu": {"status": self.gpu_status, "message": self.gpu_message, "gpus": self.gpus},
             "servers": self.servers,
             "startup": self.startup,
@@ -205,7 +228,7 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> lis
     return out
 
 
-def report(monitor: Monitor, started: float, *, gpu_off: bool = False) -> Report:
+def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
     from vtop.core.phases import summarize
 
@@ -236,14 +259,38 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False) -> Report
         gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
         gpu_message=poll.message if poll else None,
         gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
-        servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws))
+        servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws)) | {"polls": ws.polls}
                  for ws in monitor.servers.values()],
         startup=_jsonable(startup),
         requests=reqs,
         requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
         alerts=[a.to_json() for a in monitor.alerts],
         notes=list(dict.fromkeys(notes)),
+        window_asked_s=window_asked_s,
+        looked=_looked(monitor),
+        history_s=_history_s(monitor),
     )
+
+
+def _looked(monitor: Monitor) -> bool:
+    """Some source answered: a server (a refused port is an answer: down), NVML with
+    readings or a definite "no GPU", the log. Else vtop could not look (exit 3)."""
+    if any(ws.polls for ws in monitor.servers.values()):
+        return True
+    poll = monitor.gpu_history.last_poll
+    if poll is not None and (poll.gpus or poll.status in ("absent", "off")):
+        return True
+    lv = monitor.log_view
+    return lv is not None and lv.lines_total > 0
+
+
+def _history_s(monitor: Monitor) -> float | None:
+    """How far back the log's stats lines reach before now (None: no history read)."""
+    lv = monitor.log_view
+    hist = getattr(lv, "history", None) if lv is not None else None
+    if hist is None or not hist.stats:
+        return None
+    return max(0.0, monitor.clock.monotonic() - hist.stats[0].mono)
 
 
 def _jsonable(x: Any) -> Any:
@@ -265,10 +312,31 @@ def _v(x: Any, unit: str = "") -> str:
     return f"{x:g}{unit}"
 
 
+def _secs(s: float) -> str:
+    return f"{round(s, 1):g} s" if s < 60 else dur(s)
+
+
+def window_text(rep: Report) -> str:
+    """``15 s window``: the window asked for, and when it took longer, why; the log history read."""
+    asked = rep.window_asked_s
+    took = rep.window_s
+    if asked is None:
+        out = f"{_secs(took)} window"
+    else:
+        out = f"{_secs(asked)} window"
+        if took > asked + 1.0:
+            out += f", {_secs(took)} with the wait for every source's first answers"
+        elif took < asked - 1.0:
+            out += f", cut short at {_secs(took)}"
+    if rep.history_s:
+        out += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+    return out
+
+
 def format_text(rep: Report, *, doctor: bool = False) -> str:
     """Plain text, at most 80 columns wide except for long messages, no colour."""
     d = rep.to_json()
-    lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({rep.window_s:.0f} s window)"]
+    lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({window_text(rep)})"]
     if rep.gpus:
         for g in rep.gpus:
             if g["lost"]:
@@ -340,7 +408,7 @@ def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = Fals
     finally:
         if recorder is not None:
             recorder.close()
-    rep = report(monitor, started, gpu_off=gpu_source is None)
+    rep = report(monitor, started, gpu_off=gpu_source is None, window_asked_s=window_s)
     if as_json:
         out.write(json.dumps(rep.to_json(), indent=2) + "\n")
     else:
@@ -373,39 +441,3 @@ def replay_doctor(path: str, cfg: Config, *, as_json: bool, out: Any = None) -> 
             out.write("  none\n")
         out.write("at the end of the recording:\n" + format_text(rep, doctor=True))
     return rep.exit_code
-
-
-def doctor_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="vtop doctor",
-        description=("Watch for a short window, then say what is wrong and what to do. "
-                     "Exit 1 when an alert is critical or a server is down."),
-    )
-    p.add_argument("urls", nargs="*", metavar="URL", help="vLLM server(s); default: the ones running on this box")
-    p.add_argument("--window", default="15s", help="how long to watch (default 15s)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema vtop.report/1)")
-    p.add_argument("--log", default=None, metavar="PATH", help="the vLLM log (default: found from the process)")
-    p.add_argument("--interval", default="1s", help="seconds between polls (default 1)")
-    p.add_argument("--no-gpu", action="store_true", help="do not use NVML")
-    p.add_argument("--runaway-threshold", default=None, metavar="DURATION",
-                   help=("flag a runaway decode after this long with nothing finishing (default 2m); a request "
-                         "/metrics shows running min(45s, this) while others finish is flagged too"))
-    p.add_argument("--record", default=None, metavar="FILE", help="also record the window to FILE")
-    ns = p.parse_args(argv)
-    try:
-        window = parse_duration(ns.window, "window")
-        flags: dict[str, Any] = {"interval": ns.interval, "no_gpu": ns.no_gpu}
-        if ns.urls:
-            flags["urls"] = tuple(ns.urls)
-        if ns.log:
-            flags["log"] = ns.log
-        if ns.runaway_threshold:
-            flags["runaway_threshold"] = ns.runaway_threshold
-        if ns.record:
-            flags["record"] = ns.record
-        cfg = build(flags)
-    except ConfigError as e:
-        p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
-    if window <= 0:
-        p.exit(EXIT_USAGE, "vtop doctor: error: --window must be positive\n")
-    return run_once(cfg, window_s=window, as_json=ns.json, doctor=True)

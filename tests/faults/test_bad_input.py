@@ -24,7 +24,8 @@ ENV = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent", "XDG_CONFIG_H
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], env: dict[str, str] | None = None) -> str:
-    """Run vtop's main with ``argv``; it must exit 2 with one ``error:`` line and no traceback."""
+    """Run vtop's main with ``argv``; it must exit 3 (unknown: bad usage, as monitoring plugins do) with one
+    ``error:`` line and no traceback."""
     old = dict(os.environ)
     try:
         if env is not None:
@@ -36,7 +37,7 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], env: dict[str, s
         os.environ.clear()
         os.environ.update(old)
     err = capsys.readouterr().err
-    assert ex.value.code == 2, err
+    assert ex.value.code == 3, err
     assert "Traceback" not in err
     # one error line (argparse puts its usage lines before it, as every argparse tool does)
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith((" ", "usage:"))]

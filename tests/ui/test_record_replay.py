@@ -167,10 +167,10 @@ def test_replay_of_garbage_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("not json\n{\"kind\": \"gpu\"}\n")
     with pytest.raises(SystemExit) as ei:
         main(["replay", str(bad)])
-    assert ei.value.code == 2
+    assert ei.value.code == 3
     with pytest.raises(SystemExit) as ei:
         main(["replay", str(tmp_path / "missing.jsonl")])
-    assert ei.value.code == 2
+    assert ei.value.code == 3
 
 
 async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:

@@ -63,10 +63,10 @@ def test_durations() -> None:
 def test_cli_errors_are_one_line_not_a_traceback(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "VTOP_INTERVAL": "0.01"}
     r = subprocess.run([sys.executable, "-m", "vtop"], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 2
+    assert r.returncode == 3  # unknown: the monitoring-plugin convention keeps 2 for critical
     assert r.stderr.strip() == "vtop: error: interval: at least 0.25 s, got 0.01"
     r = subprocess.run([sys.executable, "-m", "vtop", "--interval", "fast"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "interval" in r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr and "interval" in r.stderr
 
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:

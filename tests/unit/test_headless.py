@@ -78,21 +78,21 @@ def test_once_text_is_plain_and_fits_a_terminal(run, burst_server) -> None:  # t
     assert all(len(line) <= 120 for line in r.stdout.splitlines()[:4])
 
 
-def test_a_down_server_exits_1_and_says_so(run) -> None:  # type: ignore[no-untyped-def]
+def test_a_down_server_exits_2_critical_and_says_so(run) -> None:  # type: ignore[no-untyped-def]
     r = run("--once", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "DOWN" in r.stdout and "connection refused" in r.stdout
     r = run("--json", "http://127.0.0.1:9", "--no-gpu", "--window", "0.5")
-    assert r.returncode == 1
+    assert r.returncode == 2
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, SCHEMA)
     assert rep["servers"][0]["state"] == "down" and rep["servers"][0]["running"] is None  # missing is null, not 0
 
 
-def test_doctor_reports_a_failed_start_as_critical_and_exits_1(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_doctor_reports_a_failed_start_as_critical_and_exits_2(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = FIXTURES / "logs" / "vllm-0.26.0-h200-failure.log"
     r = run("doctor", "http://127.0.0.1:9", "--no-gpu", "--window", "1s", "--log", str(log), "--json")
-    assert r.returncode == 1
+    assert r.returncode == 2 and r.stdout and json.loads(r.stdout)["exit_code"] == 2
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, SCHEMA)
     crit = [a for a in rep["alerts"] if a["severity"] == "critical"]
@@ -101,11 +101,15 @@ def test_doctor_reports_a_failed_start_as_critical_and_exits_1(run, tmp_path: Pa
     assert "[CRITICAL]" in txt and "fix:" in txt
 
 
-def test_doctor_bad_input_is_one_line_exit_2() -> None:
+def test_doctor_bad_input_is_one_line_exit_3_unknown() -> None:
     r = vtop("doctor", "--window", "soon")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "window" in r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr and "window" in r.stderr
     r = vtop("--once", "--interval", "0.01")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    r = vtop("doctor", "--no-such-flag")
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    r = vtop("replay", "/nonexistent/rec.jsonl", "--doctor")
+    assert r.returncode == 3 and "no such file" in r.stderr
 
 
 def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

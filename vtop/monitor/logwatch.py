@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
+from vtop.core.loghistory import LogHistory, LogHistoryView
 from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400
+#: what the attach-time tail read keeps: the stats lines and the shm-broadcast waits
+BACKFILL_NEEDLES = (b"Avg prompt throughput", b"No available shared memory broadcast block")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class LogView:
     """A request line was seen: vLLM runs with request logging (--enable-log-requests from 0.10)."""
     finishes_logged: bool = False
     """The log says when requests end (V0, or --enable-log-outputs): ages are exact, not "at most"."""
+    history: LogHistoryView | None = None
+    """The log's stats lines of the last minutes on the monitor's clock (:mod:`vtop.core.loghistory`):
+    what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
 
     @property
     def state(self) -> str:
@@ -63,6 +69,8 @@ class LogWatch:
         self.stall_threshold_s = stall_threshold_s
         self.tracker = tracker or PhaseTracker()
         self.requests = RequestTracker()
+        self.history = LogHistory()
+        self._backfilled = False
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lines_total = 0
         self._lock = threading.Lock()
@@ -141,6 +149,7 @@ class LogWatch:
         with self._lock:
             self.tracker = PhaseTracker()
             self.requests = RequestTracker()
+            self.history = LogHistory()
             self._lines_total = 0
             self._restarts_seen = 0
             self._max_len_sent = None
@@ -154,13 +163,18 @@ class LogWatch:
     def poll(self) -> LogView:
         with self._lock:
             now = self.clock.monotonic()
+            wall = self.clock.time()
             lines = self.source.poll()
+            if not self._backfilled and self.source.state.status == "following":
+                self._backfill(wall)
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
-                feed, req = self.tracker.feed, self.requests.feed
+                feed, req, hist = self.tracker.feed, self.requests.feed, self.history.feed
                 for line in lines:
-                    req(line, now, event=feed(line, now))
+                    ev = feed(line, now)
+                    req(line, now, event=ev)
+                    hist(ev, wall, now)
                 self._lines_total += len(lines)
                 if self.recorder is not None:
                     self.recorder.log(self.clock.time(), now, lines)
@@ -184,7 +198,9 @@ class LogWatch:
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                stall=self.tracker.stalled(now, self.stall_threshold_s),
+                # A log read as a backlog (an attach, doctor) arrived all at once: its silence
+                # began when its last line was written, not when vtop read it.
+                stall=self.tracker.stalled(now + self.history.backlog_lag(now, wall), self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
@@ -194,7 +210,21 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
+                history=self.history.snapshot(now, wall),
             )
+
+    def _backfill(self, wall: float) -> None:
+        """Once the file is open: the stats lines at its end, ahead of the forward read
+        (which starts at the last startup, possibly 64 MiB back), into the history; the
+        forward read's copies of them are dropped there as repeats."""
+        self._backfilled = True
+        tail = getattr(self.source, "tail_lines", None)
+        if tail is None:
+            return
+        from vtop.core.phases import parse_line
+
+        for line in tail(BACKFILL_NEEDLES):
+            self.history.feed(parse_line(line), wall)
 
     def close(self) -> None:
         self.source.close()

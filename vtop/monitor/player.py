@@ -69,9 +69,33 @@ class FedLog:
         pass
 
 
+def attached_at(events: list[RecordEvent], at: float) -> list[RecordEvent]:
+    """The events as vtop started at recorded monotonic time ``at`` sees them: nothing
+    of ``/metrics``, NVML or the alerts before ``at``; the log written before it read at
+    once at ``at`` (a backlog, as the tailer reads a log it attaches to); the last
+    process scan before it, taken at ``at``; then everything from ``at`` on.
+    (``vtop doctor`` started in the middle of an incident.)"""
+    before = [e for e in events if e.at < at]
+    after = [e for e in events if e.at >= at]
+    if not before:
+        return after
+    ref = next((e for e in reversed(before) if e.kind in ("gpu", "server", "log", "procs") and e.t), None)
+    t_at = ref.t + (at - ref.mono) if ref is not None else 0.0
+    head: list[RecordEvent] = []
+    procs = next((e for e in reversed(before) if e.kind == "procs"), None)
+    if procs is not None:
+        head.append(RecordEvent("procs", t_at, at, procs.data))
+    lines = [ln for e in before if e.kind == "log" for ln in e.data]
+    if lines:
+        head.append(RecordEvent("log", t_at, at, lines))
+    return head + after
+
+
 class Player:
     def __init__(self, events: list[RecordEvent], header: dict[str, Any], *, config: Config,
-                 name: str = "recording", speed: float = 1.0) -> None:
+                 name: str = "recording", speed: float = 1.0, attach_at: float | None = None) -> None:
+        if attach_at is not None:
+            events = attached_at(events, attach_at)
         if not events:
             raise ValueError("the recording holds no samples")
         self.events = events
@@ -265,8 +289,11 @@ def _mmss(s: float) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
-def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str | None = None) -> Player:
-    """A player for ``path``; raises ``ValueError``/``OSError`` with a plain message."""
+def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str | None = None,
+                   attach_at: float | None = None) -> Player:
+    """A player for ``path``; raises ``ValueError``/``OSError`` with a plain message.
+    ``attach_at`` (recorded monotonic seconds): play it as vtop started then would see it
+    (:func:`attached_at`)."""
     import dataclasses
     import os
 
@@ -283,4 +310,5 @@ def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str |
     urls = tuple(dict.fromkeys(e.data.url for e in events if e.kind == "server"))
     cfg = dataclasses.replace(config, urls=urls, record=None, interval=interval,
                               history=max(history, 10 * interval))
-    return Player(events, header, config=cfg, name=name or os.path.basename(os.path.normpath(path)), speed=speed)
+    return Player(events, header, config=cfg, name=name or os.path.basename(os.path.normpath(path)), speed=speed,
+                  attach_at=attach_at)

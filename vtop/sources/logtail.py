@@ -53,6 +53,7 @@ DEFAULT_MAX_READ = 4 * 1024 * 1024  # bytes per poll
 DEFAULT_MAX_SCAN = 64 * 1024 * 1024  # how far back the startup banner is looked for
 DEFAULT_TAIL_BYTES = 1024 * 1024  # where to start when no banner is found
 DEFAULT_MAX_LINE = 64 * 1024  # longer lines are cut (the engine config line is ~4 KB)
+DEFAULT_BACKFILL_BYTES = 8 * 1024 * 1024  # the tail read for the log's history at attach
 _READ_CHUNK = 1024 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 _SIG_LEN = 32
@@ -335,6 +336,42 @@ class LogTailer:
                 self._file.close()
             finally:
                 self._file = None
+
+    def tail_lines(self, needles: tuple[bytes, ...], max_bytes: int = DEFAULT_BACKFILL_BYTES) -> list[str]:
+        """The lines holding one of ``needles`` in the last ``max_bytes`` of the open file
+        that the forward read has not reached yet, oldest first (ANSI removed). For the log's
+        history at attach (:mod:`vtop.core.loghistory`): the forward read starts at the last
+        startup, which on a server up for days is up to ``max_scan`` back and takes a poll
+        per ``max_read`` to come; the stats lines of the last minutes are at the end. Bounded:
+        one ``pread`` of at most ``max_bytes``, never the file whole."""
+        if self._file is None:
+            return []
+        fd = self._file.fileno()
+        try:
+            size = os.fstat(fd).st_size
+            start = max(self._offset, size - max_bytes)
+            if start >= size:
+                return []
+            data = os.pread(fd, size - start, start)
+        except OSError:
+            return []
+        data = data.replace(b"\r", b"\n")
+        first = data.find(b"\n") + 1 if start > 0 else 0  # the first line may be cut
+        last = data.rfind(b"\n")  # and the last one still being written
+        if last < first:
+            return []
+        bounds: set[tuple[int, int]] = set()
+        for needle in needles:  # bytes.find, not a loop over every line: 8 MiB in a few ms
+            i = data.find(needle, first, last)
+            while i >= 0:
+                a = data.rfind(b"\n", first, i) + 1 or first
+                b = data.find(b"\n", i, last + 1)
+                bounds.add((a, b))
+                i = data.find(needle, b, last)
+        out: list[str] = []
+        for a, b in sorted(bounds):
+            out.extend(split_glued(strip_ansi(data[a:b].decode("utf-8", "replace"))))
+        return out
 
     def poll(self) -> list[str]:
         """New complete lines since the last poll (at most ``max_read`` bytes' worth)."""

@@ -18,6 +18,7 @@ from vtop.core.rules.util import gib, short_url
 
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
+    from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
@@ -58,6 +59,13 @@ class Ctx:
     gpu_owner: dict[int, list[str]] = field(default_factory=dict)
     #: pid -> (server URL, role)
     pid_owner: dict[int, tuple[str, str]] = field(default_factory=dict)
+    #: the log's stats lines of the last minutes, of the server at ``log_target``
+    #: (:class:`vtop.core.loghistory.LogHistoryView`): what came before vtop looked
+    history: LogHistoryView | None = None
+
+    def history_of(self, url: str) -> LogHistoryView | None:
+        """The log's history, when the log is ``url``'s."""
+        return self.history if self.history is not None and url == self.log_target else None
 
     # ------------------------------------------------------------------ reading GPUs and processes
 

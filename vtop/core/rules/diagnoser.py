@@ -22,6 +22,7 @@ from vtop.core.rules.util import LIVE, is_proc, role_of
 
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
+    from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
@@ -64,7 +65,7 @@ class Diagnoser:
             now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
-            log_lines=log.recent, log_target=log_target,
+            log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
         )
 
 
@@ -80,6 +81,7 @@ class Diagnoser:
         request_logging: Mapping[str, bool] | None = None,
         log_lines: Sequence[Any] | None = None,
         log_target: str | None = None,
+        log_history: LogHistoryView | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -90,7 +92,10 @@ class Diagnoser:
         URL whether the log has request lines at all. ``log_lines`` are the
         startup tracker's recent lines (objects with ``text`` and ``arrival``),
         scanned once each for CUDA OOMs. ``log_target`` is the URL of the server
-        the log and ``startup`` belong to (default: the only server, if one).
+        the log and ``startup`` belong to (default: the only server, if one);
+        ``log_history`` its log's stats lines of the last minutes
+        (:mod:`vtop.core.loghistory`), which the runaway, stall and KV rules judge
+        with what ``/metrics`` showed (``vtop doctor``'s short window, an attach).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -99,6 +104,7 @@ class Diagnoser:
             log_target = next(iter(servers))
         ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
                   log_target, log_lines)
+        ctx.history = log_history
         mem = self._mem
 
         for url in [u for u in mem.servers if u not in servers]:

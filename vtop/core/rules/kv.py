@@ -5,7 +5,8 @@ Evidence: KV usage (``kv_cache_usage_perc``) at or above ``kv_saturation_pct`` f
 of the time with the median within 5 points (usage dips for a scrape as requests finish and
 are preempted, then climbs back); and, over ``preempt_window_s``, preemptions counted
 (``num_preemptions``) or ``waiting`` growing. A preemption storm (``preempt_storm_ps``) with a
-growing queue is critical. Corpus traces: tests/corpus/traces/kv-saturation-many-seqs,
+growing queue is critical. The window reaches back before vtop's first sample through the log's
+stats lines (their ``KV cache usage``), so ``doctor --window 15`` judges 30 s. Corpus traces: tests/corpus/traces/kv-saturation-many-seqs,
 kv-saturation-preemptions; quiet on normal-bursts-long-queue and normal-bursts-waiting-queue.
 """
 
@@ -32,7 +33,7 @@ class KvSaturation:
         return per_server(ctx, kv_saturation)
 
 
-def _kv_high_window(ctx: Ctx, st: ServerState) -> float | None:
+def _kv_high_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
     """When KV usage began to sit high, judged over the last ``kv_window_s``: at or above
     ``kv_saturation_pct`` most of the time (``kv_window_frac``), the median within 5 points of
     it. Real trace kv-saturation-preemptions: 96-98 % with a dip to 83-94 % every few
@@ -41,15 +42,20 @@ def _kv_high_window(ctx: Ctx, st: ServerState) -> float | None:
     s = st.last
     if s is None:
         return None
-    pts = [x for x in st.samples[-400:] if x.t >= s.t - th.kv_window_s and x.kv is not None]
-    if len(pts) < 5 or s.t - pts[0].t < th.kv_window_s * 0.8:
+    pts = [(x.t, x.kv) for x in st.samples[-400:] if x.t >= s.t - th.kv_window_s and x.kv is not None]
+    hist = ctx.history_of(url)
+    if hist is not None and pts:
+        # Before vtop's first sample, the log's stats lines (one every 10 s: the one just
+        # before the window counts too, or the window would begin up to 10 s late).
+        pts = hist.kv_points(s.t - th.kv_window_s - 10.0, pts[0][0]) + pts
+    if len(pts) < 5 or s.t - pts[0][0] < th.kv_window_s * 0.8:
         return None
-    high = [x for x in pts if x.kv is not None and x.kv >= th.kv_saturation_pct]
+    high = [t for t, kv in pts if kv >= th.kv_saturation_pct]
     if len(high) < th.kv_window_frac * len(pts):
         return None
-    if statistics.median(x.kv for x in pts if x.kv is not None) < th.kv_saturation_pct - 5.0:
+    if statistics.median(kv for _, kv in pts) < th.kv_saturation_pct - 5.0:
         return None
-    return high[0].t
+    return high[0]
 
 def kv_saturation(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
     """KV cache full with preemptions or a growing queue: usage at or above the threshold
@@ -63,7 +69,7 @@ def kv_saturation(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert |
     now = ctx.now
     since = st.kv_high_since if st.kv_high_since is not None and now - st.kv_high_since >= th.kv_saturation_s else None
     if since is None:
-        since = _kv_high_window(ctx, st)
+        since = _kv_high_window(ctx, url, st)
     if since is None:
         return None
     w0 = st.at(max(since, s.t - th.preempt_window_s)) or s

@@ -13,6 +13,11 @@ Evidence, either of two paths:
   ``e2e_request_latency``, than were in flight; vtop/core/inflight.py) to have run ``runaway_age_s``
   or ``runaway_age_ordinary_x`` times what requests ordinarily take here, while tokens flow.
   A request whose client set ``max_tokens`` is shown as info ("long request"), not alarmed.
+  When what ``/metrics`` showed is too short (``doctor --window 15``, an attach), the log's
+  history stands in (:meth:`vtop.core.loghistory.LogHistoryView.oldest_running`): no request
+  began (no prompt throughput) since a stats line where requests ran, or the request log names a
+  request sent without ``max_tokens``, never aborted, with requests running in every stats line
+  since.
 
 Corpus traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
 runaway-streaming-after-others; quiet on normal-bursts-waiting-queue, normal-idle-3min,
@@ -78,10 +83,29 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     if s is None or v.state not in LIVE or not s.running or s.running < 1:
         return None
     age = st.oldest.lower_bound_s
+    since = st.oldest.since
+    running_then = st.oldest.running_then
     ordinary = _ordinary_e2e_s(st)
     # --runaway-threshold below 45 s lowers this too: a flag works the same on both paths
     limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
-    if age < limit or st.oldest.since is None:
+    named = _named_request(ctx.requests.get(url))
+    log_line = None
+    hist = ctx.history_of(url)
+    if age < limit and hist is not None and st.first_t is not None and st.busy_since is not None \
+            and st.busy_since <= st.first_t and ctx.now - st.first_t < limit \
+            and st.oldest.since is not None and st.oldest.since - st.first_t <= max(2.0, (ctx.now - st.first_t) / 3):
+        # What /metrics saw is too short to tell (doctor's window, an attach), and does not
+        # contradict it: requests ran at every sample, and one running from the first third of
+        # it on has not finished by the end-to-end latencies of those that did (short requests
+        # that come and go do not keep that up; vtop/core/inflight.py). The log's history says
+        # since when.
+        first = st.samples[0] if st.samples else None
+        prompt_flat = first is not None and first.prompt is not None and s.prompt == first.prompt
+        got = hist.oldest_running(ctx.now, st.first_t, prompt_flat, named)
+        if got is not None and ctx.now - got[0] > age:
+            since, running_then, log_line = got
+            age = ctx.now - since
+    if age < limit or since is None:
         return None
     r = st.at(s.t - th.rising_s)
     if r is None or r is s or r.gen is None or s.gen is None or not s.gen > r.gen or r.t >= s.t:
@@ -91,11 +115,11 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     w_now = s.waiting or 0.0
     mml = v.max_model_len
     short = short_url(url)
-    named = _named_request(ctx.requests.get(url))
     ev = [
-        f"the oldest in-flight request has run at least {dur(age)}: {num(st.oldest.running_then)} running "
-        f"{dur(age)} ago and running has never dropped below what is left of them, while requests that "
-        f"finished since (their end-to-end latency says when they began) cannot all be those",
+        log_line or (
+            f"the oldest in-flight request has run at least {dur(age)}: {num(running_then)} running "
+            f"{dur(age)} ago and running has never dropped below what is left of them, while requests that "
+            f"finished since (their end-to-end latency says when they began) cannot all be those"),
         f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s",
     ]
     if ordinary is not None:
@@ -120,12 +144,12 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
         title = f"Long request on {short}: running at least {dur(age)} (its client set max_tokens)"
         return Alert("runaway", "info", title, tuple(ev), (
             "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
-        ), url, st.oldest.since)
+        ), url, since)
     fix = _runaway_fixes(mml, ctx.logging.get(url) is False)
-    title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s, "
-             "while other requests finish")
+    title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s"
+             + ("" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
-    return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, st.oldest.since)
+    return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 
 def _runaway_fixes(mml: int | None, no_request_log: bool) -> list[str]:
     fix = [

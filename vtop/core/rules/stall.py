@@ -2,7 +2,10 @@
 
 Evidence: ``running > 0`` while the generation/prompt token counters and the finished-request
 count stay flat for ``engine_stall_s``, and ``/metrics`` still answers (a frozen engine keeps
-``/health`` at 200 and freezes the gauges). GPU-Util near 0 during the silence says the engine
+``/health`` at 200 and freezes the gauges). Before vtop's first sample, the log says since when
+(:meth:`vtop.core.loghistory.LogHistoryView.stalled_since`): the stats lines with zero throughput
+and requests running, the silence after them (vLLM drops a second idle interval to DEBUG), the
+shm-broadcast 60 s wait; so ``doctor --window 15`` names a stall that began before it. GPU-Util near 0 during the silence says the engine
 launches no work (a Python-side hang or a stopped process); GPU-Util high with idle SMs says a
 collective (NCCL) waits for a peer. Corpus traces: tests/corpus/traces/engine-stall-enginecore,
 engine-stall-worker-only; quiet on every normal-* trace.
@@ -40,6 +43,15 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
         return None
     since = max(st.last_progress_t, st.busy_since)
     now = ctx.now
+    from_log = None
+    hist = ctx.history_of(url)
+    if hist is not None and st.first_t is not None and since <= st.first_t:
+        # Nothing moved and requests ran from vtop's first sample on: the log says since when.
+        from_log = hist.stalled_since(now, st.first_t)
+        if from_log is not None and from_log[0] < since:
+            since = from_log[0]
+        else:
+            from_log = None
     if now - since < th.engine_stall_s:
         return None
     short = short_url(url)
@@ -48,6 +60,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
         "request finished",
         f"generation tokens stuck at {num(s.gen)}, prompt tokens at {num(s.prompt)}",
     ]
+    if from_log is not None:
+        ev.append(from_log[1])
     if v.health is not None or v.latency_s is not None:
         lat = f", /metrics in {v.latency_s * 1000:.0f} ms" if v.latency_s is not None else ""
         ev.append(f"the server still answers (/health {v.health if v.health is not None else '?'}{lat}): "

@@ -1,0 +1,372 @@
+"""The vLLM log's history: its stamped stats lines, read back as a time series. Pure: no I/O.
+
+vtop's rules judge what they saw of ``/metrics``; ``vtop doctor --window 15`` (or the
+screen just attached) sees 15 s of it. The log remembers more: while requests run, vLLM
+writes a stats line every 10 s (``VLLM_LOG_STATS_INTERVAL``), stamped
+``LEVEL MM-DD HH:MM:SS`` in the local time of the server's box, with no year::
+
+    (APIServer pid=1551) INFO 12-02 01:43:37 [loggers.py:335] Engine 000: Avg prompt throughput:
+    5.7 tokens/s, Avg generation throughput: 127.4 tokens/s, Running: 1 reqs, Waiting: 0 reqs,
+    CPU KV cache usage: 0.2%, Prefix cache hit rate: 0.0%
+
+Forms across versions (facts from the vLLM sources): V0 ``Running: N reqs, Swapped: N reqs,
+Pending: N reqs, GPU KV cache usage: X%, CPU KV cache usage: Y%``; V1 0.8+ ``Engine 000:``
+before it (``N Engines Aggregated:`` with data parallelism), ``Waiting:`` instead of
+``Pending:``; 0.12+ ``Preemptions: N`` (only when N > 0, the count in that interval) between
+Waiting and the KV usage, 0.20+ ``Deferred: N reqs``; 0.33 ``<DEV> KV cache usage`` and an
+optional ``KV fetch: ...`` part. An interval with no throughput, after another such
+interval, is logged at DEBUG: **silence after a line with zero throughput means the next
+interval had none either** (an idle server, or a frozen engine). The shm-broadcast line
+``No available shared memory broadcast block found in 60 seconds`` says a worker did not
+answer for a minute.
+
+:class:`LogHistory` is fed every line with when it was read (monotonic and wall clock),
+keeps the last ``keep_s`` (15 min) of stats lines by their stamps, bounded in count, and
+:meth:`LogHistory.snapshot` gives a frozen :class:`LogHistoryView` on the monitor's
+monotonic clock that the rules question: since when has no token been made
+(:meth:`LogHistoryView.quiet_since`), since when has no request begun while some ran
+(:meth:`LogHistoryView.no_new_request_since`), has ``running`` stayed up since a time
+(:meth:`LogHistoryView.busy_through`), the KV usage points of a window.
+
+The stamp's clock: the log's clock minus the wall clock is the box's UTC offset (a
+multiple of 15 minutes) plus a little skew. Every line read gives a lower bound (a
+line is read after it was written: ``stamp - read_wall <= offset``), tight for lines
+read as they come and loose for a backlog read at attach. Of the plausible offsets (this
+box's local offset, UTC) the smallest one not below the bound is taken, else the bound
+itself: a backlog whose last line is old can only make history look more recent than it
+was, which shortens every age and silence the rules measure: they stay on the side of no
+alarm.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LogHistory", "LogHistoryView", "StatsPoint", "parse_stats"]
+
+STATS_RE = re.compile(
+    r"(?:Engine (?P<engine>\d+): |(?P<nagg>\d+) Engines Aggregated: )?"
+    r"Avg prompt throughput: (?P<ptps>[\d.]+) tokens/s, Avg generation throughput: (?P<gtps>[\d.]+) tokens/s, "
+    r"Running: (?P<running>\d+) reqs, (?:Swapped: \d+ reqs, Pending|Waiting): (?P<waiting>\d+) reqs"
+    r"(?:, Deferred: \d+ reqs)?(?:, KV fetch: \d+ waiting to start, \d+ in progress, \d+ completed waiting)?"
+    r"(?:, Preemptions: (?P<preempt>\d+))?"
+    r"(?:, (?:[A-Za-z]+ )?KV cache usage: (?P<kv>[\d.]+)%)?"
+)
+SHM_WAIT = "No available shared memory broadcast block found"
+#: vLLM's stats interval (``VLLM_LOG_STATS_INTERVAL``, 10 s by default; V0 logs every 5 s)
+STATS_INTERVAL_S = 10.0
+#: slack for the 1 s resolution of the stamps and the interval's jitter (lines land at 10.0-10.4 s)
+SLACK_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class StatsPoint:
+    """One stats line (the engines of one second summed), on the monitor's monotonic clock."""
+
+    mono: float
+    prompt_tps: float
+    gen_tps: float
+    running: int
+    waiting: int
+    kv_pct: float | None
+    preemptions: int | None
+
+
+def parse_stats(message: str) -> tuple[str, float, float, int, int, float | None, int | None] | None:
+    """(engine, prompt tok/s, generation tok/s, running, waiting, KV %, preemptions) of a stats
+    line's message, or None for any other line."""
+    if "Avg prompt throughput" not in message:
+        return None
+    m = STATS_RE.search(message)
+    if m is None:
+        return None
+    try:
+        kv = float(m.group("kv")) if m.group("kv") is not None else None
+        return (m.group("engine") or (f"agg{m.group('nagg')}" if m.group("nagg") else "-"),
+                float(m.group("ptps")), float(m.group("gtps")), int(m.group("running")), int(m.group("waiting")),
+                kv if kv is None or math.isfinite(kv) else None,
+                int(m.group("preempt")) if m.group("preempt") is not None else None)
+    except ValueError:
+        return None
+
+
+def _stamp_seconds(stamp: tuple[int, int, int, int, int], year: int) -> float | None:
+    mon, day, hh, mi, ss = stamp
+    try:
+        return float(calendar.timegm((year, mon, day, hh, mi, ss, 0, 0, 0)))
+    except (ValueError, OverflowError):
+        return None
+
+
+@dataclass(frozen=True)
+class LogHistoryView:
+    """The stats lines of the last minutes, oldest first, and the shm-broadcast waits, on
+    the monotonic clock of the monitor at the poll (``mono``)."""
+
+    mono: float
+    stats: tuple[StatsPoint, ...] = ()
+    shm_waits: tuple[float, ...] = ()
+    offset_s: float | None = None
+    """The log's clock minus the wall clock (the box's UTC offset), as worked out."""
+
+    @property
+    def last(self) -> StatsPoint | None:
+        return self.stats[-1] if self.stats else None
+
+    def quiet_since(self, now: float) -> tuple[float, int] | None:
+        """(since when, running then): no token made and no prompt taken from that time until
+        ``now``, while requests were running, by the log alone. The trailing stats lines with
+        zero throughput and ``running`` >= 1 say no token was made in their intervals; the
+        silence after such a line says the same of the intervals after it (vLLM drops a
+        second zero interval to DEBUG). None when the last line shows throughput (or none
+        shows running requests), or when a line is overdue after a busy one."""
+        pts = self.stats
+        if not pts:
+            return None
+        last = pts[-1]
+        if last.gen_tps > 0 or last.prompt_tps > 0 or last.running < 1:
+            return None
+        i = len(pts) - 1
+        while i > 0:
+            p = pts[i - 1]
+            if p.gen_tps > 0 or p.prompt_tps > 0 or p.running < 1 or pts[i].mono - p.mono > STATS_INTERVAL_S + SLACK_S:
+                break
+            i -= 1
+        first = pts[i]
+        # The first zero line covers the interval before it: no token since its start.
+        start = first.mono - STATS_INTERVAL_S
+        prev = pts[i - 1] if i > 0 else None
+        if prev is not None and first.mono - prev.mono <= STATS_INTERVAL_S + SLACK_S:
+            start = max(start, prev.mono)
+        else:
+            start = first.mono  # the interval before it is unknown: only from the line on
+        return (start, min(p.running for p in pts[i:])) if start < now else None
+
+    def stalled_since(self, now: float, first_seen: float) -> tuple[float, str] | None:
+        """(since when, why) the engine made no token, by the log, for a server whose
+        ``/metrics`` showed requests running and nothing moving from ``first_seen`` on:
+        the trailing stats lines with zero throughput and requests running
+        (:meth:`quiet_since`) when they reach ``first_seen``, or a shm-broadcast wait
+        (a worker silent 60 s) logged since a minute before ``first_seen``."""
+        out: tuple[float, str] | None = None
+        q = self.quiet_since(now)
+        if q is not None and self.stats[-1].mono >= first_seen - 300.0:
+            out = (q[0], f"the log's stats lines show no token made since {now - q[0]:.0f} s ago with "
+                         f"{q[1]} request(s) running (vLLM stops the line after two idle intervals)")
+        for t in self.shm_waits:
+            if first_seen - 60.0 <= t <= now and (out is None or t - 60.0 < out[0]):
+                out = (t - 60.0, f"the log says a worker did not answer for 60 s ({now - t:.0f} s ago: "
+                                 "'No available shared memory broadcast block found in 60 seconds')")
+        return out
+
+    def oldest_running(self, now: float, first_seen: float, prompt_flat: bool,
+                       named: tuple[str, float | None, bool, Any, bool] | None) -> tuple[float, float | None, str] | None:
+        """(since, running then, why): a request running now has run since ``since`` at
+        least, by the log, for a server whose ``/metrics`` showed requests running in every
+        sample from ``first_seen`` on. Either no request began since a stats line where
+        requests ran (:meth:`no_new_request_since`; the lines must reach ``first_seen`` and
+        ``prompt_flat`` say ``/metrics`` saw no prompt token since), or the request log names
+        a request sent without ``max_tokens`` (``named``: id, age, ..., client omitted it),
+        not aborted, and every stats line since it came shows requests running
+        (:meth:`busy_through`)."""
+        best: tuple[float, float | None, str] | None = None
+        nn = self.no_new_request_since()
+        if nn is not None and prompt_flat and self.stats[-1].mono >= first_seen - SLACK_S:
+            t0, r0 = nn
+            best = (t0, float(r0), f"the log's stats lines: {r0} request(s) running {now - t0:.0f} s ago, and in "
+                                   "every line since requests ran and no prompt was taken (no request began)")
+        if named is not None and named[4] and named[1] is not None:
+            t_recv = now - named[1]
+            if (best is None or t_recv < best[0]) and self.busy_through(t_recv, now):
+                best = (t_recv, None, f"the request log: {named[0]} came {named[1]:.0f} s ago without max_tokens "
+                                      "and was not aborted; every stats line since shows requests running")
+        return best
+
+    def no_new_request_since(self) -> tuple[float, int] | None:
+        """(t0, running at t0): requests ran at the stats line ``t0``, and every later line
+        shows ``running`` >= 1 and no prompt throughput (no request began: a new one must
+        be prefilled), each within a stats interval of the one before. The requests running
+        since are all from ``t0`` or before, up to the last line; None when the last line
+        shows a prompt taken."""
+        pts = self.stats
+        if len(pts) < 2:
+            return None
+        i = len(pts) - 1
+        if pts[i].prompt_tps > 0 or pts[i].running < 1:
+            return None
+        while i > 0:
+            p, q = pts[i - 1], pts[i]
+            if q.mono - p.mono > STATS_INTERVAL_S + SLACK_S or p.running < 1:
+                break
+            i -= 1
+            if p.prompt_tps > 0:
+                break  # this line took a prompt: the requests it counts may be new, but they ran at its time
+        if i == len(pts) - 1:
+            return None
+        return pts[i].mono, pts[i].running
+
+    def busy_through(self, t0: float, t1: float) -> bool:
+        """Every stats line from ``t0`` to ``t1`` shows ``running`` >= 1, with no gap longer
+        than a stats interval (a busy server logs every interval), and one comes at or
+        before ``t0 + interval`` and at or after ``t1 - interval``."""
+        pts = [p for p in self.stats if t0 - SLACK_S <= p.mono <= t1 + SLACK_S]
+        if not pts or pts[0].mono > t0 + STATS_INTERVAL_S + SLACK_S or pts[-1].mono < t1 - STATS_INTERVAL_S - SLACK_S:
+            return False
+        if any(p.running < 1 for p in pts):
+            return False
+        return all(b.mono - a.mono <= STATS_INTERVAL_S + SLACK_S for a, b in zip(pts, pts[1:]))
+
+    def kv_points(self, a: float, b: float) -> list[tuple[float, float]]:
+        """(time, KV %) of the stats lines in ``[a, b)``."""
+        return [(p.mono, p.kv_pct) for p in self.stats if a <= p.mono < b and p.kv_pct is not None]
+
+
+class LogHistory:
+    """Fed every log line (:meth:`feed`); :meth:`snapshot` answers. Not thread-safe: the
+    log's polling thread feeds it and takes the snapshot, as for the phase tracker."""
+
+    def __init__(self, *, keep_s: float = 900.0, max_points: int = 4096, local_offset: Any = None) -> None:
+        self.keep_s = keep_s
+        self.max_points = max_points
+        self._points: dict[tuple[float, str], tuple[Any, ...]] = {}
+        self._newest: float | None = None
+        self._shm: deque[float] = deque(maxlen=64)
+        self._bound: float | None = None  # max(stamp - read wall time): the log clock's offset is at least this
+        self._local = local_offset if local_offset is not None else _local_offset
+        self._year: int | None = None
+        self._last_month: int | None = None
+        self._last_stamp: Any = None
+        self._last_t: float | None = None
+        self._last_line: tuple[float, float] | None = None  # (stamp, arrival) of the last stamped line but shm waits
+        self._last_unstamped = False
+
+    def reset(self) -> None:
+        self._points.clear()
+        self._newest = None
+        self._shm.clear()
+        self._bound = None
+        self._year = None
+        self._last_month = None
+        self._last_stamp = None
+        self._last_t = None
+        self._last_line = None
+        self._last_unstamped = False
+
+    def backlog_lag(self, mono: float, wall: float) -> float:
+        """How long before it was read the last line was written, when that is known (the
+        last line is stamped) and more than a few seconds: a log read as a backlog at attach,
+        where every line arrives at once and silence measured on the arrival clock starts
+        at the attach. 0 otherwise."""
+        off = self.offset(wall)
+        if self._last_line is None or self._last_unstamped or off is None:
+            return 0.0
+        t, arrival = self._last_line
+        written = t + 0.5 - off + (mono - wall)  # on the monotonic clock
+        lag = arrival - written
+        return lag if lag > 5.0 else 0.0
+
+    def feed(self, event: Any, wall: float, arrival: float | None = None) -> None:
+        """One parsed line (:class:`~vtop.core.phases.LogEvent`: ``stamp``, ``message``,
+        ``kind``), read at wall-clock ``wall`` (monotonic ``arrival``)."""
+        stamp = getattr(event, "stamp", None)
+        kind = getattr(event, "kind", None)
+        if stamp is None or kind != "record":
+            if kind in ("progress", "raw", "uvicorn") and getattr(event, "text", "").strip():
+                self._last_unstamped = True  # a tqdm frame, a traceback, uvicorn's own: when, the log does not say
+            return
+        msg: str = event.message
+        stats = parse_stats(msg) if "throughput" in msg else None
+        shm = SHM_WAIT in msg
+        if stamp == self._last_stamp:
+            t = self._last_t  # lines of one second share a stamp: converted once
+        else:
+            t = self._log_time(stamp, wall)
+            self._last_stamp, self._last_t = stamp, t
+        if t is None:
+            return
+        b = t - wall
+        if self._bound is None or b > self._bound:
+            self._bound = b
+        if stats is not None:
+            if self._newest is None or t > self._newest:
+                self._newest = t
+            if t < self._newest - self.keep_s:
+                return
+            # Keyed by stamp and engine: the attach-time tail read and the forward read
+            # give the same lines (in any order); one stats line a second per engine at most.
+            self._points[(t, stats[0])] = stats[1:]
+            if len(self._points) > self.max_points:
+                cut = self._newest - self.keep_s
+                keep = sorted(k for k in self._points if k[0] >= cut)[-self.max_points // 2:]
+                self._points = {k: self._points[k] for k in keep}
+        elif shm and t not in self._shm:
+            self._shm.append(t)
+        if not shm and arrival is not None:
+            self._last_line = (t, arrival)
+            self._last_unstamped = False
+
+    def _log_time(self, stamp: tuple[int, int, int, int, int], wall: float) -> float | None:
+        if self._year is None:
+            self._year = time.gmtime(wall).tm_year
+        mon = stamp[0]
+        if self._last_month is not None and mon < self._last_month - 6:
+            self._year += 1  # December -> January
+        self._last_month = mon
+        t = _stamp_seconds(stamp, self._year)
+        if t is not None and self._last_month is not None and t - wall > 180 * 86400:
+            self._year -= 1  # a December log read in January
+            t = _stamp_seconds(stamp, self._year)
+        return t
+
+    def offset(self, wall: float) -> float | None:
+        """The log clock minus the wall clock: the smallest plausible UTC offset not below
+        what the lines read say it is at least (see the module doc)."""
+        lb = self._bound
+        if lb is None:
+            return None
+        floor = lb - SLACK_S
+        cands = sorted({float(self._local(wall)), 0.0})
+        ok = [c for c in cands if c >= floor]
+        if ok:
+            return ok[0]
+        # Neither (another zone, a skewed clock, a test's clock): the bound itself, which
+        # can only make the lines look more recent than they are (ages and silences shorter).
+        return lb
+
+    def snapshot(self, mono: float, wall: float) -> LogHistoryView:
+        off = self.offset(wall)
+        if off is None:
+            return LogHistoryView(mono)
+        shift = mono - wall - off  # stamp seconds -> monotonic
+        merged: dict[float, list[Any]] = {}
+        cut = (self._newest or 0.0) - self.keep_s
+        for (t, _eng), (p, g, r, w, kv, pre) in self._points.items():
+            if t < cut:
+                continue
+            cur = merged.get(t)
+            if cur is None:
+                merged[t] = [p, g, r, w, kv, pre]
+            else:  # another engine's line of the same second (data parallel)
+                cur[0] += p
+                cur[1] += g
+                cur[2] += r
+                cur[3] += w
+                cur[4] = kv if cur[4] is None else (cur[4] if kv is None else max(cur[4], kv))
+                cur[5] = pre if cur[5] is None else (cur[5] + (pre or 0))
+        # A stamp is the second the line was written in: its middle is the best guess.
+        pts = tuple(StatsPoint(min(mono, t + 0.5 + shift), *v) for t, v in sorted(merged.items()))
+        return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off)
+
+
+def _local_offset(wall: float) -> float:
+    """This box's UTC offset at ``wall`` (vLLM stamps its lines in local time)."""
+    try:
+        return float(time.localtime(wall).tm_gmtoff)
+    except (OverflowError, ValueError, OSError):
+        return 0.0

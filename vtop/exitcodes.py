@@ -1,0 +1,22 @@
+"""vtop's exit status: the convention of the monitoring plugins (Nagios, Icinga, Sensu checks).
+
+``vtop --once``, ``vtop doctor`` and ``vtop replay FILE --doctor`` exit with:
+
+* 0 **OK**: nothing is wrong;
+* 1 **warning**: an alert of warning severity (a runaway seen as a warning, KV pressure...);
+* 2 **critical**: a critical alert, or a watched server down or its engine dead;
+* 3 **unknown**: vtop could not look: bad usage, a bad config, a recording it cannot
+  read, or no source answered in the window.
+
+So ``vtop doctor || page-someone`` pages on a warning too, and a check runner maps the
+status as it does for its plugins. Bad usage of the screen exits 3 as well. A leaf:
+imports nothing of vtop's.
+"""
+
+from __future__ import annotations
+
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+EXIT_USAGE = EXIT_UNKNOWN
+
+EXIT_HELP = ("exit status: 0 OK, 1 warning (a warning alert), 2 critical (a critical alert, or a server "
+             "down / its engine dead), 3 unknown (bad usage or config, or no source answered)")
