@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.corpus.score import traces
-from vtop.core.inflight import OldestInFlight
+from vtop.core.inflight import MaxTokensLedger, OldestInFlight, oldest_logged
 from vtop.sources.trace import load_trace
 
 TRACES = {p.name: p for p in traces()}
@@ -241,3 +241,61 @@ def test_a_histogram_that_lags_the_counter_holds_the_claim_until_it_catches_up()
     assert o.lower_bound_s == pytest.approx(39.0)
     o.add(45.0, 1.0, e2e_of([9.0]), 45.0, 1.0)
     assert o.lower_bound_s == pytest.approx(45.0)
+
+
+# --- the request log as proof: logged requests and the max_tokens histogram -----------------
+
+MT_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+              50000.0, float("inf"))
+
+
+def mt_hist(values: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(buckets=tuple((le, float(sum(1 for v in values if v <= le))) for le in MT_BUCKETS))
+
+
+def ledger_of(reads: list[tuple[float, list[int]]]) -> MaxTokensLedger:
+    led = MaxTokensLedger()
+    for t, finished in reads:
+        led.add(t, mt_hist(finished))
+    return led
+
+
+def test_a_logged_request_without_max_tokens_is_proven_running_among_short_ones() -> None:
+    """The request log's entry (no end line in V1) is proof once its max_tokens bucket shows
+    no finish since it came: short requests (max_tokens 16-64) finish in other buckets."""
+    shorts = [16, 40, 64, 33, 20, 50]
+    reads = [(0.0, [])] + [(5.0 * k, shorts[: k]) for k in range(1, 7)]
+    led = ledger_of(reads)
+    reqs = [(4.0, 65516.0, "runaway"), (5.0, 40.0, "short-1"), (9.0, 64.0, "short-2")]
+    got = oldest_logged(reqs, led, [], 31.0, busy=1.0)
+    assert got is not None and got[2] == "runaway" and got[0] == pytest.approx(27.0)
+    # a finish in its bucket since it came may be it: then nothing of that bucket is proven
+    led2 = ledger_of(reads + [(35.0, shorts + [65000])])
+    got2 = oldest_logged(reqs, led2, [], 36.0, busy=1.0)
+    assert got2 is None or got2[2] != "runaway"
+
+
+def test_a_pending_finish_holds_the_logged_proof_unless_it_ended_by_length_too_soon() -> None:
+    """A finish the counter shows after the last read may be the request (held at its slot),
+    unless it ended by reason ``length`` while fewer tokens than the request's max_tokens
+    were generated since it came."""
+    led = ledger_of([(0.0, []), (5.0, []), (10.0, [])])
+    reqs = [(4.0, 65516.0, "runaway")]
+    held = oldest_logged(reqs, led, [11.0], 14.0, busy=1.0)
+    assert held is not None and held[0] == pytest.approx(7.0)
+    free = oldest_logged(reqs, led, [11.0], 14.0, busy=1.0, pending_but_length=[],
+                         generated_since=lambda t: 3000.0)
+    assert free is not None and free[0] == pytest.approx(10.0)
+    maybe = oldest_logged(reqs, led, [11.0], 14.0, busy=1.0, pending_but_length=[],
+                          generated_since=lambda t: 70000.0)  # it may have reached its max_tokens
+    assert maybe is not None and maybe[0] == pytest.approx(7.0)
+
+
+def test_the_request_log_proves_nothing_it_cannot_see_the_end_of() -> None:
+    """A request logged before the histogram's first read may have ended before it; more
+    logged requests left than run or wait now means some never ran (refused)."""
+    led = ledger_of([(10.0, []), (15.0, []), (20.0, [])])
+    assert oldest_logged([(5.0, 65516.0, "before")], led, [], 60.0, busy=1.0) is None
+    two = [(14.0, 65516.0, "a"), (15.0, 65516.0, "b")]
+    assert oldest_logged(two, led, [], 60.0, busy=1.0) is None
+    assert oldest_logged(two, led, [], 60.0, busy=2.0) is not None

@@ -86,6 +86,7 @@ each: at most one slot per sample, about 20 buckets).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,8 @@ class _Slot:
     a: float
     b: float
     n: int
+    #: of which with finish reason ``length`` (the request reached its max_tokens)
+    n_length: int = 0
 
 
 def _needs(slots: list[_Slot], t0: float) -> list[tuple[float, int]]:
@@ -162,6 +165,7 @@ class OldestInFlight:
         self._now: float | None = None
         self._done: float | None = None
         self._done_t: float | None = None
+        self._length: float | None = None
         #: counter slots since the last histogram read (lengths not known yet), in time order
         self._pending: list[_Slot] = []
         #: (t, running) of the samples since the last histogram read
@@ -177,14 +181,16 @@ class OldestInFlight:
         self.__init__(self.max_candidates)  # type: ignore[misc]
 
     def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None,
-            done: float | None = None, preempted: float | None = None) -> None:
+            done: float | None = None, preempted: float | None = None, length: float | None = None) -> None:
         """One sample: its time, ``vllm:num_requests_running``, the e2e latency histogram
         (an object with ``buckets``: ``(upper_bound, cumulative_count)``), when that
         histogram was read (``t`` unless carried over from an earlier scrape), and the
         finished-requests counter (``request_success_total`` summed, from the same scrape
         as ``running``; None where the server has none: the histogram's read times are
         then all that say when), and the preemptions counter (a preempted request leaves
-        ``running`` for ``waiting`` without ending)."""
+        ``running`` for ``waiting`` without ending), and the finishes of reason ``length``
+        (:meth:`pending_starts` leaves them out for a request that cannot have reached its
+        ``max_tokens`` yet)."""
         if running is None:
             return
         self._now = t
@@ -205,8 +211,11 @@ class OldestInFlight:
                 self.reset()  # the counter went back: a restart
                 self._now = t
             elif self._done is not None and self._done_t is not None and done > self._done:
-                self._pending.append(_Slot(self._done_t, t, int(round(done - self._done))))
+                n = int(round(done - self._done))
+                n_len = 0 if length is None or self._length is None else int(round(length - self._length))
+                self._pending.append(_Slot(self._done_t, t, n, min(n, max(0, n_len))))
             self._done, self._done_t = done, t
+            self._length = length
         if e2e is not None and getattr(e2e, "buckets", None):
             cur = {float(le): float(c) for le, c in e2e.buckets}
             if self._hist is None:
@@ -365,10 +374,12 @@ class OldestInFlight:
         c = self._best[1]
         return c.t if c is not None else None
 
-    def pending_starts(self) -> list[float]:
+    def pending_starts(self, *, but_length: bool = False) -> list[float]:
         """When each finish the counter showed since the last histogram read may have
-        happened at the earliest (a slot's start, once per finish in it), in time order."""
-        return [s.a for s in self._pending for _ in range(s.n)]
+        happened at the earliest (a slot's start, once per finish in it), in time order;
+        ``but_length``: not those of reason ``length`` (for a request that cannot have
+        generated its ``max_tokens`` yet: fewer tokens were generated since it came)."""
+        return [s.a for s in self._pending for _ in range(s.n - (s.n_length if but_length else 0))]
 
 
 class MaxTokensLedger:
@@ -436,34 +447,41 @@ LOG_LAG_S = 3.0
 
 
 def oldest_logged(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger, pending: list[float],
-                  now: float, busy: float | None, *, lag_s: float = LOG_LAG_S) -> tuple[float, float, Any] | None:
+                  now: float, busy: float | None, *, pending_but_length: list[float] | None = None,
+                  generated_since: Callable[[float], float | None] | None = None,
+                  lag_s: float = LOG_LAG_S) -> tuple[float, float, Any] | None:
     """``(seconds, since, request)``: the logged request known to have run longest, or None.
 
     ``reqs`` are the request log's requests in flight (no end line, no abort line) as
     ``(since, effective max_tokens, request)`` on the samples' clock; ``pending`` the
-    counter's finishes since the last histogram read (:meth:`OldestInFlight.pending_starts`);
-    ``busy`` running + waiting now. A request that came at ``since`` (at most ``lag_s``
-    before: when its line was read) may be one of the finishes of its ``max_tokens``
-    bucket at each read after that; those are given to the oldest requests of the bucket
-    first (as the facts allow: the answer is never older than the truth), and the oldest
-    request left is still running as of the last read: then until the pending finish that
-    could be its own (the oldest first again). Only requests that came after the ledger's
-    first read count (an earlier one may have ended unseen). A log that holds more
-    such requests than run or wait now has requests that never ran (refused after they
-    were logged): it proves nothing then.
+    counter's finishes since the last histogram read (:meth:`OldestInFlight.pending_starts`),
+    ``pending_but_length`` the same without those of reason ``length``, and
+    ``generated_since(t)`` the tokens generated since ``t`` (all requests together: a
+    request that came at ``t`` cannot have ended by reaching its ``max_tokens`` while
+    that is below it); ``busy`` running + waiting now.
+
+    A request that came at ``since`` (at most ``lag_s`` before: when its line was read) may
+    be one of the finishes of its ``max_tokens`` bucket at each read after that; those are
+    given to the oldest requests of the bucket first (as the facts allow: the answer is
+    never older than the truth). The requests left were running at the last read; after it,
+    the first ``i + 1`` of them (oldest first) are not all ended before the ``i + 1``-th
+    pending finish that could be one of theirs. Only requests that came after the ledger's
+    first read count (an earlier one may have ended unseen). A log that holds more such
+    requests than run or wait now has requests that never ran (refused after they were
+    logged): it proves nothing then.
     """
     if ledger.first_t is None or ledger.last_t is None:
         return None
-    by_bucket: dict[float, list[tuple[float, Any]]] = {}
+    by_bucket: dict[float, list[tuple[float, float, Any]]] = {}
     for since, mt, r in reqs:
         if since - lag_s < ledger.first_t:
             continue
         le = ledger.bucket_of(mt)
         if le is not None:
-            by_bucket.setdefault(le, []).append((since, r))
+            by_bucket.setdefault(le, []).append((since, mt, r))
     if not by_bucket:
         return None
-    left: list[tuple[float, Any]] = []
+    left: list[tuple[float, float, Any]] = []
     for le, group in by_bucket.items():
         group.sort(key=lambda x: x[0])
         gone = 0  # the oldest ``gone`` of the group are taken as finished
@@ -471,16 +489,20 @@ def oldest_logged(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger,
             n = delta.get(le, 0)
             if not n:
                 continue
-            eligible = sum(1 for since, _ in group if since - lag_s < ht)
+            eligible = sum(1 for since, _, _ in group if since - lag_s < ht)
             gone = min(eligible, gone + n) if eligible > gone else gone
         left.extend(group[gone:])
     if not left or (busy is not None and len(left) - len(pending) > busy):
         return None
     left.sort(key=lambda x: x[0])
     best: tuple[float, float, Any] | None = None
-    for i, (since, r) in enumerate(left):
-        # the pending finishes end the oldest first: the i-th is sure until the i-th of them
-        until = min(pending[i], now) if i < len(pending) else now
+    short_of_max = True  # every request so far cannot have reached its max_tokens
+    for i, (since, mt, r) in enumerate(left):
+        if short_of_max:
+            g = generated_since(since - lag_s) if generated_since is not None else None
+            short_of_max = pending_but_length is not None and g is not None and g < mt
+        ends = pending_but_length if short_of_max and pending_but_length is not None else pending
+        until = min(ends[i], now) if i < len(ends) else now
         if until > since and (best is None or until - since > best[0]):
             best = (until - since, since, r)
     return best

@@ -93,11 +93,22 @@ def _proven_logged(ctx: Ctx, url: str, st: ServerState) -> tuple[float, float, A
     s = st.last
     if not reqs or s is None:
         return None
+    # where the log has Added lines, one that has none yet was not taken by the engine (refused?)
+    added_logged = any(getattr(r, "added", False) for r in reqs)
     rows = [(float(r.since), float(r.max_tokens), r) for r in reqs
             if isinstance(getattr(r, "since", None), (int, float)) and isinstance(getattr(r, "max_tokens", None), int)
-            and getattr(r, "added", True)]
+            and (getattr(r, "added", True) or not added_logged)]
     busy = None if s.running is None else s.running + (s.waiting or 0.0)
-    return oldest_logged(rows, st.max_tokens_ledger, st.oldest.pending_starts(), s.t, busy)
+
+    def generated_since(t: float) -> float | None:
+        a = st.at(t)  # the sample at or before t (or the oldest: then fewer are counted out)
+        if a is None or a.gen is None or s.gen is None or a.t > t:
+            return None
+        return s.gen - a.gen
+
+    return oldest_logged(rows, st.max_tokens_ledger, st.oldest.pending_starts(), s.t, busy,
+                         pending_but_length=st.oldest.pending_starts(but_length=True),
+                         generated_since=generated_since)
 
 
 def _flat_s(st: ServerState, since: float, now: float) -> float:

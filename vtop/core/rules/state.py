@@ -143,7 +143,7 @@ class ServerState:
                     self.busy_drops += p.running - s.running
             else:
                 self.busy_since = None
-        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt)
+        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:
