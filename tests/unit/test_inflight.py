@@ -63,9 +63,17 @@ def test_a_long_generation_the_client_asked_for_is_shown_not_alarmed(name: str) 
     from vtop.config import Config
     from vtop.monitor.player import open_recording
 
+    import json
+
     m = open_recording(str(TRACES[name]), config=Config()).play_to_end()
     runaway = [a for c in m.alert_log for a in c.alerts if a.rule == "runaway"]
     assert all(a.severity == "info" and a.title.startswith("Long request") for a in runaway), runaway
+    # the request named is the long one (proven in flight by the request log and the
+    # max_tokens histogram), not the log's oldest entry (a short /v1/completions request
+    # whose end V1 never logs)
+    events = [json.loads(x) for x in (TRACES[name] / "events.jsonl").read_text().splitlines() if x.strip()]
+    ids = {e["request_id"] for e in events if e.get("what") == "long_request_id"}
+    assert all(any(i in a.evidence[0] for i in ids) for a in runaway), [a.evidence[0] for a in runaway]
 
 
 def test_the_corpus_has_both_kinds() -> None:

@@ -143,7 +143,9 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
         p_age, p_since, req = proven
         mt = getattr(req, "max_tokens", None)
         no_client = bool(getattr(req, "no_client_max_tokens", False))
-        if p_age >= age or (no_client and p_age >= limit):
+        if p_age >= age or p_age >= limit:
+            # proven in flight that long: it, not the log's oldest entry (which may have
+            # ended unseen), is the request to name
             rid = str(getattr(req, "request_id", "?"))
             named = (rid, p_age, False, mt, no_client)
             if p_age >= age:
