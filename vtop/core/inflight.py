@@ -86,6 +86,7 @@ each: at most one slot per sample, about 20 buckets).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -482,15 +483,18 @@ def oldest_logged(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger,
     if not by_bucket:
         return None
     left: list[tuple[float, float, Any]] = []
+    reads = ledger.reads
     for le, group in by_bucket.items():
         group.sort(key=lambda x: x[0])
         gone = 0  # the oldest ``gone`` of the group are taken as finished
-        for ht, delta in ledger.reads:
+        eligible = 0  # those that came before the read (both in time order: one pass)
+        for ht, delta in reads[bisect_left(reads, group[0][0] - lag_s, key=lambda x: x[0]):]:
             n = delta.get(le, 0)
             if not n:
                 continue
-            eligible = sum(1 for since, _, _ in group if since - lag_s < ht)
-            gone = min(eligible, gone + n) if eligible > gone else gone
+            while eligible < len(group) and group[eligible][0] - lag_s < ht:
+                eligible += 1
+            gone = max(gone, min(eligible, gone + n))
         left.extend(group[gone:])
     if not left or (busy is not None and len(left) - len(pending) > busy):
         return None
