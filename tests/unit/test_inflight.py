@@ -60,10 +60,10 @@ def test_ordinary_traffic_never_looks_old(name: str) -> None:
 def test_a_long_generation_the_client_asked_for_is_shown_not_alarmed(name: str) -> None:
     """A request with max_tokens set (the request log says so) that runs long: if its age
     passes the runaway's, it is an info "long request", never a warning."""
+    import json
+
     from vtop.config import Config
     from vtop.monitor.player import open_recording
-
-    import json
 
     m = open_recording(str(TRACES[name]), config=Config()).play_to_end()
     runaway = [a for c in m.alert_log for a in c.alerts if a.rule == "runaway"]
