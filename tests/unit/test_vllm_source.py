@@ -566,7 +566,7 @@ async def test_a_restricted_answer_that_falls_short_is_replaced_in_the_same_poll
     for _ in range(3):
         assert (await sc.poll()).ok
     assert paths(server)[3:] == ["/metrics"] * 3  # not asked again for a while
-    sc._retry_at = 0.0  # the while is over: tried again (and, still short, replaced again)
+    sc.plan.retry_at = 0.0  # the while is over: tried again (and, still short, replaced again)
     await sc.poll()
     assert paths(server)[6:] == ["restricted", "/metrics"]
 

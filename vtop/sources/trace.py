@@ -10,7 +10,12 @@ use (:func:`~vtop.sources.vllm.poll_from_body`, the log's
 scored on a trace recorded before it existed. A trace recorded on a GPU box (the H200
 ones) also has ``gpu.jsonl.gz``, NVML once a second, read into ``gpu`` events (a
 :class:`~vtop.model.gpu.GpuPoll` each) as the NVML source would have given them, so
-the GPU cards, the memory history and the GPU rules see them. There are no ``logmark`` events:
+the GPU cards, the memory history and the GPU rules see them. ``/metrics`` is read as a live vtop would have read it: the scraper's schedule
+(:class:`~vtop.sources.vllm.ScrapePlan`) says which scrape each second's poll was (full,
+restricted with the histograms, restricted without them), the recorded full body is cut
+down to it as the server would have answered (:func:`~vtop.sources.vllm.restrict_exposition`),
+and the histograms of the polls between two reads of them are the last ones carried over
+with their age, so the rules see the live cadence, not one histogram a second. There are no ``logmark`` events:
 a trace says when the health answered and when the process began, and the
 monitor works out "launched" and "ready" from those as it does live.
 """
@@ -134,7 +139,16 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
     """The header (the interval, the truth) and the events of a trace, in time order."""
     from vtop.sources.discovery import discover_servers
     from vtop.sources.logtail import LineSplitter
-    from vtop.sources.vllm import poll_from_body, poll_from_error
+    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.vllm import (
+        FAST_METRICS_PATH,
+        METRICS_PATH,
+        PATH_NAMES,
+        ScrapePlan,
+        poll_from_body,
+        poll_from_error,
+        restrict_exposition,
+    )
 
     p = Path(path)
     truth = truth_of(p)
@@ -154,6 +168,11 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
             out = r
         return out
 
+    # The scraper's own schedule (vtop.sources.vllm.ScrapePlan): a trace holds a full /metrics
+    # every second, a live vtop reads the histograms every HIST_EVERY_S and carries them over
+    # in between (histograms_age_s), so each row is cut down to what that poll asked for.
+    plan = ScrapePlan()
+    connected = False
     for r in _rows(p / "metrics.jsonl.gz"):
         try:
             t, mono = float(r["t"]), float(r["mono"])
@@ -175,9 +194,26 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
         status, text = r.get("status"), r.get("text")
         poll: ServerPoll
         if status is None or text is None:
+            connected = False
             poll = poll_from_error(url, str(r.get("error") or "refused"), t=t, mono=mono, **extra)
         else:
-            poll = poll_from_body(url, str(text), t=t, mono=mono, latency_s=r.get("dt"), status=int(status), **extra)
+            if not connected:
+                plan.reconnect()
+                connected = True
+            body, metrics = str(text), None
+            path = plan.path(mono)
+            names = PATH_NAMES[path]
+            if path != METRICS_PATH:
+                part = restrict_exposition(body, frozenset(names or ())) if int(status) == 200 else ""
+                got = plan.took_restricted(parse_vllm_metrics(part) if int(status) == 200 else None, mono,
+                                           fast=path == FAST_METRICS_PATH)
+                if got is not None:
+                    body, metrics = part, got
+            if metrics is None and int(status) == 200:
+                metrics = parse_vllm_metrics(body)
+                plan.took_full(metrics, mono)
+            poll = poll_from_body(url, body, t=t, mono=mono, latency_s=r.get("dt"), status=int(status),
+                                  metrics=metrics, **extra)
         events.append(RecordEvent("server", t, mono, poll))
 
     for r in _rows(p / "procs.jsonl.gz"):

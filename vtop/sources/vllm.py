@@ -100,6 +100,12 @@ class Timeout:
 
 
 DEFAULT_TIMEOUT = Timeout()
+#: seconds between full scrapes while restricted ones are used
+FULL_EVERY_S = 60.0
+#: seconds before restricted scrapes are tried again after one fell short
+RESTRICTED_RETRY_S = 600.0
+#: seconds between reads of the histograms while restricted scrapes are used
+HIST_EVERY_S = 5.0
 MAX_BODY_BYTES = 16 * 1024 * 1024
 THREAD_PARSE_BYTES = 256 * 1024
 _INFO_BODY_BYTES = 1024 * 1024  # /v1/models with many LoRA adapters is still far below
@@ -110,10 +116,16 @@ _INFO_BODY_BYTES = 1024 * 1024  # /v1/models with many LoRA adapters is still fa
 #: vLLM mounts beside it, on the same registry, which honours it (checked on the real
 #: server, tests/real/test_real_server_smoke.py).
 METRICS_PATH = "/metrics"
-RESTRICTED_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in WANTED_SAMPLE_NAMES])
+#: the sample names each restricted path asks for
+RESTRICTED_NAMES: tuple[str, ...] = WANTED_SAMPLE_NAMES
+FAST_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if n not in HISTOGRAM_SAMPLE_NAMES)
+RESTRICTED_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in RESTRICTED_NAMES])
 #: The same without the histograms (the polls between two histogram reads).
-FAST_METRICS_PATH = "/metrics/?" + urlencode(
-    [("name[]", n) for n in WANTED_SAMPLE_NAMES if n not in HISTOGRAM_SAMPLE_NAMES])
+FAST_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in FAST_NAMES])
+#: what each path asks for (None: everything)
+PATH_NAMES: dict[str, tuple[str, ...] | None] = {
+    METRICS_PATH: None, RESTRICTED_METRICS_PATH: RESTRICTED_NAMES, FAST_METRICS_PATH: FAST_NAMES,
+}
 
 #: every reading an engine row can hold (a field added there is compared too)
 _ENGINE_FIELDS = tuple(f.name for f in fields(EngineMetrics) if f.name not in ("engine", "model_name"))
@@ -152,6 +164,115 @@ def with_histograms(m: VllmMetrics, src: VllmMetrics, age_s: float) -> VllmMetri
         m, engines=engines, inter_token_metric=src.inter_token_metric, histograms_age_s=age_s,
         problems=problems, **{a: getattr(src, a) for a in HIST_ATTRS},
     )
+
+
+def restrict_exposition(text: str, names: frozenset[str] | set[str] | tuple[str, ...]) -> str:
+    """A full exposition ``text`` as a server answers ``?name[]=...`` for ``names``
+    (prometheus_client's restricted registry: a sample is kept by its own name, so a
+    histogram's ``_bucket`` apart from its ``_sum``; each family that keeps a sample keeps its
+    HELP/TYPE lines). What a replay of a recorded full scrape gives for a restricted one."""
+    keep = names if isinstance(names, (set, frozenset)) else frozenset(names)
+    out: list[str] = []
+    family: str | None = None
+    header: list[str] = []
+    shown = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                if parts[2] != family:
+                    family, header, shown = parts[2], [], False
+                header.append(line)
+            continue
+        end = len(line)
+        for ch in ("{", " ", "\t"):
+            i = line.find(ch)
+            if 0 <= i < end:
+                end = i
+        if line[:end] in keep:
+            if not shown:
+                out.extend(header)
+                shown = True
+            out.append(line)
+    return "".join(out)
+
+
+class ScrapePlan:
+    """Which ``/metrics`` a poll asks for, and what a restricted answer is worth: the
+    scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.trace`,
+    full scrapes recorded once a second) gives the rules what a live vtop would have read,
+    histograms only at the live cadence, carried over in between with their age.
+
+    A full scrape first (on every new connection) and every ``full_every_s``; between them
+    restricted ones (``name[]``): with the histograms every ``hist_every_s``, without them
+    otherwise (the last histograms carried over, :func:`with_histograms`). A restricted
+    answer is used only while it fills what the last full one did; else the full one is
+    fetched in the same poll and restricted scrapes stop for ``retry_s``.
+    """
+
+    def __init__(self, *, full_every_s: float = FULL_EVERY_S, hist_every_s: float = HIST_EVERY_S,
+                 retry_s: float = RESTRICTED_RETRY_S) -> None:
+        self.full_every_s = full_every_s
+        self.hist_every_s = hist_every_s
+        self.retry_s = retry_s
+        #: what the last full /metrics filled (with and without its histograms), and when it
+        #: came (restricted scrapes are checked against it); None until one came on this connection
+        self.full_cov: frozenset[str] | None = None
+        self.fast_cov: frozenset[str] | None = None
+        self.full_at = 0.0
+        #: restricted answers: None untried, True good, False not (until retry_at)
+        self.restricted_ok: bool | None = None
+        self.retry_at = 0.0
+        #: polls answered from a restricted scrape (tests, bench)
+        self.restricted_polls = 0
+        #: the last metrics read with their histograms (carried over by the polls that read none), and when
+        self.hist: VllmMetrics | None = None
+        self.hist_at = 0.0
+
+    def reconnect(self) -> None:
+        """A new connection (maybe another process now): a full scrape first."""
+        self.full_cov = None
+        self.hist = None
+
+    def path(self, mono: float) -> str:
+        """The ``/metrics`` path to ask for at ``mono``."""
+        if self.restricted_ok is False and mono >= self.retry_at:
+            self.restricted_ok = None
+        if not self.full_cov or self.restricted_ok is False or mono - self.full_at >= self.full_every_s:
+            return METRICS_PATH
+        if self.hist is None or mono - self.hist_at >= self.hist_every_s:
+            return RESTRICTED_METRICS_PATH
+        return FAST_METRICS_PATH
+
+    def took_full(self, m: VllmMetrics, mono: float) -> None:
+        """A full scrape answered ``m`` (parsed) at ``mono``."""
+        if m.is_vllm and m.engines:
+            self.full_cov = coverage(m)
+            self.fast_cov = coverage(m, histograms=False)
+            self.full_at = mono
+            self.hist, self.hist_at = m, mono
+
+    def took_restricted(self, m: VllmMetrics | None, mono: float, *, fast: bool) -> VllmMetrics | None:
+        """What a restricted answer (``m`` parsed, None when it was not a 200) gives the poll:
+        itself, or without histograms (``fast``) itself with the last ones carried over; None
+        when it falls short (the full ``/metrics`` must be fetched now: :meth:`took_full`)."""
+        if m is not None:
+            full_cov, hist, cov = self.full_cov, self.hist, coverage(m)
+            # An empty answer never passes: coverage() of a full scrape that filled nothing is empty.
+            if full_cov and cov >= full_cov:  # histograms and all (or a server that ignores name[])
+                self.restricted_ok = True
+                self.restricted_polls += 1
+                self.hist, self.hist_at = m, mono
+                return m
+            # fast_cov has no histogram entry, so cov covers it exactly when the rest is all there
+            if fast and full_cov and hist is not None and self.fast_cov is not None and cov >= self.fast_cov:
+                self.restricted_ok = True
+                self.restricted_polls += 1
+                return with_histograms(m, hist, mono - self.hist_at)
+        self.restricted_ok = False
+        self.retry_at = mono + self.retry_s
+        return None
+
 
 _SAMPLE_RE = re.compile(rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{[^\n]*\})?[ \t]+[-+0-9.eEnaNIf]+", re.M)
 
@@ -297,28 +418,33 @@ class VllmScraper:
         self._last_health: float | None = None
         self._last_info: float | None = None
         self._health_bad = False
-        #: what the last full /metrics filled, and when it came (restricted scrapes are
-        #: checked against it); None until one came on this connection
-        self._full_cov: frozenset[str] | None = None
-        self._full_at = 0.0
-        #: restricted answers: None untried, True good, False not (until _retry_at)
-        self.restricted_ok: bool | None = None
-        self._retry_at = 0.0
-        #: polls answered from a restricted scrape (tests, bench)
-        self.restricted_polls = 0
-        #: the last metrics read with their histograms (carried over by the polls that
-        #: read none), and when
-        self._hist: VllmMetrics | None = None
-        self._hist_at = 0.0
-        #: what the last full /metrics filled, histograms left out
-        self._fast_cov: frozenset[str] | None = None
+        #: which /metrics to ask for, and what the answers are worth (shared with trace replays)
+        self.plan = ScrapePlan()
 
-    #: seconds between full scrapes while restricted ones are used
-    FULL_EVERY_S = 60.0
-    #: seconds before restricted scrapes are tried again after one fell short
-    RESTRICTED_RETRY_S = 600.0
-    #: seconds between reads of the histograms while restricted scrapes are used
-    HIST_EVERY_S = 5.0
+    # The schedule's knobs and counters, as the scraper's own (tests, bench).
+    @property
+    def FULL_EVERY_S(self) -> float:  # noqa: N802 - kept from when it was a class constant
+        return self.plan.full_every_s
+
+    @FULL_EVERY_S.setter
+    def FULL_EVERY_S(self, v: float) -> None:  # noqa: N802
+        self.plan.full_every_s = v
+
+    @property
+    def HIST_EVERY_S(self) -> float:  # noqa: N802
+        return self.plan.hist_every_s
+
+    @HIST_EVERY_S.setter
+    def HIST_EVERY_S(self, v: float) -> None:  # noqa: N802
+        self.plan.hist_every_s = v
+
+    @property
+    def restricted_ok(self) -> bool | None:
+        return self.plan.restricted_ok
+
+    @property
+    def restricted_polls(self) -> int:
+        return self.plan.restricted_polls
 
     def __repr__(self) -> str:
         return f"VllmScraper(url={self.url!r}, api_key={'***' if self.api_key else None})"
@@ -382,21 +508,11 @@ class VllmScraper:
                 message=self._scrub(f"internal error while polling: {_short(exc)}"),
             )
 
-    def _metrics_path(self, mono: float) -> str:
-        if self.restricted_ok is False and mono >= self._retry_at:
-            self.restricted_ok = None
-        if not self._full_cov or self.restricted_ok is False or mono - self._full_at >= self.FULL_EVERY_S:
-            return METRICS_PATH
-        if self._hist is None or mono - self._hist_at >= self.HIST_EVERY_S:
-            return RESTRICTED_METRICS_PATH
-        return FAST_METRICS_PATH
-
     async def _poll(self, t: float, mono: float) -> ServerPoll:
         start = self._clock.monotonic()
         if not self._connected:
-            self._full_cov = None  # maybe another process now: a full scrape first
-            self._hist = None
-        path = self._metrics_path(mono)
+            self.plan.reconnect()  # maybe another process now: a full scrape first
+        path = self.plan.path(mono)
         metrics: VllmMetrics | None = None
         try:
             status, body = await self._get(path, self.max_body_bytes)
@@ -419,11 +535,7 @@ class VllmScraper:
         self._connected = True
         if status == 200 and metrics is None:
             metrics = await self._parse(body)
-            if metrics.is_vllm and metrics.engines:
-                self._full_cov = coverage(metrics)
-                self._fast_cov = coverage(metrics, histograms=False)
-                self._full_at = mono
-                self._hist, self._hist_at = metrics, mono
+            self.plan.took_full(metrics, mono)
         extra = await self._extras(mono, reconnect=reconnect)
         p = poll_from_body(self.url, body, t=t, mono=mono, latency_s=latency, status=status, metrics=metrics, **extra)
         return p
@@ -440,22 +552,10 @@ class VllmScraper:
         (``fast``: what it did less the histograms, which then come from the last read
         of them); else restricted scrapes stop for a while and the full /metrics is
         fetched now (parsed by the caller), so the poll has no gap."""
-        if status == 200:
-            m = await self._parse(body)
-            full_cov, hist, cov = self._full_cov, self._hist, coverage(m)
-            # An empty answer never passes: coverage() of a full scrape that filled nothing is empty.
-            if full_cov and cov >= full_cov:  # histograms and all (or a server that ignores name[])
-                self.restricted_ok = True
-                self.restricted_polls += 1
-                self._hist, self._hist_at = m, mono
-                return status, body, m
-            # _fast_cov has no histogram entry, so cov covers it exactly when the rest is all there
-            if fast and full_cov and hist is not None and self._fast_cov is not None and cov >= self._fast_cov:
-                self.restricted_ok = True
-                self.restricted_polls += 1
-                return status, body, with_histograms(m, hist, mono - self._hist_at)
-        self.restricted_ok = False
-        self._retry_at = mono + self.RESTRICTED_RETRY_S
+        m = await self._parse(body) if status == 200 else None
+        got = self.plan.took_restricted(m, mono, fast=fast)
+        if got is not None:
+            return status, body, got
         status, body = await self._get(METRICS_PATH, self.max_body_bytes)
         return status, body, None
 

@@ -12,6 +12,11 @@ Evidence, either of two paths:
   requests running at t0, and fewer finishes of requests that began before t0, by their
   ``e2e_request_latency``, than were in flight; vtop/core/inflight.py) to have run ``runaway_age_s``
   or ``runaway_age_ordinary_x`` times what requests ordinarily take here, while tokens flow.
+  With the request log on, the request itself is proven in flight (:func:`_proven_logged`:
+  its effective ``max_tokens`` bucket of ``request_params_max_tokens`` shows fewer finishes
+  since it came than requests of that bucket came before it; vtop/core/inflight.py
+  ``oldest_logged``) and named. Time the generation counter stood still within the age (a
+  frozen engine) does not count: that is the stall rule's.
   A request whose client set ``max_tokens`` is shown as info ("long request"), not alarmed.
   When what ``/metrics`` showed is too short (``doctor --window 15``, an attach), the log's
   history stands in (:meth:`vtop.core.loghistory.LogHistoryView.oldest_running`): no request
@@ -20,17 +25,21 @@ Evidence, either of two paths:
   since.
 
 Corpus traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
-runaway-streaming-after-others; quiet on normal-bursts-waiting-queue, normal-idle-3min,
-normal-long-generation-max-tokens, normal-long-generation-20k.
+runaway-streaming-after-others, h200-runaway-short-traffic (all replayed at the live
+scraper's cadence, histograms every 5 s); quiet on normal-bursts-waiting-queue,
+normal-idle-3min, normal-long-generation-max-tokens, normal-long-generation-20k, and on
+h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vtop.core.inflight import oldest_logged
 from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_server
@@ -77,6 +86,45 @@ def _ordinary_e2e_s(st: ServerState) -> float | None:
             out.append(statistics.fmean(runs) / rate)
     return max(out) if out else None
 
+def _proven_logged(ctx: Ctx, url: str, st: ServerState) -> tuple[float, float, Any] | None:
+    """(age, since, request): the logged request known to be in flight longest (the request
+    log with the max_tokens histogram, :func:`vtop.core.inflight.oldest_logged`), or None."""
+    reqs = ctx.requests.get(url)
+    s = st.last
+    if not reqs or s is None:
+        return None
+    # where the log has Added lines, one that has none yet was not taken by the engine (refused?)
+    added_logged = any(getattr(r, "added", False) for r in reqs)
+    rows = [(float(r.since), float(r.max_tokens), r) for r in reqs
+            if isinstance(getattr(r, "since", None), (int, float)) and isinstance(getattr(r, "max_tokens", None), int)
+            and (getattr(r, "added", True) or not added_logged)]
+    busy = None if s.running is None else s.running + (s.waiting or 0.0)
+
+    def generated_since(t: float) -> float | None:
+        a = st.at(t)  # the sample at or before t (or the oldest: then fewer are counted out)
+        if a is None or a.gen is None or s.gen is None or a.t > t:
+            return None
+        return s.gen - a.gen
+
+    return oldest_logged(rows, st.max_tokens_ledger, st.oldest.pending_starts(), s.t, busy,
+                         pending_but_length=st.oldest.pending_starts(but_length=True),
+                         generated_since=generated_since)
+
+
+def _flat_s(st: ServerState, since: float, now: float) -> float:
+    """Seconds of ``[since, now]`` the generation counter stood still between two samples
+    (a frozen engine: its requests grow old without decoding)."""
+    out = 0.0
+    prev = None
+    for x in st.samples[max(0, bisect_right(st.times, since) - 1):]:
+        if x.t > now:
+            break
+        if prev is not None and prev.gen is not None and x.gen is not None and x.gen <= prev.gen:
+            out += x.t - max(prev.t, since)
+        prev = x
+    return out
+
+
 def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
     th = ctx.th
     s = st.last
@@ -90,6 +138,22 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
     named = _named_request(ctx.requests.get(url))
     log_line = None
+    proven = _proven_logged(ctx, url, st)
+    if proven is not None:
+        p_age, p_since, req = proven
+        mt = getattr(req, "max_tokens", None)
+        no_client = bool(getattr(req, "no_client_max_tokens", False))
+        if p_age >= age or p_age >= limit:
+            # proven in flight that long: it, not the log's oldest entry (which may have
+            # ended unseen), is the request to name
+            rid = str(getattr(req, "request_id", "?"))
+            named = (rid, p_age, False, mt, no_client)
+            if p_age >= age:
+                age, since, running_then = p_age, p_since, None
+                log_line = (
+                    f"the request log: {rid} came {dur(s.t - p_since)} ago with max_tokens {num(mt)} and has no end or "
+                    f"abort line; vLLM's request_params_max_tokens histogram counts every finish by its max_tokens, "
+                    f"and none of those since can be it: it has run at least {dur(p_age)}")
     hist = ctx.history_of(url)
     if age < limit and hist is not None and st.first_t is not None and st.busy_since is not None \
             and st.busy_since <= st.first_t and ctx.now - st.first_t < limit \
@@ -107,6 +171,9 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
             age = ctx.now - since
     if age < limit or since is None:
         return None
+    flat = _flat_s(st, since, s.t)
+    if age - flat < limit:
+        return None  # it waited on a frozen engine, it did not decode that long (the stall rule's)
     r = st.at(s.t - th.rising_s)
     if r is None or r is s or r.gen is None or s.gen is None or not s.gen > r.gen or r.t >= s.t:
         return None  # no tokens flowing: a stall, not a runaway (the stall rule's)

@@ -10,7 +10,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
-from vtop.core.inflight import OldestInFlight
+from vtop.core.inflight import MaxTokensLedger, OldestInFlight
 
 __all__ = ["CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
 
@@ -104,6 +104,8 @@ class ServerState:
         self.gpu_pids: set[int] = set()
         #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
         self.oldest = OldestInFlight()
+        #: the finishes by their max_tokens bucket (what proves a logged request still runs)
+        self.max_tokens_ledger = MaxTokensLedger()
         #: CPU seconds of the server's processes, one sample per process scan seen
         self.cpu_times: list[float] = []
         self.cpu_samples: list[CpuSample] = []
@@ -180,7 +182,9 @@ class ServerState:
                     self.busy_drops += p.running - s.running
             else:
                 self.busy_since = None
-        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done)
+        self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
+        if s.max_tokens is not None:
+            self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:
             if s.kv >= kv_thr:
                 if self.kv_high_since is None:
