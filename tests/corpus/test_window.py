@@ -20,7 +20,10 @@ from vtop.sources.trace import is_trace, truth_of
 
 ALL = sorted(p for p in TRACES.iterdir() if is_trace(p)) if TRACES.is_dir() else []
 INCIDENTS = [p for p in ALL if truth_of(p)["class"] in
-             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure")]
+             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure")
+             and truth_of(p).get("window_nameable", True)]
+#: incidents a 15 s window cannot name, each with why in its truth.json ("window_why")
+UNNAMEABLE = [p for p in ALL if not truth_of(p).get("window_nameable", True)]
 QUIET = [p for p in ALL if truth_of(p)["class"] == "normal"]
 SHUTDOWN = [p for p in ALL if truth_of(p)["class"] == "clean_shutdown"]
 
@@ -30,6 +33,14 @@ def test_doctor_window_15_names_an_incident_that_began_before_it(trace: Path) ->
     [r] = run_trace(trace)
     assert r.named, f"{trace.name}: doctor at +{r.at_s:.0f}s named {r.rules}, expected {r.expect}"
     assert r.exit_code in (1, 2), f"{trace.name}: exit {r.exit_code} with {r.rules}"
+
+
+@pytest.mark.parametrize("trace", UNNAMEABLE, ids=lambda p: p.name)
+def test_an_incident_a_window_cannot_prove_is_not_misnamed(trace: Path) -> None:
+    """No evidence in the window: doctor must not invent one (no other warning), and the truth says why."""
+    assert len(str(truth_of(trace).get("window_why", ""))) > 40
+    [r] = run_trace(trace)
+    assert not [x for x in r.rules if x.split(":")[0] in ("warning", "critical") and x.split(":", 1)[1] not in r.expect]
 
 
 @pytest.mark.parametrize("trace", QUIET, ids=lambda p: p.name)
