@@ -307,3 +307,53 @@ def test_the_request_log_proves_nothing_it_cannot_see_the_end_of() -> None:
     two = [(14.0, 65516.0, "a"), (15.0, 65516.0, "b")]
     assert oldest_logged(two, led, [], 60.0, busy=1.0) is None
     assert oldest_logged(two, led, [], 60.0, busy=2.0) is not None
+
+
+def test_attached_late_a_request_the_first_read_has_not_seen_finish_is_proven_from_the_log_since_start() -> None:
+    """doctor attaches at 100 s: the histogram's first read is cumulative since the start, the
+    request log (from the startup banner) has every arrival. A bucket with more logged
+    arrivals before that read than finishes in it has that many unfinished: the youngest
+    of them are taken, so the age is never more than the truth."""
+    # before attach: 30 short requests (finished), one without max_tokens at 40 s
+    logged = [(float(t), 64) for t in range(10, 40)] + [(40.0, 65516)]
+    led = ledger_of([(100.0, [64] * 30), (105.0, [64] * 30), (110.0, [64] * 30)])
+    reqs = [(40.0, 65516.0, "runaway")]
+    assert oldest_logged(reqs, led, [], 112.0, busy=1.0) is None  # without the log since start: no claim
+    got = oldest_logged(reqs, led, [], 112.0, busy=1.0, logged_since_start=logged)
+    assert got is not None and got[2] == "runaway" and got[0] == pytest.approx(72.0)
+    # the first read counts a finish in its bucket: it may be it, no claim
+    done = ledger_of([(100.0, [64] * 30 + [65516]), (105.0, [64] * 30 + [65516])])
+    assert oldest_logged(reqs, done, [], 112.0, busy=1.0, logged_since_start=logged) is None
+    # a finish of its bucket after the first read may be it too
+    later = ledger_of([(100.0, [64] * 30), (105.0, [64] * 30 + [65000])])
+    assert oldest_logged(reqs, later, [], 112.0, busy=1.0, logged_since_start=logged) is None
+    # two arrivals in the bucket, one finished by the first read: the younger is claimed (its age)
+    two = logged + [(60.0, 65000)]
+    one_done = ledger_of([(100.0, [64] * 30 + [65000]), (105.0, [64] * 30 + [65000])])
+    both = [(40.0, 65516.0, "a"), (60.0, 65000.0, "b")]
+    got2 = oldest_logged(both, one_done, [], 112.0, busy=2.0, logged_since_start=two)
+    assert got2 is not None and got2[2] == "b" and got2[0] == pytest.approx(52.0)
+    # a request logged in the few seconds before the first read is in neither count
+    assert oldest_logged([(99.0, 65516.0, "edge")], led, [], 112.0, busy=1.0,
+                         logged_since_start=[(99.0, 65516)]) is None
+
+
+def test_the_log_since_start_needs_the_startup_banner_and_leaves_aborts_out() -> None:
+    from vtop.core.requests import RequestTracker
+
+    def received(rid: str, mt: int, sec: int) -> str:
+        return (f"INFO 12-02 06:00:{sec:02d} [logger.py:43] Received request {rid}: prompt: 'hi', "
+                f"params: SamplingParams(n=1, temperature=0.7, max_tokens={mt}), prompt_token_ids: [1, 2]")
+
+    mid = RequestTracker(year=2026)
+    mid.feed(received("cmpl-a", 64, 1), 1.0)
+    assert mid.logged_since_start() is None  # picked up mid-run: no claim
+    tr = RequestTracker(year=2026)
+    tr.feed("INFO 12-02 06:00:00 [api_server.py:1] vLLM API server version 0.11.0", 0.0)
+    tr.feed(received("cmpl-a", 64, 1), 1.0)
+    tr.feed(received("cmpl-b", 65516, 2), 2.0)
+    tr.feed("INFO 12-02 06:00:03 [async_llm.py:1] Aborted request(s) cmpl-a.", 3.0)
+    got = tr.logged_since_start()
+    assert got is not None and [mt for _, mt in got] == [65516]
+    tr.reset()  # a restart seen by /metrics: the log no longer says what came since
+    assert tr.logged_since_start() is None

@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -408,6 +408,9 @@ class MaxTokensLedger:
         self._last: dict[float, float] | None = None
         #: (read time, {bucket upper bound: finishes since the read before})
         self.reads: list[tuple[float, dict[float, int]]] = []
+        #: the first read's finishes per bucket (not cumulative): every finish since the server
+        #: started (the histogram is cumulative), none lost to ``keep``
+        self.first_counts: dict[float, int] | None = None
 
     def add(self, hist_t: float, hist: Any) -> None:
         buckets = getattr(hist, "buckets", None)
@@ -417,6 +420,11 @@ class MaxTokensLedger:
         if self._last is None or self.last_t is None:
             self._last, self.first_t, self.last_t = cur, hist_t, hist_t
             self.bounds = tuple(sorted(cur))
+            below = 0.0
+            self.first_counts = {}
+            for le in self.bounds:
+                self.first_counts[le] = int(round(cur[le] - below))
+                below = max(below, cur[le])
             return
         if hist_t <= self.last_t:
             return
@@ -433,6 +441,7 @@ class MaxTokensLedger:
                 # the oldest reads go: so must every request from before them
                 self.first_t = self.reads[0][0]
                 del self.reads[: len(self.reads) - self.keep]
+                self.first_counts = None
 
     def bucket_of(self, max_tokens: float) -> float | None:
         """The upper bound of the bucket ``max_tokens`` is observed in (None: no histogram)."""
@@ -447,10 +456,45 @@ class MaxTokensLedger:
 LOG_LAG_S = 3.0
 
 
+def _unfinished_at_first_read(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger,
+                              logged: Sequence[tuple[float, int]] | None, lag_s: float) -> set[int]:
+    """The ``id()`` of the requests of ``reqs`` (logged before the ledger's first read) known
+    not finished at that read: per bucket, the youngest ``k`` of the requests logged since the
+    server's start before it, ``k`` = those requests less the finishes the read counts in
+    the bucket (see :func:`oldest_logged`)."""
+    first, counts = ledger.first_t, ledger.first_counts
+    if not logged or first is None or counts is None:
+        return set()
+    before = first - lag_s
+    arrived: dict[float, list[float]] = {}
+    for since, n_max in logged:
+        if since < before:
+            le = ledger.bucket_of(n_max)
+            if le is not None:
+                arrived.setdefault(le, []).append(since)
+    mine: dict[float, list[tuple[float, Any]]] = {}
+    for since, mt_f, r in reqs:
+        if since < before:
+            le = ledger.bucket_of(mt_f)
+            if le is not None and le in arrived:
+                mine.setdefault(le, []).append((since, r))
+    out: set[int] = set()
+    for le, rows in mine.items():
+        times = sorted(arrived[le])
+        k = len(times) - counts.get(le, 0)
+        if k <= 0:
+            continue
+        oldest_unfinished = times[-k]
+        rows.sort(key=lambda x: x[0])
+        out.update(id(r) for since, r in rows[-k:] if since >= oldest_unfinished)
+    return out
+
+
 def oldest_logged(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger, pending: list[float],
                   now: float, busy: float | None, *, pending_but_length: list[float] | None = None,
                   generated_since: Callable[[float], float | None] | None = None,
-                  lag_s: float = LOG_LAG_S) -> tuple[float, float, Any] | None:
+                  lag_s: float = LOG_LAG_S,
+                  logged_since_start: Sequence[tuple[float, int]] | None = None) -> tuple[float, float, Any] | None:
     """``(seconds, since, request)``: the logged request known to have run longest, or None.
 
     ``reqs`` are the request log's requests in flight (no end line, no abort line) as
@@ -467,15 +511,25 @@ def oldest_logged(reqs: list[tuple[float, float, Any]], ledger: MaxTokensLedger,
     never older than the truth). The requests left were running at the last read; after it,
     the first ``i + 1`` of them (oldest first) are not all ended before the ``i + 1``-th
     pending finish that could be one of theirs. Only requests that came after the ledger's
-    first read count (an earlier one may have ended unseen). A log that holds more such
+    first read count (an earlier one may have ended unseen), unless ``logged_since_start``
+    (``(since, max_tokens)`` of every request logged since the server's startup, aborted and
+    refused ones left out) says otherwise: vtop attached late (``doctor``), but the first
+    read of the histogram is cumulative since the start too, so a bucket with ``k`` more
+    requests logged before that read than finishes in it had ``k`` requests not finished
+    then. Which ones is not known: the ``k`` youngest are taken (the older ones as
+    finished), so the age claimed is never more than the oldest unfinished one's; a
+    request alone in its bucket (no ``max_tokens`` from the client) is exactly itself.
+    Requests of the ``lag_s`` around the first read are left out of both counts (whether
+    the read saw them finish is not known: leaving them out only lowers ``k``). A log that holds more such
     requests than run or wait now has requests that never ran (refused after they were
     logged): it proves nothing then.
     """
     if ledger.first_t is None or ledger.last_t is None:
         return None
+    seeded = _unfinished_at_first_read(reqs, ledger, logged_since_start, lag_s)
     by_bucket: dict[float, list[tuple[float, float, Any]]] = {}
     for since, mt, r in reqs:
-        if since - lag_s < ledger.first_t:
+        if since - lag_s < ledger.first_t and id(r) not in seeded:
             continue
         le = ledger.bucket_of(mt)
         if le is not None:

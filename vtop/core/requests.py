@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from vtop.core.phases import LogEvent, parse_line
 from vtop.model.fmt import to_float as _to_float
 from vtop.model.fmt import to_int as _to_int
+from vtop.model.logtext import BANNER_RES
 from vtop.model.redact import PY_STR_RE, PY_STR_REPR, redact_prompts, repr_len
 
 __all__ = [
@@ -112,6 +113,8 @@ _ENDPOINT_PREFIXES = (
 RUNNING_FELL_TO_ZERO = "done (running fell to 0)"
 #: Reason given to a Received request no Added line followed (the server refused it).
 NEVER_ADDED = "never added (rejected?)"
+#: requests logged since startup kept for :meth:`RequestTracker.logged_since_start`
+MAX_ARRIVALS = 200_000
 
 
 # --------------------------------------------------------------------------- events
@@ -385,6 +388,12 @@ class RequestTracker:
         self._last_running: float | None = None
         self._last_waiting: float | None = None
         self._stats_busy: dict[str, int] = {}
+        #: every request logged (received, with its max_tokens) since the server's startup banner,
+        #: aborted and refused ones left out; None: the log's request lines do not reach back
+        #: to a startup (see :meth:`logged_since_start`)
+        self._arrived: dict[str, _Entry] | None = None
+        self._arrived_view: tuple[tuple[float, int], ...] | None = None
+        self._arrived_anchor: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ input
 
@@ -397,6 +406,10 @@ class RequestTracker:
         marked = _has_marker(line)
         ev = event if event is not None else parse_line(line)
         log_t = self._log_time(ev, arrival)
+        if "version" in ev.message and any(rx.search(ev.message) for rx in BANNER_RES):
+            # a startup: every request of this server is logged from here on
+            self._arrived = {}
+            self._arrived_view = None
         if ev.kind == "record" and "Running: " in ev.message and self._inflight:
             self._stats_line(ev.message, arrival)
         if not marked or ev.kind != "record":
@@ -450,8 +463,25 @@ class RequestTracker:
         self._last_running = None
         self._last_waiting = None
         self._stats_busy.clear()
+        # the requests logged are no longer known to start at this server's startup (its
+        # banner may come later: then they do again)
+        self._arrived = None
+        self._arrived_view = None
 
     # ------------------------------------------------------------------ output
+
+    def logged_since_start(self) -> tuple[tuple[float, int], ...] | None:
+        """``(since, max_tokens)`` of every request logged since the server's startup banner
+        (aborted and refused ones left out), oldest first; None when the log's request lines
+        do not reach back to a startup (a log picked up mid-run, a restart seen only by
+        ``/metrics``), or when more than ``MAX_ARRIVALS`` were logged."""
+        if self._arrived is None:
+            return None
+        if self._arrived_view is None or self._arrived_anchor != self._anchor:
+            self._arrived_anchor = self._anchor  # a newer stamp may move a backlog's times
+            self._arrived_view = tuple(sorted((self._since(e), e.max_tokens) for e in self._arrived.values()
+                                              if e.max_tokens is not None))
+        return self._arrived_view
 
     def inflight(self, now: float) -> list[InFlight]:
         """Requests in flight as of monotonic ``now``, oldest first."""
@@ -580,6 +610,7 @@ class RequestTracker:
             if old.alias is not None:
                 self._alias.pop(old.alias, None)
             self._dropped += 1
+            self._arrived = self._arrived_view = None  # its end can no longer be told
         return e
 
     def _apply(self, ev: RequestEvent, arrival: float) -> None:
@@ -595,6 +626,12 @@ class RequestTracker:
             e.prompt_tokens = ev.prompt_tokens if ev.prompt_tokens is not None else e.prompt_tokens
             if ev.endpoint is not None:
                 e.endpoint = ev.endpoint
+            if self._arrived is not None:
+                if len(self._arrived) >= MAX_ARRIVALS:
+                    self._arrived = None  # too many to keep: no claim from them
+                else:
+                    self._arrived[e.key] = e
+                self._arrived_view = None
         elif kind == "added":
             self._added_seen = True
             key = self._resolve(ev.request_id)
@@ -629,6 +666,10 @@ class RequestTracker:
         e = self._inflight.pop(key, None)
         if e is None:
             return
+        if self._arrived is not None and reason in ("aborted", NEVER_ADDED):
+            # ended without a finish in vLLM's histograms
+            self._arrived.pop(key, None)
+            self._arrived_view = None
         if e.alias is not None:
             self._alias.pop(e.alias, None)
         since = self._since(e)

@@ -54,6 +54,10 @@ class LogView:
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
     binary_lines: int = 0
     """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+    logged_since_start: tuple[tuple[float, int], ...] | None = None
+    """``(since, max_tokens)`` of every request logged since the server's startup, aborted and
+    refused ones left out; None when the request lines do not reach back to a startup
+    (:meth:`vtop.core.requests.RequestTracker.logged_since_start`)."""
 
     @property
     def problem(self) -> str | None:
@@ -249,6 +253,7 @@ class LogWatch:
                 quiet=self.tracker.quiet(now + lag),
                 history=self.history.snapshot(now, wall),
                 binary_lines=self._binary_lines,
+                logged_since_start=self.requests.logged_since_start(),
             )
 
     def _backfill(self, wall: float) -> None:

@@ -64,6 +64,9 @@ class Ctx:
     #: the log's stats lines of the last minutes, of the server at ``log_target``
     #: (:class:`vtop.core.loghistory.LogHistoryView`): what came before vtop looked
     history: LogHistoryView | None = None
+    #: ``(since, max_tokens)`` of every request the log at ``log_target`` logged since the server's
+    #: startup (None: its request lines do not reach back to one)
+    logged_since_start: Sequence[tuple[float, int]] | None = None
 
     def history_of(self, url: str) -> LogHistoryView | None:
         """The log's history, when the log is ``url``'s."""

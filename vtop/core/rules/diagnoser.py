@@ -68,6 +68,7 @@ class Diagnoser:
             request_logging={log_target: log.request_logging} if log_target else None,
             log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
             startup_quiet=getattr(log, "quiet", None),
+            logged_since_start=getattr(log, "logged_since_start", None),
         )
 
 
@@ -85,6 +86,7 @@ class Diagnoser:
         log_target: str | None = None,
         startup_quiet: Quiet | None = None,
         log_history: LogHistoryView | None = None,
+        logged_since_start: Sequence[tuple[float, int]] | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -102,6 +104,8 @@ class Diagnoser:
         ``startup_stall`` is the tracker's stall past the ceiling (``--stall-threshold``);
         ``startup_quiet`` what it says of a start's silence and progress at any moment
         (the startup-stall rule judges a stall by evidence from it).
+        ``logged_since_start``: ``(since, max_tokens)`` of every request the log at
+        ``log_target`` logged since the server's startup (None: not known).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -111,6 +115,7 @@ class Diagnoser:
         ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
                   log_target, log_lines, startup_quiet)
         ctx.history = log_history
+        ctx.logged_since_start = logged_since_start
         mem = self._mem
 
         for url in [u for u in mem.servers if u not in servers]:

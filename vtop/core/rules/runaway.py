@@ -108,7 +108,8 @@ def _proven_logged(ctx: Ctx, url: str, st: ServerState) -> tuple[float, float, A
 
     return oldest_logged(rows, st.max_tokens_ledger, st.oldest.pending_starts(), s.t, busy,
                          pending_but_length=st.oldest.pending_starts(but_length=True),
-                         generated_since=generated_since)
+                         generated_since=generated_since,
+                         logged_since_start=ctx.logged_since_start if url == ctx.log_target else None)
 
 
 def _flat_s(st: ServerState, since: float, now: float) -> float:
