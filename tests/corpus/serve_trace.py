@@ -218,8 +218,8 @@ class TraceTimeline:
             return Answer("timeout" if err == "timeout" else ("refused" if err == "refused" else "reset"))
         return None
 
-    def answer(self, path: str, off: float) -> Answer:
-        """The answer to ``GET path`` at trace second ``off``."""
+    def answer(self, path: str, off: float, shift_s: float = 0.0) -> Answer:
+        """The answer to ``GET path`` at trace second ``off`` (time stamps moved by ``shift_s``)."""
         if not self.port_open(off):
             return Answer("refused")
         route = path.split("?", 1)[0].rstrip("/") or "/"
@@ -233,6 +233,8 @@ class TraceTimeline:
             names = parse_qs(query).get("name[]")
             if target.endswith("/metrics/") and names and int(r["status"]) == 200:
                 text = restrict(text, set(names))
+            if shift_s:
+                text = _START_TIME.sub(lambda m: f"{m.group(1)}{float(m.group(2)) + shift_s!r}", text)
             return Answer("ok", int(r["status"]), text.encode(), PROM_TYPE)
         if route == "/health":
             r = self.health.at(off)
@@ -280,6 +282,29 @@ def restrict(text: str, names: set[str]) -> str:
 
 
 _SAMPLE = re.compile(r"[^{\s]+")
+#: vLLM's log stamp after the level: "INFO 12-02 02:13:58 [" (the recording box's local time)
+_STAMP = re.compile(rb"(?m)((?:^|\r)(?:\([^)\n]*\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?= \[)")
+_START_TIME = re.compile(r"(?m)^(process_start_time_seconds(?:\{[^}]*\})? )(\S+)")
+
+
+def shift_stamps(data: bytes, shift_s: float) -> bytes:
+    """``data`` with every vLLM log stamp moved by ``shift_s`` seconds (same length: the stamps keep
+    their format; the year is the one now, as the stamp carries none)."""
+    if not shift_s:
+        return data
+    import datetime as _dt
+
+    year = _dt.datetime.now().year
+
+    def move(m: re.Match[bytes]) -> bytes:
+        mon, day, hh, mi, ss = (int(m.group(i)) for i in range(2, 7))
+        try:
+            t = _dt.datetime(year, mon, day, hh, mi, ss) + _dt.timedelta(seconds=shift_s)
+        except ValueError:
+            return m.group(0)
+        return m.group(1) + t.strftime("%m-%d %H:%M:%S").encode()
+
+    return _STAMP.sub(move, data)
 _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -296,8 +321,15 @@ class TraceServer:
         clock: Callable[[], float] = time.monotonic,
         hold_s: float = HOLD_S,
         tick_s: float = TICK_S,
+        shift_time: bool = True,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.timeline = trace if isinstance(trace, TraceTimeline) else TraceTimeline(trace)
+        self.shift_time = shift_time
+        self.wall = wall
+        #: seconds added to every time stamp served (0 until start(), or with shift_time=False)
+        self.shift_s = 0.0
+        self._log_data = self.timeline.log_bytes
         self.start_at = max(0.0, float(start_at))
         self.clock = clock
         self.hold_s = hold_s
@@ -347,6 +379,15 @@ class TraceServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_f = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self._t0 = self.clock()
+        # A live incident's log and /metrics carry the time of now; a trace recorded hours ago
+        # carries its own. Played as it was, vtop's log history (which maps the log's
+        # "MM-DD HH:MM:SS" stamps onto its clock) took the stats lines for hours old and judged
+        # nothing by them. So the play is moved to now: every stamp and process_start_time_seconds
+        # by the same whole seconds (byte lengths unchanged: log-index.jsonl's sizes still hold).
+        if self.shift_time:
+            self.shift_s = float(round(self.wall() - (self.timeline.origin_t + self.start_at)))
+        # moved once, whole (a second's write may end inside a line)
+        self._log_data = shift_stamps(self.timeline.log_bytes, self.shift_s)
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
@@ -450,7 +491,7 @@ class TraceServer:
         f = self._log_f
         if f is None or size == self._written:
             return
-        data = self.timeline.log_bytes
+        data = self._log_data
         if size < self._written:  # the recorded file was truncated: so is this one
             f.seek(0)
             f.truncate()
@@ -501,7 +542,7 @@ class TraceServer:
                 n = int(headers.get("content-length") or 0)
                 if n:
                     await reader.readexactly(min(n, MAX_HEAD_BYTES))
-                ans = self.timeline.answer(path, self.offset()) if method in ("GET", "HEAD") else NOT_FOUND
+                ans = self.timeline.answer(path, self.offset(), self.shift_s) if method in ("GET", "HEAD") else NOT_FOUND
                 route = path.split("?", 1)[0].rstrip("/") or "/"
                 self.served[route] = self.served.get(route, 0) + 1
                 if ans.kind == "timeout":

@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import http.client
 import json
+import time
 import socket
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def test_a_corpus_trace_serves_its_recorded_body_and_log_at_a_given_second(tmp_p
     index = [r for r in _rows(RUNAWAY / "log-index.jsonl.gz") if float(r["mono"]) - launch <= at]
     log = gzip.decompress((RUNAWAY / "log.bin.gz").read_bytes())
     clock = Clock()
-    with TraceServer(RUNAWAY, start_at=at, clock=clock, log_path=tmp_path / "v.log") as srv:
+    with TraceServer(RUNAWAY, start_at=at, clock=clock, log_path=tmp_path / "v.log", shift_time=False) as srv:
         assert srv.end_offset > at
         status, body = _get(srv.url, "/metrics")
         assert status == 200 and body.decode() == row["text"]
@@ -243,3 +244,33 @@ async def _poll(url: str) -> Any:
         return await VllmScraper(url, client=pool, clock=SystemClock()).poll()
     finally:
         await pool.aclose()
+
+
+def test_the_play_is_moved_to_now_stamps_and_start_time_alike(tmp_path: Path) -> None:
+    """A live incident's log carries the time of now: played as recorded (hours ago), vtop's log
+    history took every stats line for hours old (live doctor named 12 of 26; in-process 25)."""
+    import re
+
+    launch = _launch_mono(RUNAWAY)
+    rows = [r for r in _rows(RUNAWAY / "metrics.jsonl.gz") if r.get("status") == 200]
+    at = float(rows[len(rows) // 2]["mono"]) - launch + 0.3
+    index = [r for r in _rows(RUNAWAY / "log-index.jsonl.gz") if float(r["mono"]) - launch <= at]
+    log = gzip.decompress((RUNAWAY / "log.bin.gz").read_bytes())
+    now = 1_900_000_000.0  # an injected wall clock: 2030
+    with TraceServer(RUNAWAY, start_at=at, clock=Clock(), log_path=tmp_path / "v.log", wall=lambda: now) as srv:
+        played = (tmp_path / "v.log").read_bytes()
+        assert len(played) == int(index[-1]["size"])  # the recorded sizes still hold
+        assert played != log[:len(played)]
+        tl = srv.timeline
+        want = time.strftime("%m-%d %H:%M", time.localtime(now))
+        stamps = re.findall(rb"(?:INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d):\d\d \[", played)
+        assert stamps and stamps[-1].decode() <= want and len(set(stamps)) > 1
+        assert abs(srv.shift_s - (now - tl.origin_t - at)) <= 0.5
+    # process_start_time_seconds (where a trace kept it) moves by the same seconds
+    text = "process_start_time_seconds 1796180000.5\nvllm:num_requests_running 1.0\n"
+    tl2 = TraceTimeline(RUNAWAY)
+    row = {"status": 200, "text": text, "mono": 0.0}
+    tl2.metrics = type(tl2.metrics)([(0.0, row)])
+    tl2.origin_t = tl2.origin_t  # unchanged
+    body = tl2.answer("/metrics", 0.5, shift_s=100.0).body.decode()
+    assert "process_start_time_seconds 1796180100.5" in body and "vllm:num_requests_running 1.0" in body
