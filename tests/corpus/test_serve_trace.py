@@ -10,8 +10,8 @@ import asyncio
 import gzip
 import http.client
 import json
-import time
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
