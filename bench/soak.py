@@ -253,6 +253,10 @@ def soak(args: argparse.Namespace, tmux: Tmux) -> dict[str, Any]:
             if now >= end:
                 break
         alive = tmux.alive("soak")
+        try:  # how many scrapes vtop made (a busy box polls less often than asked)
+            requests = sum(sp.stats(i)["requests"] for i in range(args.servers))
+        except OSError:
+            requests = None
         tmux.send_keys("soak", "q")
         time.sleep(1)
         tmux.kill("soak")
@@ -261,6 +265,8 @@ def soak(args: argparse.Namespace, tmux: Tmux) -> dict[str, Any]:
         "gpus": args.gpus, "servers": args.servers, "interval": args.interval, "history": args.history,
         "minutes": args.minutes, "traced": bool(args.trace), "vtop_alive_at_end": alive,
         "cpu_pct_mean": round(100 * cpu_total / (samples[-1]["t_s"] or 1), 2) if samples else None,
+        "server_requests": requests,
+        "server_requests_per_s": round(requests / (time.monotonic() - start), 2) if requests else None,
         "samples": samples,
         "verdict": verdict(samples, args.settle_min),
     }
@@ -358,7 +364,9 @@ def main() -> int:
             print(f"verdict: RSS at minute {v['settle_min']:g} {v['rss_at_settle_mb']:.1f} MB, largest after "
                   f"{v['max_rss_after_mb']:.1f} MB (minute {v['max_at_min']}): {v['growth_pct']:+.1f} % "
                   f"-> {'PASS' if v['pass'] else 'MISS'} (within {RSS_TOLERANCE:.0%}); slope after settling "
-                  f"{v['slope_mb_per_h']:+.2f} MB/h; CPU mean {sk['cpu_pct_mean']} % of one core")
+                  f"{v['slope_mb_per_h']:+.2f} MB/h; CPU mean {sk['cpu_pct_mean']} % of one core; "
+                  f"the servers answered {sk['server_requests_per_s']} requests a second "
+                  f"(asked: {sk['servers'] / sk['interval']:.0f} scrapes a second, and /health every 5 s)")
         else:
             print(f"verdict: not judged ({v['why']})")
     out = Path(args.out) if args.out else HERE / "results" / f"soak-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
