@@ -40,7 +40,7 @@ def _snap() -> tracemalloc.Snapshot | None:
 def _watch(out: Path, every: float, frames: int) -> None:
     t0 = time.monotonic()
     time.sleep(every)
-    base = _snap()
+    base = prev = _snap()
     base_types = _type_counts()
     while True:
         time.sleep(every)
@@ -53,11 +53,16 @@ def _watch(out: Path, every: float, frames: int) -> None:
             lines.append("## growth by line since the first look")
             for st in snap.compare_to(base, "lineno")[:25]:
                 lines.append(f"{st.size_diff / 1e3:+9.1f} kB {st.count_diff:+7d} objs  {st.traceback[0]}")
+            if prev is not None:
+                lines.append("## growth by line since the look before")
+                for st in snap.compare_to(prev, "lineno")[:25]:
+                    lines.append(f"{st.size_diff / 1e3:+9.1f} kB {st.count_diff:+7d} objs  {st.traceback[0]}")
             if frames > 1:
                 lines.append("## growth by stack (top 6)")
                 for st in snap.compare_to(base, "traceback")[:6]:
                     lines.append(f"{st.size_diff / 1e3:+9.1f} kB {st.count_diff:+7d} objs")
                     lines += ["      " + ln for ln in st.traceback.format()[-24:]]
+        prev = snap
         types = _type_counts()
         lines.append("## object counts that grew (type, now, change since the first look)")
         for name, d in sorted(((k, types[k] - base_types.get(k, 0)) for k in types), key=lambda kv: -kv[1])[:25]:

@@ -120,9 +120,9 @@ class Monitor:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.live = live
-        self._keep_changes: int | None = KEEP_CHANGES if live else None
         """False for a recording: its own ``logmark`` events say when the server was
         launched and ready, so the health answers and the process table do not."""
+        self._keep_changes: int | None = KEEP_CHANGES if live else None
         self.find_logs = find_logs and live
         """With no ``--log``, follow the log of the server discovery finds (its stdout)."""
         self.recorder = recorder
