@@ -75,7 +75,7 @@ def keep_recent(times: list[float], items: list[Any], t: float, item: Any, keep_
     times.append(t)
     items.append(item)
     cut = bisect_right(times, t - keep_s)
-    if cut > 64 and cut > len(times) // 4:
+    if cut > 16 and cut > len(times) // 16:  # what is past keep_s stays at most ~1/16 of the lists
         del times[:cut]
         del items[:cut]
 
