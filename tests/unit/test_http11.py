@@ -6,8 +6,10 @@ that are not HTTP, and refusal on a name that resolves to two addresses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import socket
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -144,6 +146,58 @@ async def test_chunked_body_over_the_limit(srv: KeepAliveServer, pool: HttpPool)
     with pytest.raises(HttpError) as e:
         await pool.get(srv.url + "/metrics", limit=10_000)
     assert e.value.kind == "too large" and e.value.status == 200
+
+
+async def test_a_close_delimited_body_over_the_limit_is_cut_and_not_kept(pool: HttpPool) -> None:
+    # Proves (#25 item 5): a body without Content-Length, ended by the server closing, is
+    # cut at the limit ("too large") as a Content-Length one is refused, and the error keeps
+    # none of it. The caller holds the error (for its message), and under asyncio.wait_for
+    # it lived on in a reference cycle: the bytes read were bound in the reader's frame,
+    # which the error's traceback keeps.
+    total = 32 * 1024 * 1024
+    piece = b"vllm:num_requests_running 3.0\n" * 32768  # ~1 MiB, made before the count starts
+    written: list[int] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        n = 0
+        try:
+            while (await r.readline()) not in (b"\r\n", b""):
+                pass
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            while n < total:
+                w.write(piece)
+                await w.drain()
+                n += len(piece)
+        except ConnectionError:
+            pass
+        finally:
+            written.append(n)
+            w.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/metrics"
+    limit = 4 * 1024 * 1024
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(HttpError) as e:
+            await asyncio.wait_for(pool.get(url, limit=limit), 30)
+        for _ in range(500):  # the server's handler sees the hang-up (its buffers go with it)
+            if written:
+                break
+            await asyncio.sleep(0.01)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+        srv.close()
+    assert e.value.kind == "too large" and e.value.status == 200
+    assert "sent more than 4 MiB; stopped reading" in e.value.message
+    assert limit < e.value.got <= limit + 256 * 1024  # read up to the limit, then stopped
+    assert written and written[0] < total  # the server could not send it all: never read to the end
+    assert held < 1024 * 1024, f"{held / 2**20:.1f} MiB held by the error"
 
 
 async def test_gzip_is_inflated_and_a_bomb_is_bounded(srv: KeepAliveServer, pool: HttpPool) -> None:

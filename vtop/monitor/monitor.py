@@ -44,6 +44,18 @@ if TYPE_CHECKING:
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
 
+#: A live monitor keeps the last this many alert changes and server states (``alert_log``,
+#: ``WatchedServer.history``): both grew with every change for as long as vtop ran (a
+#: replayed H200 timeline at --interval 0.25 changed the alerts about twice a minute).
+#: A replay keeps them all (``vtop doctor`` on a recording prints the whole timeline).
+KEEP_CHANGES = 1000
+
+
+def _append_bounded(items: list[Any], item: Any, keep: int | None) -> None:
+    items.append(item)
+    if keep is not None and len(items) > 2 * keep:  # dropped in batches: cheap per call
+        del items[: len(items) - keep]
+
 
 @dataclass(eq=False)
 class WatchedServer:
@@ -110,6 +122,7 @@ class Monitor:
         self.live = live
         """False for a recording: its own ``logmark`` events say when the server was
         launched and ready, so the health answers and the process table do not."""
+        self._keep_changes: int | None = KEEP_CHANGES if live else None
         self.find_logs = find_logs and live
         """With no ``--log``, follow the log of the server discovery finds (its stdout)."""
         self.recorder = recorder
@@ -275,7 +288,7 @@ class Monitor:
         view = ws.tracker.view()
         ws.polls += 1
         if not ws.history or ws.history[-1] != view.state:
-            ws.history.append(view.state)
+            _append_bounded(ws.history, view.state, self._keep_changes)
         ws.last_view = view
         ws.version += 1
         self._changes.add(SERVERS)
@@ -425,7 +438,7 @@ class Monitor:
         change = AlertChange(now, self.clock.time(), tuple(alerts))
         if not self.alert_log or self.alert_log[-1].key() != change.key():
             if self.alert_log or alerts:
-                self.alert_log.append(change)
+                _append_bounded(self.alert_log, change, self._keep_changes)
             self._changes.add(ALERTS)
             if self.recorder is not None:
                 self.recorder.alerts(change.t, now, [a.to_json() for a in alerts])

@@ -196,6 +196,25 @@ _MISS: Any = object()
 def clear_line_cache() -> None:
     """Forget cached lines (for benchmarks of the cold path, and tests)."""
     _LINE_CACHE.clear()
+    _BUCKETS.clear()
+
+
+# Histogram buckets, interned: a ``(bound, count)`` pair or a whole bucket tuple equal to one
+# made before is that one. What is read is kept: the diagnoser holds its samples' histograms
+# for 15 minutes, and one read of the three it keeps was ~5.6 KB of new tuples and floats
+# (15, 15 and 22 buckets), a read every 5 s per server; 5 s apart, 88 % of the pairs of the
+# replayed H200 timeline are unchanged, and an idle server's histograms do not change at all.
+# Bounded like the line cache: emptied when full (what was made stays valid, unshared).
+_BUCKETS: dict[Any, Any] = {}
+_BUCKETS_MAX_ENTRIES = 8192
+
+
+def _interned_buckets(pairs: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    d = _BUCKETS
+    if len(d) >= _BUCKETS_MAX_ENTRIES:
+        d.clear()
+    buckets = tuple([d.setdefault(p, p) for p in pairs])
+    return d.setdefault(buckets, buckets)
 
 
 def _value(tok: str) -> float:
@@ -425,7 +444,7 @@ class _Collector:
 
 
 def _build_histogram(family: str, engine: str | None, raw: dict[str, Any], problems: _Problems) -> Histogram:
-    buckets = tuple(sorted(raw["le"].items()))
+    buckets = _interned_buckets(sorted(raw["le"].items()))
     where = f"{family}{{engine={engine!r}}}"
     if buckets:
         counts = [c for _, c in buckets]
@@ -507,7 +526,7 @@ def _sum_hists(name: str, hs: list[Histogram | None], problems: _Problems) -> Hi
     if any([b for b, _ in h.buckets] != bounds for h in present[1:]):
         problems.add(f"{name}: engines have different buckets, no total")
         return None
-    buckets = tuple((b, math.fsum(h.buckets[i][1] for h in present)) for i, b in enumerate(bounds))
+    buckets = _interned_buckets((b, math.fsum(h.buckets[i][1] for h in present)) for i, b in enumerate(bounds))
     sums = [h.sum for h in present]
     counts = [h.count for h in present]
     return Histogram(
