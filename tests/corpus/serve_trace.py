@@ -257,28 +257,11 @@ class TraceTimeline:
 
 
 def restrict(text: str, names: set[str]) -> str:
-    """The exposition ``text`` with only the samples named (prometheus_client's ``name[]``:
-    a sample is kept by its own name, ``x_bucket`` apart from ``x_sum``), each kept family
-    with its HELP/TYPE lines."""
-    out: list[str] = []
-    family: str | None = None
-    header: list[str] = []
-    shown = False
-    for line in text.splitlines(keepends=True):
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
-                if parts[2] != family:
-                    family, header, shown = parts[2], [], False
-                header.append(line)
-            continue
-        m = _SAMPLE.match(line)
-        if m and m.group(0) in names:
-            if not shown:
-                out.extend(header)
-                shown = True
-            out.append(line)
-    return "".join(out)
+    """The exposition ``text`` with only the samples named, as vLLM's prometheus_client app answers
+    ``?name[]=``: vtop's own :func:`vtop.sources.vllm.restrict_exposition` (the trace replay's too)."""
+    from vtop.sources.vllm import restrict_exposition
+
+    return restrict_exposition(text, names)
 
 
 _SAMPLE = re.compile(r"[^{\s]+")
