@@ -264,7 +264,6 @@ def restrict(text: str, names: set[str]) -> str:
     return restrict_exposition(text, names)
 
 
-_SAMPLE = re.compile(r"[^{\s]+")
 #: vLLM's log stamp after the level: "INFO 12-02 02:13:58 [" (the recording box's local time)
 _STAMP = re.compile(rb"(?m)((?:^|\r)(?:\([^)\n]*\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?= \[)")
 _START_TIME = re.compile(r"(?m)^(process_start_time_seconds(?:\{[^}]*\})? )(\S+)")
