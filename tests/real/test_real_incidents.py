@@ -125,14 +125,16 @@ async def test_runaway_is_named_with_its_max_tokens_and_flagged(real_vllm, tmp_p
             text = " ".join((alert.title, *alert.evidence, *alert.fix))
             assert ra.id in text and f"{req.max_tokens:,}" in text and "8,192" in text
             assert "max_tokens" in alert.fix[0] and "--override-generation-config" in text
-            shot(app, "alerts-cpu-real-runaway.svg")
+            # The requests view first: this server's max_model_len is 8,192, so the request ends by itself
+            # 27-37 s in, and the alert (its age claim may trail by up to one 5 s histogram read) leaves a
+            # few seconds; the screenshot of the alerts (slow on a busy box) comes after.
             await pilot.press("r")
-            await pilot.pause(1.2)
-            table = app.screen.query_one("#req-table")
-            assert table.row_count >= 1
+            await w.until(pilot, lambda: app.screen.query_one("#req-table").row_count >= 1, 10,
+                          "the runaway in the requests table")
             if SHOTS:
                 app.save_screenshot(str(Path(SHOTS) / "requests-cpu-real-runaway.svg"))
             await pilot.press("escape")
+            shot(app, "alerts-cpu-real-runaway.svg")
             ra.stop()  # the client hangs up; vLLM aborts the request
             await w.until(pilot, lambda: not any(a.rule == "runaway" for a in app.alerts), 30,
                           "the alert to clear after the client hung up")

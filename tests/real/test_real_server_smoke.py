@@ -165,9 +165,16 @@ def test_sigstop_and_sigcont_engine(real_vllm) -> None:  # type: ignore[no-untyp
     pids = real_vllm.sigstop_engine()
     try:
         assert pids == [real_vllm.engine_pid()]
+        # a signal is delivered asynchronously: the state turns T when the kernel gets to it
+        deadline = time.monotonic() + 10  # a hang guard, not a time bound
+        while psutil.Process(pids[0]).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert psutil.Process(pids[0]).status() == psutil.STATUS_STOPPED
     finally:
         real_vllm.sigcont_engine()
+    deadline = time.monotonic() + 10
+    while psutil.Process(pids[0]).status() == psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert psutil.Process(pids[0]).status() != psutil.STATUS_STOPPED
     assert real_vllm.load(n=1, max_tokens=4).ok == 1
 
