@@ -103,7 +103,10 @@ async def test_startup_walks_to_ready_and_the_panel_goes_starting_then_up_under_
         assert w.phases.index("engine_init") < w.phases.index("api_server")
         # running / waiting move under a bounded real load (more requests than max_num_seqs is not
         # needed: 48 at concurrency 24 on 2 cores queues some)
-        fut = srv.start_load(n=48, concurrency=24, max_tokens=48)
+        # max_tokens 192: the burst lasts tens of seconds on 2 cores, so vtop's 1 s view sees it
+        # running however the box schedules it (with 48 tokens it was over in ~10 s, and one CI
+        # run's samples missed it)
+        fut = srv.start_load(n=48, concurrency=24, max_tokens=192)
         await w.until(pilot, lambda: any((s["running"] or 0) > 0 for s in w.samples), 120, "running > 0")
         shot(app, "server-cpu-real-load.svg")
         res = await asyncio.wrap_future(fut)
