@@ -85,23 +85,11 @@ PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a (gzipped or plain) JSONL file; none when it is absent; damaged lines skipped."""
-    if not path.exists():
-        return []
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    out = []
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
+    """The rows of a (gzipped or plain) JSONL file; none when it is absent; damaged lines skipped
+    (vtop's own recording reader, as vtop/sources/trace.py reads a trace)."""
+    from vtop.sources.record import read
+
+    return list(read(path)) if path.exists() else []
 
 
 @dataclass(frozen=True)
