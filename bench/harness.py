@@ -385,9 +385,11 @@ MODELS = {
 }
 
 
-def make_server(timeline: MetricsTimeline, offset_s: int = 0, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """One vLLM look-alike on an ephemeral port (call ``serve_forever`` in a thread)."""
-    t0 = time.monotonic() - offset_s
+def make_server(timeline: MetricsTimeline, offset_s: int = 0, host: str = "127.0.0.1",
+                now: Callable[[], float] = time.monotonic) -> ThreadingHTTPServer:
+    """One vLLM look-alike on an ephemeral port (call ``serve_forever`` in a thread).
+    ``now``: the clock that picks the timeline's second (bench/soak_fast.py's is fake)."""
+    t0 = now() - offset_s
     hang = threading.Event()
     release = threading.Event()
     stats = {"connections": 0, "requests": 0}
@@ -424,7 +426,7 @@ def make_server(timeline: MetricsTimeline, offset_s: int = 0, host: str = "127.0
                 # (the whole registry, whatever the query); /metrics/ the prometheus_client
                 # app mounted beside it, which restricts its answer to ?name[]=...
                 names = tuple(parse_qs(urlsplit(self.path).query).get("name[]", ())) if path == "/metrics/" else ()
-                body = timeline.payload(int(time.monotonic() - t0), names)
+                body = timeline.payload(int(now() - t0), names)
                 self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/health":
                 self._send(200, b"", "application/json")

@@ -8,7 +8,7 @@ here, not measured as RSS: the diagnoser fed as the app feeds it (tests/unit/dia
 from __future__ import annotations
 
 from tests.unit import diag_fixtures as F
-from vtop.core.history import Series
+from vtop.core.history import Series, capacity_for
 from vtop.core.rules.state import GpuState, ServerState, keep_recent
 
 
@@ -63,11 +63,20 @@ def test_keep_recent_still_drops_what_is_older_than_the_history() -> None:
 
 def test_a_chart_series_lets_its_dead_points_go() -> None:
     # A GPU chart keeps twice the window (10 minutes at --history 5m); at --interval 0.25 its
-    # lists held up to twice that again (dead points dropped only once they were half).
-    s = Series(600.0)
+    # lists held up to twice that again (dead points dropped only once they were half). Its
+    # ring is sized for the window at the poll interval when made, and stays that size.
+    cap = capacity_for(600.0, 0.25)
+    s = Series(600.0, capacity=cap)
     n = 4 * 3600  # an hour at 0.25 s
     for i in range(n):
         s.append(i * 0.25, float(i % 100))
+        if i == 2400:
+            assert s.capacity == cap  # full at 10 minutes, allocated from the first point
     assert len(s) == 2400  # the live points: 600 s at 4 a second
-    assert len(s._t) <= 1.15 * 2400 and len(s._v) == len(s._t), len(s._t)
+    assert s.capacity == cap <= 1.15 * 2400 and len(s._t) == len(s._v) == cap, (cap, len(s._t))
     assert s.latest() == float((n - 1) % 100)
+    # without a hint the ring grows as the points come, never past max_points
+    s = Series(600.0, max_points=3000)
+    for i in range(n):
+        s.append(i * 0.25, 1.0)
+    assert len(s) == 2400 and 2400 <= s.capacity <= 3000

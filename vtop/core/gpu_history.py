@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vtop.core.history import Series
+from vtop.core.history import Series, capacity_for
 from vtop.model.gpu import GpuPoll, GpuSample
 
 FIELDS = ("util", "sm", "mem", "bw")
@@ -37,6 +37,12 @@ class GpuHistory:
     window_s: float
     tracks: dict[int, GpuTrack] = field(default_factory=dict)
     last_poll: GpuPoll | None = None
+    #: the poll interval: each chart's ring is sized for its window at this rate when the
+    #: GPU is first seen (vtop/core/history.py), so its memory does not grow after that
+    interval_s: float = 1.0
+
+    def _capacity(self) -> int:
+        return capacity_for(self.window_s * 2, self.interval_s)
 
     def add(self, poll: GpuPoll) -> None:
         self.last_poll = poll
@@ -44,7 +50,8 @@ class GpuHistory:
             tr = self.tracks.get(g.index)
             if tr is None:
                 # Keep points for twice the window: resizing wider must not empty the charts.
-                tr = GpuTrack(g.index, {k: Series(self.window_s * 2) for k in FIELDS})
+                cap = self._capacity()
+                tr = GpuTrack(g.index, {k: Series(self.window_s * 2, capacity=cap) for k in FIELDS})
                 self.tracks[g.index] = tr
             tr.last = g
             for k, v in chart_values(g).items():
@@ -57,6 +64,8 @@ class GpuHistory:
 
     def set_window(self, window_s: float) -> None:
         self.window_s = window_s
+        cap = self._capacity()
         for tr in self.tracks.values():
             for s in tr.series.values():
                 s.window_s = window_s * 2
+                s.reserve(cap)

@@ -44,7 +44,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from vtop.clock import Clock
-from vtop.core.history import Series
+from vtop.core.history import Series, capacity_for
 from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
 from vtop.model.fmt import dur
 
@@ -185,7 +185,8 @@ class ServerTracker:
         # short windows for the sparklines: a 60 s average would flatten a burst
         self._gen_short = CounterWindow(spark_rate_s)
         self._prompt_short = CounterWindow(spark_rate_s)
-        self._series: dict[str, Series] = {n: Series(history_s) for n in SERIES_NAMES}
+        cap = capacity_for(history_s, interval_s)  # the rings are allocated now: flat memory from here
+        self._series: dict[str, Series] = {n: Series(history_s, capacity=cap) for n in SERIES_NAMES}
 
         self._state: State = "down"
         self._since: float = clock.monotonic()

@@ -126,7 +126,7 @@ class Monitor:
         self.find_logs = find_logs and live
         """With no ``--log``, follow the log of the server discovery finds (its stdout)."""
         self.recorder = recorder
-        self.gpu_history = GpuHistory(config.history)
+        self.gpu_history = GpuHistory(config.history, interval_s=config.interval)
         self.proc_names: dict[int, str] = {}
         self.gpu_error: str | None = None
         self.servers: dict[str, WatchedServer] = {}

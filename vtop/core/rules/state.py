@@ -6,9 +6,11 @@ feeds them."""
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from vtop.core.inflight import MaxTokensLedger, OldestInFlight
 
@@ -222,26 +224,104 @@ class GpuPoint:
     procs: tuple[Any, ...] | None
 
 
+_GPU_COLS = ("util", "sm", "mem_pct", "mem_used", "mem_total")
+
+
 class GpuState:
+    """Per GPU: the polled points (about one a second, :data:`KEEP_STEP_S`, for ``history_s``)
+    and the streaks read from them.
+
+    The points are kept as columns (``array('d')``, a ``None`` as NaN) and made into
+    :class:`GpuPoint` objects when a rule reads them (``points``, :meth:`at`,
+    :meth:`between`): 15 minutes of 8 GPUs as objects were 7200 of them with 6 floats and a
+    process tuple each, about 3 MB that filled for 15 minutes (bench/soak.py, issue #25).
+    A point whose processes equal the point before's shares that tuple."""
+
     def __init__(self) -> None:
-        self.times: list[float] = []
-        self.points: list[GpuPoint] = []
+        self.times: array[float] = array("d")
+        self._cols: tuple[array[float], ...] = tuple(array("d") for _ in _GPU_COLS)
+        self._procs: list[tuple[Any, ...] | None] = []
         self.idle_since: float | None = None
         self.idle_util: list[float] = []
         self.idle_sm: list[float] = []
         self.idle_last_t: float | None = None
         self.risk_since: float | None = None
 
+    def _point(self, i: int) -> GpuPoint:
+        util, sm, mem_pct, mem_used, mem_total = (c[i] for c in self._cols)
+        return GpuPoint(self.times[i], _opt(util), _opt(sm), _opt(mem_pct), _opt(mem_used), _opt(mem_total),
+                        self._procs[i])
+
+    @property
+    def points(self) -> _GpuPoints:
+        """The points, oldest first (a read-only sequence)."""
+        return _GpuPoints(self)
+
     def at(self, t: float) -> GpuPoint | None:
-        if not self.points:
+        if not self.times:
             return None
         i = bisect_right(self.times, t)
-        return self.points[max(0, i - 1)]
+        return self._point(max(0, i - 1))
 
     def between(self, a: float, b: float) -> list[GpuPoint]:
         i = bisect_right(self.times, a)
         j = bisect_right(self.times, b)
-        return self.points[i:j]
+        return [self._point(k) for k in range(i, j)]
 
     def add(self, p: GpuPoint, keep_s: float) -> None:
-        keep_recent(self.times, self.points, p.t, p, keep_s)
+        """As :func:`keep_recent`: about one point a second, ``keep_s`` of them."""
+        procs = p.procs
+        if procs is not None and self._procs and procs == self._procs[-1]:
+            procs = self._procs[-1]  # unchanged: one tuple for the run of points
+        row = (p.util, p.sm, p.mem_pct, p.mem_used, p.mem_total)
+        times = self.times
+        if len(times) >= 2 and times[-1] - times[-2] < KEEP_STEP_S:
+            times[-1] = p.t
+            for c, v in zip(self._cols, row):
+                c[-1] = _nan(v)
+            self._procs[-1] = procs
+            return
+        times.append(p.t)
+        for c, v in zip(self._cols, row):
+            c.append(_nan(v))
+        self._procs.append(procs)
+        cut = bisect_right(times, p.t - keep_s)
+        if cut > 16 and cut > len(times) // 16:  # dropped in batches, as keep_recent does
+            del times[:cut]
+            for c in self._cols:
+                del c[:cut]
+            del self._procs[:cut]
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _opt(v: float) -> float | None:
+    return None if v != v else v
+
+
+class _GpuPoints(Sequence[GpuPoint]):
+    """:attr:`GpuState.points`: each point made when it is read."""
+
+    __slots__ = ("_gs",)
+
+    def __init__(self, gs: GpuState) -> None:
+        self._gs = gs
+
+    def __len__(self) -> int:
+        return len(self._gs.times)
+
+    @overload
+    def __getitem__(self, i: int) -> GpuPoint: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[GpuPoint]: ...
+    def __getitem__(self, i: int | slice) -> GpuPoint | list[GpuPoint]:
+        n = len(self._gs.times)
+        if isinstance(i, slice):
+            return [self._gs._point(k) for k in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("GpuState point index out of range")
+        return self._gs._point(i)
