@@ -60,8 +60,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     clock = FakeClock(start=10_000.0)
     timeline = MetricsTimeline()
     servers = [make_server(timeline, offset_s=i * 37, now=clock.monotonic) for i in range(args.servers)]
-    for s in servers:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
     urls = [normalize_url(f"http://127.0.0.1:{s.server_address[1]}") for s in servers]
     config = Config(urls=tuple(urls), interval=args.interval, simulate_gpus=args.gpus)
     mon = Monitor(config, clock=clock, find_logs=False)
@@ -95,30 +95,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if r % per_min == 0:
             gc.collect()
             m = r // per_min
-            s: dict[str, Any] = {"min": m, "rss_mb": round(rss_mb(), 2),
+            row: dict[str, Any] = {"min": m, "rss_mb": round(rss_mb(), 2),
                                  "blocks_k": round(sys.getallocatedblocks() / 1000, 1),
                                  "wall_s": round(time.monotonic() - t0, 1)}
             if args.trace:
-                s["traced_mb"] = round(tracemalloc.get_traced_memory()[0] / 1e6, 2)
+                row["traced_mb"] = round(tracemalloc.get_traced_memory()[0] / 1e6, 2)
                 if m == args.settle_min:
                     base_snap = tracemalloc.take_snapshot()
-            samples.append(s)
-            print(f"{m:4d} min  RSS {s['rss_mb']:7.1f} MB  blocks {s['blocks_k']:8.1f}k"
-                  + (f"  traced {s['traced_mb']:6.2f} MB" if args.trace else "")
-                  + f"  ({s['wall_s']:.0f} s)  alerts: {len(mon.alerts)}", flush=True)
+            samples.append(row)
+            print(f"{m:4d} min  RSS {row['rss_mb']:7.1f} MB  blocks {row['blocks_k']:8.1f}k"
+                  + (f"  traced {row['traced_mb']:6.2f} MB" if args.trace else "")
+                  + f"  ({row['wall_s']:.0f} s)  alerts: {len(mon.alerts)}", flush=True)
     top: list[str] = []
     if args.trace and base_snap is not None:
         for st in tracemalloc.take_snapshot().compare_to(base_snap, "lineno")[:25]:
             top.append(f"{st.size_diff / 1e3:+9.1f} kB {st.count_diff:+7d}  {st.traceback[0]}")
         print(f"growth by line after minute {args.settle_min}:\n" + "\n".join(top))
     await pool.aclose()
-    for s in servers:
-        s.shutdown()
-    base = next((s for s in samples if s["min"] == args.settle_min), None)
-    after = [s for s in samples if s["min"] >= args.settle_min]
+    for srv in servers:
+        srv.shutdown()
+    base = next((x for x in samples if x["min"] == args.settle_min), None)
+    after = [x for x in samples if x["min"] >= args.settle_min]
     verdict: dict[str, Any] = {"judged": False}
     if base is not None and after:
-        peak = max(after, key=lambda s: s["rss_mb"])
+        peak = max(after, key=lambda x: x["rss_mb"])
         growth = peak["rss_mb"] / base["rss_mb"] - 1
         verdict = {"judged": True, "rss_at_settle_mb": base["rss_mb"], "max_rss_after_mb": peak["rss_mb"],
                    "growth_pct": round(100 * growth, 1), "pass": growth <= 0.10}
