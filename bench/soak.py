@@ -4,6 +4,7 @@
     .venv/bin/python bench/soak.py --minutes 8     # a shorter run (a slope shows in 8-10 min)
     .venv/bin/python bench/soak.py --big-body      # only the big-body cases (~3 min)
     .venv/bin/python bench/soak.py --trace /tmp/t  # vtop under tracemalloc (bench/soak_trace.py): what grows
+    .venv/bin/python bench/soak_fast.py            # its time-compressed twin: 30 min on a fake clock in ~6 min
 
 **The soak.** vtop as a user starts it (the venv's ``vtop``) in a 120x40 tmux
 pane, as bench/run.py does: ``--simulate-gpus 8`` (the fake NVML, each call
