@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = ("replay", "demo", "doctor")
+SUBCOMMANDS = ("replay", "demo", "doctor", "export")
 
 
 def _write_csv(path: str, out: str) -> int:
@@ -317,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_replay(argv[1:], f"vtop {argv[0]}")
     if argv and argv[0] == "doctor":
         return _run_doctor(argv[1:])
+    if argv and argv[0] == "export":
+        from vtop.exporter import main as export_main
+
+        return export_main(argv[1:])
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)
