@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = ("replay", "demo", "doctor", "export")
+SUBCOMMANDS = ("replay", "demo", "doctor", "export", "web")
 
 
 def _write_csv(path: str, out: str) -> int:
@@ -321,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vtop.exporter import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "web":
+        from vtop.web import main as web_main
+
+        return web_main(argv[1:], check_vtop_args=parser().parse_args)
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)
