@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
         prog="vtop",
         description=("Live terminal dashboard for GPU boxes serving LLMs with vLLM. Also: vtop doctor "
                      "(watch a while, say what is wrong), vtop replay FILE (play a --record file), vtop demo "
-                     "(a recorded H200 incident); each has --help."),
+                     "(a recorded H200 incident), vtop export (Prometheus metrics), vtop web (the screen in a browser); "
+                     "each has --help."),
         epilog=(
             "Keys: ? help, space freeze, + - poll interval, / filter the log, e every alert, q quit. "
             "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "

@@ -151,6 +151,9 @@ def main(argv: Sequence[str], *, check_vtop_args: Callable[[list[str]], object] 
     mode = "actions allowed (s, d, t)" if ns.allow_actions else "read-only: s, d, t off (--allow-actions turns them on)"
     print(f"vtop web: serving vtop on {ns.host}:{port}, {mode}; each browser tab runs its own vtop; Ctrl+C stops",
           flush=True)
+    if ns.host not in ("127.0.0.1", "::1", "localhost"):
+        print(f"vtop web: note: {ns.host} is reachable beyond this box over plain HTTP, token included; "
+              "prefer an SSH tunnel (ssh -L) or a TLS reverse proxy", flush=True)
     try:
         server.serve()
     except OSError as e:
