@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from tests.metrics_server import MetricsServer, h200_payloads
@@ -120,9 +121,16 @@ def web(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
             assert any("read-only" in ln for ln in lines), lines
             url = lines[-1].split("open ", 1)[1].strip()
             yield url, url.split("/?token=")[0], snaps
+            tabs = psutil.Process(proc.pid).children(recursive=True)
+            assert tabs, "a vtop process ran for the browser tab"
         finally:
+            tabs = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
             proc.terminate()
             proc.wait(timeout=30)
+            _, alive = psutil.wait_procs(tabs, timeout=30)
+            for p in alive:  # left behind: stop them, and fail below
+                p.kill()
+        assert not alive, f"vtop web left its tabs' processes running: {alive}"
 
 
 def test_vtop_web_in_chromium_needs_its_token_shows_the_live_cards_and_stays_read_only(chromium, web) -> None:  # type: ignore[no-untyped-def]
