@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
         prog="vtop",
         description=("Live terminal dashboard for GPU boxes serving LLMs with vLLM. Also: vtop doctor "
                      "(watch a while, say what is wrong), vtop replay FILE (play a --record file), vtop demo "
-                     "(a recorded H200 incident); each has --help."),
+                     "(a recorded H200 incident), vtop export (Prometheus metrics), vtop web (the screen in a browser); "
+                     "each has --help."),
         epilog=(
             "Keys: ? help, space freeze, + - poll interval, / filter the log, e every alert, q quit. "
             "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "
@@ -118,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMANDS = ("replay", "demo", "doctor")
+SUBCOMMANDS = ("replay", "demo", "doctor", "export", "web")
 
 
 def _write_csv(path: str, out: str) -> int:
@@ -317,6 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_replay(argv[1:], f"vtop {argv[0]}")
     if argv and argv[0] == "doctor":
         return _run_doctor(argv[1:])
+    if argv and argv[0] == "export":
+        from vtop.exporter import main as export_main
+
+        return export_main(argv[1:])
+    if argv and argv[0] == "web":
+        from vtop.web import main as web_main
+
+        return web_main(argv[1:], check_vtop_args=parser().parse_args)
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)

@@ -619,6 +619,19 @@ class VtopApp(App[int]):
             return None  # driven by hand (tests): nothing polls
         return True
 
+    def on_key(self, event: Any) -> None:
+        """--readonly (``vtop web`` without ``--allow-actions``): an action key does nothing (its
+        binding is disabled, so the key reaches here unhandled); say so rather than stay silent."""
+        if not self.config.readonly or self.replay is not None:
+            return
+        for b in self.BINDINGS:
+            if isinstance(b, Binding) and b.action in self.ACTION_KEYS and event.key in b.key.split(","):
+                what = {"snapshot": "snapshot", "pyspy": "py-spy dump", "test_request": "test request"}[b.action]
+                self.notify(f"READ-ONLY: {b.key} ({what}) is off here (--readonly; "
+                            "vtop web turns it on with --allow-actions)", severity="warning")
+                event.stop()
+                return
+
     def latest_snapshot_folder(self) -> Any:
         from vtop.actions.snapshot import latest_bundle
 

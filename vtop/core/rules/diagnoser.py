@@ -160,6 +160,17 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ GPUs
 
+    def oldest_in_flight_s(self, url: str) -> float | None:
+        """Seconds the oldest request in flight on ``url`` has run at least, known from
+        ``/metrics`` alone (:class:`vtop.core.inflight.OldestInFlight`, the runaway rule's
+        evidence); None when nothing is known (no request in flight, no latency histogram
+        yet). For faces that report it (``vtop export``)."""
+        st = self._mem.servers.get(url)
+        last = st.last if st is not None else None
+        if st is None or last is None or not last.running or st.oldest.since is None:
+            return None
+        return st.oldest.lower_bound_s
+
     def _feed_gpus(self, ctx: Ctx) -> None:
         g = ctx.gpus
         if g is None:
