@@ -136,6 +136,26 @@ MADE = (
 )
 
 
+def tmux_captures() -> None:
+    """The real tier's tmux captures kept in screenshots/live-runs/ (``NAME.ansi``, from
+    ``tmux capture-pane -p -e``, written by a real test with ``VTOP_SCREENSHOTS=DIR``) drawn
+    as SVG beside them (``NAME.svg``) with Rich, the terminal's own text and colours."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    for src in sorted((OUT / "live-runs").glob("*.ansi")):
+        rows = src.read_text().rstrip("\n").split("\n")
+        width = max(len(Text.from_ansi(r).plain) for r in rows)
+        con = Console(record=True, width=width, file=io.StringIO(), force_terminal=True, color_system="truecolor")
+        for r in rows:
+            con.print(Text.from_ansi(r), no_wrap=True, overflow="crop")
+        dst = src.with_suffix(".svg")
+        con.save_svg(str(dst), title=f"vtop in tmux ({width}x{len(rows)}): {src.stem}")
+        print("wrote", dst)
+
+
 async def main() -> None:
     await demo([
         ("vllm_launch", 62.0, "demo-h200-startup-cuda-graphs.svg", (120, 40)),
@@ -160,6 +180,7 @@ async def main() -> None:
     await cpu_incident("engine-stall.jsonl.gz", "alerts-cpu-real-engine-stall.svg", after_alert=0.0,
                        rule="engine_stall")
     await cpu_incident("normal-load.jsonl.gz", "server-cpu-real-load.svg", after_alert=95.0)
+    tmux_captures()
 
 
 if __name__ == "__main__":

@@ -108,7 +108,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=S,
                    help="with --once (implied): the snapshot as JSON, schema vtop.report/2")
     p.add_argument("--window", type=_duration("window"), default=S, metavar="DURATION",
-                   help="--once: how long to watch before printing (default 2 intervals: rates need two scrapes)")
+                   help="--once: watch this long before printing, to measure rates (tokens/s, preemptions/s, "
+                        "latencies need two scrapes; 2s is enough). Default: no window, one round of readings "
+                        "(queues, KV cache, GPUs, phase, alerts) at once; rates only from the log's last stats line")
     p.add_argument("--record-max-mb", dest="record_max_mb", type=int, default=S, metavar="MB",
                    help="the recording stops growing at this size (default 200)")
     p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
@@ -349,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vtop.headless import run_once
 
         try:
-            return run_once(cfg, window_s=window if window is not None else 2 * cfg.interval, as_json=as_json)
+            # No --window: one round of readings (the gauges at once; rates need a window).
+            return run_once(cfg, window_s=window, as_json=as_json)
         except OSError as e:
             p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
     log_fd = None

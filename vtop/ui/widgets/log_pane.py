@@ -29,6 +29,38 @@ def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
+#: vLLM's periodic stats line (every 10 s while requests run): the pane's most telling line and
+#: one of its longest: ``(APIServer pid=N) INFO 12-02 07:47:33 [loggers.py:335] Engine 000: Avg
+#: prompt throughput: 22.4 tokens/s, Avg generation throughput: 112.3 tokens/s, Running: 4 reqs,
+#: Waiting: 0 reqs, CPU KV cache usage: 0.1%, ...`` is ~215 columns: in a 120-column terminal
+#: it was cut after "Avg gener", so the queues and the KV usage never showed.
+_STATS = "Avg prompt throughput:"
+#: Rows a stats line may take in the pane, wrapped; other lines stay one row (cut): a request line
+#: (``Received request ... params: SamplingParams(...)``) or a traceback wrapped would bury the rest.
+WRAP_ROWS = 3
+WRAP_INDENT = "  "
+
+
+def pane_rows(text: str, width: int) -> list[str]:
+    """The pane's rows for one line: a vLLM stats line too wide for ``width`` is wrapped at
+    its ", " (else anywhere) into at most :data:`WRAP_ROWS` rows, the rest indented; any
+    other line is one row."""
+    if width < 40 or len(text) <= width or _STATS not in text:
+        return [text]
+    rows: list[str] = []
+    rest = text
+    while rest and len(rows) < WRAP_ROWS:
+        room = width - (len(WRAP_INDENT) if rows else 0)
+        if len(rest) <= room or len(rows) == WRAP_ROWS - 1:
+            piece, rest = rest, ""
+        else:
+            cut = rest.rfind(", ", 0, room)
+            cut = cut + 2 if cut > room // 2 else room
+            piece, rest = rest[:cut].rstrip(), rest[cut:]
+        rows.append((WRAP_INDENT if rows else "") + piece)
+    return rows
+
+
 def fmt_line(ln: LogLine, *, redact: bool = True) -> str:
     """The line as vLLM wrote it (its own time stamp and level are in it), ANSI removed, with
     secret-shaped values masked and, unless ``--no-redact-prompts``, prompts replaced by their length
@@ -49,6 +81,16 @@ class LogPane(Log):
         self.view: LogView | None = None
         self._last: LogLine | None = None
         self._last_text = ""
+        self._wrap_width = 0
+        """The width the rows were wrapped to (a resize rebuilds them)."""
+
+    def on_resize(self) -> None:
+        if self._wrap_width and self._room() != self._wrap_width:
+            self._key = None  # wrapped for another width: rebuild
+            self._redraw()
+
+    def _room(self) -> int:
+        return self.scrollable_content_region.width
 
     def show(self, view: LogView) -> None:
         self.view = view
@@ -104,7 +146,9 @@ class LogPane(Log):
             self.clear()
             new = lines[-300:]
         if new:
-            self.write_lines((fmt_line(ln, redact=self.redact_prompts) for ln in new), scroll_end=False)
+            width = self._wrap_width = self._room()
+            self.write_lines((row for ln in new for row in pane_rows(fmt_line(ln, redact=self.redact_prompts), width)),
+                             scroll_end=False)
             # Log.auto_scroll only follows when the view was already at the end,
             # which clear() undoes; the newest line is what matters here.
             self.scroll_end(animate=False, immediate=True)
