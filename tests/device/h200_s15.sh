@@ -34,9 +34,9 @@ case $CALL in
     mkdir -p $D/T
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $D/T/gpu.txt
     python3 -m vtop --once --json http://127.0.0.1:8000 --log /tmp/vllm/serve.log > $D/T/once.json 2> $D/T/once.err; echo "vtop --once rc=$?"
-    python3 -m nvitop -1 > $D/T/nvitop-once.txt 2>&1; echo "nvitop -1 rc=$?"
+    python3 -m nvitop --once > $D/T/nvitop-once.txt 2>&1; echo "nvitop -1 rc=$?"
     if [ -f bench/oneshot.py ]; then
-      timeout 240 python3 bench/oneshot.py --runs 20 --url http://127.0.0.1:8000 --out $D/T/oneshot.json 2>&1 | tee $D/T/oneshot.txt | tail -n 30
+      timeout 240 python3 bench/oneshot.py --runs 20 --url http://127.0.0.1:8000 --nvitop "python3 -m nvitop" --out $D/T/oneshot.json 2>&1 | tee $D/T/oneshot.txt | tail -n 30
     fi
     if [ -f bench/h200/xid_wait.py ]; then
       timeout 120 python3 bench/h200/xid_wait.py --out $D/T/xid.json 2>&1 | tee $D/T/xid.txt | tail -n 30
