@@ -79,3 +79,20 @@ def test_doctor_window_15_names_a_startup_stall_with_the_flag_the_screen_takes()
     stall = [a for a in alerts if a.rule == "startup_stall"]
     assert stall and code == 1, [(a.severity, a.rule) for a in alerts]
     assert "no new log line for 1m" in stall[0].title
+
+
+STALLS = [p for p in ALL if truth_of(p)["class"] == "engine_stall"]
+
+
+@pytest.mark.parametrize("trace", STALLS, ids=lambda p: p.name)
+def test_doctor_reporting_before_should_alert_by_names_an_engine_stall(trace: Path) -> None:
+    """The live doctor's report lands 1-3 s before should_alert_by (it starts 2 s early to allow
+    for its own start-up). The zero-throughput stats line proves a stall only from the line
+    before it, which still counted the sliver of tokens made before the stop, up to 10 s after
+    it: at should_alert_by - 2 s that was 18.5 s (< 20 s), and all four were missed live. The
+    collapsed interval dates the stop (loghistory's ``stopped_within``)."""
+    sab = float(truth_of(trace)["should_alert_by"])
+    code, alerts = doctor_at(trace, sab - WINDOW_S - 2.0, window_s=WINDOW_S - 1.0)  # fed up to sab - 2 s
+    stall = [a for a in alerts if a.rule == "engine_stall"]
+    assert stall and code == 2, [(a.severity, a.rule) for a in alerts]
+    assert "no token for about" in stall[0].title and any("stopped about" in e for e in stall[0].evidence)
