@@ -56,6 +56,9 @@ JOBS = 3
 #: doctor took up to 7 s more than its window (seen: 22 s for --window 15, three at a time),
 #: and a trace that ends under it reads as a server gone down
 END_MARGIN_S = 12.0
+#: a quiet point of a clean-shutdown trace ends this long before its SIGTERM at the latest
+#: (the doctor takes 1-3 s more than its window; clean-sigterm-idle is ready only 20 s before it)
+SHUTDOWN_MARGIN_S = 4.0
 
 _RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
@@ -70,8 +73,10 @@ class Job:
     start: float  # trace second the play and the doctor start at
     expect_rules: list[str]
     should_alert_by: float | None
-    #: what passes: "named" (an incident), "quiet" (exit 0, no warning), "no-incident" (after a shutdown)
+    #: what passes: "named" (an incident), "quiet" (exit 0, no warning), "no-incident" (after a shutdown),
+    #: "unnameable" (an incident a 15 s window cannot prove, its truth says why: no other warning)
     expect: str
+    why: str | None = None
 
 
 @dataclass
@@ -83,6 +88,8 @@ class Run:
     should_alert_by: float | None
     expect_rules: list[str]
     expect: str
+    #: why a window cannot name this incident (truth.json's ``window_why``), for expect "unnameable"
+    why: str | None = None
     exit_code: int | None = None
     named: bool = False
     rule: str | None = None
@@ -142,6 +149,11 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
     if rules:
         if sab is None:
             return jobs
+        if tl.truth.get("window_nameable") is False:
+            # Nothing in a window can prove it (truth.json says why): doctor must invent nothing.
+            j = job("alert", sab - window - lead, "unnameable")
+            j.why = str(tl.truth.get("window_why") or "window_nameable: false")
+            return [j]
         began = tl.began if tl.began is not None else sab
         if sab - began < lead + 1:
             # nothing to accumulate (a startup failure: named at its first error line): a window
@@ -151,13 +163,16 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
             jobs.append(job("alert", sab - window - lead, "named"))
         return jobs
     end_start = tl.end - window - END_MARGIN_S
+    # A quiet point must end before a clean shutdown's SIGTERM (after it the port refuses).
+    last_quiet = end_start
+    if cls == "clean_shutdown" and tl.began is not None:
+        last_quiet = min(end_start, tl.began - window - SHUTDOWN_MARGIN_S)
+    up = next((o for o in tl.metrics.offs if tl.port_open(o)), None)
     busy = busiest_start(tl, window)
-    if busy is not None:
-        jobs.append(job("busiest", busy, "quiet"))
-    else:  # no load at all (an idle server): the middle of its ready time
-        up = next((o for o in tl.metrics.offs if tl.port_open(o)), None)
-        if up is not None:
-            jobs.append(job("middle", (up + end_start) / 2, "quiet"))
+    if busy is not None and (up is None or busy >= up):
+        jobs.append(job("busiest", min(busy, max(last_quiet, up or 0.0)), "quiet"))
+    elif up is not None and last_quiet >= up:  # no load at all (an idle server): the middle of its ready time
+        jobs.append(job("middle", (up + last_quiet) / 2, "quiet"))
     if cls == "clean_shutdown":
         began = tl.began
         if began is not None:
@@ -172,7 +187,7 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
 
 def run_job(job: Job, *, window: float = WINDOW_S, python: str = sys.executable,
             doctor_args: tuple[str, ...] = ()) -> Run:
-    run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect)
+    run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect, job.why)
     srv = TraceServer(job.path, start_at=job.start)
     try:
         srv.start()
@@ -216,6 +231,8 @@ def judge(run: Run, rep: dict[str, Any]) -> Run:
                       if a["severity"] in BAD and a["rule"] not in run.expect_rules]
     if run.expect == "named":
         run.ok = run.named and run.severity in BAD and run.exit_code not in (0, None)
+    elif run.expect == "unnameable":
+        run.ok = not run.others_bad
     elif run.expect == "quiet":
         run.ok = not run.others_bad and run.exit_code == 0
         if run.trace_ended and not run.ok:
@@ -237,7 +254,7 @@ def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
             except Exception as e:  # noqa: BLE001 - one broken play must not lose the others
                 j = jobs[i]
                 out[i] = Run(j.trace, j.cls, j.point, j.start, j.should_alert_by, j.expect_rules, j.expect,
-                             error=f"{type(e).__name__}: {e}")
+                             j.why, error=f"{type(e).__name__}: {e}")
             if progress is not None:
                 r = out[i]
                 assert r is not None
@@ -248,8 +265,12 @@ def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
 
 def totals(runs: list[Run]) -> dict[str, Any]:
     inc = [r for r in runs if r.expect == "named"]
-    rest = [r for r in runs if r.expect != "named"]
+    unn = [r for r in runs if r.expect == "unnameable"]
+    rest = [r for r in runs if r.expect not in ("named", "unnameable")]
     return {
+        "not_nameable": len(unn),
+        "not_nameable_named_anyway": sum(1 for r in unn if r.named and r.severity in BAD),
+        "not_nameable_false_alarms": sum(len(r.others_bad) for r in unn),
         "incidents": len(inc),
         "incidents_named": sum(1 for r in inc if r.named),
         "incidents_named_warning_or_worse": sum(1 for r in inc if r.named and r.severity in BAD),
@@ -271,6 +292,9 @@ def table(runs: list[Run], window: float) -> str:
         if r.named:
             named = "yes"
             what = f"{r.rule}:{r.severity}"
+        elif r.expect == "unnameable":
+            named = "n/a"
+            what = "not nameable in a window: see below"
         else:
             named = "no" if r.expect == "named" else "-"
             what = ", ".join(f"{a['rule']}:{a['severity']}" for a in r.alerts) or "(none)"
@@ -281,12 +305,17 @@ def table(runs: list[Run], window: float) -> str:
                      f"{rep:>6} {named:6} {what[:28]:28} {'-' if r.exit_code is None else r.exit_code:>4} "
                      f"{'-' if r.wall_s is None else format(r.wall_s, '.0f'):>5}  {'ok' if r.ok else 'FAIL'}")
     t = totals(runs)
+    for r in runs:
+        if r.expect == "unnameable":
+            lines.append(f"  {r.trace}: not nameable from a {window:g} s window ({r.why}); passes with no other "
+                         "warning")
     lines.append("")
     lines.append(
         f"doctor --window {window:g} live: incidents named {t['incidents_named']}/{t['incidents']} "
         f"(warning or worse {t['incidents_named_warning_or_worse']}, non-zero exit {t['incidents_nonzero_exit']}, "
         f"pass {t['incidents_ok']}); quiet points pass {t['quiet_ok']}/{t['quiet_runs']} "
-        f"(false alarms {t['false_alarms']}); errors {t['errors']}")
+        f"(false alarms {t['false_alarms']}); not nameable in a window {t['not_nameable']} "
+        f"(false alarms {t['not_nameable_false_alarms']}); errors {t['errors']}")
     return "\n".join(lines)
 
 
