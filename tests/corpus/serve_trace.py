@@ -18,7 +18,9 @@ unfolds at its own pace:
   ``refused``/an error while the port is open drops that connection without an answer; a
   ``timeout`` holds the request :data:`HOLD_S` seconds (past vtop's 3 s deadline) and drops it.
 * The log: a file (``--log``, default a new temporary one) that grows with exactly the
-  recorded bytes, as ``log-index.jsonl.gz`` says, second by second.
+  recorded bytes, as ``log-index.jsonl.gz`` says, second by second. Its modification time is
+  when its last byte was written in the recording (moved to now, as the stamps are): the
+  backlog written at once at the start keeps the age of its last write.
 
 Time: trace second 0 is the recorder's first ``launch`` event. ``--from S`` starts the play
 S seconds after it; ``--before-alert S`` starts it S seconds before the truth's
@@ -189,6 +191,18 @@ class TraceTimeline:
         """The port listens at this second unless its ``/metrics`` row says it refused (or none came yet)."""
         r = self.metrics.at(off)
         return r is not None and not (r.get("status") is None and r.get("error") == "refused")
+
+    def log_written_at(self, size: int) -> float | None:
+        """The trace second by which the log had reached ``size`` bytes (the first index row at
+        or past it: its bytes were written in the second before, so this is at or after the
+        write), or None when no row has."""
+        for o, r in zip(self.log_index.offs, self.log_index.rows):
+            try:
+                if int(r["size"]) >= size:
+                    return o
+            except (KeyError, TypeError, ValueError):
+                continue
+        return None
 
     def log_size(self, off: float) -> int:
         r = self.log_index.at(off)
@@ -469,6 +483,14 @@ class TraceServer:
         f.write(data[self._written:size])
         f.flush()
         self._written = size
+        # The file's modification time is when its last byte was written, as on the box: for the
+        # backlog written at once at the start of a play, the recorded second it was reached (a
+        # tailer attaching to a silent log sees how long it has been silent, as on a real file).
+        o = self.timeline.log_written_at(size)
+        if o is not None and self._t0 is not None:
+            with contextlib.suppress(OSError):
+                t = self.wall() - max(0.0, self.offset() - o)
+                os.utime(self.log_path, (t, t))
 
     async def _open_port(self) -> None:
         if self._reserve is None:

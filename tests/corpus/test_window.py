@@ -5,7 +5,9 @@ Played from the corpus (:mod:`tests.corpus.window`): the log up to the start as 
 then only the 15 s window of ``/metrics`` and the log. Before the log's history was read
 (``vtop/core/loghistory.py``), the runaways, engine stalls and KV saturations of the corpus
 all exited 0 here: 15 s of ``/metrics`` cannot show a request 45 s old, 20 s of flat counters
-or 30 s of a full KV cache.
+or 30 s of a full KV cache. The startup stalls exited 0 until the CPU of a silent phase was judged
+over what doctor watched (10 s at least, not 45 s) and a backlog ending in a progress frame was
+dated by the file's modification time (h200-startup-stall-graph-capture).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from vtop.sources.trace import is_trace, truth_of
 
 ALL = sorted(p for p in TRACES.iterdir() if is_trace(p)) if TRACES.is_dir() else []
 INCIDENTS = [p for p in ALL if truth_of(p)["class"] in
-             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure")
+             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure", "startup_stall")
              and truth_of(p).get("window_nameable", True)]
 #: incidents a 15 s window cannot name, each with why in its truth.json ("window_why")
 UNNAMEABLE = [p for p in ALL if not truth_of(p).get("window_nameable", True)]

@@ -221,3 +221,24 @@ def test_no_interval_estimate_without_a_collapse_or_running_requests() -> None:
         assert v.stopped_within(now) is None, lines
         got = v.stalled_since(now, now - 15)
         assert got is None or got[2] is False
+
+
+def test_a_backlog_ending_in_a_frame_is_dated_by_the_files_modification_time() -> None:
+    """A tqdm frame has no stamp: the backlog's lag came out 0 and a progress bar stopped for
+    72 s looked silent only since the attach (h200-startup-stall-graph-capture, live doctor).
+    The file's modification time says when its last byte was written."""
+    h = LogHistory(local_offset=lambda w: 0.0)
+    mono = 5000.0
+    _feed(h, [(WALL - 80, "Skipping CuTeDSL warmup because no compile units were requested.")], WALL)
+    frame = parse_line("Capturing CUDA graphs (PIECEWISE):  10%|#         | 5/51 [00:00<00:00, 48.73it/s]")
+    h.feed(frame, WALL, mono)
+    assert h.backlog_lag(mono, WALL) == 0.0  # no stamp, no modification time: unknown
+    lag = h.backlog_lag(mono, WALL, written=WALL - 79.0)
+    assert abs(lag - 79.0) < 1e-6 and h.lag_from == "mtime"
+    assert h.backlog_lag(mono + 30, WALL + 30, written=WALL - 79.0) == lag  # the same as time passes
+    assert h.backlog_lag(mono, WALL, written=WALL - 2.0) == 0.0  # written just now: live, no lag
+    assert h.backlog_lag(mono, WALL, written=WALL + 600.0) == 0.0  # a clock ahead: never a guess
+    # a stamped last line is dated by its stamp, as before
+    h2 = LogHistory(local_offset=lambda w: 0.0)
+    h2.feed(parse_line(_line(WALL - 80, "Initializing a V1 LLM engine")), WALL, mono)
+    assert abs(h2.backlog_lag(mono, WALL, written=WALL - 1.0) - 79.5) < 1e-6 and h2.lag_from == "stamp"

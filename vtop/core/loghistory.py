@@ -120,6 +120,10 @@ class LogHistoryView:
     shm_waits: tuple[float, ...] = ()
     offset_s: float | None = None
     """The log's clock minus the wall clock (the box's UTC offset), as worked out."""
+    backlog_lag_s: float = 0.0
+    """How long before vtop read it the backlog's last line was written (:meth:`LogHistory.backlog_lag`)."""
+    backlog_lag_from: str | None = None
+    """What says so: "stamp" (the last line's time stamp) or "mtime" (the file's modification time)."""
 
     @property
     def last(self) -> StatsPoint | None:
@@ -298,6 +302,9 @@ class LogHistory:
         self._last_t: float | None = None
         self._last_line: tuple[float, float] | None = None  # (stamp, arrival) of the last stamped line but shm waits
         self._last_unstamped = False
+        self._last_arrival: float | None = None  # when the last unstamped line arrived (monotonic)
+        #: what the last :meth:`backlog_lag` was read from ("stamp", "mtime"; None: no lag)
+        self.lag_from: str | None = None
 
     def reset(self) -> None:
         self._points.clear()
@@ -310,18 +317,30 @@ class LogHistory:
         self._last_t = None
         self._last_line = None
         self._last_unstamped = False
+        self._last_arrival = None
 
-    def backlog_lag(self, mono: float, wall: float) -> float:
-        """How long before it was read the last line was written, when that is known (the
-        last line is stamped) and more than a few seconds: a log read as a backlog at attach,
-        where every line arrives at once and silence measured on the arrival clock starts
-        at the attach. 0 otherwise."""
+    def backlog_lag(self, mono: float, wall: float, written: float | None = None) -> float:
+        """How long before it was read the last line was written, when that is known and
+        more than a few seconds: a log read as a backlog at attach, where every line arrives
+        at once and silence measured on the arrival clock starts at the attach. Known from
+        the last line's stamp, or, when the last line has none (a tqdm frame, a traceback),
+        from ``written``: when the file was last written (its modification time, wall
+        clock), which is at or after that line was (so the lag is never longer than it
+        was). 0 otherwise."""
+        if self._last_unstamped:
+            if written is None or self._last_arrival is None or written > wall + SLACK_S:
+                return 0.0
+            lag = self._last_arrival - (written - wall + mono)
+            self.lag_from = "mtime" if lag > 5.0 else None
+            return lag if lag > 5.0 else 0.0
+        self.lag_from = None
         off = self.offset(wall)
-        if self._last_line is None or self._last_unstamped or off is None:
+        if self._last_line is None or off is None:
             return 0.0
         t, arrival = self._last_line
         written = t + 0.5 - off + (mono - wall)  # on the monotonic clock
         lag = arrival - written
+        self.lag_from = "stamp" if lag > 5.0 else None
         return lag if lag > 5.0 else 0.0
 
     def feed(self, event: Any, wall: float, arrival: float | None = None) -> None:
@@ -332,6 +351,7 @@ class LogHistory:
         if stamp is None or kind != "record":
             if kind in ("progress", "raw", "uvicorn") and getattr(event, "text", "").strip():
                 self._last_unstamped = True  # a tqdm frame, a traceback, uvicorn's own: when, the log does not say
+                self._last_arrival = arrival
             return
         msg: str = event.message
         stats = parse_stats(msg) if "throughput" in msg else None

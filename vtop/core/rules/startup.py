@@ -191,6 +191,16 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     tgt = ctx.log_target
     since = ctx.now - stall.silent_s
     ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}", *why]
+    hist = ctx.history
+    if hist is not None and hist.backlog_lag_s > 0 and hist.backlog_lag_from is not None:
+        # Read as a backlog (doctor, or the screen just attached): say what dates the silence.
+        what = ("the last line's time stamp" if hist.backlog_lag_from == "stamp" else
+                "the log file's modification time (its last line, a progress frame, has no time stamp)")
+        ev.append(f"the log was read at attach: its last line was written {dur(hist.backlog_lag_s)} before vtop "
+                  f"read it, by {what}")
+    if not still and not why:
+        ev.append("no process readings were used (vtop sees no process for this server, or none that old): "
+                  "the silence alone, past the threshold")
     if snap is not None and stall.phase is not None:
         pv = snap.phase(stall.phase)
         if pv is not None and pv.progress:
