@@ -11,7 +11,9 @@ at once, then growing second by second) and the real CLI runs against it as a su
 
 * a trace with ``expect_rules`` (an incident): the play and the doctor start together at
   ``T0 = should_alert_by - window - lead`` (0 at least), so the doctor's report comes about when
-  the truth says the incident should be named (the ``rep@`` column: the trace second it came).
+  the truth says the incident should be named (the ``rep@`` column: the trace second it came;
+  later than should_alert_by + 1 s fails as late: the doctor took 15-17 s for --window 15 on
+  this box, hence a lead of 3 s).
   An incident with nothing to accumulate (``should_alert_by - began < lead + 1``: a startup
   failure, named at its first error line) starts 1 s before ``began`` instead (point
   ``first-line``): a window ending before that line could not contain it. It passes when an alert of an expected rule of
@@ -24,8 +26,10 @@ at once, then growing second by second) and the real CLI runs against it as a su
   but no incident may be named.
 
 Runs ``--jobs`` plays at once (each is real time: ~window + 2 s); prints a table and a total
-line, or ``--json``. The doctor sees no vLLM process behind the port (see serve_trace's
-docstring: the process table is not replayed). ``--doctor-arg`` adds flags to every doctor
+line, or ``--json``. Stand-in processes mirror the recorded process tree behind the port
+(:mod:`tests.corpus.standin`: its titles, and whether each process's CPU time moved), so the
+doctor reads a process table as on the recorded box; ``--no-procs`` plays without them (the
+doctor then sees no vLLM process, and a silent startup stall has no CPU evidence). ``--doctor-arg`` adds flags to every doctor
 run (e.g. ``--doctor-arg=--no-gpu``). Exit status: 0 when every run passed, 1 otherwise.
 """
 
@@ -50,7 +54,10 @@ TRACES = HERE / "traces"
 BAD = ("warning", "critical")
 WINDOW_S = 15.0
 #: the doctor starts this much before should_alert_by - window (its own start-up takes 1-3 s)
-LEAD_S = 2.0
+LEAD_S = 3.0
+#: an incident's report counts as in time when the doctor exited by should_alert_by + this (the
+#: trace's one-second rows; the exit comes after the report is written)
+IN_TIME_SLACK_S = 1.0
 JOBS = 3
 #: a point "near the end" leaves this much of the trace after the window: on a busy box the
 #: doctor took up to 7 s more than its window (seen: 22 s for --window 15, three at a time),
@@ -104,6 +111,8 @@ class Run:
     ended_at: float | None = None
     #: the trace had played to its end (the port closed) before the doctor exited
     trace_ended: bool = False
+    #: an "alert" point: the doctor exited by should_alert_by (+ IN_TIME_SLACK_S); None elsewhere
+    in_time: bool | None = None
     ok: bool = False
     error: str | None = None
 
@@ -186,9 +195,9 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
 
 
 def run_job(job: Job, *, window: float = WINDOW_S, python: str = sys.executable,
-            doctor_args: tuple[str, ...] = ()) -> Run:
+            doctor_args: tuple[str, ...] = (), procs: bool = True) -> Run:
     run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect, job.why)
-    srv = TraceServer(job.path, start_at=job.start)
+    srv = TraceServer(job.path, start_at=job.start, procs=procs)
     try:
         srv.start()
         cmd = [python, "-m", "vtop", "doctor", "--window", f"{window:g}", "--json", srv.url,
@@ -231,6 +240,9 @@ def judge(run: Run, rep: dict[str, Any]) -> Run:
                       if a["severity"] in BAD and a["rule"] not in run.expect_rules]
     if run.expect == "named":
         run.ok = run.named and run.severity in BAD and run.exit_code not in (0, None)
+        if run.point == "alert" and run.should_alert_by is not None and run.ended_at is not None:
+            run.in_time = run.ended_at <= run.should_alert_by + IN_TIME_SLACK_S
+            run.ok = run.ok and run.in_time
     elif run.expect == "unnameable":
         run.ok = not run.others_bad
     elif run.expect == "quiet":
@@ -243,10 +255,11 @@ def judge(run: Run, rep: dict[str, Any]) -> Run:
 
 
 def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
-            doctor_args: tuple[str, ...] = (), progress: Any = None) -> list[Run]:
+            doctor_args: tuple[str, ...] = (), progress: Any = None, procs: bool = True) -> list[Run]:
     out: list[Run | None] = [None] * len(jobs)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
-        futs = {ex.submit(run_job, j, window=window, doctor_args=doctor_args): i for i, j in enumerate(jobs)}
+        futs = {ex.submit(run_job, j, window=window, doctor_args=doctor_args, procs=procs): i
+                for i, j in enumerate(jobs)}
         for f in concurrent.futures.as_completed(futs):
             i = futs[f]
             try:
@@ -276,6 +289,7 @@ def totals(runs: list[Run]) -> dict[str, Any]:
         "incidents_named_warning_or_worse": sum(1 for r in inc if r.named and r.severity in BAD),
         "incidents_nonzero_exit": sum(1 for r in inc if r.exit_code not in (0, None)),
         "incidents_ok": sum(1 for r in inc if r.ok),
+        "incidents_late": sum(1 for r in inc if r.in_time is False),
         "quiet_runs": len(rest),
         "quiet_ok": sum(1 for r in rest if r.ok),
         "false_alarms": sum(len(r.others_bad) for r in rest),
@@ -290,7 +304,7 @@ def table(runs: list[Run], window: float) -> str:
     for r in runs:
         sab = f"+{r.should_alert_by:.0f}" if r.should_alert_by is not None else "-"
         if r.named:
-            named = "yes"
+            named = "late" if r.in_time is False else "yes"
             what = f"{r.rule}:{r.severity}"
         elif r.expect == "unnameable":
             named = "n/a"
@@ -313,7 +327,7 @@ def table(runs: list[Run], window: float) -> str:
     lines.append(
         f"doctor --window {window:g} live: incidents named {t['incidents_named']}/{t['incidents']} "
         f"(warning or worse {t['incidents_named_warning_or_worse']}, non-zero exit {t['incidents_nonzero_exit']}, "
-        f"pass {t['incidents_ok']}); quiet points pass {t['quiet_ok']}/{t['quiet_runs']} "
+        f"late {t['incidents_late']}, pass {t['incidents_ok']}); quiet points pass {t['quiet_ok']}/{t['quiet_runs']} "
         f"(false alarms {t['false_alarms']}); not nameable in a window {t['not_nameable']} "
         f"(false alarms {t['not_nameable_false_alarms']}); errors {t['errors']}")
     return "\n".join(lines)
@@ -343,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"start this long before should_alert_by - window (default {LEAD_S:g})")
     ap.add_argument("--doctor-arg", action="append", default=[], metavar="ARG", help="an extra doctor flag (repeat)")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    ap.add_argument("--no-procs", action="store_true",
+                    help="no stand-in processes for the recorded process tree (the doctor then sees none)")
     ns = ap.parse_args(argv)
     jobs = plan(trace_paths(ns.traces), ns.window, ns.lead)
     if ns.list:
@@ -351,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.monotonic()
     print(f"{len(jobs)} doctor runs, {ns.jobs} at a time, ~{ns.window + 3:.0f} s each ...", file=sys.stderr)
-    runs = run_all(jobs, window=ns.window, parallel=ns.jobs, doctor_args=tuple(ns.doctor_arg), progress=sys.stderr)
+    runs = run_all(jobs, window=ns.window, parallel=ns.jobs, doctor_args=tuple(ns.doctor_arg), progress=sys.stderr,
+                   procs=not ns.no_procs)
     if ns.json:
         print(json.dumps({"window_s": ns.window, "lead_s": ns.lead, "runs": [r.row() for r in runs],
                           "totals": totals(runs), "elapsed_s": round(time.monotonic() - t0, 1)}, indent=2))

@@ -133,3 +133,15 @@ def test_an_incident_no_window_can_prove_is_shown_with_why_and_kept_out_of_the_c
     text = table(runs, 15)
     assert f"not nameable from a 15 s window ({why})" in text
     assert "incidents named 1/1" in text.splitlines()[-1]
+
+
+def test_a_report_after_should_alert_by_is_late() -> None:
+    """rep@ was shown but not judged: a doctor exiting after should_alert_by passed."""
+    on_time = _run("named", 1)
+    on_time.ended_at = 27.5  # should_alert_by 27 (+1 s for the exit after the report)
+    late = _run("named", 1)
+    late.ended_at = 29.0
+    runs = [judge(on_time, _rep(("runaway", "warning"))), judge(late, _rep(("runaway", "warning")))]
+    assert runs[0].ok and runs[0].in_time is True
+    assert not runs[1].ok and runs[1].in_time is False and runs[1].named
+    assert totals(runs)["incidents_late"] == 1 and " late " in table(runs, 15)
