@@ -5,7 +5,11 @@ count stay flat for ``engine_stall_s``, and ``/metrics`` still answers (a frozen
 ``/health`` at 200 and freezes the gauges). Before vtop's first sample, the log says since when
 (:meth:`vtop.core.loghistory.LogHistoryView.stalled_since`): the stats lines with zero throughput
 and requests running, the silence after them (vLLM drops a second idle interval to DEBUG), the
-shm-broadcast 60 s wait; so ``doctor --window 15`` names a stall that began before it. GPU-Util near 0 during the silence says the engine
+shm-broadcast 60 s wait; so ``doctor --window 15`` names a stall that began before it. The line
+before the zero ones often still counts a sliver of tokens (the outputs made before the stop,
+handed over after it): that interval is the one the engine stopped in, and its share of the
+rate before it says about when (:meth:`~vtop.core.loghistory.LogHistoryView.stopped_within`;
+the title then says "about"); without it the evidence would come up to a stats interval late. GPU-Util near 0 during the silence says the engine
 launches no work (a Python-side hang or a stopped process); GPU-Util high with idle SMs says a
 collective (NCCL) waits for a peer. Corpus traces: tests/corpus/traces/engine-stall-enginecore,
 engine-stall-worker-only; quiet on every normal-* trace.
@@ -57,8 +61,9 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
     if now - since < th.engine_stall_s:
         return None
     short = short_url(url)
+    about = "about " if from_log is not None and from_log[2] else ""
     ev = [
-        f"running {num(s.running)}, waiting {num(s.waiting)} for {dur(now - since)} with no new token and no "
+        f"running {num(s.running)}, waiting {num(s.waiting)} for {about}{dur(now - since)} with no new token and no "
         "request finished",
         f"generation tokens stuck at {num(s.gen)}, prompt tokens at {num(s.prompt)}",
     ]
@@ -90,7 +95,7 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
         "If it does not move again, restart the server: /health stays 200 while the engine is frozen, so a health "
         "check alone will not restart it.",
     ]
-    title = f"Engine stalled on {short}: {num(s.running)} running, no token for {dur(now - since)}"
+    title = f"Engine stalled on {short}: {num(s.running)} running, no token for {about}{dur(now - since)}"
     if xids:
         fix.insert(0, "An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "
                       "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid), reset or replace the GPU.")
