@@ -500,7 +500,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
         lines.append(head)
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
-                         f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s")
+                         f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
+                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else ""))
         if s["state"] != "up":
             lines.append(f"  {s['message']}")
     st = rep.startup

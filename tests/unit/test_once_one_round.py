@@ -94,6 +94,7 @@ def test_once_takes_rates_from_a_recent_stats_line_of_the_log(
     log = _stats_log(tmp_path / "vllm.log", age_s)
     with MetricsServer(h200_payloads(19, 6)) as srv:
         rc, out = once(["--once", "--json", "--interval", "30", "--no-gpu", "--log", str(log), srv.url], capsys)
+        rc, txt = once(["--once", "--interval", "30", "--no-gpu", "--log", str(log), srv.url], capsys)
     rep = json.loads(out)
     jsonschema.validate(rep, SCHEMA)
     s = rep["servers"][0]
@@ -103,8 +104,8 @@ def test_once_takes_rates_from_a_recent_stats_line_of_the_log(
     else:
         assert s["rates_from"] == "log" and s["prompt_tokens_per_s"] == 5.7 and s["rates_age_s"] <= 12
         assert ONE_ROUND_NOTE not in rep["notes"]
-    rc, txt = once(["--once", "--interval", "30", "--no-gpu", "--log", str(log), srv.url], capsys)
     assert "(one round of readings, " in txt.splitlines()[0]
+    assert ("gen 127 tok/s prompt 5.7 tok/s (vLLM log, " in txt) == (want is not None), txt
 
 
 def test_the_headless_path_imports_no_textual() -> None:
