@@ -72,3 +72,31 @@ def test_absent_families_show_nothing() -> None:
                       request_queue_time_seconds=None, cache_config=None)
     bare.feed(F.poll("http://h:1", stripped, mono=ses.clock.monotonic()))
     assert signal_lines(bare.view(), 118, False) == []
+
+
+def _view_of(text: str):  # type: ignore[no-untyped-def]
+    from vtop.clock import FakeClock
+    from vtop.sources.prom import parse_vllm_metrics
+
+    clock = FakeClock()
+    tr = ServerTracker("http://127.0.0.1:8000", clock=clock)
+    for _ in range(2):
+        tr.feed(F.poll(tr.url, parse_vllm_metrics(text), mono=clock.monotonic()))
+        clock.advance(1.0)
+    return tr.view()
+
+
+def test_lora_and_sleep_rows_from_the_recorded_payloads() -> None:
+    sig = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "signals"
+    text = (sig / "lora" / "metrics-load.txt").read_text()
+    v = _view_of(text)
+    folded = ["".join(r[0] for r in row) for row in signal_lines(v, 78, False)]
+    detail = ["".join(r[0] for r in row) for row in signal_lines(v, 78, True)]
+    assert "LoRA tiny-lora (wait 1)" in folded[0]
+    assert "LoRA: running tiny-lora · waiting tiny-lora · max 2" in detail
+    assert not any(t.startswith("ASLEEP") for t in folded + detail)  # awake
+    # asleep, level 1, as vLLM's source writes it (the CPU build refuses sleep mode)
+    asleep = _view_of(text.replace('sleep_state="awake"} 1.0', 'sleep_state="awake"} 0.0').replace(
+        'sleep_state="weights_offloaded"} 0.0', 'sleep_state="weights_offloaded"} 1.0'))
+    (first, *_) = signal_lines(asleep, 78, False)
+    assert first[0][0].startswith("ASLEEP (level 1: weights offloaded to CPU)") and first[0][1] == "warn"
