@@ -112,6 +112,36 @@ async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: t
     print("wrote", OUT / name)
 
 
+async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
+    """Issue #29's rows of a server card: the real CPU server with n-gram speculative decoding and
+    prefix caching under a load of repeated prompts (tests/real/test_real_signals.py's recording),
+    a second after the card first shows an acceptance over 20,000 draft tokens (mid-load)."""
+    from vtop.ui.replay import replay_app
+
+    rec = "spec-prefix-load.jsonl.gz"
+    app = replay_app(str(Path(__file__).parent / "fixtures" / "cpu-incidents" / rec), config=Config(), name=rec)
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+
+        def shown() -> bool:
+            e = next(iter(app.monitor.servers.values()), None)
+            v = e.last_view if e is not None else None
+            return v is not None and v.spec is not None and (v.spec.draft_tokens or 0) > 20000
+
+        while d.pos < d.end and not shown():
+            d.seek(d.pos + 0.5)
+        d.seek(d.pos + 1.0)
+        await pilot.pause()
+        for k in keys:
+            await pilot.press(k)
+            await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
 async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
     """The help screen (? or F1) of the live dashboard, over the H200 replay's screen."""
     clock = rp.make_clock()
@@ -133,6 +163,8 @@ MADE = (
     "gpu-h200-real-matmul.svg", "gpu-h200-real-tiny-kernels.svg",
     "alerts-cpu-real-runaway.svg", "requests-cpu-real-runaway.svg", "alerts-cpu-real-engine-stall.svg",
     "server-cpu-real-load.svg",
+    "server-cpu-real-spec-prefix.svg", "server-cpu-real-spec-prefix-detail.svg",
+    "server-cpu-real-spec-prefix-80x24.svg", "server-cpu-real-spec-prefix-detail-80x24.svg",
 )
 
 
@@ -180,8 +212,23 @@ async def main() -> None:
     await cpu_incident("engine-stall.jsonl.gz", "alerts-cpu-real-engine-stall.svg", after_alert=0.0,
                        rule="engine_stall")
     await cpu_incident("normal-load.jsonl.gz", "server-cpu-real-load.svg", after_alert=95.0)
+    await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))
+    await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
+    await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
+    await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
     tmux_captures()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    if sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
+        async def _signals() -> None:
+            await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))
+            await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
+            await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
+            await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
+
+        asyncio.run(_signals())
+    else:
+        asyncio.run(main())

@@ -273,3 +273,33 @@ def test_xid_table_covers_the_common_numbers() -> None:
     for n in (13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120):
         assert n in XID_MEANINGS and xid_text(n).startswith(f"XID {n} (")
     assert xid_text(7) == "XID 7 (see NVIDIA's XID catalogue)"
+
+
+def test_engine_death_names_the_xid_on_its_gpu_in_the_same_minute() -> None:
+    """An engine that dies 20 s after an XID 79 on its box: the death alert says so, with the meaning;
+    the same death with the XID 5 minutes earlier does not."""
+
+    def died(xid_before_s: float) -> Alert:
+        ses = F.Session(url="http://127.0.0.1:8011", log=True, start=F.R.BASE - 400)
+        fake = FakeNvml([FakeGpu()], clock=ses.clock.monotonic)
+        src = NvmlSource(fake, clock=ses.clock)
+        t0 = F.R.BASE
+        ses.lines([(t0 - 399, "(APIServer pid=1) INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.32.0"),
+                   (t0 - 398, "(APIServer pid=1) INFO:     Application startup complete.")])
+        ses.gpu(src.poll())
+        ses.to(t0 - xid_before_s)
+        fake.inject_xid(0, 79)
+        ses.gpu(src.poll())
+        ses.to(t0)
+        ses.lines([(t0, "(APIServer pid=1) ERROR 05-01 10:09:00 [utils.py:1] Engine core process EngineCore_DP0 "
+                        "died unexpectedly.")])
+        ses.gpu(src.poll())
+        (a,) = [x for x in ses.tick() if x.rule == "engine_died"]
+        return a
+
+    a = died(20.0)
+    assert a.title.endswith("; XID 79 on gpu0"), a.title
+    assert any(e.startswith("gpu0: XID 79 (GPU has fallen off the bus") for e in a.evidence)
+    assert "nvidia-smi -q" in a.fix[0]
+    b = died(300.0)
+    assert "XID" not in b.title and not any("XID" in e for e in b.evidence)

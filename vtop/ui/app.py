@@ -64,6 +64,7 @@ class VtopApp(App[int]):
         Binding("plus,equals_sign", "poll_interval(-1)", "Faster", key_display="+"),
         Binding("minus", "poll_interval(1)", "Slower", key_display="-"),
         Binding("c", "toggle_compact", "Cards"),
+        Binding("i", "toggle_detail", "Detail", show=False),
         Binding("p", "toggle_phases", "Phases"),
         Binding("l", "toggle_log", "Log"),
         Binding("w", "toggle_warnings", "Warn"),
@@ -762,6 +763,8 @@ class VtopApp(App[int]):
                   "(FROZEN in the status line); space again catches up",
         "poll_interval": "poll faster / slower (0.25 s at the shortest; the status line says the interval)",
         "toggle_compact": "GPU cards <-> one line per GPU (chosen from the room by default)",
+        "toggle_detail": "server cards: each of spec decoding, prefix cache, queue time and HTTP errors, LoRA and "
+                         "the cache config on a line of its own (folded to one line by default)",
         "toggle_phases": "unfold the startup timeline of a server that is already up",
         "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
         "toggle_warnings": "log pane: warnings and errors only",
@@ -886,6 +889,14 @@ class VtopApp(App[int]):
 
     def action_toggle_compact(self) -> None:
         self.w_gpu.toggle_compact()
+
+    def action_toggle_detail(self) -> None:
+        on = not any(c.detail for c in self.cards.values())
+        for c in self.cards.values():
+            c.detail = on
+            if c.view is not None:
+                c.show(c.view, c.now)
+        self._fit()  # the cards' heights changed: share the rows again (also when paused or frozen)
 
     def action_toggle_phases(self) -> None:
         self.w_startup.toggle()
