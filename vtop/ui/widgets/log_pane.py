@@ -29,6 +29,18 @@ def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
+#: Said once, the first time the pane hides a probe line. vLLM's own switches (its
+#: ``vllm/entrypoints/.../cli_args.py``): ``--disable-access-log-for-endpoints`` takes a
+#: comma-separated list of paths whose uvicorn access lines are dropped (newer releases, 0.32
+#: has it); ``--disable-uvicorn-access-log`` drops every access line (older ones too).
+PROBE_HINT = (
+    "The log pane hides uvicorn's access lines of /metrics, /health, /version and /v1/models "
+    "(vtop's own polls among them); a shows them. To keep them out of vLLM's log itself: "
+    "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
+    "(or --disable-uvicorn-access-log on older vLLM: every access line)."
+)
+
+
 #: vLLM's periodic stats line (every 10 s while requests run): the pane's most telling line and
 #: one of its longest: ``(APIServer pid=N) INFO 12-02 07:47:33 [loggers.py:335] Engine 000: Avg
 #: prompt throughput: 22.4 tokens/s, Avg generation throughput: 112.3 tokens/s, Running: 4 reqs,
@@ -75,9 +87,13 @@ class LogPane(Log):
         self.only_problems = False
         self.substring = ""
         """``/``: only lines holding this text (any case)."""
+        self.show_probes = False
+        """``a``: uvicorn's access lines of the monitoring endpoints shown too."""
+        self.hidden_probes = 0
+        """Probe lines in the pane's ring that the pane left out (0 while shown)."""
         self.redact_prompts = True
         """Prompts out of the pane (the app sets it from --redact-prompts / --no-redact-prompts)."""
-        self._key: tuple[int, bool, str] | None = None
+        self._key: tuple[int, bool, str, bool] | None = None
         self.view: LogView | None = None
         self._last: LogLine | None = None
         self._last_text = ""
@@ -101,6 +117,10 @@ class LogPane(Log):
         self._title()
         self._redraw()
 
+    def toggle_probes(self) -> None:
+        self.show_probes = not self.show_probes
+        self._redraw()
+
     def set_substring(self, text: str) -> None:
         if text == self.substring:
             return
@@ -112,10 +132,14 @@ class LogPane(Log):
         bits = ["warnings and errors only (w: all)"] if self.only_problems else []
         if self.substring:
             bits.append(f"lines with {self.substring!r} (Esc: all)")
+        if self.hidden_probes and not self.only_problems:
+            bits.append(f"{self.hidden_probes} poll lines hidden (a)")
+        elif self.show_probes and not self.only_problems:
+            bits.append("poll lines shown (a: hide)")
         self.border_title = "log: " + ", ".join(bits) if bits else "log (w: warnings and errors only)"
 
     def keep(self, ln: LogLine) -> bool:
-        if not (ln.at_least("WARNING") if self.only_problems else not is_probe(ln)):
+        if not (ln.at_least("WARNING") if self.only_problems else self.show_probes or not is_probe(ln)):
             return False
         return not self.substring or self.substring.lower() in ln.text.lower()
 
@@ -128,12 +152,16 @@ class LogPane(Log):
         v = self.view
         if v is None:
             return
-        key = (v.lines_total, self.only_problems, self.substring)
+        key = (v.lines_total, self.only_problems, self.substring, self.show_probes)
         if key == self._key:
             return
         rebuild = self._key is None or key[1:] != self._key[1:]
         self._key = key
         lines = [ln for ln in v.recent if self.keep(ln)]
+        hidden = 0 if self.show_probes else sum(1 for ln in v.recent if is_probe(ln))
+        if hidden != self.hidden_probes:
+            self.hidden_probes = hidden
+            self._title()
         new: list[LogLine] | None = None
         if not rebuild and self._last is not None:
             for i in range(len(lines) - 1, -1, -1):
