@@ -241,7 +241,7 @@ async def test_poll_lines_are_hidden_counted_said_once_and_a_shows_them(tmp_path
         assert any("POST /v1/completions" in r for r in rows)
         assert not any("GET /metrics" in r or "GET /health" in r for r in rows), rows
         assert pane.hidden_probes == 3 and "3 poll lines hidden (a)" in str(pane.border_title)
-        hints = [n for n in app._notifications if "--disable-access-log-for-endpoints" in n.message]  # noqa: SLF001
+        hints = [n for n in app._notifications if "--disable-access-log-for-endpoints" in n.message]
         assert len(hints) == 1
         await pilot.press("a")
         await pilot.pause()
@@ -254,5 +254,5 @@ async def test_poll_lines_are_hidden_counted_said_once_and_a_shows_them(tmp_path
         await pilot.press("a")
         await pilot.pause()
         assert pane.hidden_probes == 4 and not any("GET /metrics" in r for r in pane.lines)
-        hints = [n for n in app._notifications if "--disable-access-log-for-endpoints" in n.message]  # noqa: SLF001
+        hints = [n for n in app._notifications if "--disable-access-log-for-endpoints" in n.message]
         assert len(hints) == 1  # said once a session
