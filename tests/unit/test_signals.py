@@ -303,3 +303,33 @@ def test_engine_death_names_the_xid_on_its_gpu_in_the_same_minute() -> None:
     assert "nvidia-smi -q" in a.fix[0]
     b = died(300.0)
     assert "XID" not in b.title and not any("XID" in e for e in b.evidence)
+
+
+def test_kv_offload_bytes_from_source_names() -> None:
+    """The CPU build refuses KV offload (recorded: tests/fixtures/vllm/signals/kv-offload); the counters'
+    names are vLLM 0.32's (offloading/metrics.py), written here: store/load bytes, summed over labels."""
+    from vtop.ui.widgets.server_panel import signal_lines
+
+    log = (SIG / "kv-offload" / "log-lines.txt").read_text()
+    assert "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs" in log
+
+    def text(store: float, load: float) -> str:
+        return ("# TYPE vllm:num_requests_running gauge\n"
+                'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+                f'vllm:kv_offload_store_bytes_total{{engine="0",model_name="m"}} {store}\n'
+                f'vllm:kv_offload_load_bytes_total{{engine="0",model_name="m"}} {load}\n')
+
+    m = parse_vllm_metrics(text(1e9, 5e8))
+    assert (m.kv_offload_store_bytes_total, m.kv_offload_load_bytes_total) == (1e9, 5e8)
+    assert metrics("spec-prefix", "after").kv_offload_store_bytes_total is None  # off: absent
+    clock = FakeClock()
+    tr = ServerTracker("http://h:1", clock=clock)
+    for i in range(11):
+        mm = parse_vllm_metrics(text(1e9 + 2e8 * i, 5e8 + 1e7 * i))
+        tr.feed(poll_from_body("http://h:1", b"x", t=clock.time(), mono=clock.monotonic(), latency_s=0.01, metrics=mm))
+        clock.advance(1)
+    v = tr.view()
+    assert v.offload_store_bps == pytest.approx(2e8) and v.offload_load_bps == pytest.approx(1e7)
+    rows = ["".join(r[0] for r in row) for row in signal_lines(v, 100, True)]
+    assert "KV offload: store 200.0 MB/s · load 10.0 MB/s" in rows
+    assert feed_timeline("lora").view().offload_store_bps is None

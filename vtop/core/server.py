@@ -171,6 +171,9 @@ class ServerView:
     #: 0 awake, 1 sleeping (weights offloaded), 2 sleeping (everything discarded); None: no
     #: ``engine_sleep_state`` family. A sleeping engine makes no tokens on purpose: not a stall.
     sleep_level: int | None = None
+    #: KV offload traffic over the window, bytes a second (None: no offload family or < 2 samples)
+    offload_store_bps: float | None = None
+    offload_load_bps: float | None = None
 
     @property
     def is_live(self) -> bool:
@@ -219,6 +222,8 @@ class ServerTracker:
         self._by_source = CounterMapWindow(window_s)
         self._http = CounterMapWindow(window_s)
         self._queue = HistogramWindow(window_s)
+        self._off_store = CounterWindow(window_s)
+        self._off_load = CounterWindow(window_s)
         # short windows for the sparklines: a 60 s average would flatten a burst
         self._gen_short = CounterWindow(spark_rate_s)
         self._prompt_short = CounterWindow(spark_rate_s)
@@ -325,6 +330,8 @@ class ServerTracker:
         self._spec_pos.add(t, m.spec_accepted_per_pos or None)
         self._by_source.add(t, m.prompt_tokens_by_source or None)
         self._http.add(t, m.http_requests_by_status or None)
+        self._off_store.add(t, m.kv_offload_store_bytes_total)
+        self._off_load.add(t, m.kv_offload_load_bytes_total)
         # Histograms carried over from an earlier scrape (vtop.sources.vllm.HIST_EVERY_S) are
         # filed at the time they were read: the window already has them and ignores the copy.
         th = t - m.histograms_age_s
@@ -475,6 +482,10 @@ class ServerTracker:
             http_ps=self._http_rate(now, None) if live and m is not None and m.http_requests_by_status else None,
             http_5xx_ps=self._http_rate(now, "5") if live and m is not None and m.http_requests_by_status else None,
             sleep_level=sleep_level(m),
+            offload_store_bps=self._off_store.rate(now).rate if live and m is not None
+            and m.kv_offload_store_bytes_total is not None else None,
+            offload_load_bps=self._off_load.rate(now).rate if live and m is not None
+            and m.kv_offload_load_bytes_total is not None else None,
         )
 
     def _spec_view(self, now: float, m: VllmMetrics | None) -> SpecView | None:

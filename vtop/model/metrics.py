@@ -62,6 +62,10 @@ class _Values:
     #: ``vllm:engine_sleep_state`` by ``sleep_state`` (``awake``, ``weights_offloaded``, ``discard_all``;
     #: 1/0 each, 0.12+); summed over engines in the total (``awake`` = how many engines are awake).
     sleep_state: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: KV offload (``--kv-offloading-size``, the OffloadingConnector): bytes stored to and loaded from
+    #: the offload tier (``vllm:kv_offload_store_bytes_total`` / ``..._load_bytes_total``; from source only)
+    kv_offload_store_bytes_total: float | None = None
+    kv_offload_load_bytes_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,8 +85,13 @@ and, for other versions, shared/docs/vllm-reference.md §1 only, never seen serv
   recorded: ``status`` grouped as "2xx"/"4xx"/"5xx"; /metrics, /health and a few more handlers are
   excluded by vLLM): summed over handlers by status. No ``engine`` label: a server-level family, it makes
   no engine row, and on its own it does not make a payload vLLM's.
-* KV offload (``vllm:kv_offload_*``, ``vllm:simple_kv_offload_*``, 0.2x+, source only) and KV-connector
-  families are not read yet.
+* KV offload (``--kv-offloading-size``; source only: the CPU build refuses it, "CPU Offloading is currently
+  only supported on CUDA-alike and XPU GPUs", tests/fixtures/vllm/signals/kv-offload/): the OffloadingConnector's
+  ``vllm:kv_offload_store_bytes_total`` and ``vllm:kv_offload_load_bytes_total`` counters (vLLM 0.32's
+  ``distributed/kv_transfer/kv_connector/v1/offloading/metrics.py``; any extra labels summed). Not read: the
+  deprecated ``vllm:kv_offload_total_bytes{transfer_type}`` and ``..._total_time``, the ``_time`` counters,
+  the size and lookup-delay histograms, ``vllm:kv_offload_cpu_cache_*_usage_perc`` (its unit unverified),
+  ``vllm:simple_kv_offload_*`` and the NIXL / Mooncake connector families.
 """
 
 from __future__ import annotations
@@ -145,6 +150,8 @@ _COUNTERS: dict[str, str] = {
     "vllm:spec_decode_num_drafts_total": "spec_drafts_total",  # V1 0.8.5+
     "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens_total",  # V0 and V1
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens_total",  # V0 and V1
+    "vllm:kv_offload_store_bytes_total": "kv_offload_store_bytes_total",  # source only (0.32)
+    "vllm:kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
 }
 # Gauges/counters split by one label: sample name -> (attribute, label).
 _LABELLED: dict[str, tuple[str, str]] = {
@@ -582,6 +589,8 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         spec_accepted_per_pos=dict(lab.get("spec_accepted_per_pos", {})),
         prompt_tokens_by_source=dict(lab.get("prompt_tokens_by_source", {})),
         sleep_state=dict(lab.get("sleep_state", {})),
+        kv_offload_store_bytes_total=plain.get("kv_offload_store_bytes_total"),
+        kv_offload_load_bytes_total=plain.get("kv_offload_load_bytes_total"),
     )
 
 
@@ -898,6 +907,8 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
         spec_accepted_per_pos=_sum_maps(r.spec_accepted_per_pos for r in rows),
         prompt_tokens_by_source=_sum_maps(r.prompt_tokens_by_source for r in rows),
         sleep_state=_sum_maps(r.sleep_state for r in rows),
+        kv_offload_store_bytes_total=_sum(r.kv_offload_store_bytes_total for r in rows),
+        kv_offload_load_bytes_total=_sum(r.kv_offload_load_bytes_total for r in rows),
         http_requests_by_status={k: math.fsum(v.values()) for k, v in col.server.get("http_requests_by_status",
                                                                                    {}).items()},
         cache_config=_cache_config(col.infos.get("cache_config")),

@@ -44,6 +44,7 @@ FLAGS = {
     "spec-random": ["--speculative-config", SPEC, "--enable-prefix-caching"],
     "lora": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"],  # + --lora-modules
     "sleep": ["--enable-sleep-mode"],
+    "kv-offload": ["--enable-prefix-caching", "--kv-offloading-size", "1"],
 }
 KEEP = (
     "Engine 0", "SpecDecoding", "spec", "Speculative", "prefix", "Prefix", "LoRA", "lora", "sleep", "Sleep",
@@ -138,6 +139,7 @@ def load(base: str, model: str, n: int, conc: int, max_tokens: int, temperature:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", choices=sorted(FLAGS))
+    ap.add_argument("--extra", default="", help="more vllm serve flags, space-separated")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=6)
@@ -148,7 +150,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     base = f"http://{HOST}:{port}"
-    args = list(FLAGS[a.scenario])
+    args = list(FLAGS[a.scenario]) + a.extra.split()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP=HOST, VLLM_CACHE_ROOT=str(VENV / "cache"),
                HF_HOME=str(VENV / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",

@@ -342,6 +342,11 @@ def signal_lines(v: ServerView, width: int, detail: bool) -> list[list[Run]]:
     if v.http_ps is not None:
         qb.append(f"5xx {fmt_num(v.http_5xx_ps or 0.0)} of {fmt_num(v.http_ps)}/s")
     out.append([(_fit(" · ".join(qb), width), "hot" if v.http_5xx_ps else "label")])
+    if v.offload_store_bps is not None or v.offload_load_bps is not None:
+        def mbs(x: float | None) -> str:
+            return "-" if x is None else f"{x / 1e6:.1f} MB/s"
+        out.append([(_fit(f"KV offload: store {mbs(v.offload_store_bps)} · load {mbs(v.offload_load_bps)}", width),
+                     "label")])
     if m.lora_running is not None:
         mx = f" · max {m.lora_max}" if m.lora_max is not None else ""
         out.append([(_fit(f"LoRA: running {_names(m.lora_running)} · waiting {_names(m.lora_waiting)}{mx}", width),
