@@ -81,6 +81,9 @@ _MISSING = object()
 class FakeNvml:
     """Module-like object: ``NvmlSource(nvml=FakeNvml(...))``."""
 
+    SIMULATED = True
+    """Its processes' pids are made up (4000 + index): :attr:`NvmlSource.simulated`."""
+
     def __init__(
         self,
         gpus: list[FakeGpu] | None = None,

@@ -205,6 +205,13 @@ class NvmlSource:
         """The NVML binding in use (pynvml, or the simulated one); None before the first poll."""
         return self._nvml
 
+    @property
+    def simulated(self) -> bool:
+        """The GPUs are simulated (``--simulate-gpus``, tests): their processes' pids are made up
+        and must not be looked up in this box's process table (pid 4003 may well be some other
+        program here)."""
+        return bool(getattr(self._nvml, "SIMULATED", False))
+
     # ----------------------------------------------------------------- init
     def _init(self) -> None:
         now = self._clock.monotonic()
