@@ -27,7 +27,7 @@ def _feed(src: NvmlSource) -> tuple[LiveFeed, Spy]:
     clock = FakeClock()
     feed = LiveFeed(Monitor(Config(), clock=clock), gpu_source=src)
     spy = Spy()
-    feed._names = spy  # noqa: SLF001 (the test's seam: what the feed would ask the process table)
+    feed._names = spy  # the test's seam: what the feed would ask the process table
     return feed, spy
 
 
