@@ -321,9 +321,7 @@ class Fleet:
             else:
                 row.running = row.waiting = row.kv_pct = None
                 row.sample_age_s = None
-            row.gen_tps, row.preempt_ps = r.gen_tps, r.preempt_ps
             row.ttft_p50, row.ttft_p99 = r.ttft_p50, r.ttft_p99
-            row.finished = {a: b for a, b in r.finished.items() if b} if inst is not None else None
             # the state before the trackers have it: up / ts
             if upv is not None and upv < 1:
                 row.state, row.message = "down", f"Prometheus cannot scrape it (up == 0, job {job})"
@@ -350,6 +348,9 @@ class Fleet:
                 row.state = st
                 if st == v.state:
                     row.message = v.message
+                # rates from the tracker's windows over the counters, as on the box
+                row.gen_tps, row.preempt_ps = v.gen_tps, v.preemptions_ps
+                row.finished = None if v.finished is None else {a: b for a, b in v.finished.items() if b}
                 if st == "down":
                     last = v.last_ok_mono
                     alerts.append(down_alert(row.url, row.instance, row.host, since=since, now=now,
@@ -447,9 +448,8 @@ def fleet_json(f: Fleet) -> dict[str, Any]:
             "ttft_p50_s": _r(r.ttft_p50, 3), "ttft_p99_s": _r(r.ttft_p99, 3),
             "finished_last_min": r.finished, "engines": r.engines, "sample_age_s": _r(r.sample_age_s),
             "gpus": None if g is None else {
-                "host": g.host, "count": g.n, "util_mean_pct": _r(g.util), "util_max_pct": _r(g.util_max),
-                "sm_active_mean_pct": _r(g.sm), "mem_used_mib": _r(g.fb_used_mib, 0),
-                "mem_free_mib": _r(g.fb_free_mib, 0), "power_w": _r(g.power_w), "xid": dict(g.xid)},
+                "host": g.host, "count": g.n, "util_mean_pct": _r(g.util), "sm_active_mean_pct": _r(g.sm),
+                "mem_used_pct": _r(g.mem_pct), "power_w": _r(g.power_w), "xid": dict(g.xid)},
             "alerts": [a.rule for a in r.alerts],
             "needs_the_box": r.box,
         })

@@ -11,10 +11,10 @@ it is, so a refresh is four queries for 1,000 instances as for one:
   sample's own timestamp (staleness). Counters stay cumulative on purpose: the same
   :class:`~vtop.core.server.ServerTracker` windows that read a local scrape turn them into
   rates, and the same rules judge them (a runaway is "nothing finished for 2 min").
-* :func:`rates_query` what the table shows over the last minute, computed by Prometheus:
-  generation tokens/s, preemptions/s, finishes by reason, TTFT p50/p99 by
-  ``histogram_quantile`` over ``rate`` of the buckets (the buckets of 1,000 instances would be
-  ~20,000 series).
+* :func:`rates_query` TTFT p50/p99 over the last minute, computed by Prometheus
+  (``histogram_quantile`` over ``rate`` of the buckets: the buckets of 1,000 instances would be
+  ~23,000 series). Generation tokens/s, preemptions/s and finishes by reason come from the
+  trackers' windows over the counters, as on the box.
 * :func:`up_query` ``up`` of every target of a job that has vLLM series: DOWN is ``up == 0``.
 * :func:`gpu_query` the hosts' GPUs from NVIDIA's DCGM exporter, aggregated per host, and
   the GPUs whose last XID error is non-zero within 10 minutes.
@@ -68,6 +68,7 @@ __all__ = [
 ]
 
 G = "job, instance, model_name"
+J = "job, instance"
 GH = "instance, Hostname"
 TAG = "vtop_m"
 
@@ -98,30 +99,33 @@ def _esc(s: str) -> str:
 
 
 def vllm_query(sel: str = "") -> str:
-    """Gauges, cumulative counters and the sample time of every vLLM instance (one query)."""
+    """Gauges, cumulative counters and the sample time of every vLLM instance (one query).
+
+    Kept small, since its answer is parsed every refresh (1,000 instances: ~9,000 series):
+    ``model_name`` rides on one series only, finish reasons come back only where non-zero
+    (``stop`` and ``length`` in practice; the rules read their sum and ``length``), and the
+    engine count only where there are several (data parallel)."""
     return " or ".join((
         _tag("running", f"sum by ({G}) (vllm:num_requests_running{sel})"),
-        _tag("waiting", f"sum by ({G}) (vllm:num_requests_waiting{sel})"),
-        _tag("kv", f"(avg by ({G}) (vllm:kv_cache_usage_perc{sel}) or avg by ({G}) (vllm:gpu_cache_usage_perc{sel}))"),
-        _tag("gen", f"sum by ({G}) (vllm:generation_tokens_total{sel})"),
-        _tag("prompt", f"sum by ({G}) (vllm:prompt_tokens_total{sel})"),
-        _tag("preempt", f"sum by ({G}) (vllm:num_preemptions_total{sel})"),
-        _tag("fin", f"sum by ({G}, finished_reason) (vllm:request_success_total{sel})"),
-        _tag("engines", f"count by ({G}) (vllm:num_requests_running{sel})"),
-        _tag("ts", f"max by ({G}) (timestamp(vllm:num_requests_running{sel}))"),
+        _tag("waiting", f"sum by ({J}) (vllm:num_requests_waiting{sel})"),
+        _tag("kv", f"(avg by ({J}) (vllm:kv_cache_usage_perc{sel}) or avg by ({J}) (vllm:gpu_cache_usage_perc{sel}))"),
+        _tag("gen", f"sum by ({J}) (vllm:generation_tokens_total{sel})"),
+        _tag("prompt", f"sum by ({J}) (vllm:prompt_tokens_total{sel})"),
+        _tag("preempt", f"sum by ({J}) (vllm:num_preemptions_total{sel})"),
+        _tag("fin", f"sum by ({J}, finished_reason) (vllm:request_success_total{sel}) > 0"),
+        _tag("engines", f"count by ({J}) (vllm:num_requests_running{sel}) > 1"),
+        _tag("ts", f"max by ({J}) (timestamp(vllm:num_requests_running{sel}))"),
     ))
 
 
 def rates_query(window: str = "1m", sel: str = "") -> str:
-    """Per instance over ``window``, computed by Prometheus: generation tokens/s, preemptions/s,
-    finishes by reason, and TTFT p50 / p99 (``histogram_quantile`` over ``rate`` of the buckets)."""
-    b = f"sum by ({G}, le) (rate(vllm:time_to_first_token_seconds_bucket{sel}[{window}]))"
+    """TTFT p50 and p99 over ``window`` per instance, by ``histogram_quantile`` over ``rate`` of
+    the buckets, computed by Prometheus (the buckets of 1,000 instances are ~23,000 series);
+    an instance with no first token in the window gives no series (NaN is dropped)."""
+    b = f"sum by ({J}, le) (rate(vllm:time_to_first_token_seconds_bucket{sel}[{window}]))"
     return " or ".join((
-        _tag("gen_tps", f"sum by ({G}) (rate(vllm:generation_tokens_total{sel}[{window}]))"),
-        _tag("preempt_ps", f"sum by ({G}) (rate(vllm:num_preemptions_total{sel}[{window}]))"),
-        _tag("fin", f"sum by ({G}, finished_reason) (increase(vllm:request_success_total{sel}[{window}]))"),
-        _tag("ttft_p50", f"histogram_quantile(0.5, {b})"),
-        _tag("ttft_p99", f"histogram_quantile(0.99, {b})"),
+        _tag("ttft_p50", f"histogram_quantile(0.5, {b}) >= 0"),
+        _tag("ttft_p99", f"histogram_quantile(0.99, {b}) >= 0"),
     ))
 
 
@@ -131,17 +135,16 @@ def up_query(lookback: str = "15m") -> str:
 
 
 def gpu_query(sel: str = "") -> str:
-    """Per host: GPU count, mean GPU-Util and SM activity, memory used / free, power; and
+    """Per host: GPU count, mean GPU-Util and SM activity, memory used in percent, power; and
     each GPU with a non-zero XID within 10 minutes (few: a healthy fleet returns none)."""
+    used = f"sum by ({GH}) (DCGM_FI_DEV_FB_USED{sel})"
+    free = f"sum by ({GH}) (DCGM_FI_DEV_FB_FREE{sel})"
     return " or ".join((
         _tag("n", f"count by ({GH}) (DCGM_FI_DEV_GPU_UTIL{sel})"),
         _tag("util", f"avg by ({GH}) (DCGM_FI_DEV_GPU_UTIL{sel})"),
-        _tag("util_max", f"max by ({GH}) (DCGM_FI_DEV_GPU_UTIL{sel})"),
         _tag("sm", f"avg by ({GH}) (DCGM_FI_PROF_SM_ACTIVE{sel})"),
-        _tag("fb_used", f"sum by ({GH}) (DCGM_FI_DEV_FB_USED{sel})"),
-        _tag("fb_free", f"sum by ({GH}) (DCGM_FI_DEV_FB_FREE{sel})"),
+        _tag("mem_pct", f"100 * {used} / ({used} + {free})"),
         _tag("power", f"sum by ({GH}) (DCGM_FI_DEV_POWER_USAGE{sel})"),
-        _tag("ts", f"max by ({GH}) (timestamp(DCGM_FI_DEV_GPU_UTIL{sel}))"),
         _tag("xid", f"max by ({GH}, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS{sel}[10m])) > 0"),
     ))
 
@@ -255,29 +258,20 @@ def parse_vllm_range(series: Iterable[Series]) -> dict[float, dict[tuple[str, st
 class Rates:
     """:func:`rates_query`'s numbers for one instance."""
 
-    gen_tps: float | None = None
-    preempt_ps: float | None = None
     ttft_p50: float | None = None
     ttft_p99: float | None = None
-    finished: dict[str, float] = field(default_factory=dict)
 
 
 def parse_rates(vec: Vector) -> dict[tuple[str, str], Rates]:
     out: dict[tuple[str, str], Rates] = {}
     for labels, v in vec:
         what = labels.get(TAG)
-        if not what:
+        if what not in ("ttft_p50", "ttft_p99"):
             continue
         r = out.get(_key(labels))
         if r is None:
             r = out[_key(labels)] = Rates()
-        if what == "fin":
-            if v is not None:
-                reason = labels.get("finished_reason", "?")
-                r.finished[reason] = r.finished.get(reason, 0.0) + v
-        elif v is not None:
-            old = getattr(r, what, None)
-            setattr(r, what, v if old is None or what.startswith("ttft") else old + v)
+        setattr(r, what, v)
     return out
 
 
@@ -294,21 +288,13 @@ class FleetHost:
     exporter: str
     n: int | None = None
     util: float | None = None
-    util_max: float | None = None
     sm: float | None = None
     """Mean SM activity in percent (DCGM gives a 0..1 ratio)."""
-    fb_used_mib: float | None = None
-    fb_free_mib: float | None = None
+    mem_pct: float | None = None
+    """Framebuffer used over used + free, all GPUs of the host."""
     power_w: float | None = None
-    ts: float | None = None
     xid: dict[str, float] = field(default_factory=dict)
     """GPU index -> the last non-zero XID within 10 minutes."""
-
-    @property
-    def mem_pct(self) -> float | None:
-        if self.fb_used_mib is None or self.fb_free_mib is None or self.fb_used_mib + self.fb_free_mib <= 0:
-            return None
-        return 100.0 * self.fb_used_mib / (self.fb_used_mib + self.fb_free_mib)
 
     def names(self) -> set[str]:
         return {self.host, host_of(self.exporter)}
@@ -334,10 +320,8 @@ def parse_gpus(vec: Vector) -> dict[str, FleetHost]:
             h.n = None if v is None else int(v)
         elif what == "sm":
             h.sm = None if v is None else 100.0 * v
-        elif what in ("util", "util_max", "power", "ts"):
+        elif what in ("util", "power", "mem_pct"):
             setattr(h, {"power": "power_w"}.get(what, what), v)
-        elif what in ("fb_used", "fb_free"):
-            setattr(h, what + "_mib", v)
     out: dict[str, FleetHost] = {}
     for h in hosts.values():
         for name in h.names():
