@@ -31,13 +31,32 @@ pytestmark = pytest.mark.real
 SHOTS = Path(__file__).resolve().parents[2] / "screenshots" / "live-runs"
 
 
-async def _until(pilot: Any, pred: Any, timeout: float, what: str) -> float:
+async def _until(pilot: Any, pred: Any, timeout: float, what: str, seen: Any = None) -> float:
     t0 = time.monotonic()
+    trail: list[str] = []
     while not pred():
+        if seen is not None:
+            line = seen()
+            if not trail or trail[-1] != line:
+                trail.append(line)
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+            shown = trail if len(trail) <= 60 else [*trail[:40], "...", *trail[-20:]]
+            raise AssertionError(f"{what}: not within {timeout:.0f} s; seen:\n" + "\n".join(shown))
         await pilot.pause(0.25)
     return time.monotonic() - t0
+
+
+def _row_trail(f: Any, key: str) -> Any:
+    def line() -> str:
+        r = f.rows.get(key)
+        if r is None:
+            return "no row"
+        st = f.monitor.diagnoser._mem.servers.get(r.url)
+        mem = "" if st is None or st.last is None else (
+            f" busy_since {st.busy_since} last_finish {st.last_finish_t} gen {st.last.gen} done {st.last.done}")
+        return (f"{time.monotonic():.1f} {r.state} run {r.running} wait {r.waiting} gen/s {r.gen_tps} alerts {[a.rule for a in r.alerts]} "
+                f"error {f.error} age {r.sample_age_s}{mem}")
+    return line
 
 
 @pytest.mark.vllm_server(max_model_len=8192)
@@ -68,7 +87,7 @@ async def test_fleet_over_a_real_prometheus_names_a_runaway_and_a_down_server(
                 fut = a.start_load(n=1, concurrency=1, max_tokens=8000, time_limit_s=90, request_timeout_s=90)
                 row_a = f"vllm/{ia}"
                 took = await _until(pilot, lambda: any(x.rule == "runaway" for x in f.rows[row_a].alerts), 75,
-                                    "the runaway named on box-a's row")
+                                    "the runaway named on box-a's row", _row_trail(f, row_a))
                 print(f"runaway named on the fleet row {took:.1f} s after the request was sent")
                 assert any("Runaway decode" in t and ia in t for t in app.fleet_rows_text())
                 assert f.rows[row_a].box is not None and "vtop" in f.rows[row_a].box
