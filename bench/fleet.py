@@ -149,6 +149,18 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         bs.append(fleet.client.bytes - b0)
     cpu = (time.process_time() - cpu0) / refreshes
     assert fleet.error is None, fleet.error
+    # each query alone (Prometheus' evaluation + the transfer + json.loads), and vtop's own share
+    from vtop.sources import fleet as q
+
+    alone: dict[str, float] = {}
+    for name, promql in (("vllm", q.vllm_query()), ("ttft", q.rates_query()), ("up", q.up_query()),
+                         ("gpu", q.gpu_query())):
+        ts = []
+        for _ in range(3):
+            t = time.perf_counter()
+            await fleet.client.query(promql, at=time.time())
+            ts.append(time.perf_counter() - t)
+        alone[name] = round(statistics.median(ts), 3)
     out = {
         "instances_seen": len(fleet.rows),
         "alerts": len(fleet.alerts),
@@ -163,6 +175,7 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         "refresh_s_max": round(max(walls), 3),
         "refresh_s_all": [round(w, 3) for w in walls],
         "refresh_cpu_s": round(cpu, 3),
+        "query_alone_s": alone,
         "refresh_cpu_pct_at_5s": round(100 * cpu / 5.0, 1),
     }
     await fleet.client.aclose()

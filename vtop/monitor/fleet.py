@@ -351,6 +351,9 @@ class Fleet:
                 # rates from the tracker's windows over the counters, as on the box
                 row.gen_tps, row.preempt_ps = v.gen_tps, v.preemptions_ps
                 row.finished = None if v.finished is None else {a: b for a, b in v.finished.items() if b}
+                if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
+                        and not v.metrics.request_success_total:
+                    row.finished = {}  # no reason above zero: none finished (not a gap)
                 if st == "down":
                     last = v.last_ok_mono
                     alerts.append(down_alert(row.url, row.instance, row.host, since=since, now=now,
