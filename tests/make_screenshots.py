@@ -185,7 +185,7 @@ async def fleet() -> None:
                 await app.first()
                 await pilot.pause()
                 app.save_screenshot(str(FLEET_OUT / f"fleet-{w}x{h}.svg"))
-                await pilot.press("end", "enter")  # the runaway's row, last (worst first)
+                await pilot.press("end", "up", "enter")  # the runaway's row (worst first: after the criticals)
                 for _ in range(50):
                     if getattr(app.screen, "drill", None) is not None:
                         break

@@ -9,6 +9,8 @@ A real Prometheus (Debian's 2.42, :mod:`tests.prom_harness`) scrapes, every 2 se
 * ``gpu-b:8000`` the real CPU vLLM 0.32.0 /metrics under load, frozen (8 running, no token moves:
   a stalled engine);
 * ``gpu-c:8000`` nothing (a port that refuses: ``up == 0``);
+* ``gpu-e:8000`` nothing either, but ``vtop export`` on gpu-e (``gpu-e:9464``, a replay of its
+  text) says the server there is starting, in CUDA graph capture for 42 s;
 * ``gpu-d:8000`` the real CPU vLLM 0.32.0 /metrics, idle;
 * ``gpu-a:9400``, ``gpu-b:9400``, ``gpu-d:9400`` dcgm-exporter replays (:func:`dcgm_text`),
   gpu-d's GPU 5 with XID 79.
@@ -32,6 +34,14 @@ from vtop.sources import fleet as q
 
 OUT = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
 HISTORY_S = 300.0
+#: what `vtop export` serves on a box whose vLLM is starting (the names another helper's exporter uses)
+VTOP_EXPORT_GPU_E = """# TYPE vtop_startup_phase gauge
+vtop_startup_phase{server="http://127.0.0.1:8000",phase="CUDA graph capture"} 1
+# TYPE vtop_startup_phase_seconds gauge
+vtop_startup_phase_seconds{server="http://127.0.0.1:8000"} 42
+# TYPE vtop_alert gauge
+vtop_alert{subject="http://127.0.0.1:8000",rule="startup_stall",severity="warning"} 1
+"""
 STEP_S = 5.0
 
 
@@ -44,10 +54,11 @@ def queries(end: float) -> dict[str, tuple[str, dict[str, str]]]:
         "rates": ("query", {"query": q.rates_query(), **at}),
         "up": ("query", {"query": q.up_query(), **at}),
         "gpu": ("query", {"query": q.gpu_query(), **at}),
+        "vtop": ("query", {"query": q.vtop_query(), **at}),
         "vllm_range": ("query_range", {"query": q.vllm_query(), **rng}),
         "up_range": ("query_range", {"query": q.up_query(), **rng}),
         **{f"gpu_detail_{h}": ("query_range", {"query": q.gpu_detail_query(h), **rng})
-           for h in ("gpu-a", "gpu-b", "gpu-c", "gpu-d")},
+           for h in ("gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e")},
     }
 
 
@@ -60,14 +71,17 @@ def main() -> None:
             MetricsServer([dcgm_text("gpu-a", util=[23, 0, 0, 0, 0, 0, 0, 0], sm=0.02, fb_used=126_000)]) as da, \
             MetricsServer([dcgm_text("gpu-b", gpus=1, util=0, sm=0.0, fb_used=20_000, model="NVIDIA L4",
                                      fb_total=23_034, power=31)]) as db, \
-            MetricsServer([dcgm_text("gpu-d", util=61, sm=0.45, xid={5: 79})]) as dd:
+            MetricsServer([dcgm_text("gpu-d", util=61, sm=0.45, xid={5: 79})]) as dd, \
+            MetricsServer([VTOP_EXPORT_GPU_E]) as vc:
         ts = [Target("vllm", f"127.0.0.1:{a.port}", "gpu-a:8000"),
               Target("vllm", f"127.0.0.1:{b.port}", "gpu-b:8000"),
               Target("vllm", f"127.0.0.1:{free_port()}", "gpu-c:8000"),
               Target("vllm", f"127.0.0.1:{d.port}", "gpu-d:8000"),
               Target("dcgm", f"127.0.0.1:{da.port}", "gpu-a:9400"),
               Target("dcgm", f"127.0.0.1:{db.port}", "gpu-b:9400"),
-              Target("dcgm", f"127.0.0.1:{dd.port}", "gpu-d:9400")]
+              Target("dcgm", f"127.0.0.1:{dd.port}", "gpu-d:9400"),
+              Target("vllm", f"127.0.0.1:{free_port()}", "gpu-e:8000"),
+              Target("vtop", f"127.0.0.1:{vc.port}", "gpu-e:9464")]
         with Prometheus(ts, scrape=2.0) as p:
             p.wait_for("vllm:num_requests_running", 3)
             print(f"Prometheus {p.url} scraping; waiting for the runaway's replay to reach payload 108")

@@ -29,9 +29,10 @@ async def test_table_alerts_sort_filter_and_drill_in() -> None:
             await app.first()
             await pilot.pause()
             rows = app.fleet_rows_text()
-            assert len(rows) == 4
-            # worst first: the three criticals, then the runaway's warning
-            assert rows[-1].startswith("▲ UP gpu-a:8000") and "Runaway decode" in rows[-1] and "ssh gpu-a vtop" in rows[-1]
+            assert len(rows) == 5
+            # worst first: the three criticals, then the runaway's warning, then gpu-e (starting, no alert)
+            assert rows[3].startswith("▲ UP gpu-a:8000") and "Runaway decode" in rows[3] and "ssh gpu-a vtop" in rows[3]
+            assert rows[4].startswith(" STARTING gpu-e:8000") and "vtop on the box: starting: CUDA graph capture" in rows[4]
             assert any(r.startswith("✖ DOWN gpu-c:8000") for r in rows)
             panel = app.query_one("#alerts", AlertsPanel)
             assert [a.severity for a in panel.alerts] == ["critical", "critical", "critical", "warning"]
@@ -39,9 +40,10 @@ async def test_table_alerts_sort_filter_and_drill_in() -> None:
             # sort by a column: o steps to the next one (the state), again to the instance
             await pilot.press("o", "o")
             assert table.sort_key == "instance"
-            assert [r.instance for r in table.rows] == ["gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000"]
+            assert [r.instance for r in table.rows] == ["gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
+                                                        "gpu-e:8000"]
             await pilot.press("r")
-            assert [r.instance for r in table.rows][0] == "gpu-d:8000"
+            assert [r.instance for r in table.rows][0] == "gpu-e:8000"
             # / filters (k9s habits), Esc clears
             await pilot.press("slash", *"runaway")
             assert [r.instance for r in table.rows] == ["gpu-a:8000"]
@@ -64,7 +66,7 @@ async def test_table_alerts_sort_filter_and_drill_in() -> None:
             await pilot.press("escape")
             assert not isinstance(app.screen, FleetDrill)
             await pilot.press("escape")
-            assert len(table.rows) == 4
+            assert len(table.rows) == 5
 
 
 async def test_a_failing_prometheus_shows_its_error_and_stale_rows_not_a_frozen_screen() -> None:

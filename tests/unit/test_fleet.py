@@ -37,11 +37,12 @@ def test_the_recorded_answers_are_the_queries_vtop_sends_now() -> None:
     assert REC["answers"]["rates"]["query"] == q.rates_query()
     assert REC["answers"]["up"]["query"] == q.up_query()
     assert REC["answers"]["gpu"]["query"] == q.gpu_query()
+    assert REC["answers"]["vtop"]["query"] == q.vtop_query()
 
 
 def test_one_row_per_instance_from_the_aggregated_answer() -> None:
     inst = q.parse_vllm(answer("vllm"))
-    assert sorted(k[1] for k in inst) == ["gpu-a:8000", "gpu-b:8000", "gpu-d:8000"]  # gpu-c never answered
+    assert sorted(k[1] for k in inst) == ["gpu-a:8000", "gpu-b:8000", "gpu-d:8000"]  # gpu-c, gpu-e never answered
     a = inst[("vllm", "gpu-a:8000")]
     assert a.running == 1 and a.gen is not None and a.gen > 300_000  # the H200 runaway's counters
     assert a.finished.get("length") == 1700  # zero reasons are left out by the query
@@ -73,16 +74,22 @@ async def test_the_same_rules_name_each_incident_on_its_row() -> None:
         await f.client.aclose()
         rows = {r.instance: r for r in f.rows.values()}
         assert f.error is None and f.backfilled
-        assert f.last_queries == 4  # whatever the fleet's size
+        assert f.last_queries == 5  # whatever the fleet's size
         assert [a.rule for a in rows["gpu-a:8000"].alerts] == ["runaway"]  # 2m10s with nothing finished
         assert rows["gpu-a:8000"].box == "ssh gpu-a vtop"
         assert [a.rule for a in rows["gpu-b:8000"].alerts] == ["engine_stall"]
         assert rows["gpu-c:8000"].state == "down" and [a.rule for a in rows["gpu-c:8000"].alerts] == ["server_down"]
         assert [a.rule for a in rows["gpu-d:8000"].alerts] == ["gpu_xid"]
         assert rows["gpu-d:8000"].state == "up" and rows["gpu-d:8000"].box is None
+        # refused too, but vtop on that box exports its start: STARTING, in its phase, not DOWN
+        e = rows["gpu-e:8000"]
+        assert e.state == "starting" and not e.alerts, (e.state, e.alerts)
+        assert e.on_box is not None and e.on_box.phase == "CUDA graph capture" and e.on_box.phase_s == 42
+        assert "CUDA graph capture for 42s" in e.message
+        assert e.on_box.alerts == [("startup_stall", "warning")]
         # worst first: the criticals, then the runaway's warning
         assert [a.severity for a in f.alerts] == ["critical", "critical", "critical", "warning"]
-        assert f.sorted_rows()[-1].instance == "gpu-a:8000"
+        assert [r.instance for r in f.sorted_rows()][-2:] == ["gpu-a:8000", "gpu-e:8000"]
         # the rates come from the trackers' windows over the counters
         assert rows["gpu-a:8000"].gen_tps is not None and 150 < rows["gpu-a:8000"].gen_tps < 600
         assert rows["gpu-b:8000"].gen_tps == 0
@@ -189,6 +196,16 @@ async def test_a_bad_query_gets_prometheus_own_words() -> None:
     assert e.value.kind == "query" and "bad_data" in e.value.message
 
 
+def test_vtop_export_joins_by_host_and_port() -> None:
+    vec = [({"vtop_m": "phase", "instance": "gpu-7:9464", "server": "http://127.0.0.1:8001", "phase": "weights"}, 1.0),
+           ({"vtop_m": "oldest", "instance": "gpu-7:9464", "server": "http://localhost:8001"}, 130.0),
+           ({"vtop_m": "alert", "instance": "gpu-7:9464", "subject": "gpu0", "rule": "sm_idle", "severity": "warning"},
+            1.0)]
+    got = q.parse_vtop(vec)
+    assert got[("gpu-7", "8001")].phase == "weights" and got[("gpu-7", "8001")].oldest_s == 130
+    assert got[("gpu-7", "*")].alerts == [("sm_idle", "warning")]
+
+
 def test_credentials_come_from_config_or_env_never_the_url() -> None:
     with pytest.raises(ValueError, match="visible to every user"):
         check_prometheus_url("http://me:pw@prom:9090")
@@ -254,8 +271,9 @@ def test_once_json_over_a_recorded_prometheus_end_to_end() -> None:
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, FLEET_SCHEMA)
     assert r.returncode == rep["exit_code"] == 2
-    assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000"}
-    assert rep["queries_per_refresh"] == 4
+    assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
+                                                         "gpu-e:8000"}
+    assert rep["queries_per_refresh"] == 5
 
 
 def test_prometheus_flag_with_bad_url_is_one_line() -> None:

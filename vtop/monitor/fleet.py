@@ -114,6 +114,8 @@ class FleetRow:
     alerts: tuple[Alert, ...] = ()
     box: str | None = None
     """``ssh HOST vtop`` when an alert needs what only the box has."""
+    on_box: q.BoxView | None = None
+    """What ``vtop export`` on the box says (its startup phase, its alerts), when it runs there."""
 
     @property
     def worst(self) -> int:
@@ -149,6 +151,7 @@ class Fleet:
         self.rate_window = rate_window
         self.rows: dict[str, FleetRow] = {}
         self.hosts: dict[str, q.FleetHost] = {}
+        self.boxes: dict[tuple[str, str], q.BoxView] = {}
         self.alerts: list[Alert] = []
         self.error: str | None = None
         """Prometheus' error of the last refresh, in words (None when it answered)."""
@@ -162,6 +165,7 @@ class Fleet:
         self.last_refresh_s: float | None = None
         self.last_queries = 0
         self._known: dict[str, tuple[str, str]] = {}
+        self._fed_ts: dict[str, float] = {}
         self._first_eval: float | None = None
         self.version = 0
         """Goes up with every refresh that changed what is shown."""
@@ -191,6 +195,7 @@ class Fleet:
             self.client.query(q.rates_query(self.rate_window), at=at),
             self.client.query(q.up_query(), at=at),
             self.client.query(q.gpu_query(), at=at),
+            self.client.query(q.vtop_query(), at=at),
             return_exceptions=True)
         for r in res:
             if isinstance(r, BaseException) and not isinstance(r, (PromError, Exception)):
@@ -210,6 +215,7 @@ class Fleet:
             up = q.parse_up(res[2]) if not isinstance(res[2], BaseException) else {}
             if not isinstance(res[3], BaseException):
                 self.hosts = q.parse_gpus(res[3])
+            self.boxes = q.parse_vtop(res[4]) if not isinstance(res[4], BaseException) else {}
             if self._first_eval is None:
                 self._first_eval = at
             if self.backfilled:
@@ -227,38 +233,53 @@ class Fleet:
             if self.last_ok_wall is not None:
                 row.sample_age_s = self.clock.base.time() - self.last_ok_wall
 
+    #: points a history chunk may hold (series x steps): the answer of one ``query_range`` and what
+    #: is parsed from it live at once; 1,000 instances read 300 s in one piece held ~290 MB at peak
+    CHUNK_POINTS = 60_000
+
     async def backfill(self) -> None:
-        """Feed the trackers and the rules from ``query_range`` over the history, step by step."""
+        """Feed the trackers and the rules from ``query_range`` over the history, step by step,
+        in chunks of time (so a big fleet's history never sits in memory whole)."""
         end = self._first_eval or round(self.clock.base.time(), 3)
         span = self.config.history
         step = self.refresh_s
+        per_step = max(1, 9 * len(self.rows))  # ~9 series an instance in the vLLM answer
+        chunk = max(2, self.CHUNK_POINTS // per_step) * step
+        start = end - span
+        n = 0
         try:
-            vr, ur = await asyncio.gather(
-                self.client.query_range(q.vllm_query(), start=end - span, end=end, step=step),
-                self.client.query_range(q.up_query(), start=end - span, end=end, step=step))
+            while start <= end:
+                stop = min(end, start + chunk - step)
+                n += await self._backfill_chunk(start, stop, step)
+                start = stop + step
         except PromError as e:
             self.backfill_note = f"no history ({e.message}); the rules judge from now on"
-            self.backfilled = True
-            return
+        else:
+            self.backfill_note = f"history: {n} steps of {step:g} s from Prometheus"
+        finally:
+            self.clock.at = None
+        self.backfilled = True
+        self._judge(self.clock.base.monotonic())
+        self.version += 1
+
+    async def _backfill_chunk(self, start: float, end: float, step: float) -> int:
+        vr, ur = await asyncio.gather(
+            self.client.query_range(q.vllm_query(), start=start, end=end, step=step),
+            self.client.query_range(q.up_query(), start=start, end=end, step=step))
         steps = q.parse_vllm_range(vr)
+        del vr
         ups: dict[float, dict[tuple[str, str], float | None]] = {}
         for s in ur:
             k = (s.labels.get("job", ""), s.labels.get("instance", ""))
             for t, v in s.points:
                 ups.setdefault(t, {})[k] = v
         times = sorted(set(steps) | set(ups))
-        try:
-            for t in times:
-                mono = self.clock.mono_of(t)
-                self.clock.at = (mono, t)
-                self._feed(t, mono, steps.get(t, {}), ups.get(t, {}))
-                self.monitor.tick()
-        finally:
-            self.clock.at = None
-        self.backfilled = True
-        self.backfill_note = f"history: {len(times)} steps of {step:g} s from Prometheus"
-        self._judge(self.clock.base.monotonic())
-        self.version += 1
+        for t in times:
+            mono = self.clock.mono_of(t)
+            self.clock.at = (mono, t)
+            self._feed(t, mono, steps.pop(t, {}), ups.get(t, {}))
+            self.monitor.tick()
+        return len(times)
 
     # ------------------------------------------------------------------ feeding the monitor
 
@@ -270,7 +291,17 @@ class Fleet:
             if v is not None and k[1]:
                 self._known.setdefault(_url(k[1]), k)
         for url, k in self._known.items():
-            poll = self._poll(t, mono, url, k, vllm.get(k), up.get(k))
+            inst = vllm.get(k)
+            poll = self._poll(t, mono, url, k, inst, up.get(k))
+            if poll.ok and inst is not None and inst.ts is not None:
+                # One poll per scrape, at the scrape's own time: Prometheus answers the same sample
+                # until its next scrape (every 15-60 s), and fed at every refresh the counters would
+                # read flat for most of that: a stalled engine every 20 s.
+                if self._fed_ts.get(url) == inst.ts:
+                    continue
+                self._fed_ts[url] = inst.ts
+                at = min(inst.ts, t)
+                poll = dataclasses.replace(poll, t=at, mono=mono - (t - at))
             self.monitor.apply_server(url, poll)
 
     def _poll(self, t: float, mono: float, url: str, k: tuple[str, str], inst: q.Instance | None,
@@ -312,6 +343,11 @@ class Fleet:
             r = rates.get(k) or q.Rates()
             upv = up.get(k)
             row.gpus = self.hosts.get(row.host)
+            row.on_box = self.boxes.get((row.host, q.port_of(instance)))
+            extra = self.boxes.get((row.host, "*"))
+            if extra is not None:
+                row.on_box = row.on_box or q.BoxView()
+                row.on_box.alerts = [*row.on_box.alerts, *extra.alerts]
             if inst is not None:
                 row.model = inst.model_name or row.model
                 row.running, row.waiting = inst.running, inst.waiting
@@ -354,6 +390,13 @@ class Fleet:
                 if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
                         and not v.metrics.request_success_total:
                     row.finished = {}  # no reason above zero: none finished (not a gap)
+                b = row.on_box
+                if st == "down" and b is not None and b.phase:
+                    # Prometheus only sees a refused port; vtop on the box reads the start in the log
+                    row.state = "starting"
+                    took = f" for {dur(b.phase_s)}" if b.phase_s is not None else ""
+                    row.message = f"vtop on the box: starting, in {b.phase}{took} (the port refuses until ready)"
+                    st = "starting"
                 if st == "down":
                     last = v.last_ok_mono
                     alerts.append(down_alert(row.url, row.instance, row.host, since=since, now=now,
@@ -455,6 +498,10 @@ def fleet_json(f: Fleet) -> dict[str, Any]:
                 "mem_used_pct": _r(g.mem_pct), "power_w": _r(g.power_w), "xid": dict(g.xid)},
             "alerts": [a.rule for a in r.alerts],
             "needs_the_box": r.box,
+            "from_vtop_on_the_box": None if r.on_box is None else {
+                "startup_phase": r.on_box.phase, "startup_phase_s": _r(r.on_box.phase_s),
+                "oldest_request_age_s": _r(r.on_box.oldest_s),
+                "alerts": [{"rule": a, "severity": b} for a, b in r.on_box.alerts]},
         })
     return {
         "prometheus": f.client.base,

@@ -65,6 +65,9 @@ __all__ = [
     "selector",
     "up_query",
     "vllm_query",
+    "vtop_query",
+    "parse_vtop",
+    "BoxView",
 ]
 
 G = "job, instance, model_name"
@@ -75,9 +78,12 @@ TAG = "vtop_m"
 DCGM_METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
                 "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS")
 
-# The optional vtop exporter (`vtop export`): one row per server it watches, labelled
-# ``server`` (its URL); these join to the instance whose host and port the URL names.
-VTOP_EXPORT = ("vtop_startup_phase", "vtop_alert")
+# The optional vtop exporter (`vtop export` on a box, scraped by the same Prometheus):
+# vtop_startup_phase{server,phase}=1, vtop_startup_phase_seconds{server},
+# vtop_oldest_request_age_seconds{server}, vtop_alert{subject,rule,severity}=1, ``server`` /
+# ``subject`` being the URL vtop watches there. They join to the instance on the exporter's host
+# with the URL's port: what only the box knows (the startup phase from the log, its alerts),
+# on the fleet's row.
 
 
 def _tag(name: str, expr: str) -> str:
@@ -146,6 +152,16 @@ def gpu_query(sel: str = "") -> str:
         _tag("mem_pct", f"100 * {used} / ({used} + {free})"),
         _tag("power", f"sum by ({GH}) (DCGM_FI_DEV_POWER_USAGE{sel})"),
         _tag("xid", f"max by ({GH}, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS{sel}[10m])) > 0"),
+    ))
+
+
+def vtop_query() -> str:
+    """What ``vtop export`` says on each box (nothing when no box runs it: an empty answer)."""
+    return " or ".join((
+        _tag("phase", "vtop_startup_phase == 1"),
+        _tag("phase_s", "vtop_startup_phase_seconds"),
+        _tag("oldest", "vtop_oldest_request_age_seconds"),
+        _tag("alert", "vtop_alert == 1"),
     ))
 
 
@@ -369,3 +385,59 @@ def parse_gpu_detail(series: Iterable[Series]) -> dict[float, dict[int, GpuPoint
                 v = 100.0 * v
             setattr(p, fld, v)
     return dict(sorted(steps.items()))
+
+
+@dataclass(slots=True)
+class BoxView:
+    """What vtop on the box exports about one of its servers."""
+
+    phase: str | None = None
+    phase_s: float | None = None
+    oldest_s: float | None = None
+    alerts: list[tuple[str, str]] = field(default_factory=list)
+    """(rule, severity)"""
+
+
+def _server_key(exporter_instance: str, url: str) -> tuple[str, str] | None:
+    """(host, port) of a server URL as vtop on a box names it; a loopback host is the exporter's host."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url if "://" in url else "http://" + url)
+        port = u.port
+    except ValueError:
+        return None
+    host = u.hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", ""):
+        host = host_of(exporter_instance)
+    return (host, str(port or 80))
+
+
+def parse_vtop(vec: Vector) -> dict[tuple[str, str], BoxView]:
+    """:func:`vtop_query`'s answer -> per (host, port) of a vLLM server, what vtop there says.
+    An alert whose subject is not a server (``gpu0``) goes to every server of that host
+    (key ``(host, "*")``)."""
+    out: dict[tuple[str, str], BoxView] = {}
+    for labels, v in vec:
+        what = labels.get(TAG)
+        exp = labels.get("instance", "")
+        subject = labels.get("server") or labels.get("subject") or ""
+        key = _server_key(exp, subject) if "://" in subject or ":" in subject else (host_of(exp), "*")
+        if key is None or what is None:
+            continue
+        b = out.get(key)
+        if b is None:
+            b = out[key] = BoxView()
+        if what == "phase":
+            b.phase = labels.get("phase")
+        elif what == "phase_s":
+            b.phase_s = v
+        elif what == "oldest":
+            b.oldest_s = v
+        elif what == "alert":
+            b.alerts.append((labels.get("rule", "?"), labels.get("severity", "?")))
+    return out
+
+
+def port_of(instance: str) -> str:
+    return instance.rsplit(":", 1)[1] if ":" in instance and not instance.endswith("]") else "80"

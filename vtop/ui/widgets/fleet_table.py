@@ -62,6 +62,11 @@ def _fin(r: Any) -> str:
 
 
 def _alert(r: Any) -> str:
+    b = r.on_box
+    if not r.alerts and b is not None and (b.alerts or b.phase):
+        said = ", ".join(f"{rule} ({sev})" for rule, sev in b.alerts)
+        phase = f"starting: {b.phase}" + (f" {b.phase_s:.0f}s" if b.phase_s is not None else "") if b.phase else ""
+        return "vtop on the box: " + "; ".join(x for x in (phase, said) if x)
     if not r.alerts:
         return r.message if r.state not in ("up", "restarted") else ""
     a = r.alerts[0]
