@@ -284,3 +284,39 @@ def test_prometheus_flag_with_bad_url_is_one_line() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     asyncio.run(test_the_same_rules_name_each_incident_on_its_row())
+
+
+def test_counters_going_back_read_restarted_and_a_flat_scrape_is_no_stall() -> None:
+    """Fed straight (no HTTP): an instance whose counters go back is RESTARTED (the tracker's rule,
+    as on the box); the same sample answered again between two scrapes is not fed twice, so a busy
+    server scraped every 30 s and refreshed every 5 s never looks stalled."""
+    from vtop.clock import FakeClock
+
+    clock = FakeClock(1000.0, 1_796_000_000.0)
+    f = Fleet(Config(), PromClient("http://prom.invalid:9090"), clock=clock)
+    f.backfilled = True
+    key = ("vllm", "h1:8000")
+    up = {key: 1.0}
+    gen, ts = 0.0, clock.time()
+    seen: set[str] = set()
+    for i in range(40):  # 200 s at a 5 s refresh, a scrape every 30 s
+        clock.advance(5.0)
+        if i % 6 == 0:
+            gen += 30 * 300.0
+            ts = clock.time() - 1.0
+        inst = q.Instance("vllm", "h1:8000", "m", running=4.0, waiting=0.0, kv=0.2, gen=gen, prompt=gen,
+                          preempt=0.0, finished={"stop": float(i // 6)}, ts=ts)
+        f._feed(clock.time(), clock.monotonic(), {key: inst}, up)
+        f._rows(clock.time(), {key: inst}, {}, up)
+        f._judge(clock.monotonic())
+        seen |= {a.rule for a in f.rows["vllm/h1:8000"].alerts}
+    row = f.rows["vllm/h1:8000"]
+    assert row.state == "up" and not seen, seen
+    assert row.gen_tps is not None and 250 < row.gen_tps < 350
+    clock.advance(5.0)
+    inst = q.Instance("vllm", "h1:8000", "m", running=0.0, waiting=0.0, kv=0.0, gen=10.0, prompt=10.0, preempt=0.0,
+                      finished={}, ts=clock.time() - 0.5)
+    f._feed(clock.time(), clock.monotonic(), {key: inst}, up)
+    f._rows(clock.time(), {key: inst}, {}, up)
+    f._judge(clock.monotonic())
+    assert f.rows["vllm/h1:8000"].state == "restarted"
