@@ -31,7 +31,7 @@ async def _watch(fleet: Fleet, window_s: float) -> None:
         await fleet.start()
         while loop.time() - t0 + fleet.refresh_s <= window_s:
             await asyncio.sleep(fleet.refresh_s)
-            await fleet.refresh()
+            await fleet.start()
     finally:
         await fleet.client.aclose()
 

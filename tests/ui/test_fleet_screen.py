@@ -96,3 +96,18 @@ def test_narrow_tables_keep_state_instance_and_alert() -> None:
     assert {"state", "instance", "alert", "running", "waiting", "kv"} <= set(keys)
     assert "finished" not in keys
     assert [c.key for c in fit_columns(200)][-1] == "alert" and len(fit_columns(200)) == 14
+
+
+async def test_a_prometheus_down_at_start_is_read_back_with_its_history_when_it_returns() -> None:
+    with PromReplay(mode="down") as pr:
+        app = _app(pr)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await app.first()
+            assert app.fleet.error is not None and not app.fleet.rows
+            pr.mode = "ok"
+            await app.refresh_once()
+            await pilot.pause()
+            f = app.fleet
+            assert f.error is None and f.backfilled
+            # judged over the history read now: the runaway is named at once
+            assert "runaway" in {a.rule for a in f.rows["vllm/gpu-a:8000"].alerts}

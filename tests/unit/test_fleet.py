@@ -320,3 +320,4 @@ def test_counters_going_back_read_restarted_and_a_flat_scrape_is_no_stall() -> N
     f._rows(clock.time(), {key: inst}, {}, up)
     f._judge(clock.monotonic())
     assert f.rows["vllm/h1:8000"].state == "restarted"
+

@@ -179,9 +179,10 @@ class Fleet:
         return max(45.0, 3 * self.refresh_s)
 
     async def start(self) -> None:
-        """The first refresh (the table), then the history (the trackers and the rules)."""
+        """A refresh (the table), then, the first time Prometheus answers, the history (the trackers
+        and the rules): a Prometheus that was down when vtop started is read back when it returns."""
         await self.refresh()
-        if self.error is None:
+        if self.error is None and not self.backfilled:
             await self.backfill()
 
     async def refresh(self) -> None:

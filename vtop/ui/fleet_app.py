@@ -48,7 +48,6 @@ class FleetApp(App[int]):
         self.fleet = fleet or Fleet(config, client_from_config(config), clock=clock)
         self.autorefresh = autorefresh
         self._busy = False
-        self._started = False
         self._shown = -1
 
     def compose(self) -> ComposeResult:
@@ -72,14 +71,14 @@ class FleetApp(App[int]):
         return self.query_one("#fleet-table", FleetTable)
 
     async def first(self) -> None:
+        """A refresh (the rows, painted at once), then the history the first time Prometheus answers."""
         self._busy = True
         try:
             await self.fleet.refresh()
             self.paint()
-            if self.fleet.error is None:
+            if self.fleet.error is None and not self.fleet.backfilled:
                 await self.fleet.backfill()
-            self._started = True
-            self.paint()
+                self.paint()
         finally:
             self._busy = False
 
@@ -89,17 +88,11 @@ class FleetApp(App[int]):
         self.run_worker(self.refresh_once(), exclusive=False, group="refresh")
 
     async def refresh_once(self) -> None:
-        self._busy = True
-        try:
-            if not self._started:
-                await self.first()
-                return
-            await self.fleet.refresh()
-            self.paint()
-            if isinstance(self.screen, FleetDrill):
-                await self.screen.reload()
-        finally:
-            self._busy = False
+        if self._busy:
+            return
+        await self.first()
+        if isinstance(self.screen, FleetDrill):
+            await self.screen.reload()
 
     # ------------------------------------------------------------------ painting
 
