@@ -217,12 +217,48 @@ async def main() -> None:
     await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
     await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
     tmux_captures()
+    await fleet()
+
+
+FLEET_OUT = OUT / "fleet"
+#: the fleet screen's pictures (``python -m tests.make_screenshots fleet``), from the answers a real
+#: Prometheus 2.42 gave (tests/fixtures/prometheus/fleet-4.json); in a folder of their own, since
+#: their footer is the fleet screen's, not the box's
+FLEET_MADE = ("fleet-160x50.svg", "fleet-80x24.svg", "fleet-drill-160x50.svg", "fleet-drill-80x24.svg")
+
+
+async def fleet() -> None:
+    from tests.prom_replay import PromReplay, clock_at, load
+    from vtop.monitor.fleet import Fleet
+    from vtop.sources.prometheus import PromClient
+    from vtop.ui.fleet_app import FleetApp
+
+    rec = load()
+    FLEET_OUT.mkdir(exist_ok=True)
+    with PromReplay(rec) as pr:
+        for w, h in ((160, 50), (80, 24)):
+            cfg = Config()
+            app = FleetApp(cfg, fleet=Fleet(cfg, PromClient(pr.url), clock=clock_at(rec)), autorefresh=False)
+            async with app.run_test(size=(w, h)) as pilot:
+                await app.first()
+                await pilot.pause()
+                app.save_screenshot(str(FLEET_OUT / f"fleet-{w}x{h}.svg"))
+                await pilot.press("end", "up", "enter")  # the runaway's row (worst first: after the criticals)
+                for _ in range(50):
+                    if getattr(app.screen, "drill", None) is not None:
+                        break
+                    await pilot.pause(0.1)
+                await pilot.pause()
+                app.save_screenshot(str(FLEET_OUT / f"fleet-drill-{w}x{h}.svg"))
+    print("wrote", ", ".join(str(FLEET_OUT / n) for n in FLEET_MADE))
 
 
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
+    if sys.argv[1:] == ["fleet"]:  # only the fleet screen's pictures
+        asyncio.run(fleet())
+    elif sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
         async def _signals() -> None:
             await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))
             await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))

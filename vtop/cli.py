@@ -69,6 +69,34 @@ def threshold_values(ns: argparse.Namespace) -> dict[str, Any]:
     return {dest: getattr(ns, dest) for _, dest, _ in THRESHOLD_FLAGS if hasattr(ns, dest)}
 
 
+def add_prometheus_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", dest="prometheus_url", default=S, metavar="URL",
+                   help="a fleet: every vLLM instance this Prometheus (or Thanos, Mimir, VictoriaMetrics) scrapes; "
+                        "credentials only from the config or VTOP_PROMETHEUS_TOKEN / _USER / _PASSWORD; "
+                        "refresh every 5 s (--interval)")
+
+
+def _run_fleet(p: argparse.ArgumentParser, cfg: Any, given: dict[str, Any], *, once: bool, as_json: bool,
+               window: float | None, doctor: bool) -> int:
+    """The fleet face (``vtop.headless_fleet``, ``vtop.ui.fleet_app``): a branch, not a copy."""
+    from vtop.config import replace
+    from vtop.sources.prometheus import check_prometheus_url
+
+    try:
+        check_prometheus_url(cfg.prometheus_url)
+    except ValueError as e:
+        p.exit(EXIT_USAGE, f"{p.prog}: error: {e}\n")
+    if "interval" in given:
+        cfg = replace(cfg, fleet_interval=max(1.0, cfg.interval))
+    if once or as_json or doctor:
+        from vtop.headless_fleet import run_fleet_once
+
+        return run_fleet_once(cfg, window_s=window if window is not None else 0.0, as_json=as_json, doctor=doctor)
+    from vtop.ui.fleet_app import FleetApp
+
+    return int(FleetApp(cfg).run() or 0)
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="vtop",
@@ -116,6 +144,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
                    help="remove prompt text from log lines in recordings and snapshots (default: on)")
     add_threshold_flags(p)
+    add_prometheus_flag(p)
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p
@@ -193,6 +222,7 @@ def doctor_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
                    help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
     add_threshold_flags(p)
+    add_prometheus_flag(p)
     p.add_argument("--record", default=S, metavar="FILE", help="also record the window to FILE")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE",
                    help="config file to read instead of the default")
@@ -215,6 +245,8 @@ def _run_doctor(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, "vtop doctor: error: --window must be positive\n")
     if cfg.log == "-":
         p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
+    if cfg.prometheus_url:
+        return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
     from vtop.headless import run_once
 
     try:
@@ -336,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
         p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
+    if cfg.prometheus_url:
+        return _run_fleet(p, cfg, ns, once=once, as_json=as_json, window=window, doctor=False)
     dumb = not (once or as_json) and os.environ.get("TERM", "") == "dumb"
     if dumb:
         # TERM=dumb (Emacs shells, some CI consoles) cannot draw a full-screen app: Textual
