@@ -140,6 +140,7 @@ async def test_live_card_says_sleeping_from_the_recorded_h200_sleep() -> None:
                        for t in lines), lines
             assert "SLEEPING" in "".join(r[0] for r in card.summary_line())
             assert not any(a.rule == "engine_stall" or a.severity != "info" for a in app.alerts)
+            assert app.server_status_text() == "vLLM: sleeping"
             srv.payloads[:] = [held("metrics-2-woke.txt")]
             srv.i = 0
             for _ in range(100):
@@ -148,5 +149,6 @@ async def test_live_card_says_sleeping_from_the_recorded_h200_sleep() -> None:
                     break
             await pilot.pause(0.3)
             assert card.view is not None and card.view.sleep_level == 0
+            assert app.server_status_text() == "vLLM: up"
             assert " · UP · " in str(card.border_title) and "SLEEPING" not in " ".join(
                 text_of(card, card.content_width()))
