@@ -36,7 +36,7 @@ from vtop.sources.nvml import make_gpu_source
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.keys_bar import KeysBar
-from vtop.ui.widgets.log_pane import PROBE_HINT, LogFilter, LogPane
+from vtop.ui.widgets.log_pane import LogFilter, LogPane
 from vtop.ui.widgets.server_panel import ServerCard
 from vtop.ui.widgets.startup_panel import StartupPanel
 
@@ -120,8 +120,6 @@ class VtopApp(App[int]):
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
-        self._probe_hint_said = False
-        """The log pane's hint about hidden poll lines and vLLM's flag is said once a session."""
         self._snap_pct = -5
         self._snap_text = ""
         self._action_client: Any = None
@@ -496,9 +494,6 @@ class VtopApp(App[int]):
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
-                if self.w_log.hidden_probes and not self._probe_hint_said:
-                    self._probe_hint_said = True  # once a session: the title keeps the count
-                    self.notify(PROBE_HINT, title="log pane", timeout=12)
                 self._widget("requests", RequestsLine).show_requests(m.log_view)
             if SERVERS in changes or self.cards:
                 self._paint_servers()
@@ -778,7 +773,9 @@ class VtopApp(App[int]):
         "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
         "toggle_warnings": "log pane: warnings and errors only",
         "toggle_probes": "log pane: show / hide uvicorn's access lines of /metrics, /health, /version, /v1/models "
-                         "(hidden by default: vtop's own polls would bury the rest)",
+                         "(hidden by default: vtop's own polls would bury the rest). vLLM keeps them out of its "
+                         "own log with --disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
+                         "(newer vLLM) or --disable-uvicorn-access-log (every access line)",
         "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "

@@ -29,16 +29,12 @@ def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
-#: Said once, the first time the pane hides a probe line. vLLM's own switches (its
+#: Said under the pane while it hides probe lines. vLLM's own switches (its
 #: ``vllm/entrypoints/.../cli_args.py``): ``--disable-access-log-for-endpoints`` takes a
 #: comma-separated list of paths whose uvicorn access lines are dropped (newer releases, 0.32
-#: has it); ``--disable-uvicorn-access-log`` drops every access line (older ones too).
-PROBE_HINT = (
-    "The log pane hides uvicorn's access lines of /metrics, /health, /version and /v1/models "
-    "(vtop's own polls among them); a shows them. To keep them out of vLLM's log itself: "
-    "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
-    "(or --disable-uvicorn-access-log on older vLLM: every access line)."
-)
+#: has it); ``--disable-uvicorn-access-log`` drops every access line (older ones too). The
+#: help screen (``?``, key ``a``) says both.
+PROBE_FLAG = "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models"
 
 
 #: vLLM's periodic stats line (every 10 s while requests run): the pane's most telling line and
@@ -132,11 +128,13 @@ class LogPane(Log):
         bits = ["warnings and errors only (w: all)"] if self.only_problems else []
         if self.substring:
             bits.append(f"lines with {self.substring!r} (Esc: all)")
-        if self.hidden_probes and not self.only_problems:
-            bits.append(f"{self.hidden_probes} poll lines hidden (a)")
-        elif self.show_probes and not self.only_problems:
+        if self.show_probes and not self.only_problems:
             bits.append("poll lines shown (a: hide)")
         self.border_title = "log: " + ", ".join(bits) if bits else "log (w: warnings and errors only)"
+        self.border_subtitle = (
+            f"{self.hidden_probes} poll lines hidden (a) · out of vLLM's log: {PROBE_FLAG}"
+            if self.hidden_probes and not self.only_problems else ""
+        )
 
     def keep(self, ln: LogLine) -> bool:
         if not (ln.at_least("WARNING") if self.only_problems else self.show_probes or not is_probe(ln)):
