@@ -142,6 +142,29 @@ async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...]
     print("wrote", OUT / name)
 
 
+async def h200_sleep(name: str, *, size: tuple[int, int]) -> None:
+    """A server card SLEEPING: the real vLLM 0.26.0 H200 payloads (tests/fixtures/vllm/signals/h200-0.26.0/
+    sleep), 20 s awake then 40 s after ``POST /sleep?level=1``, one scrape a second on a fake clock."""
+    from vtop.clock import FakeClock
+    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.vllm import poll_from_body
+
+    src = Path(__file__).parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"
+    clock = FakeClock(start=1000.0, wall_offset=1796199000.0)
+    app = VtopApp(Config(history=60), gpu_source=None, autopoll=False, hostname="h200 (recorded payloads)",
+                  clock=clock)
+    async with app.run_test(size=size) as pilot:
+        entry = app.monitor.add_server("http://127.0.0.1:8000", from_cli=True)
+        for i in range(60):
+            body = (src / ("metrics-0-awake.txt" if i < 20 else "metrics-1-sleep1.txt")).read_text()
+            app.apply_server(entry.url, poll_from_body(entry.url, body.encode(), t=clock.time(), mono=clock.monotonic(),
+                                                       latency_s=0.003, metrics=parse_vllm_metrics(body)))
+            clock.advance(1.0)
+        await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
 async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
     """The help screen (? or F1) of the live dashboard, over the H200 replay's screen."""
     clock = rp.make_clock()
@@ -165,6 +188,7 @@ MADE = (
     "server-cpu-real-load.svg",
     "server-cpu-real-spec-prefix.svg", "server-cpu-real-spec-prefix-detail.svg",
     "server-cpu-real-spec-prefix-80x24.svg", "server-cpu-real-spec-prefix-detail-80x24.svg",
+    "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
 )
 
 
@@ -216,6 +240,8 @@ async def main() -> None:
     await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
     await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
     await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
+    await h200_sleep("server-h200-sleeping.svg", size=(120, 40))
+    await h200_sleep("server-h200-sleeping-80x24.svg", size=(80, 24))
     tmux_captures()
     await fleet()
 
@@ -264,6 +290,8 @@ if __name__ == "__main__":
             await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
             await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
             await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
+            await h200_sleep("server-h200-sleeping.svg", size=(120, 40))
+            await h200_sleep("server-h200-sleeping-80x24.svg", size=(80, 24))
 
         asyncio.run(_signals())
     else:

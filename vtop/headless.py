@@ -231,7 +231,85 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
     }
+    row.update(signal_fields(v, m))
     return row
+
+
+SLEEP_STATES = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def signal_fields(v: ServerView, m: Any) -> dict[str, Any]:
+    """Issue #29's signals of one server, each null where the server exports no such family.
+
+    Spec decoding and prefix cache are over the window (``over``: "window"); a single round has
+    no window, so they are then the server's totals since it started (``over``: "since start")."""
+    out: dict[str, Any] = {"sleep": None, "spec_decode": None, "prefix_cache": None, "kv_offload": None}
+    if m is None:
+        return out
+    lvl = v.sleep_level
+    if lvl is not None:
+        out["sleep"] = {"level": lvl, "state": SLEEP_STATES.get(lvl, "sleeping"), "sleeping": lvl > 0}
+    if m.spec_draft_tokens_total is not None:
+        sp = v.spec
+        if sp is not None and sp.draft_tokens:
+            over, acc, mlen, pos, toks = "window", sp.acceptance, sp.mean_len, list(sp.per_pos), sp.draft_tokens
+        else:
+            drafts = m.spec_drafts_total
+            ks = sorted(m.spec_accepted_per_pos or {}, key=lambda k: (len(k), k))
+            over, toks = "since start", m.spec_draft_tokens_total
+            acc = _ratio(m.spec_accepted_tokens_total, toks)
+            mlen = None if _ratio(m.spec_accepted_tokens_total, drafts) is None \
+                else 1.0 + m.spec_accepted_tokens_total / drafts
+            pos = [m.spec_accepted_per_pos[k] / drafts for k in ks] if drafts else []
+        out["spec_decode"] = {"acceptance": _r(acc, 4), "mean_accepted_len": _r(mlen, 3),
+                              "per_position": [round(x, 4) for x in pos], "draft_tokens": _r(toks, 0), "over": over}
+    if m.prefix_cache_queries_total is not None:
+        if v.prefix_hit_rate is not None:
+            out["prefix_cache"] = {"hit_rate": _r(v.prefix_hit_rate, 4), "over": "window"}
+        else:
+            out["prefix_cache"] = {"hit_rate": _r(_ratio(m.prefix_cache_hits_total, m.prefix_cache_queries_total), 4),
+                                   "over": "since start"}
+    if m.kv_offload_store_bytes_total is not None or m.kv_offload_load_bytes_total is not None:
+        out["kv_offload"] = {"store_bytes_per_s": _r(v.offload_store_bps, 0), "load_bytes_per_s":
+                             _r(v.offload_load_bps, 0), "stored_bytes_total": _r(m.kv_offload_store_bytes_total, 0),
+                             "loaded_bytes_total": _r(m.kv_offload_load_bytes_total, 0)}
+    return out
+
+
+#: what a sleep level means for the one who waits on the server
+SLEEP_TEXT = {1: "level 1: weights offloaded", 2: "level 2: all discarded"}
+
+
+def signals_text(s: dict[str, Any]) -> list[str]:
+    """The --once text lines of :func:`signal_fields` (none where nothing is present)."""
+    out = []
+    sl = s.get("sleep")
+    if sl and sl["sleeping"]:
+        # no tokens on purpose (not a stall); a request sent now waits, unanswered, for the wake-up
+        out.append(f"  SLEEPING ({SLEEP_TEXT.get(sl['level'], 'sleeping')}): requests wait until POST /wake_up")
+    bits = []
+    sp = s.get("spec_decode")
+    if sp:
+        acc = "-" if sp["acceptance"] is None else f"{100 * sp['acceptance']:.1f}%"
+        bits.append(f"spec accepted {acc}" + (f" len {sp['mean_accepted_len']:.2f}" if sp["mean_accepted_len"] else "")
+                    + (" per pos " + " ".join(f"{p:.2f}" for p in sp["per_position"]) if sp["per_position"] else "")
+                    + ("" if sp["over"] == "window" else " (since start)"))
+    pc = s.get("prefix_cache")
+    if pc and pc["hit_rate"] is not None:  # no prompt token looked up yet: nothing to say
+        bits.append(f"prefix hit {100 * pc['hit_rate']:.1f}%" + ("" if pc["over"] == "window" else " (since start)"))
+    ko = s.get("kv_offload")
+    if ko:
+        def mbs(x: float | None) -> str:
+            return "-" if x is None else f"{x / 1e6:.1f} MB/s"
+        bits.append(f"KV offload store {mbs(ko['store_bytes_per_s'])} load {mbs(ko['load_bytes_per_s'])}")
+    if bits:  # one line when it fits the report's 80 columns, else one a family
+        line = "  " + " · ".join(bits)
+        out += [line] if len(line) <= 80 else ["  " + b for b in bits]
+    return out
 
 
 async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
@@ -502,6 +580,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
                          f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
                          + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else ""))
+        lines += signals_text(s)
         if s["state"] != "up":
             lines.append(f"  {s['message']}")
     st = rep.startup

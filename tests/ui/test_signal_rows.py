@@ -94,9 +94,61 @@ def test_lora_and_sleep_rows_from_the_recorded_payloads() -> None:
     detail = ["".join(r[0] for r in row) for row in signal_lines(v, 78, True)]
     assert "LoRA tiny-lora (wait 1)" in folded[0]
     assert "LoRA: running tiny-lora · waiting tiny-lora · max 2" in detail
-    assert not any(t.startswith("ASLEEP") for t in folded + detail)  # awake
-    # asleep, level 1, as vLLM's source writes it (the CPU build refuses sleep mode)
-    asleep = _view_of(text.replace('sleep_state="awake"} 1.0', 'sleep_state="awake"} 0.0').replace(
-        'sleep_state="weights_offloaded"} 0.0', 'sleep_state="weights_offloaded"} 1.0'))
-    (first, *_) = signal_lines(asleep, 78, False)
-    assert first[0][0].startswith("ASLEEP (level 1: weights offloaded to CPU)") and first[0][1] == "warn"
+    assert not any(t.startswith("SLEEPING") for t in folded + detail)  # awake
+    # asleep: the real vLLM 0.26.0 payloads after POST /sleep?level=1 and ?level=2 (H200, 2026-12-02)
+    h200 = sig / "h200-0.26.0" / "sleep"
+    for name, lvl, words in (("metrics-1-sleep1.txt", 1, "weights offloaded"),
+                             ("metrics-3-sleep2.txt", 2, "all discarded")):
+        asleep = _view_of((h200 / name).read_text())
+        for detail_on in (False, True):
+            (first, *_) = signal_lines(asleep, 78, detail_on)
+            assert first[0][0].startswith(f"SLEEPING (level {lvl}: {words}; requests wait until /wake_up)")
+            assert first[0][1] == "warn" and len(first[0][0]) <= 78
+    awake = _view_of((h200 / "metrics-2-woke.txt").read_text())
+    assert not any("SLEEPING" in r[0] for row in signal_lines(awake, 78, True) for r in row)
+
+
+async def test_live_card_says_sleeping_from_the_recorded_h200_sleep() -> None:
+    """The real app polling a local server that answers with the recorded vLLM 0.26.0 payload after
+    POST /sleep?level=1 (a request running, as one held while asleep would be): the card's title and
+    its one-line form say SLEEPING, its row says what that means, and no alert calls it stalled. Woken
+    (the recorded payload after /wake_up), the card says UP again."""
+    from tests.metrics_server import MetricsServer
+    from vtop.ui.app import VtopApp
+
+    h200 = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"
+    running0 = 'vllm:num_requests_running{engine="0",model_name="/tmp/tiny"} 0.0'
+
+    def held(name: str) -> str:
+        body = (h200 / name).read_text()
+        assert running0 in body
+        return body.replace(running0, running0[:-3] + "1.0")
+
+    with MetricsServer([held("metrics-1-sleep1.txt")]) as srv:
+        app = VtopApp(Config(urls=(srv.url,), interval=0.25, history=30), hostname="testhost")
+        async with app.run_test(size=(120, 40)) as pilot:
+            card = app.cards[srv.url]
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if card.view is not None and card.view.sleep_level == 1:
+                    break
+            assert card.view is not None and card.view.sleep_level == 1 and card.view.state == "up"
+            await pilot.pause(0.3)
+            assert " · SLEEPING · " in str(card.border_title)
+            lines = text_of(card, card.content_width())
+            assert any(t.startswith("SLEEPING (level 1: weights offloaded; requests wait until /wake_up)")
+                       for t in lines), lines
+            assert "SLEEPING" in "".join(r[0] for r in card.summary_line())
+            assert not any(a.rule == "engine_stall" or a.severity != "info" for a in app.alerts)
+            assert app.server_status_text() == "vLLM: sleeping"
+            srv.payloads[:] = [held("metrics-2-woke.txt")]
+            srv.i = 0
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if card.view is not None and card.view.sleep_level == 0:
+                    break
+            await pilot.pause(0.3)
+            assert card.view is not None and card.view.sleep_level == 0
+            assert app.server_status_text() == "vLLM: up"
+            assert " · UP · " in str(card.border_title) and "SLEEPING" not in " ".join(
+                text_of(card, card.content_width()))

@@ -584,10 +584,14 @@ class ServerTracker:
 
 
 def sleep_level(m: VllmMetrics | None) -> int | None:
-    """0 awake, 1 or 2 the deepest sleep level of any engine; None without ``engine_sleep_state``."""
+    """0 awake, 1 or 2 the deepest sleep level of any engine; None without ``engine_sleep_state``.
+
+    vLLM 0.26.0 on the H200 (tests/fixtures/vllm/signals/h200-0.26.0/sleep): ``POST /sleep?level=1``
+    sets awake 0, weights_offloaded 1; ``?level=2`` awake 0, discard_all 1; ``/wake_up`` awake 1."""
     if m is None:
         return None
-    rows = [e.sleep_state for e in m.engines if e.sleep_state] or ([m.sleep_state] if m.sleep_state else [])
+    top = getattr(m, "sleep_state", None)
+    rows = [e.sleep_state for e in getattr(m, "engines", ()) if e.sleep_state] or ([top] if top else [])
     if not rows:
         return None
     level = 0

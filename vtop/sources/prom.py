@@ -52,46 +52,58 @@ over ``time_per_output_token_seconds``, counters always end in ``_total`` on
 the wire, ``engine`` is the data-parallel index (absent in V0 and 0.7), and
 ``num_requests_swapped`` only exists in V0.
 
-The families of issue #29, what vtop reads and where the names come from. "Recorded": seen on the
+The families of issue #29, what vtop reads and where the names come from. "Recorded 0.32": seen on the
 real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tests/real/vllm_cpu/record_signals.py);
-"source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``, ``vllm/v1/spec_decode/metrics.py``)
-and, for other versions, shared/docs/vllm-reference.md §1 only, never seen served.
+"recorded 0.26": seen on a real vLLM 0.26.0 CUDA build on an H200 (tests/fixtures/vllm/signals/h200-0.26.0/,
+2026-12-02: n-gram spec decode + prefix caching, ``--enable-sleep-mode`` at levels 1 and 2,
+``--kv-offloading-size 8``); "source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``,
+``vllm/v1/spec_decode/metrics.py``) and, for other versions, shared/docs/vllm-reference.md §1 only.
 
-* Speculative decoding, V1 0.8.5+ (recorded, n-gram method):
+* Speculative decoding, V1 0.8.5+ (recorded 0.32 and 0.26, n-gram method):
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
-  ``..._num_accepted_tokens_per_pos_total{position="0".."k-1"}``, per engine. vLLM's own log line
-  (``SpecDecoding metrics: Mean acceptance length: 3.71, ... Per-position acceptance rate: 0.948, 0.899,
-  0.866, Avg Draft acceptance rate: 93.7%``) defines: acceptance = accepted / draft tokens; mean acceptance
-  length = 1 + accepted / drafts (the bonus token counted); per position = accepted at i / drafts.
+  ``..._num_accepted_tokens_per_pos_total{position="0".."k-1"}``, per engine, at 0 from the start. vLLM's own
+  log line (``SpecDecoding metrics: Mean acceptance length: 3.71, ... Per-position acceptance rate: 0.948,
+  0.899, 0.866, Avg Draft acceptance rate: 93.7%``) defines: acceptance = accepted / draft tokens; mean
+  acceptance length = 1 + accepted / drafts (the bonus token counted); per position = accepted at i / drafts.
+  On the H200 (0.26.0): 175386 of 181011 draft tokens accepted, 62901 drafts (log: mean length 3.79).
   V0 (<=0.8, source/reference only): the same ``num_accepted_tokens_total`` and ``num_draft_tokens_total``
   counters (no ``num_drafts``: no mean length, no positions) beside the ``spec_decode_draft_acceptance_rate``
   and ``spec_decode_efficiency`` gauges, which vtop does not read (lifetime ratios, not "now").
-* Prefix cache: ``vllm:prefix_cache_queries_total`` / ``..._hits_total`` (tokens, 0.9.2+, recorded), else
-  ``vllm:gpu_prefix_cache_queries_total`` / ``..._hits_total`` (0.7.3-0.10; reference only); the V0
-  ``gpu_prefix_cache_hit_rate`` gauge is not read. ``vllm:prompt_tokens_by_source_total{source}`` (0.20+,
-  recorded: ``local_compute``, ``local_cache_hit``, ``external_kv_transfer``).
+* Prefix cache: ``vllm:prefix_cache_queries_total`` / ``..._hits_total`` (tokens, 0.9.2+, recorded 0.32 and
+  0.26), else ``vllm:gpu_prefix_cache_queries_total`` / ``..._hits_total`` (0.7.3-0.10; reference only); the
+  V0 ``gpu_prefix_cache_hit_rate`` gauge is not read. ``vllm:prompt_tokens_by_source_total{source}`` (0.20+,
+  recorded 0.32 and 0.26: ``local_compute``, ``local_cache_hit``, ``external_kv_transfer``).
 * ``vllm:cache_config_info`` (all versions, recorded): a gauge of 1 whose labels are the cache config
   (``block_size``, ``cache_dtype``, ``num_gpu_blocks``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
-  ``kv_offloading_backend``...; +``engine`` in V1): kept as label pairs of the first engine.
+  ``kv_offloading_backend``, ``kv_offloading_size`` ("8.0" with ``--kv-offloading-size 8`` on 0.26)...;
+  +``engine`` in V1): kept as label pairs of the first engine.
 * ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}`` (0.8+, only with
-  ``--enable-lora``, recorded): no ``engine`` label; one series per label combination ever set, its value
-  the Unix time it was last set, so the newest series is the current one; adapters comma-separated.
-* ``vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|"discard_all"}`` (0.12+, recorded
-  awake on the CPU build; sleep mode itself is refused there: "Sleep mode is not supported on current
-  platform", so the sleeping values are from source only: awake 0 and weights_offloaded 1 = level 1,
-  discard_all 1 = level 2).
+  ``--enable-lora``, recorded 0.32): no ``engine`` label; one series per label combination ever set, its
+  value the Unix time it was last set, so the newest series is the current one; adapters comma-separated.
+* ``vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|"discard_all"}`` (0.12+; recorded
+  sleeping on 0.26.0: after ``POST /sleep?level=1`` awake 0, weights_offloaded 1 = level 1; after
+  ``?level=2`` awake 0, discard_all 1 = level 2; awake 1 after ``/wake_up``; its HELP says the same. The
+  0.32 CPU build refuses sleep mode: "Sleep mode is not supported on current platform"). A request sent
+  to a sleeping engine waits, unanswered, until ``/wake_up`` and counts nowhere in the engine's families
+  (recorded: a completion sent at level 1 got nothing in 20 s, prompt tokens stayed 0).
 * ``vllm:request_queue_time_seconds`` histogram (all versions, recorded).
 * ``http_requests_total{handler,method,status}`` (prometheus-fastapi-instrumentator in the API server,
   recorded: ``status`` grouped as "2xx"/"4xx"/"5xx"; /metrics, /health and a few more handlers are
   excluded by vLLM): summed over handlers by status. No ``engine`` label: a server-level family, it makes
   no engine row, and on its own it does not make a payload vLLM's.
-* KV offload (``--kv-offloading-size``; source only: the CPU build refuses it, "CPU Offloading is currently
-  only supported on CUDA-alike and XPU GPUs", tests/fixtures/vllm/signals/kv-offload/): the OffloadingConnector's
-  ``vllm:kv_offload_store_bytes_total`` and ``vllm:kv_offload_load_bytes_total`` counters (vLLM 0.32's
-  ``distributed/kv_transfer/kv_connector/v1/offloading/metrics.py``; any extra labels summed). Not read: the
-  deprecated ``vllm:kv_offload_total_bytes{transfer_type}`` and ``..._total_time``, the ``_time`` counters,
-  the size and lookup-delay histograms, ``vllm:kv_offload_cpu_cache_*_usage_perc`` (its unit unverified),
-  ``vllm:simple_kv_offload_*`` and the NIXL / Mooncake connector families.
+* KV offload (``--kv-offloading-size``; recorded 0.26.0 on the H200; the CPU build refuses it, "CPU
+  Offloading is currently only supported on CUDA-alike and XPU GPUs", tests/fixtures/vllm/signals/kv-offload/).
+  The OffloadingConnector with ``CPUOffloadingSpec`` (log: ``Creating v1 connector with name:
+  OffloadingConnector``) serves, on 0.26.0, both ``vllm:kv_offload_store_bytes_total`` /
+  ``..._load_bytes_total`` (a series only from the first transfer that way) and the older
+  ``vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"|"CPU_to_GPU"}`` (at 0 from the start;
+  equal to store/load: 21364736 bytes stored, none loaded). vLLM 0.32's source
+  (``distributed/kv_transfer/kv_connector/v1/offloading/metrics.py``) keeps the older one as deprecated.
+  vtop reads store/load where they have a series, else the older counter of that direction (any extra
+  labels summed). Not read: ``..._total_time`` and the ``_time`` counters, the ``kv_offload_size`` /
+  store/load size and lookup-delay histograms, ``vllm:kv_offload_cpu_cache_*_usage_perc`` (0.0 throughout
+  the recording), ``..._cpu_allocation_size``, ``..._allocation_failure``, ``vllm:simple_kv_offload_*`` and
+  the NIXL / Mooncake connector families.
 """
 
 from __future__ import annotations
@@ -150,7 +162,7 @@ _COUNTERS: dict[str, str] = {
     "vllm:spec_decode_num_drafts_total": "spec_drafts_total",  # V1 0.8.5+
     "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens_total",  # V0 and V1
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens_total",  # V0 and V1
-    "vllm:kv_offload_store_bytes_total": "kv_offload_store_bytes_total",  # source only (0.32)
+    "vllm:kv_offload_store_bytes_total": "kv_offload_store_bytes_total",  # recorded 0.26.0 (H200); 0.32 source
     "vllm:kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
 }
 # Gauges/counters split by one label: sample name -> (attribute, label).
@@ -160,6 +172,8 @@ _LABELLED: dict[str, tuple[str, str]] = {
     "vllm:spec_decode_num_accepted_tokens_per_pos_total": ("spec_accepted_per_pos", "position"),  # 0.8.5+
     "vllm:prompt_tokens_by_source_total": ("prompt_tokens_by_source", "source"),  # 0.20+
     "vllm:engine_sleep_state": ("sleep_state", "sleep_state"),  # 0.12+
+    # the older spelling of the offload bytes, by direction (recorded 0.26.0; deprecated in 0.32)
+    "vllm:kv_offload_total_bytes_total": ("kv_offload_by_type", "transfer_type"),
 }
 # Server-level (no ``engine`` label), summed by one label over the other labels.
 _SERVER_LABELLED: dict[str, tuple[str, str]] = {
@@ -561,6 +575,7 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         problems.add(f"KV-cache usage {kv!r} on engine {engine!r} is above 1 (expected a fraction)")
         kv = None
     use_new_pc = "pc_queries_new" in plain
+    off = lab.get("kv_offload_by_type", {})
     return EngineMetrics(
         engine=engine,
         model_name=col.models.get(engine),
@@ -589,9 +604,18 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         spec_accepted_per_pos=dict(lab.get("spec_accepted_per_pos", {})),
         prompt_tokens_by_source=dict(lab.get("prompt_tokens_by_source", {})),
         sleep_state=dict(lab.get("sleep_state", {})),
-        kv_offload_store_bytes_total=plain.get("kv_offload_store_bytes_total"),
-        kv_offload_load_bytes_total=plain.get("kv_offload_load_bytes_total"),
+        kv_offload_store_bytes_total=_offload(plain, off, "kv_offload_store_bytes_total", "GPU_to_CPU"),
+        kv_offload_load_bytes_total=_offload(plain, off, "kv_offload_load_bytes_total", "CPU_to_GPU"),
     )
+
+
+def _offload(plain: Mapping[str, float], by_type: Mapping[str, float], attr: str, direction: str) -> float | None:
+    """Offload bytes one way: the store/load counter where it has a series, else the older
+    ``kv_offload_total_bytes_total{transfer_type}`` of that direction. vLLM 0.26.0 serves both,
+    equal (21364736 stored in tests/fixtures/vllm/signals/h200-0.26.0/kv-offload), and gives the
+    store/load counter a series only at the first transfer: the older one is 0 before it."""
+    v = plain.get(attr)
+    return v if v is not None else by_type.get(direction)
 
 
 def _lora(infos: list[tuple[str | None, tuple[tuple[str, str], ...], float]] | None) -> dict[str, Any]:

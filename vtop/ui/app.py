@@ -569,11 +569,14 @@ class VtopApp(App[int]):
         views = list(self.monitor.views().values())
         if not views:
             return "vLLM: looking…"
+        def state(v: Any) -> str:  # a live server put to sleep (POST /sleep) says so
+            return "sleeping" if v.sleep_level and v.state == "up" else v.state
+
         if len(views) == 1:
-            return f"vLLM: {views[0].state}"
+            return f"vLLM: {state(views[0])}"
         counts: dict[str, int] = {}
         for v in views:
-            counts[v.state] = counts.get(v.state, 0) + 1
+            counts[state(v)] = counts.get(state(v), 0) + 1
         return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
     def update_status(self) -> None:
