@@ -112,6 +112,59 @@ async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: t
     print("wrote", OUT / name)
 
 
+async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
+    """Issue #29's rows of a server card: the real CPU server with n-gram speculative decoding and
+    prefix caching under a load of repeated prompts (tests/real/test_real_signals.py's recording),
+    a second after the card first shows an acceptance over 20,000 draft tokens (mid-load)."""
+    from vtop.ui.replay import replay_app
+
+    rec = "spec-prefix-load.jsonl.gz"
+    app = replay_app(str(Path(__file__).parent / "fixtures" / "cpu-incidents" / rec), config=Config(), name=rec)
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+
+        def shown() -> bool:
+            e = next(iter(app.monitor.servers.values()), None)
+            v = e.last_view if e is not None else None
+            return v is not None and v.spec is not None and (v.spec.draft_tokens or 0) > 20000
+
+        while d.pos < d.end and not shown():
+            d.seek(d.pos + 0.5)
+        d.seek(d.pos + 1.0)
+        await pilot.pause()
+        for k in keys:
+            await pilot.press(k)
+            await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
+async def h200_sleep(name: str, *, size: tuple[int, int]) -> None:
+    """A server card SLEEPING: the real vLLM 0.26.0 H200 payloads (tests/fixtures/vllm/signals/h200-0.26.0/
+    sleep), 20 s awake then 40 s after ``POST /sleep?level=1``, one scrape a second on a fake clock."""
+    from vtop.clock import FakeClock
+    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.vllm import poll_from_body
+
+    src = Path(__file__).parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"
+    clock = FakeClock(start=1000.0, wall_offset=1796199000.0)
+    app = VtopApp(Config(history=60), gpu_source=None, autopoll=False, hostname="h200 (recorded payloads)",
+                  clock=clock)
+    async with app.run_test(size=size) as pilot:
+        entry = app.monitor.add_server("http://127.0.0.1:8000", from_cli=True)
+        for i in range(60):
+            body = (src / ("metrics-0-awake.txt" if i < 20 else "metrics-1-sleep1.txt")).read_text()
+            app.apply_server(entry.url, poll_from_body(entry.url, body.encode(), t=clock.time(), mono=clock.monotonic(),
+                                                       latency_s=0.003, metrics=parse_vllm_metrics(body)))
+            clock.advance(1.0)
+        await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
 async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
     """The help screen (? or F1) of the live dashboard, over the H200 replay's screen."""
     clock = rp.make_clock()
@@ -133,7 +186,30 @@ MADE = (
     "gpu-h200-real-matmul.svg", "gpu-h200-real-tiny-kernels.svg",
     "alerts-cpu-real-runaway.svg", "requests-cpu-real-runaway.svg", "alerts-cpu-real-engine-stall.svg",
     "server-cpu-real-load.svg",
+    "server-cpu-real-spec-prefix.svg", "server-cpu-real-spec-prefix-detail.svg",
+    "server-cpu-real-spec-prefix-80x24.svg", "server-cpu-real-spec-prefix-detail-80x24.svg",
+    "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
 )
+
+
+def tmux_captures() -> None:
+    """The real tier's tmux captures kept in screenshots/live-runs/ (``NAME.ansi``, from
+    ``tmux capture-pane -p -e``, written by a real test with ``VTOP_SCREENSHOTS=DIR``) drawn
+    as SVG beside them (``NAME.svg``) with Rich, the terminal's own text and colours."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    for src in sorted((OUT / "live-runs").glob("*.ansi")):
+        rows = src.read_text().rstrip("\n").split("\n")
+        width = max(len(Text.from_ansi(r).plain) for r in rows)
+        con = Console(record=True, width=width, file=io.StringIO(), force_terminal=True, color_system="truecolor")
+        for r in rows:
+            con.print(Text.from_ansi(r), no_wrap=True, overflow="crop")
+        dst = src.with_suffix(".svg")
+        con.save_svg(str(dst), title=f"vtop in tmux ({width}x{len(rows)}): {src.stem}")
+        print("wrote", dst)
 
 
 async def main() -> None:
@@ -160,7 +236,63 @@ async def main() -> None:
     await cpu_incident("engine-stall.jsonl.gz", "alerts-cpu-real-engine-stall.svg", after_alert=0.0,
                        rule="engine_stall")
     await cpu_incident("normal-load.jsonl.gz", "server-cpu-real-load.svg", after_alert=95.0)
+    await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))
+    await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
+    await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
+    await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
+    await h200_sleep("server-h200-sleeping.svg", size=(120, 40))
+    await h200_sleep("server-h200-sleeping-80x24.svg", size=(80, 24))
+    tmux_captures()
+    await fleet()
+
+
+FLEET_OUT = OUT / "fleet"
+#: the fleet screen's pictures (``python -m tests.make_screenshots fleet``), from the answers a real
+#: Prometheus 2.42 gave (tests/fixtures/prometheus/fleet-4.json); in a folder of their own, since
+#: their footer is the fleet screen's, not the box's
+FLEET_MADE = ("fleet-160x50.svg", "fleet-80x24.svg", "fleet-drill-160x50.svg", "fleet-drill-80x24.svg")
+
+
+async def fleet() -> None:
+    from tests.prom_replay import PromReplay, clock_at, load
+    from vtop.monitor.fleet import Fleet
+    from vtop.sources.prometheus import PromClient
+    from vtop.ui.fleet_app import FleetApp
+
+    rec = load()
+    FLEET_OUT.mkdir(exist_ok=True)
+    with PromReplay(rec) as pr:
+        for w, h in ((160, 50), (80, 24)):
+            cfg = Config()
+            app = FleetApp(cfg, fleet=Fleet(cfg, PromClient(pr.url), clock=clock_at(rec)), autorefresh=False)
+            async with app.run_test(size=(w, h)) as pilot:
+                await app.first()
+                await pilot.pause()
+                app.save_screenshot(str(FLEET_OUT / f"fleet-{w}x{h}.svg"))
+                await pilot.press("end", "up", "enter")  # the runaway's row (worst first: after the criticals)
+                for _ in range(50):
+                    if getattr(app.screen, "drill", None) is not None:
+                        break
+                    await pilot.pause(0.1)
+                await pilot.pause()
+                app.save_screenshot(str(FLEET_OUT / f"fleet-drill-{w}x{h}.svg"))
+    print("wrote", ", ".join(str(FLEET_OUT / n) for n in FLEET_MADE))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    if sys.argv[1:] == ["fleet"]:  # only the fleet screen's pictures
+        asyncio.run(fleet())
+    elif sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
+        async def _signals() -> None:
+            await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))
+            await cpu_signals("server-cpu-real-spec-prefix-detail.svg", size=(120, 40), keys=("i",))
+            await cpu_signals("server-cpu-real-spec-prefix-80x24.svg", size=(80, 24))
+            await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
+            await h200_sleep("server-h200-sleeping.svg", size=(120, 40))
+            await h200_sleep("server-h200-sleeping-80x24.svg", size=(80, 24))
+
+        asyncio.run(_signals())
+    else:
+        asyncio.run(main())

@@ -69,12 +69,41 @@ def threshold_values(ns: argparse.Namespace) -> dict[str, Any]:
     return {dest: getattr(ns, dest) for _, dest, _ in THRESHOLD_FLAGS if hasattr(ns, dest)}
 
 
+def add_prometheus_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", dest="prometheus_url", default=S, metavar="URL",
+                   help="a fleet: every vLLM instance this Prometheus (or Thanos, Mimir, VictoriaMetrics) scrapes; "
+                        "credentials only from the config or VTOP_PROMETHEUS_TOKEN / _USER / _PASSWORD; "
+                        "refresh every 5 s (--interval)")
+
+
+def _run_fleet(p: argparse.ArgumentParser, cfg: Any, given: dict[str, Any], *, once: bool, as_json: bool,
+               window: float | None, doctor: bool) -> int:
+    """The fleet face (``vtop.headless_fleet``, ``vtop.ui.fleet_app``): a branch, not a copy."""
+    from vtop.config import replace
+    from vtop.sources.prometheus import check_prometheus_url
+
+    try:
+        check_prometheus_url(cfg.prometheus_url)
+    except ValueError as e:
+        p.exit(EXIT_USAGE, f"{p.prog}: error: {e}\n")
+    if "interval" in given:
+        cfg = replace(cfg, fleet_interval=max(1.0, cfg.interval))
+    if once or as_json or doctor:
+        from vtop.headless_fleet import run_fleet_once
+
+        return run_fleet_once(cfg, window_s=window if window is not None else 0.0, as_json=as_json, doctor=doctor)
+    from vtop.ui.fleet_app import FleetApp
+
+    return int(FleetApp(cfg).run() or 0)
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="vtop",
         description=("Live terminal dashboard for GPU boxes serving LLMs with vLLM. Also: vtop doctor "
                      "(watch a while, say what is wrong), vtop replay FILE (play a --record file), vtop demo "
-                     "(a recorded H200 incident); each has --help."),
+                     "(a recorded H200 incident), vtop export (Prometheus metrics), vtop web (the screen in a browser); "
+                     "each has --help."),
         epilog=(
             "Keys: ? help, space freeze, + - poll interval, / filter the log, e every alert, q quit. "
             "With --once (and vtop doctor, vtop replay --doctor), the " + EXIT_HELP + ". "
@@ -107,18 +136,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=S,
                    help="with --once (implied): the snapshot as JSON, schema vtop.report/2")
     p.add_argument("--window", type=_duration("window"), default=S, metavar="DURATION",
-                   help="--once: how long to watch before printing (default 2 intervals: rates need two scrapes)")
+                   help="--once: watch this long before printing, to measure rates (tokens/s, preemptions/s, "
+                        "latencies need two scrapes; 2s is enough). Default: no window, one round of readings "
+                        "(queues, KV cache, GPUs, phase, alerts) at once; rates only from the log's last stats line")
     p.add_argument("--record-max-mb", dest="record_max_mb", type=int, default=S, metavar="MB",
                    help="the recording stops growing at this size (default 200)")
     p.add_argument("--redact-prompts", dest="redact_prompts", action=argparse.BooleanOptionalAction, default=S,
                    help="remove prompt text from log lines in recordings and snapshots (default: on)")
     add_threshold_flags(p)
+    add_prometheus_flag(p)
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p
 
 
-SUBCOMMANDS = ("replay", "demo", "doctor")
+SUBCOMMANDS = ("replay", "demo", "doctor", "export", "web")
 
 
 def _write_csv(path: str, out: str) -> int:
@@ -190,6 +222,7 @@ def doctor_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
                    help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
     add_threshold_flags(p)
+    add_prometheus_flag(p)
     p.add_argument("--record", default=S, metavar="FILE", help="also record the window to FILE")
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE",
                    help="config file to read instead of the default")
@@ -212,6 +245,8 @@ def _run_doctor(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, "vtop doctor: error: --window must be positive\n")
     if cfg.log == "-":
         p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
+    if cfg.prometheus_url:
+        return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
     from vtop.headless import run_once
 
     try:
@@ -317,6 +352,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_replay(argv[1:], f"vtop {argv[0]}")
     if argv and argv[0] == "doctor":
         return _run_doctor(argv[1:])
+    if argv and argv[0] == "export":
+        from vtop.exporter import main as export_main
+
+        return export_main(argv[1:])
+    if argv and argv[0] == "web":
+        from vtop.web import main as web_main
+
+        return web_main(argv[1:], check_vtop_args=parser().parse_args)
     p = parser()
     ns = vars(p.parse_args(argv))
     config_file = ns.pop("config_file", None)
@@ -325,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = build(ns, config_file=config_file)
     except ConfigError as e:
         p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
+    if cfg.prometheus_url:
+        return _run_fleet(p, cfg, ns, once=once, as_json=as_json, window=window, doctor=False)
     dumb = not (once or as_json) and os.environ.get("TERM", "") == "dumb"
     if dumb:
         # TERM=dumb (Emacs shells, some CI consoles) cannot draw a full-screen app: Textual
@@ -340,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vtop.headless import run_once
 
         try:
-            return run_once(cfg, window_s=window if window is not None else 2 * cfg.interval, as_json=as_json)
+            # No --window: one round of readings (the gauges at once; rates need a window).
+            return run_once(cfg, window_s=window, as_json=as_json)
         except OSError as e:
             p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
     log_fd = None

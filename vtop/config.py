@@ -55,6 +55,20 @@ class Config:
     """Where the snapshot key writes its incident bundles."""
     stall_threshold: float = 600.0
     """Seconds without a log line or progress before a start is flagged as a possible hang."""
+    prometheus_url: str | None = None
+    """Read a fleet from this Prometheus-compatible API instead of polling servers (``--prometheus``)."""
+    prometheus_token: str | None = field(default=None, repr=False)
+    """Bearer token for Prometheus (config or VTOP_PROMETHEUS_TOKEN only: a flag shows in ps). Never shown."""
+    prometheus_user: str | None = None
+    """Basic-auth user for Prometheus (config or VTOP_PROMETHEUS_USER)."""
+    prometheus_password: str | None = field(default=None, repr=False)
+    """Basic-auth password for Prometheus (config or VTOP_PROMETHEUS_PASSWORD only). Never shown."""
+    prometheus_ca_file: str | None = None
+    """A CA bundle to verify Prometheus' TLS certificate with (verification is always on)."""
+    prometheus_timeout: float = 3.0
+    """Deadline of one Prometheus query, seconds."""
+    fleet_interval: float = 5.0
+    """Seconds between refreshes of the fleet from Prometheus."""
     config_path: str | None = field(default=None, compare=False)
     """Which config file was read (for the help screen); not a setting."""
 
@@ -93,7 +107,7 @@ def _parse_bool(value: Any, name: str) -> bool:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("interval", "history", "stall_threshold", "runaway_threshold"):
+    if name in ("interval", "history", "stall_threshold", "runaway_threshold", "prometheus_timeout", "fleet_interval"):
         return parse_duration(value, name)
     if name in ("no_gpu", "readonly", "redact_prompts"):
         return _parse_bool(value, name)
@@ -212,6 +226,9 @@ def build(
     if cfg.no_gpu and cfg.simulate_gpus:
         raise ConfigError(f"no_gpu and simulate_gpus ({cfg.simulate_gpus}) were both given: use one "
                           "(--no-gpu shows no GPU; --simulate-gpus N shows N made-up ones)")
+    if cfg.fleet_interval < 1.0 or cfg.prometheus_timeout <= 0:
+        raise ConfigError(f"fleet_interval: at least 1 s (got {cfg.fleet_interval:g}); prometheus_timeout: more "
+                          f"than 0 (got {cfg.prometheus_timeout:g})")
     if cfg.history < 10 * cfg.interval:
         raise ConfigError(f"history: at least 10 intervals ({10 * cfg.interval:g} s), got {cfg.history:g}")
     return cfg

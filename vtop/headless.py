@@ -58,6 +58,9 @@ from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 SCHEMA = "vtop.report/2"
 GPU_SOURCE = "NVML (GPU readings)"
 MAX_REQUESTS = 50
+#: Said by ``--once`` without ``--window`` when a server's rates are None.
+ONE_ROUND_NOTE = ("rates (tokens/s, preemptions/s, latency percentiles) need two scrapes: "
+                  "vtop --once --window 2s measures them")
 __all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "run_once"]
 
 
@@ -83,6 +86,8 @@ class Report:
     """Some source answered (a server, even to refuse; NVML; the log): else the status is unknown."""
     history_s: float | None = None
     """Seconds of the log's history read before the window (its stats lines), if any."""
+    one_round: bool = False
+    """``--once`` without ``--window``: one round of readings, no sampling window."""
     silent: list[str] = field(default_factory=list)
     """The sources that gave no answer at all by the deadline (a hung NVML call, a log read that
     never returned): vtop could not look at them, so with no alert the status is unknown (3)."""
@@ -117,6 +122,7 @@ class Report:
             "host": self.host,
             "window_s": round(self.window_s, 3),
             "window_asked_s": _r(self.window_asked_s, 3),
+            "one_round": self.one_round,
             "log_history_s": _r(self.history_s, 0),
             "gpu": {"status": self.gpu_status, "message": self.gpu_message, "gpus": self.gpus},
             "servers": self.servers,
@@ -172,8 +178,36 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict
     return out
 
 
-def server_row(v: ServerView, process: Any) -> dict[str, Any]:
+#: A stats line of the vLLM log this recent still says the current throughput: vLLM writes
+#: one every 10 s while requests run (``VLLM_LOG_STATS_INTERVAL``), the average of those 10 s,
+#: landing 10.0-10.4 s apart; 2 s of slack for the stamps' 1 s resolution. An older one says
+#: nothing of now (an idle server logs its zero lines at DEBUG after the first).
+LOG_RATES_MAX_AGE_S = 12.0
+
+
+def log_rates(monitor: Monitor) -> tuple[str, Any, float] | None:
+    """(server URL, the log's last stats point, its age) when the followed log's last stats
+    line is recent enough to stand for the rates (see :data:`LOG_RATES_MAX_AGE_S`)."""
+    lv = monitor.log_view
+    hist = getattr(lv, "history", None) if lv is not None else None
+    last = hist.last if hist is not None else None
+    url = monitor.log_target
+    if last is None or url is None:
+        return None
+    age = max(0.0, monitor.clock.monotonic() - last.mono)
+    return (url, last, age) if age <= LOG_RATES_MAX_AGE_S else None
+
+
+def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: float | None = None) -> dict[str, Any]:
+    """One server of the report. Rates come from /metrics (two scrapes or more); else from
+    ``log_point``, the server's own log's recent stats line (``rates_from`` says which);
+    else they are None: they need a window (``--window``)."""
     m = v.metrics if v.is_live or v.state == "stale" else None
+    gen, prompt, rates_from = v.gen_tps, v.prompt_tps, None
+    if gen is not None or prompt is not None:
+        rates_from = "metrics"
+    elif log_point is not None and m is not None:
+        gen, prompt, rates_from = log_point.gen_tps, log_point.prompt_tps, "log"
     row: dict[str, Any] = {
         "url": v.url,
         "state": v.state,
@@ -184,8 +218,10 @@ def server_row(v: ServerView, process: Any) -> dict[str, Any]:
         "running": _r(m.running, 0) if m else None,
         "waiting": _r(m.waiting, 0) if m else None,
         "kv_cache_pct": _r(100.0 * m.kv_cache_usage) if m and m.kv_cache_usage is not None else None,
-        "gen_tokens_per_s": _r(v.gen_tps),
-        "prompt_tokens_per_s": _r(v.prompt_tps),
+        "gen_tokens_per_s": _r(gen),
+        "prompt_tokens_per_s": _r(prompt),
+        "rates_from": rates_from,
+        "rates_age_s": _r(log_age_s) if rates_from == "log" else None,
         "preemptions_per_s": _r(v.preemptions_ps, 2),
         "ttft_p50_s": _r(v.ttft.p50, 3),
         "ttft_p95_s": _r(v.ttft.p95, 3),
@@ -195,7 +231,85 @@ def server_row(v: ServerView, process: Any) -> dict[str, Any]:
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
     }
+    row.update(signal_fields(v, m))
     return row
+
+
+SLEEP_STATES = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def signal_fields(v: ServerView, m: Any) -> dict[str, Any]:
+    """Issue #29's signals of one server, each null where the server exports no such family.
+
+    Spec decoding and prefix cache are over the window (``over``: "window"); a single round has
+    no window, so they are then the server's totals since it started (``over``: "since start")."""
+    out: dict[str, Any] = {"sleep": None, "spec_decode": None, "prefix_cache": None, "kv_offload": None}
+    if m is None:
+        return out
+    lvl = v.sleep_level
+    if lvl is not None:
+        out["sleep"] = {"level": lvl, "state": SLEEP_STATES.get(lvl, "sleeping"), "sleeping": lvl > 0}
+    if m.spec_draft_tokens_total is not None:
+        sp = v.spec
+        if sp is not None and sp.draft_tokens:
+            over, acc, mlen, pos, toks = "window", sp.acceptance, sp.mean_len, list(sp.per_pos), sp.draft_tokens
+        else:
+            drafts = m.spec_drafts_total
+            ks = sorted(m.spec_accepted_per_pos or {}, key=lambda k: (len(k), k))
+            over, toks = "since start", m.spec_draft_tokens_total
+            acc = _ratio(m.spec_accepted_tokens_total, toks)
+            mlen = None if _ratio(m.spec_accepted_tokens_total, drafts) is None \
+                else 1.0 + m.spec_accepted_tokens_total / drafts
+            pos = [m.spec_accepted_per_pos[k] / drafts for k in ks] if drafts else []
+        out["spec_decode"] = {"acceptance": _r(acc, 4), "mean_accepted_len": _r(mlen, 3),
+                              "per_position": [round(x, 4) for x in pos], "draft_tokens": _r(toks, 0), "over": over}
+    if m.prefix_cache_queries_total is not None:
+        if v.prefix_hit_rate is not None:
+            out["prefix_cache"] = {"hit_rate": _r(v.prefix_hit_rate, 4), "over": "window"}
+        else:
+            out["prefix_cache"] = {"hit_rate": _r(_ratio(m.prefix_cache_hits_total, m.prefix_cache_queries_total), 4),
+                                   "over": "since start"}
+    if m.kv_offload_store_bytes_total is not None or m.kv_offload_load_bytes_total is not None:
+        out["kv_offload"] = {"store_bytes_per_s": _r(v.offload_store_bps, 0), "load_bytes_per_s":
+                             _r(v.offload_load_bps, 0), "stored_bytes_total": _r(m.kv_offload_store_bytes_total, 0),
+                             "loaded_bytes_total": _r(m.kv_offload_load_bytes_total, 0)}
+    return out
+
+
+#: what a sleep level means for the one who waits on the server
+SLEEP_TEXT = {1: "level 1: weights offloaded", 2: "level 2: all discarded"}
+
+
+def signals_text(s: dict[str, Any]) -> list[str]:
+    """The --once text lines of :func:`signal_fields` (none where nothing is present)."""
+    out = []
+    sl = s.get("sleep")
+    if sl and sl["sleeping"]:
+        # no tokens on purpose (not a stall); a request sent now waits, unanswered, for the wake-up
+        out.append(f"  SLEEPING ({SLEEP_TEXT.get(sl['level'], 'sleeping')}): requests wait until POST /wake_up")
+    bits = []
+    sp = s.get("spec_decode")
+    if sp:
+        acc = "-" if sp["acceptance"] is None else f"{100 * sp['acceptance']:.1f}%"
+        bits.append(f"spec accepted {acc}" + (f" len {sp['mean_accepted_len']:.2f}" if sp["mean_accepted_len"] else "")
+                    + (" per pos " + " ".join(f"{p:.2f}" for p in sp["per_position"]) if sp["per_position"] else "")
+                    + ("" if sp["over"] == "window" else " (since start)"))
+    pc = s.get("prefix_cache")
+    if pc and pc["hit_rate"] is not None:  # no prompt token looked up yet: nothing to say
+        bits.append(f"prefix hit {100 * pc['hit_rate']:.1f}%" + ("" if pc["over"] == "window" else " (since start)"))
+    ko = s.get("kv_offload")
+    if ko:
+        def mbs(x: float | None) -> str:
+            return "-" if x is None else f"{x / 1e6:.1f} MB/s"
+        bits.append(f"KV offload store {mbs(ko['store_bytes_per_s'])} load {mbs(ko['load_bytes_per_s'])}")
+    if bits:  # one line when it fits the report's 80 columns, else one a family
+        line = "  " + " · ".join(bits)
+        out += [line] if len(line) <= 80 else ["  " + b for b in bits]
+    return out
 
 
 async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
@@ -235,6 +349,50 @@ async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
             monitor.tick()
         monitor.tick()
         monitor.diagnose()  # the rules again at the end: a silence has grown with no new poll
+        feed.silent = []
+        for what in _waiting_for(monitor, feed, 1):
+            feed.silent.append(what)
+            monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
+    finally:
+        await feed.aclose()
+    return started
+
+
+#: ``--once`` without ``--window``: how often the one round looks whether every source has answered.
+ROUND_STEP_S = 0.01
+
+
+async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
+    """``vtop --once`` without ``--window``: one round of readings, no sampling window.
+
+    Start every source and report as soon as each has answered once (NVML, the process
+    scan, the log, one scrape of each server), so what needs no window (the gauges:
+    running, waiting, KV usage, GPU utilisation and memory; the state and phase; the
+    log's history and the rules it feeds) is out at once. Rates need two scrapes and are
+    None (``rates_from`` says where any came from; the log's last stats line gives them when
+    it is recent). Every source keeps its deadline, as in :func:`watch`: one that has not
+    answered by ``max(5, 3 intervals)`` is named in the notes, never waited for; a server
+    that accepts and never answers is waited for until the ``api_unresponsive`` rule can
+    judge it. Returns when it started (monotonic)."""
+    clock = monitor.clock
+    interval = monitor.config.interval
+    started = clock.monotonic()
+    feed.start()
+    try:
+        deadline = started + max(5.0, 3 * interval)
+        while True:
+            await asyncio.sleep(ROUND_STEP_S)
+            feed.collect()
+            monitor.tick()
+            if not _waiting_for(monitor, feed, 1) or clock.monotonic() >= deadline:
+                break
+        silent_s = monitor.diagnoser.thresholds.api_silent_s
+        deadline = max(deadline, clock.monotonic() + silent_s + 1.0)
+        while _judging_silence(monitor, silent_s) and clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            feed.collect()
+            monitor.tick()
+        monitor.diagnose()
         feed.silent = []
         for what in _waiting_for(monitor, feed, 1):
             feed.silent.append(what)
@@ -295,6 +453,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
     # The runaway first (a request the client sent without max_tokens), then the
     # oldest; a burst of 1,500 must not make a 260 KB report.
     inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
+    from_log = log_rates(monitor)
     for r in inflight[:MAX_REQUESTS]:
         reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
                      "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
@@ -306,8 +465,10 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
         gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
         gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
-        servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws)) | {"polls": ws.polls}
-                 for ws in monitor.servers.values()],
+        servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
+                            *(from_log[1:] if from_log is not None and from_log[0] == url else ()))
+                 | {"polls": ws.polls}
+                 for url, ws in monitor.servers.items()],
         startup=_jsonable(startup),
         requests=reqs,
         requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
@@ -391,7 +552,12 @@ def window_text(rep: Report) -> str:
 def format_text(rep: Report, *, doctor: bool = False) -> str:
     """Plain text, at most 80 columns wide except for long messages, no colour."""
     d = rep.to_json()
-    lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({window_text(rep)})"]
+    look = window_text(rep)
+    if rep.one_round:
+        look = f"one round of readings, {_secs(rep.window_s)}"
+        if rep.history_s:
+            look += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+    lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({look})"]
     if rep.gpus:
         for g in rep.gpus:
             if g["lost"]:
@@ -412,7 +578,9 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
         lines.append(head)
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
-                         f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s")
+                         f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
+                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else ""))
+        lines += signals_text(s)
         if s["state"] != "up":
             lines.append(f"  {s['message']}")
     st = rep.startup
@@ -443,8 +611,11 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
 # --- entry points ------------------------------------------------------------------
 
 
-def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = False, out: Any = None,
+def run_once(cfg: Config, *, window_s: float | None, as_json: bool, doctor: bool = False, out: Any = None,
              gpu_source: Any = "auto") -> int:
+    """``vtop --once`` / ``vtop doctor``: watch for ``window_s``, or, when it is None
+    (``--once`` without ``--window``), one round of readings (:func:`one_round`); then print
+    the report. Returns the exit status."""
     out = out or sys.stdout
     recorder = make_recorder(cfg, mode="doctor" if doctor else "once")
     monitor = Monitor(cfg, recorder=recorder)
@@ -457,7 +628,10 @@ def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = Fals
 
             gpu_source = make_gpu_source(cfg)
         feed = LiveFeed(monitor, gpu_source=gpu_source)
-        started = asyncio.run(watch(monitor, feed, window_s))
+        if window_s is None:
+            started = asyncio.run(one_round(monitor, feed))
+        else:
+            started = asyncio.run(watch(monitor, feed, window_s))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -465,6 +639,10 @@ def run_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool = Fals
             recorder.close()
     rep = report(monitor, started, gpu_off=gpu_source is None, window_asked_s=window_s,
                  silent=feed.silent)
+    if window_s is None:
+        rep.one_round = True
+        if any(s["rates_from"] is None and s["running"] is not None for s in rep.servers):
+            rep.notes.append(ONE_ROUND_NOTE)
     if as_json:
         out.write(json.dumps(rep.to_json(), indent=2) + "\n")
     else:

@@ -11,7 +11,9 @@ at once, then growing second by second) and the real CLI runs against it as a su
 
 * a trace with ``expect_rules`` (an incident): the play and the doctor start together at
   ``T0 = should_alert_by - window - lead`` (0 at least), so the doctor's report comes about when
-  the truth says the incident should be named (the ``rep@`` column: the trace second it came).
+  the truth says the incident should be named (the ``rep@`` column: the trace second it came;
+  later than should_alert_by + 1 s fails as late: the doctor took 15-17 s for --window 15 on
+  this box, hence a lead of 3 s).
   An incident with nothing to accumulate (``should_alert_by - began < lead + 1``: a startup
   failure, named at its first error line) starts 1 s before ``began`` instead (point
   ``first-line``): a window ending before that line could not contain it. It passes when an alert of an expected rule of
@@ -24,8 +26,10 @@ at once, then growing second by second) and the real CLI runs against it as a su
   but no incident may be named.
 
 Runs ``--jobs`` plays at once (each is real time: ~window + 2 s); prints a table and a total
-line, or ``--json``. The doctor sees no vLLM process behind the port (see serve_trace's
-docstring: the process table is not replayed). ``--doctor-arg`` adds flags to every doctor
+line, or ``--json``. Stand-in processes mirror the recorded process tree behind the port
+(:mod:`tests.corpus.standin`: its titles, and whether each process's CPU time moved), so the
+doctor reads a process table as on the recorded box; ``--no-procs`` plays without them (the
+doctor then sees no vLLM process, and a silent startup stall has no CPU evidence). ``--doctor-arg`` adds flags to every doctor
 run (e.g. ``--doctor-arg=--no-gpu``). Exit status: 0 when every run passed, 1 otherwise.
 """
 
@@ -50,12 +54,18 @@ TRACES = HERE / "traces"
 BAD = ("warning", "critical")
 WINDOW_S = 15.0
 #: the doctor starts this much before should_alert_by - window (its own start-up takes 1-3 s)
-LEAD_S = 2.0
+LEAD_S = 3.0
+#: an incident's report counts as in time when the doctor exited by should_alert_by + this (the
+#: trace's one-second rows; the exit comes after the report is written)
+IN_TIME_SLACK_S = 1.0
 JOBS = 3
 #: a point "near the end" leaves this much of the trace after the window: on a busy box the
 #: doctor took up to 7 s more than its window (seen: 22 s for --window 15, three at a time),
 #: and a trace that ends under it reads as a server gone down
 END_MARGIN_S = 12.0
+#: a quiet point of a clean-shutdown trace ends this long before its SIGTERM at the latest
+#: (the doctor takes 1-3 s more than its window; clean-sigterm-idle is ready only 20 s before it)
+SHUTDOWN_MARGIN_S = 4.0
 
 _RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
@@ -70,8 +80,10 @@ class Job:
     start: float  # trace second the play and the doctor start at
     expect_rules: list[str]
     should_alert_by: float | None
-    #: what passes: "named" (an incident), "quiet" (exit 0, no warning), "no-incident" (after a shutdown)
+    #: what passes: "named" (an incident), "quiet" (exit 0, no warning), "no-incident" (after a shutdown),
+    #: "unnameable" (an incident a 15 s window cannot prove, its truth says why: no other warning)
     expect: str
+    why: str | None = None
 
 
 @dataclass
@@ -83,6 +95,8 @@ class Run:
     should_alert_by: float | None
     expect_rules: list[str]
     expect: str
+    #: why a window cannot name this incident (truth.json's ``window_why``), for expect "unnameable"
+    why: str | None = None
     exit_code: int | None = None
     named: bool = False
     rule: str | None = None
@@ -97,6 +111,8 @@ class Run:
     ended_at: float | None = None
     #: the trace had played to its end (the port closed) before the doctor exited
     trace_ended: bool = False
+    #: an "alert" point: the doctor exited by should_alert_by (+ IN_TIME_SLACK_S); None elsewhere
+    in_time: bool | None = None
     ok: bool = False
     error: str | None = None
 
@@ -142,6 +158,11 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
     if rules:
         if sab is None:
             return jobs
+        if tl.truth.get("window_nameable") is False:
+            # Nothing in a window can prove it (truth.json says why): doctor must invent nothing.
+            j = job("alert", sab - window - lead, "unnameable")
+            j.why = str(tl.truth.get("window_why") or "window_nameable: false")
+            return [j]
         began = tl.began if tl.began is not None else sab
         if sab - began < lead + 1:
             # nothing to accumulate (a startup failure: named at its first error line): a window
@@ -151,13 +172,16 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
             jobs.append(job("alert", sab - window - lead, "named"))
         return jobs
     end_start = tl.end - window - END_MARGIN_S
+    # A quiet point must end before a clean shutdown's SIGTERM (after it the port refuses).
+    last_quiet = end_start
+    if cls == "clean_shutdown" and tl.began is not None:
+        last_quiet = min(end_start, tl.began - window - SHUTDOWN_MARGIN_S)
+    up = next((o for o in tl.metrics.offs if tl.port_open(o)), None)
     busy = busiest_start(tl, window)
-    if busy is not None:
-        jobs.append(job("busiest", busy, "quiet"))
-    else:  # no load at all (an idle server): the middle of its ready time
-        up = next((o for o in tl.metrics.offs if tl.port_open(o)), None)
-        if up is not None:
-            jobs.append(job("middle", (up + end_start) / 2, "quiet"))
+    if busy is not None and (up is None or busy >= up):
+        jobs.append(job("busiest", min(busy, max(last_quiet, up or 0.0)), "quiet"))
+    elif up is not None and last_quiet >= up:  # no load at all (an idle server): the middle of its ready time
+        jobs.append(job("middle", (up + last_quiet) / 2, "quiet"))
     if cls == "clean_shutdown":
         began = tl.began
         if began is not None:
@@ -171,9 +195,9 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
 
 
 def run_job(job: Job, *, window: float = WINDOW_S, python: str = sys.executable,
-            doctor_args: tuple[str, ...] = ()) -> Run:
-    run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect)
-    srv = TraceServer(job.path, start_at=job.start)
+            doctor_args: tuple[str, ...] = (), procs: bool = True) -> Run:
+    run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect, job.why)
+    srv = TraceServer(job.path, start_at=job.start, procs=procs)
     try:
         srv.start()
         cmd = [python, "-m", "vtop", "doctor", "--window", f"{window:g}", "--json", srv.url,
@@ -216,6 +240,11 @@ def judge(run: Run, rep: dict[str, Any]) -> Run:
                       if a["severity"] in BAD and a["rule"] not in run.expect_rules]
     if run.expect == "named":
         run.ok = run.named and run.severity in BAD and run.exit_code not in (0, None)
+        if run.point == "alert" and run.should_alert_by is not None and run.ended_at is not None:
+            run.in_time = run.ended_at <= run.should_alert_by + IN_TIME_SLACK_S
+            run.ok = run.ok and run.in_time
+    elif run.expect == "unnameable":
+        run.ok = not run.others_bad
     elif run.expect == "quiet":
         run.ok = not run.others_bad and run.exit_code == 0
         if run.trace_ended and not run.ok:
@@ -226,10 +255,11 @@ def judge(run: Run, rep: dict[str, Any]) -> Run:
 
 
 def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
-            doctor_args: tuple[str, ...] = (), progress: Any = None) -> list[Run]:
+            doctor_args: tuple[str, ...] = (), progress: Any = None, procs: bool = True) -> list[Run]:
     out: list[Run | None] = [None] * len(jobs)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
-        futs = {ex.submit(run_job, j, window=window, doctor_args=doctor_args): i for i, j in enumerate(jobs)}
+        futs = {ex.submit(run_job, j, window=window, doctor_args=doctor_args, procs=procs): i
+                for i, j in enumerate(jobs)}
         for f in concurrent.futures.as_completed(futs):
             i = futs[f]
             try:
@@ -237,7 +267,7 @@ def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
             except Exception as e:  # noqa: BLE001 - one broken play must not lose the others
                 j = jobs[i]
                 out[i] = Run(j.trace, j.cls, j.point, j.start, j.should_alert_by, j.expect_rules, j.expect,
-                             error=f"{type(e).__name__}: {e}")
+                             j.why, error=f"{type(e).__name__}: {e}")
             if progress is not None:
                 r = out[i]
                 assert r is not None
@@ -248,13 +278,18 @@ def run_all(jobs: list[Job], *, window: float = WINDOW_S, parallel: int = JOBS,
 
 def totals(runs: list[Run]) -> dict[str, Any]:
     inc = [r for r in runs if r.expect == "named"]
-    rest = [r for r in runs if r.expect != "named"]
+    unn = [r for r in runs if r.expect == "unnameable"]
+    rest = [r for r in runs if r.expect not in ("named", "unnameable")]
     return {
+        "not_nameable": len(unn),
+        "not_nameable_named_anyway": sum(1 for r in unn if r.named and r.severity in BAD),
+        "not_nameable_false_alarms": sum(len(r.others_bad) for r in unn),
         "incidents": len(inc),
         "incidents_named": sum(1 for r in inc if r.named),
         "incidents_named_warning_or_worse": sum(1 for r in inc if r.named and r.severity in BAD),
         "incidents_nonzero_exit": sum(1 for r in inc if r.exit_code not in (0, None)),
         "incidents_ok": sum(1 for r in inc if r.ok),
+        "incidents_late": sum(1 for r in inc if r.in_time is False),
         "quiet_runs": len(rest),
         "quiet_ok": sum(1 for r in rest if r.ok),
         "false_alarms": sum(len(r.others_bad) for r in rest),
@@ -269,8 +304,11 @@ def table(runs: list[Run], window: float) -> str:
     for r in runs:
         sab = f"+{r.should_alert_by:.0f}" if r.should_alert_by is not None else "-"
         if r.named:
-            named = "yes"
+            named = "late" if r.in_time is False else "yes"
             what = f"{r.rule}:{r.severity}"
+        elif r.expect == "unnameable":
+            named = "n/a"
+            what = "not nameable in a window: see below"
         else:
             named = "no" if r.expect == "named" else "-"
             what = ", ".join(f"{a['rule']}:{a['severity']}" for a in r.alerts) or "(none)"
@@ -281,12 +319,17 @@ def table(runs: list[Run], window: float) -> str:
                      f"{rep:>6} {named:6} {what[:28]:28} {'-' if r.exit_code is None else r.exit_code:>4} "
                      f"{'-' if r.wall_s is None else format(r.wall_s, '.0f'):>5}  {'ok' if r.ok else 'FAIL'}")
     t = totals(runs)
+    for r in runs:
+        if r.expect == "unnameable":
+            lines.append(f"  {r.trace}: not nameable from a {window:g} s window ({r.why}); passes with no other "
+                         "warning")
     lines.append("")
     lines.append(
         f"doctor --window {window:g} live: incidents named {t['incidents_named']}/{t['incidents']} "
         f"(warning or worse {t['incidents_named_warning_or_worse']}, non-zero exit {t['incidents_nonzero_exit']}, "
-        f"pass {t['incidents_ok']}); quiet points pass {t['quiet_ok']}/{t['quiet_runs']} "
-        f"(false alarms {t['false_alarms']}); errors {t['errors']}")
+        f"late {t['incidents_late']}, pass {t['incidents_ok']}); quiet points pass {t['quiet_ok']}/{t['quiet_runs']} "
+        f"(false alarms {t['false_alarms']}); not nameable in a window {t['not_nameable']} "
+        f"(false alarms {t['not_nameable_false_alarms']}); errors {t['errors']}")
     return "\n".join(lines)
 
 
@@ -314,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"start this long before should_alert_by - window (default {LEAD_S:g})")
     ap.add_argument("--doctor-arg", action="append", default=[], metavar="ARG", help="an extra doctor flag (repeat)")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    ap.add_argument("--no-procs", action="store_true",
+                    help="no stand-in processes for the recorded process tree (the doctor then sees none)")
     ns = ap.parse_args(argv)
     jobs = plan(trace_paths(ns.traces), ns.window, ns.lead)
     if ns.list:
@@ -322,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.monotonic()
     print(f"{len(jobs)} doctor runs, {ns.jobs} at a time, ~{ns.window + 3:.0f} s each ...", file=sys.stderr)
-    runs = run_all(jobs, window=ns.window, parallel=ns.jobs, doctor_args=tuple(ns.doctor_arg), progress=sys.stderr)
+    runs = run_all(jobs, window=ns.window, parallel=ns.jobs, doctor_args=tuple(ns.doctor_arg), progress=sys.stderr,
+                   procs=not ns.no_procs)
     if ns.json:
         print(json.dumps({"window_s": ns.window, "lead_s": ns.lead, "runs": [r.row() for r in runs],
                           "totals": totals(runs), "elapsed_s": round(time.monotonic() - t0, 1)}, indent=2))

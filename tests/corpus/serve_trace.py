@@ -18,7 +18,9 @@ unfolds at its own pace:
   ``refused``/an error while the port is open drops that connection without an answer; a
   ``timeout`` holds the request :data:`HOLD_S` seconds (past vtop's 3 s deadline) and drops it.
 * The log: a file (``--log``, default a new temporary one) that grows with exactly the
-  recorded bytes, as ``log-index.jsonl.gz`` says, second by second.
+  recorded bytes, as ``log-index.jsonl.gz`` says, second by second. Its modification time is
+  when its last byte was written in the recording (moved to now, as the stamps are): the
+  backlog written at once at the start keeps the age of its last write.
 
 Time: trace second 0 is the recorder's first ``launch`` event. ``--from S`` starts the play
 S seconds after it; ``--before-alert S`` starts it S seconds before the truth's
@@ -28,10 +30,11 @@ trace's end (its ``end`` event, else its last row): the port is closed, the log 
 
 What this CANNOT replay, so a run against it differs from the recorded box:
 
-* the process table: there is no vLLM process behind the port, so vtop's process scan
-  finds none for this URL (no pid, no process-start time from ``/proc``, no CPU time of the
-  tree; ``procs.jsonl.gz`` is not used) -- and it may see other vLLM servers really running
-  on this box;
+* the process table, unless ``procs=True`` (``--procs``): then stand-in processes mirror the
+  recorded tree, its titles and whether each process's CPU time moved
+  (:mod:`tests.corpus.standin`; not its pids, start times, memory or GPUs). Without it there
+  is no vLLM process behind the port: vtop's process scan finds none for this URL (no pid, no
+  CPU time of the tree). Either way it may see other vLLM servers really running on this box;
 * the GPU (the corpus is from CPU servers; NVML answers whatever this box has);
 * time below one second: every file has one row a second, so an answer changes on the
   row's second, and the recorded scrape latency (``dt``) is not reproduced;
@@ -190,6 +193,18 @@ class TraceTimeline:
         r = self.metrics.at(off)
         return r is not None and not (r.get("status") is None and r.get("error") == "refused")
 
+    def log_written_at(self, size: int) -> float | None:
+        """The trace second by which the log had reached ``size`` bytes (the first index row at
+        or past it: its bytes were written in the second before, so this is at or after the
+        write), or None when no row has."""
+        for o, r in zip(self.log_index.offs, self.log_index.rows):
+            try:
+                if int(r["size"]) >= size:
+                    return o
+            except (KeyError, TypeError, ValueError):
+                continue
+        return None
+
     def log_size(self, off: float) -> int:
         r = self.log_index.at(off)
         try:
@@ -293,8 +308,12 @@ class TraceServer:
         tick_s: float = TICK_S,
         shift_time: bool = True,
         wall: Callable[[], float] = time.time,
+        procs: bool = False,
     ) -> None:
         self.timeline = trace if isinstance(trace, TraceTimeline) else TraceTimeline(trace)
+        #: stand-in processes for the recorded process tree (:mod:`tests.corpus.standin`), when asked
+        self.procs = procs
+        self._mirror: Any = None
         self.shift_time = shift_time
         self.wall = wall
         #: seconds added to every time stamp served (0 until start(), or with shift_time=False)
@@ -358,6 +377,15 @@ class TraceServer:
             self.shift_s = float(round(self.wall() - (self.timeline.origin_t + self.start_at)))
         # moved once, whole (a second's write may end inside a line)
         self._log_data = shift_stamps(self.timeline.log_bytes, self.shift_s)
+        if self.procs:
+            from tests.corpus.standin import ProcMirror
+
+            url = str((self.timeline.truth.get("server") or {}).get("url") or "")
+            port = url.rsplit(":", 1)[-1] if url.count(":") >= 2 else None
+            mirror = ProcMirror(self.timeline.path, self.timeline.origin_mono, port, self.port, self.log_path)
+            self._mirror = mirror if mirror.available else None
+            if self._mirror is None:
+                mirror.stop()
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
@@ -408,6 +436,8 @@ class TraceServer:
         if self._reserve is not None:
             self._reserve.close()
             self._reserve = None
+        if self._mirror is not None:
+            self._mirror.stop()
         if self._log_f is not None:
             self._log_f.close()
             self._log_f = None
@@ -447,6 +477,12 @@ class TraceServer:
         off = self.offset()
         tl = self.timeline
         self._write_log(tl.log_size(min(off, tl.end)))
+        if self._mirror is not None:
+            if off >= tl.end:
+                self._mirror.stop()  # the end of the trace: the server is gone
+                self._mirror = None
+            else:
+                self._mirror.apply(off)
         if off >= tl.end:
             await self._close_port()
             self._ended.set()
@@ -469,6 +505,14 @@ class TraceServer:
         f.write(data[self._written:size])
         f.flush()
         self._written = size
+        # The file's modification time is when its last byte was written, as on the box: for the
+        # backlog written at once at the start of a play, the recorded second it was reached (a
+        # tailer attaching to a silent log sees how long it has been silent, as on a real file).
+        o = self.timeline.log_written_at(size)
+        if o is not None and self._t0 is not None:
+            with contextlib.suppress(OSError):
+                t = self.wall() - max(0.0, self.offset() - o)
+                os.utime(self.log_path, (t, t))
 
     async def _open_port(self) -> None:
         if self._reserve is None:
@@ -560,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start S seconds before the truth's should_alert_by")
     p.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
     p.add_argument("--log", default=None, metavar="PATH", help="the log file to grow (default: a temporary one)")
+    p.add_argument("--procs", action="store_true",
+                   help="start stand-in processes mirroring the recorded process tree (tests/corpus/standin.py)")
     ns = p.parse_args(argv)
     path = Path(ns.trace)
     if not path.is_dir():
@@ -571,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         at = start_offset(tl, start_from=ns.start_from, before_alert=ns.before_alert)
     except ValueError as e:
         p.exit(2, f"serve_trace: {e}\n")
-    srv = TraceServer(tl, start_at=at, log_path=ns.log, port=ns.port)
+    srv = TraceServer(tl, start_at=at, log_path=ns.log, port=ns.port, procs=ns.procs)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.corpus.live_doctor import (
     LEAD_S,
+    SHUTDOWN_MARGIN_S,
     WINDOW_S,
     Run,
     busiest_start,
@@ -40,12 +41,22 @@ def test_the_plan_covers_every_trace_of_the_corpus() -> None:
             else:  # a startup failure: the window holds its first error line
                 assert [j.point for j in mine] == ["first-line"]
                 assert mine[0].start == round(max(0.0, began - 1), 1)
-            assert mine[0].expect == "named"
+            if tl.truth.get("window_nameable") is False:
+                # excluded with its reason shown (truth.json's window_why), judged on no false alarm
+                assert mine[0].expect == "unnameable" and len(mine[0].why or "") > 40
+            else:
+                assert mine[0].expect == "named"
         else:
             assert len(mine) >= 2, (tl.name, by_trace.get(tl.name))
             assert all(j.expect in ("quiet", "no-incident") for j in mine)
             if tl.truth.get("class") == "clean_shutdown":
                 assert "after-shutdown" in by_trace[tl.name] and "shutdown" in by_trace[tl.name]
+                # a quiet point ends before the SIGTERM, with the doctor's own start-up to spare
+                # (clean-sigterm-idle's "middle" point had overlapped it: exit 2, the port down)
+                assert tl.began is not None
+                for j in mine:
+                    if j.expect == "quiet":
+                        assert j.start + WINDOW_S + SHUTDOWN_MARGIN_S <= tl.began + 0.05, (tl.name, j)
 
 
 def _prom(running: float, waiting: float) -> str:
@@ -106,3 +117,31 @@ def test_the_table_and_totals_count_what_was_judged() -> None:
     text = table(runs, 15)
     assert "runaway:critical" in text and "kv_saturation:warning" in text
     assert text.splitlines()[-1].startswith("doctor --window 15 live: incidents named 1/2")
+
+
+def test_an_incident_no_window_can_prove_is_shown_with_why_and_kept_out_of_the_count() -> None:
+    why = "request logging off and short requests every 2-5 s: nothing in 15 s proves an old request"
+    quiet = _run("unnameable", 0)
+    quiet.why = why
+    bad = _run("unnameable", 1)
+    bad.why = why
+    runs = [judge(quiet, _rep()), judge(bad, _rep(("kv_saturation", "warning"))),
+            judge(_run("named", 1), _rep(("runaway", "critical")))]
+    assert runs[0].ok and not runs[1].ok  # it passes only when doctor invents nothing else
+    t = totals(runs)
+    assert (t["incidents"], t["incidents_ok"], t["not_nameable"], t["not_nameable_false_alarms"]) == (1, 1, 2, 1)
+    text = table(runs, 15)
+    assert f"not nameable from a 15 s window ({why})" in text
+    assert "incidents named 1/1" in text.splitlines()[-1]
+
+
+def test_a_report_after_should_alert_by_is_late() -> None:
+    """rep@ was shown but not judged: a doctor exiting after should_alert_by passed."""
+    on_time = _run("named", 1)
+    on_time.ended_at = 27.5  # should_alert_by 27 (+1 s for the exit after the report)
+    late = _run("named", 1)
+    late.ended_at = 29.0
+    runs = [judge(on_time, _rep(("runaway", "warning"))), judge(late, _rep(("runaway", "warning")))]
+    assert runs[0].ok and runs[0].in_time is True
+    assert not runs[1].ok and runs[1].in_time is False and runs[1].named
+    assert totals(runs)["incidents_late"] == 1 and " late " in table(runs, 15)

@@ -274,3 +274,28 @@ def test_the_play_is_moved_to_now_stamps_and_start_time_alike(tmp_path: Path) ->
     tl2.origin_t = tl2.origin_t  # unchanged
     body = tl2.answer("/metrics", 0.5, shift_s=100.0).body.decode()
     assert "process_start_time_seconds 1796180100.5" in body and "vllm:num_requests_running 1.0" in body
+
+
+def test_the_backlog_keeps_the_age_of_its_last_write(tiny: Path, tmp_path: Path) -> None:
+    """The log's modification time is when its last byte was written in the recording, moved to
+    now: a backlog written at once at the start of a play must not look freshly written (a tailer
+    attaching to a log silent since a tqdm frame reads how long from it: graph capture)."""
+    clock = Clock()
+    now = 1_900_000_000.0
+    log = tmp_path / "v.log"
+    # the tiny trace's log reached 19 bytes at second 3 and 24 at second 5; started at 4.5 its
+    # backlog is 19 bytes, last written at second 3: 1.5 s before now
+    with TraceServer(tiny, start_at=4.5, clock=clock, log_path=log, wall=lambda: now) as srv:
+        assert log.stat().st_size == 19
+        assert abs(log.stat().st_mtime - (now - 1.5)) < 0.01
+        assert srv.timeline.log_written_at(19) == 3.0 and srv.timeline.log_written_at(25) is None
+    # a corpus trace silent for a minute before the start: its file says so
+    tl = TraceTimeline(TRACES / "h200-startup-stall-graph-capture")
+    sab = tl.should_alert_by
+    assert sab is not None
+    start = sab - 17.0
+    size = tl.log_size(start)
+    wrote = tl.log_written_at(size)
+    assert wrote is not None and start - wrote > 60
+    with TraceServer(tl, start_at=start, clock=Clock(), log_path=tmp_path / "g.log", wall=lambda: now):
+        assert abs((now - (tmp_path / "g.log").stat().st_mtime) - (start - wrote)) < 0.01

@@ -5,7 +5,9 @@ Played from the corpus (:mod:`tests.corpus.window`): the log up to the start as 
 then only the 15 s window of ``/metrics`` and the log. Before the log's history was read
 (``vtop/core/loghistory.py``), the runaways, engine stalls and KV saturations of the corpus
 all exited 0 here: 15 s of ``/metrics`` cannot show a request 45 s old, 20 s of flat counters
-or 30 s of a full KV cache.
+or 30 s of a full KV cache. The startup stalls exited 0 until the CPU of a silent phase was judged
+over what doctor watched (10 s at least, not 45 s) and a backlog ending in a progress frame was
+dated by the file's modification time (h200-startup-stall-graph-capture).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from vtop.sources.trace import is_trace, truth_of
 
 ALL = sorted(p for p in TRACES.iterdir() if is_trace(p)) if TRACES.is_dir() else []
 INCIDENTS = [p for p in ALL if truth_of(p)["class"] in
-             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure")
+             ("runaway", "engine_stall", "kv_saturation", "engine_death", "startup_failure", "startup_stall")
              and truth_of(p).get("window_nameable", True)]
 #: incidents a 15 s window cannot name, each with why in its truth.json ("window_why")
 UNNAMEABLE = [p for p in ALL if not truth_of(p).get("window_nameable", True)]
@@ -79,3 +81,20 @@ def test_doctor_window_15_names_a_startup_stall_with_the_flag_the_screen_takes()
     stall = [a for a in alerts if a.rule == "startup_stall"]
     assert stall and code == 1, [(a.severity, a.rule) for a in alerts]
     assert "no new log line for 1m" in stall[0].title
+
+
+STALLS = [p for p in ALL if truth_of(p)["class"] == "engine_stall"]
+
+
+@pytest.mark.parametrize("trace", STALLS, ids=lambda p: p.name)
+def test_doctor_reporting_before_should_alert_by_names_an_engine_stall(trace: Path) -> None:
+    """The live doctor's report lands 1-3 s before should_alert_by (it starts 2 s early to allow
+    for its own start-up). The zero-throughput stats line proves a stall only from the line
+    before it, which still counted the sliver of tokens made before the stop, up to 10 s after
+    it: at should_alert_by - 2 s that was 18.5 s (< 20 s), and all four were missed live. The
+    collapsed interval dates the stop (loghistory's ``stopped_within``)."""
+    sab = float(truth_of(trace)["should_alert_by"])
+    code, alerts = doctor_at(trace, sab - WINDOW_S - 2.0, window_s=WINDOW_S - 1.0)  # fed up to sab - 2 s
+    stall = [a for a in alerts if a.rule == "engine_stall"]
+    assert stall and code == 2, [(a.severity, a.rule) for a in alerts]
+    assert "no token for about" in stall[0].title and any("stopped about" in e for e in stall[0].evidence)

@@ -36,4 +36,5 @@ def test_live_doctor_plays_a_runaway_trace_and_reads_the_doctor_report() -> None
     assert run.server["model"] == "/tmp/tinyllama-pos65536"
     assert (run.server["running"] or 0) >= 1, run.server  # the runaway (and maybe a short one) in flight
     assert run.named == any(a["rule"] == "runaway" for a in run.alerts)
-    assert run.ok == (run.named and run.severity in BAD and run.exit_code != 0)
+    assert run.ok == (run.named and run.severity in BAD and run.exit_code != 0 and run.in_time is not False)
+    assert run.in_time is not None  # an "alert" point: whether the report came by should_alert_by is judged

@@ -63,11 +63,11 @@ async def test_eight_gpus_at_200x60_are_full_cards_in_two_columns(clock: FakeClo
         await pilot.pause()
         cards = list(app.query(GpuCard))
         assert not app.query_one(GpuPanel).compact
-        assert all(c.display and c.region.height == 6 for c in cards)
+        assert all(c.display and c.region.height == 7 for c in cards)  # 5 rows: util, SM act, power, mem, bw
         assert len({c.region.x for c in cards}) == 2
         assert max(c.region.bottom for c in cards) < 60
         t = card_text(cards[0])
-        for word in ("util", "SM act", "mem", "bw", "W/700", "°C", "GiB", "MHz"):
+        for word in ("util", "SM act", "power", "mem", "bw", "W/700", "°C", "GiB", "MHz"):
             assert word in t
         assert cards[0].border_title == "GPU 0 · H200"
         assert "70.0 GiB" in (cards[0].border_subtitle or "")
@@ -113,8 +113,9 @@ async def test_hung_nvml_call_keeps_the_ui_answering_and_says_so() -> None:
         hang["on"] = True
         await until(pilot, entered.is_set)
         await until(pilot, lambda: app.gpu_hung)  # the watchdog noticed at a tick
+        before = app.query_one(GpuPanel).compact  # chosen from the room: either way
         await pilot.press("c")  # a key is handled while NVML is stuck:
-        assert app.query_one(GpuPanel).compact
+        assert app.query_one(GpuPanel).compact is not before
         assert loop.in_flight_since is not None and not release.is_set()  # ...the call had not returned
         assert "NVML not answering" in app.gpu_status_text()
         assert app.query_one("GpuPanel").has_class("-stale")
@@ -273,8 +274,10 @@ async def test_each_poll_reaches_the_screen(clock: FakeClock) -> None:
 
 
 def test_gpu_process_names_are_looked_up_when_the_pids_change_or_every_4_s(clock: FakeClock) -> None:
-    """A lookup reads /proc for every GPU process: not every second for the same PIDs."""
-    src, _ = fake_gpus(8, clock)
+    """A lookup reads /proc for every GPU process: not every second for the same PIDs.
+    (GPUs that say they are real: simulated ones' made-up pids are never looked up.)"""
+    src, fake = fake_gpus(8, clock)
+    fake.SIMULATED = False  # type: ignore[misc]
     app = make_app(src)
     looked: list[list[int]] = []
     names_of = app.feed.names
@@ -292,3 +295,23 @@ def test_gpu_process_names_are_looked_up_when_the_pids_change_or_every_4_s(clock
     names_of.names_for((2, 1), t + 1)
     names_of.names_for((1, 3), t + 1.5)  # a process came and went: looked up at once
     assert looked[3:] == [[1, 2], [1, 3]]
+
+
+async def test_power_row_is_power_against_the_limit_on_a_fixed_scale(clock: FakeClock) -> None:
+    """Power as a row of the card: its value is the share of the enforced limit (350 of 700 W: 50 %),
+    its sparkline drawn on 0-100 %, beside util and SM activity; the fault corner says ECC and remaps."""
+    gpus = [FakeGpu(overrides={"power": 350_000, "utilization": SimpleNamespace(gpu=100, memory=10),
+                               "ecc_uncorrected": 2, "remapped_rows": (0, 1, 1, 0)})]
+    fake = FakeNvml(gpus, clock=clock.monotonic)
+    app = make_app(NvmlSource(fake, clock=clock))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(app, clock, 10)
+        await pilot.pause()
+        (card,) = list(app.query(GpuCard))
+        rows = card_text(card).splitlines()
+        labels = [r.split()[0] for r in rows]
+        assert labels[:3] == ["util", "SM", "power"]
+        power = rows[2]
+        assert power.split()[1] == "50%" and "350 W/700" in power
+        assert "▄" in power  # half the fixed scale, every cell the same
+        assert "ECC unc 2 · remap 1 pending" in rows[4]

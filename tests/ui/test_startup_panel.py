@@ -191,3 +191,68 @@ async def test_a_message_that_wraps_gets_all_its_rows() -> None:
         await pilot.pause()
         rows = len(panel.build().wrap(app.console, panel.content_region.width))
         assert rows >= 2 and panel.content_region.height == rows
+
+
+async def test_a_stats_line_wraps_whole_in_the_log_pane_at_120_columns(tmp_path: Path) -> None:
+    # vLLM's stats line is ~215 columns: cut at the pane's width, it showed "Avg gener" and never the
+    # queues or the KV usage. It wraps (at most 3 rows); a request line stays one row; a resize re-wraps.
+    stats = ("(APIServer pid=12772) INFO 11-30 09:32:05 [loggers.py:335] Engine 000: Avg prompt throughput: "
+             "3.6 tokens/s, Avg generation throughput: 364.1 tokens/s, Running: 4 reqs, Waiting: 1 reqs, "
+             "CPU KV cache usage: 0.3%, Prefix cache hit rate: 0.0%")
+    request = ("(APIServer pid=12772) INFO 11-30 09:32:06 [request_logger.py:65] Received request cmpl-1: params: "
+               "SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+               "temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], max_tokens=64)")
+    (log := tmp_path / "vllm.log").write_text(stats + "\n" + request + "\n")
+    app = app_with_log(log)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one(LogPane)
+        rows = list(pane.lines)
+        width = pane.scrollable_content_region.width
+        assert len(stats) > width  # the case: one row could not hold it
+        i = next(i for i, r in enumerate(rows) if "Avg prompt throughput" in r)
+        whole = " ".join(r.strip() for r in rows[i:i + 3])
+        assert "Running: 4 reqs, Waiting: 1 reqs, CPU KV cache usage: 0.3%" in whole, rows
+        assert all(len(r) <= width for r in rows[i:i + 3]) and rows[i + 1].startswith("  ")
+        (req,) = [r for r in rows if "Received request" in r or "max_tokens=64" in r]
+        assert "Received request" in req and req.endswith("max_tokens=64)")  # one row, cut on screen
+        await pilot.resize_terminal(200, 40)
+        await pilot.pause()
+        await pilot.pause()
+        wide = list(pane.lines)
+        assert any("Avg prompt throughput" in r and "Running: 4 reqs" in r for r in wide), wide
+
+
+async def test_poll_lines_are_hidden_counted_said_once_and_a_shows_them(tmp_path: Path) -> None:
+    # Issue 26 item 3: uvicorn's access lines of the monitoring endpoints (vtop's own polls) are
+    # hidden by default, the pane's bottom border counts them and says which vLLM flag keeps
+    # them out of the server's log, and `a` shows them.
+    poll = '(APIServer pid=7) INFO:     127.0.0.1:50312 - "GET /metrics/?name[]=vllm:num_requests_running HTTP/1.1" 200 OK'
+    health = '(APIServer pid=7) INFO:     127.0.0.1:50313 - "GET /health HTTP/1.1" 200 OK'
+    work = '(APIServer pid=7) INFO:     127.0.0.1:50400 - "POST /v1/completions HTTP/1.1" 200 OK'
+    (log := tmp_path / "vllm.log").write_text("\n".join([poll, work, health, poll]) + "\n")
+    app = app_with_log(log)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one(LogPane)
+        rows = list(pane.lines)
+        assert any("POST /v1/completions" in r for r in rows)
+        assert not any("GET /metrics" in r or "GET /health" in r for r in rows), rows
+        assert pane.hidden_probes == 3
+        assert "3 poll lines hidden (a)" in str(pane.border_subtitle)
+        assert "--disable-access-log-for-endpoints" in str(pane.border_subtitle)
+        assert not app._notifications  # said under the pane: no toast over the cards
+        await pilot.press("a")
+        await pilot.pause()
+        rows = list(pane.lines)
+        assert sum("GET /metrics" in r for r in rows) == 2 and any("GET /health" in r for r in rows), rows
+        assert "poll lines shown" in str(pane.border_title) and not pane.border_subtitle
+        with log.open("a") as f:
+            f.write(poll + "\n")
+        await app.poll_log_once()
+        await pilot.press("a")
+        await pilot.pause()
+        assert pane.hidden_probes == 4 and not any("GET /metrics" in r for r in pane.lines)
+        assert "4 poll lines hidden (a)" in str(pane.border_subtitle)

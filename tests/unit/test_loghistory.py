@@ -181,3 +181,64 @@ def test_a_stale_request_log_entry_on_a_busy_server_is_no_runaway() -> None:
     # one request running and nothing finishing: it may well be that one; the log names it
     named = [a for a in _doctor_on_a_busy_server(1.0, finishing=False) if getattr(a, "rule", "") == "runaway"]
     assert named and any("chatcmpl-stale came 8" in e for e in named[0].evidence), named
+
+
+def test_the_interval_an_engine_stopped_in_is_read_from_its_collapsed_throughput() -> None:
+    """engine-stall-*: SIGSTOP just after a stats line; the next line still counts the outputs
+    made before the stop (27 tok/s after 1259), then a zero line. The stop is about the start of
+    that interval, not its end: 10 s earlier than the zero lines alone say (issue 24, the live
+    doctor named the stalls 1-2 s late without it)."""
+    h = LogHistory(local_offset=lambda w: 0.0)
+    t0 = WALL - 40  # lines at -40, -30 (collapsed), -20 (zero); read at WALL
+    _feed(h, [(t0, _stats(4, 1259.1, 288.4)), (t0 + 10, _stats(4, 27.1, 7.3)), (t0 + 20, _stats(4, 0.0))], WALL)
+    now = 1000.0
+    v = h.snapshot(now, WALL)
+    q = v.quiet_since(now)
+    assert q is not None and round(now - q[0]) == 30  # the zero line covers (-30, -20]: since -30
+    est = v.stopped_within(now)
+    assert est is not None
+    # decoding at half the rate or more: 271 tokens took at most 0.43 s; 73 prompt tokens at the
+    # fastest prompt rate logged (288.4 tok/s) at most 0.25 s: stopped about 39.3 s ago
+    assert abs((now - est[0]) - (40.0 - 0.5 - 0.43 - 0.25)) < 0.05, now - est[0]
+    got = v.stalled_since(now, now - 15)
+    assert got is not None and got[0] == est[0] and got[2] is True and "stopped about 39 s ago" in got[1]
+
+
+def test_no_interval_estimate_without_a_collapse_or_running_requests() -> None:
+    now = 1000.0
+    t0 = WALL - 40
+    cases = [
+        [(t0, _stats(4, 1000.0)), (t0 + 10, _stats(4, 400.0)), (t0 + 20, _stats(4, 0.0))],  # a slowdown, 40 %
+        [(t0, _stats(0, 0.0)), (t0 + 10, _stats(4, 27.0)), (t0 + 20, _stats(4, 0.0))],  # nothing before it
+        [(t0, _stats(4, 1000.0)), (t0 + 10, _stats(0, 27.0)), (t0 + 20, _stats(4, 0.0))],  # idle in between
+        [(t0 - 20, _stats(4, 1000.0)), (t0 + 10, _stats(4, 27.0)), (t0 + 20, _stats(4, 0.0))],  # a gap: unknown
+        [(t0, _stats(4, 1000.0)), (t0 + 10, _stats(4, 27.0)), (t0 + 20, _stats(4, 50.0))],  # moving again
+    ]
+    for lines in cases:
+        h = LogHistory(local_offset=lambda w: 0.0)
+        _feed(h, lines, WALL)
+        v = h.snapshot(now, WALL)
+        assert v.stopped_within(now) is None, lines
+        got = v.stalled_since(now, now - 15)
+        assert got is None or got[2] is False
+
+
+def test_a_backlog_ending_in_a_frame_is_dated_by_the_files_modification_time() -> None:
+    """A tqdm frame has no stamp: the backlog's lag came out 0 and a progress bar stopped for
+    72 s looked silent only since the attach (h200-startup-stall-graph-capture, live doctor).
+    The file's modification time says when its last byte was written."""
+    h = LogHistory(local_offset=lambda w: 0.0)
+    mono = 5000.0
+    _feed(h, [(WALL - 80, "Skipping CuTeDSL warmup because no compile units were requested.")], WALL)
+    frame = parse_line("Capturing CUDA graphs (PIECEWISE):  10%|#         | 5/51 [00:00<00:00, 48.73it/s]")
+    h.feed(frame, WALL, mono)
+    assert h.backlog_lag(mono, WALL) == 0.0  # no stamp, no modification time: unknown
+    lag = h.backlog_lag(mono, WALL, written=WALL - 79.0)
+    assert abs(lag - 79.0) < 1e-6 and h.lag_from == "mtime"
+    assert h.backlog_lag(mono + 30, WALL + 30, written=WALL - 79.0) == lag  # the same as time passes
+    assert h.backlog_lag(mono, WALL, written=WALL - 2.0) == 0.0  # written just now: live, no lag
+    assert h.backlog_lag(mono, WALL, written=WALL + 600.0) == 0.0  # a clock ahead: never a guess
+    # a stamped last line is dated by its stamp, as before
+    h2 = LogHistory(local_offset=lambda w: 0.0)
+    h2.feed(parse_line(_line(WALL - 80, "Initializing a V1 LLM engine")), WALL, mono)
+    assert abs(h2.backlog_lag(mono, WALL, written=WALL - 1.0) - 79.5) < 1e-6 and h2.lag_from == "stamp"

@@ -477,3 +477,25 @@ def test_record_glued_after_a_bar_is_not_cut_when_it_looks_like_a_bar() -> None:
         lines = [x.rstrip() for x in sp.feed(data[:cut]) + sp.feed(data[cut:]) + sp.flush()]
         assert rec in lines, cut
         assert "Bar 0: 100%|##########| 10/10 [00:00<00:00, 9.10it/s]" in lines, cut
+
+
+def test_the_state_says_when_the_file_was_last_written_once_caught_up(tmp_path: Path) -> None:
+    p = tmp_path / "v.log"
+    p.write_bytes(b"INFO 12-02 05:19:52 [x.py:1] Skipping CuTeDSL warmup\n"
+                  b"\rCapturing CUDA graphs (PIECEWISE):  10%|#    | 5/51 [00:00<00:00, 48.73it/s]\n")
+    os.utime(p, (1_800_000_000.0, 1_800_000_000.0))
+    t = LogTailer(p, max_read=64)  # a read budget smaller than the file: catching up first
+    t.poll()
+    assert t.state.mtime is None  # bytes left to read: the modification time is not the last line's
+    while t.state.behind:
+        t.poll()
+    t.poll()
+    assert t.state.mtime == 1_800_000_000.0
+    t.close()
+    r, w = os.pipe()
+    s = StreamTailer(r, name="-")
+    os.write(w, b"a line\n")
+    s.poll()
+    assert s.state.mtime is None  # a pipe has no modification time to speak of
+    os.close(w)
+    s.close()

@@ -150,12 +150,12 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
         g = tick().gpus[0]
         per_tick.append(fake.calls - calls)
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
-    # Every tick utilization, memory and power; every fourth tick (SLOW_EVERY_S: 4 s)
-    # also temperature, two clocks, throttle reasons, processes, one GPM sample and one metrics
-    # get: no alloc, no free
-    assert sorted(per_tick) == [3] * 6 + [10, 10]
-    first = per_tick.index(10)
-    assert per_tick[first + 4] == 10 if first < 4 else per_tick[first - 4] == 10
+    # Every tick utilization, memory, power and one XID event-set wait (nothing queued: one call);
+    # every fourth tick (SLOW_EVERY_S: 4 s) also temperature, two clocks, throttle reasons,
+    # processes, one GPM sample and one metrics get: no alloc, no free
+    assert sorted(per_tick) == [4] * 6 + [11, 11]
+    first = per_tick.index(11)
+    assert per_tick[first + 4] == 11 if first < 4 else per_tick[first - 4] == 11
     for _ in range(50):
         p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
@@ -399,3 +399,74 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     monkeypatch.setenv("VTOP_SIMULATED_NVML_COST", "h200")
     src = make_gpu_source(Config(simulate_gpus=2))
     assert src.poll().gpus and src.binding.call_cost_s == H200_CALL_S  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ GPU faults (#29)
+
+
+def test_xid_events_are_drained_at_each_poll_with_the_timeout_and_mapped_to_their_gpu() -> None:
+    s, fake = src([FakeGpu(), FakeGpu()])
+    p = s.poll()
+    assert p.xids == () and fake.registered == {0, 1} and fake.event_sets == 1
+    assert fake.waits == [0]  # vtop's default: a wait that times out at once, never blocking the tick
+    fake.inject_xid(1, 79)
+    fake.inject_xid(0, 13)
+    p = s.poll()
+    assert [(x.gpu, x.xid) for x in p.xids] == [(1, 79), (0, 13)]
+    assert all(x.mono == p.mono and x.t == p.t for x in p.xids)
+    assert fake.waits[1:] == [0, 0, 0]  # two events, then the timeout that ends the drain
+    assert s.poll().xids == ()  # drained once
+    assert s.close() and fake.event_sets == 0
+
+
+def test_xid_wait_timeout_is_passed_and_an_unregistrable_gpu_is_a_note_not_an_error() -> None:
+    clock = FakeClock()
+    fake = FakeNvml([FakeGpu(overrides={"register_events": pynvml.NVMLError_NotSupported(
+        pynvml.NVML_ERROR_NOT_SUPPORTED)}), FakeGpu()], clock=clock.monotonic)
+    s = NvmlSource(fake, clock=clock, xid_wait_ms=5)
+    p = s.poll()
+    assert p.status == OK and fake.registered == {1}
+    assert any("GPU 0: XID events not available" in n for n in p.notes)
+    fake.inject_xid(0, 48)  # never delivered: GPU 0 is not registered
+    fake.inject_xid(1, 48)
+    p = s.poll()
+    assert [(x.gpu, x.xid) for x in p.xids] == [(1, 48)] and fake.waits[-2:] == [5, 0]
+
+
+def test_poll_round_trips_xids_and_fault_fields_through_json() -> None:
+    from vtop.model.gpu import GpuPoll
+
+    s, fake = src([FakeGpu(overrides={"ecc_corrected": 3, "ecc_uncorrected": 1, "remapped_rows": (2, 1, 1, 0)})])
+    fake.inject_xid(0, 94)
+    p = s.poll()
+    g = p.gpus[0]
+    assert (g.ecc_corrected, g.ecc_uncorrected, g.rows_remapped_corr, g.rows_remapped) == (3, 1, 2, 1)
+    assert g.remap_pending is True and g.remap_failed is False and g.retired_pages is None
+    back = GpuPoll.from_json(p.to_json())
+    assert back.xids == p.xids and back.gpus[0].rows_remapped == 1
+    bare = FakeGpu(overrides={k: pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED) for k in (
+        "ecc_corrected", "ecc_uncorrected", "remapped_rows", "retired_pages")})
+    s2, _ = src([bare])
+    g2 = s2.poll().gpus[0]
+    assert (g2.ecc_corrected, g2.rows_remapped, g2.retired_pages) == (None, None, None)
+    assert "ecc_corrected" not in g2.to_json()  # absent, not zero, and recordings stay as they were
+
+
+def test_pcie_is_read_by_its_own_thread_not_the_poll() -> None:
+    s, fake = src([FakeGpu()])
+    assert s.poll().gpus[0].pcie_tx_kbs is None  # no thread asked for: never read on the tick
+    s.read_pcie()
+    g = s.poll().gpus[0]
+    assert (g.pcie_tx_kbs, g.pcie_rx_kbs) == (1200.0, 3400.0)
+    clock = FakeClock()
+    fake2 = FakeNvml([FakeGpu()], clock=clock.monotonic)
+    s2 = NvmlSource(fake2, clock=clock, pcie_every_s=3600)
+    s2.poll()
+    th = s2._pcie_thread
+    assert th is not None and th.daemon
+    for _ in range(200):
+        if s2.poll().gpus[0].pcie_rx_kbs is not None:
+            break
+        threading.Event().wait(0.01)
+    assert s2.poll().gpus[0].pcie_rx_kbs == 3400.0
+    assert s2.close() and not th.is_alive()

@@ -11,8 +11,12 @@ FIX = Path(__file__).parent.parent / "fixtures" / "nvml"
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    s = NvmlSource(simulated(2))
-    polls = [s.poll() for _ in range(3)]
+    fake = simulated(2)
+    s = NvmlSource(fake)
+    polls = [s.poll()]
+    fake.inject_xid(1, 79)  # an XID event and the fault fields travel in a recording too
+    polls += [s.poll() for _ in range(2)]
+    assert [(x.gpu, x.xid) for x in polls[1].xids] == [(1, 79)] and polls[0].gpus[0].remap_pending is False
     f = tmp_path / "r.jsonl"
     rec = Recorder(f)
     for p in polls:
@@ -23,6 +27,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert lines[0]["kind"] == "header" and lines[0]["schema"] == "vtop-record"
     back = gpu_polls(f)
     assert [p.gpus for p in back] == [p.gpus for p in polls]
+    assert [p.xids for p in back] == [p.xids for p in polls]
     assert [r["label"] for r in read(f) if r["kind"] == "mark"] == ["done"]
 
 

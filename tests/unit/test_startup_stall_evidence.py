@@ -214,3 +214,29 @@ def test_vtop_recordings_carry_the_cpu_seconds_of_each_process() -> None:
     for c in d["children"]:
         c.pop("cpu")
     assert process_from_json(d).cpu_by_pid() == {}
+
+
+def test_attached_during_the_silence_the_cpu_is_judged_over_what_vtop_watched() -> None:
+    """doctor --window 15 started 73 s into a stall: the log's silence is already past 45 s, and
+    the process table has only the window's scans. The still Worker is named from them (10 s at
+    least); before, 45 s of scans were needed, longer than the window (the three silent startup
+    stalls of the corpus exited 0 in `tests.corpus.window`)."""
+    ses = _compile_start()
+    assert _first(_run(ses, 50, None)) is None  # silent 50 s, no process readings yet (not attached)
+    got = _run(ses, 40, (0.0, 0.0, 0.0))
+    first = _first(got)
+    assert first is not None and first <= 16, first  # scans at +5, +10, +15: 10 s of them
+    a = got[first]
+    assert a is not None and a.severity == "warning"
+    ev = "\n".join(a.evidence)
+    assert "(all vtop watched)" in ev and "read from the process table" in ev, ev
+
+
+def test_attached_during_a_busy_silent_compile_stays_quiet() -> None:
+    ses = _compile_start()
+    _run(ses, 50, None)
+    assert _first(_run(ses, 120, (0.002, 0.05, 1.0))) is None
+    # and 5 s of still scans is too little to judge
+    ses = _compile_start()
+    _run(ses, 50, None)
+    assert _first(_run(ses, 9, (0.0, 0.0, 0.0), scan_every=5)) is None

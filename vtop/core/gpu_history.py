@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from vtop.core.history import Series, capacity_for
-from vtop.model.gpu import GpuPoll, GpuSample
+from vtop.model.gpu import GpuPoll, GpuSample, XidEvent
 
-FIELDS = ("util", "sm", "mem", "bw")
+FIELDS = ("util", "sm", "mem", "bw", "power")
+#: XID events kept (the newest): the rules look back a minute or two
+XIDS_KEPT = 64
 
 
 def chart_values(g: GpuSample) -> dict[str, float | None]:
@@ -20,6 +23,7 @@ def chart_values(g: GpuSample) -> dict[str, float | None]:
         "sm": g.sm_active,
         "mem": g.mem_pct,
         "bw": g.dram_bw if g.dram_bw is not None else g.util_mem,
+        "power": g.power_pct,
     }
 
 
@@ -37,6 +41,8 @@ class GpuHistory:
     window_s: float
     tracks: dict[int, GpuTrack] = field(default_factory=dict)
     last_poll: GpuPoll | None = None
+    #: the XID events of the last polls, oldest first (each poll's, as it drained them)
+    xids: deque[XidEvent] = field(default_factory=lambda: deque(maxlen=XIDS_KEPT))
     #: the poll interval: each chart's ring is sized for its window at this rate when the
     #: GPU is first seen (vtop/core/history.py), so its memory does not grow after that
     interval_s: float = 1.0
@@ -46,6 +52,8 @@ class GpuHistory:
 
     def add(self, poll: GpuPoll) -> None:
         self.last_poll = poll
+        if poll.xids:
+            self.xids.extend(poll.xids)
         for g in poll.gpus:
             tr = self.tracks.get(g.index)
             if tr is None:

@@ -86,7 +86,7 @@ each: at most one slot per sample, about 20 buckets).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -249,14 +249,29 @@ class OldestInFlight:
             # A request of a candidate that ended unseen (a client abort is in no metric)
             # leaves ``running``: running below what is left of it, even if every pending
             # finish were its own, ends the claim.
-            self._cands = [c for c in self._cands
-                           if c.left >= 1 and running + self._pending_after(c.t) >= c.left]
+            after = self._pending_after_fn()
+            self._cands = [c for c in self._cands if c.left >= 1 and running + after(c.t) >= c.left]
             if len(self._cands) < self.max_candidates:
                 self._cands.append(_Candidate(t, running))
         self._best = self._find_best()
 
     def _pending_after(self, t0: float) -> int:
         return sum(s.n for s in self._pending if s.b > t0)
+
+    def _pending_after_fn(self) -> Any:
+        """:meth:`_pending_after` for many ``t0`` at once: the slots are in time order (``b`` rises),
+        so a suffix sum and a bisection answer each in O(log n) instead of a pass over them all
+        (a fleet of 1,000 servers without e2e histograms spent 1.4 s a refresh here)."""
+        pend = self._pending
+        if not pend:
+            return lambda t0: 0
+        bs = [s.b for s in pend]
+        if any(b2 < b1 for b1, b2 in zip(bs, bs[1:])):
+            return self._pending_after
+        suf = [0] * (len(pend) + 1)
+        for i in range(len(pend) - 1, -1, -1):
+            suf[i] = suf[i + 1] + pend[i].n
+        return lambda t0: suf[bisect_right(bs, t0)]
 
     @staticmethod
     def _delta(prev: dict[float, float], cur: dict[float, float]) -> list[tuple[float, int]]:

@@ -63,6 +63,12 @@ SHM_WAIT = "No available shared memory broadcast block found"
 STATS_INTERVAL_S = 10.0
 #: slack for the 1 s resolution of the stamps and the interval's jitter (lines land at 10.0-10.4 s)
 SLACK_S = 2.0
+#: a stats line with at most this share of the throughput of the line before it (requests running
+#: in both) is the interval an engine stopped in (:meth:`LogHistoryView.stopped_within`)
+COLLAPSE_FRAC = 0.25
+#: while it worked in that interval the engine is taken to have run at no less than this share of
+#: the rate before (with the same requests running, a decode step costs about the same)
+RATE_FLOOR = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,10 @@ class LogHistoryView:
     shm_waits: tuple[float, ...] = ()
     offset_s: float | None = None
     """The log's clock minus the wall clock (the box's UTC offset), as worked out."""
+    backlog_lag_s: float = 0.0
+    """How long before vtop read it the backlog's last line was written (:meth:`LogHistory.backlog_lag`)."""
+    backlog_lag_from: str | None = None
+    """What says so: "stamp" (the last line's time stamp) or "mtime" (the file's modification time)."""
 
     @property
     def last(self) -> StatsPoint | None:
@@ -126,6 +136,48 @@ class LogHistoryView:
         silence after such a line says the same of the intervals after it (vLLM drops a
         second zero interval to DEBUG). None when the last line shows throughput (or none
         shows running requests), or when a line is overdue after a busy one."""
+        run = self._quiet_run(now)
+        return None if run is None else (run[1], run[2])
+
+    def stopped_within(self, now: float) -> tuple[float, str] | None:
+        """(about when, why): where :meth:`quiet_since` starts at a line that still made
+        tokens, but at most ``COLLAPSE_FRAC`` of the generation throughput of the line before
+        it, requests running in both, that line's interval is the one the engine stopped in:
+        a frozen engine leaves its interval partly filled. How long the engine worked in it
+        is bounded: its generated tokens at no less than ``RATE_FLOOR`` of the earlier rate
+        (the same requests decode at about the same speed), its prompt tokens at no less than
+        the highest prompt throughput any stats line shows (an interval's average cannot beat
+        the engine's speed). Taking that work at the interval's start, the engine stopped
+        about then. An estimate (the work could have been spread over the interval), so said
+        as "about"; ``None`` when the lines show no such collapse."""
+        run = self._quiet_run(now)
+        if run is None:
+            return None
+        i, start, _ = run
+        pts = self.stats
+        if i < 2:
+            return None
+        prev, pp = pts[i - 1], pts[i - 2]
+        if start != prev.mono or prev.running < 1 or pp.running < 1 or pp.gen_tps <= 0:
+            return None
+        span = prev.mono - pp.mono
+        if span <= 0 or span > STATS_INTERVAL_S + SLACK_S or prev.gen_tps > COLLAPSE_FRAC * pp.gen_tps:
+            return None
+        worked = prev.gen_tps * span / (RATE_FLOOR * pp.gen_tps)
+        if prev.prompt_tps > 0:
+            fastest = max(p.prompt_tps for p in pts)
+            worked += prev.prompt_tps * span / fastest
+        if worked >= span:
+            return None
+        t = pp.mono + worked
+        return (t, f"the stats line {now - prev.mono:.0f} s ago made {prev.gen_tps:g} tokens/s, "
+                   f"{prev.gen_tps / pp.gen_tps * 100:.0f} % of the {pp.gen_tps:g} of the line before it with "
+                   f"{prev.running} request(s) running: its work took at most {worked:.1f} s of its {span:.0f} s "
+                   f"(decoding at half the earlier rate or more), so the engine stopped about {now - t:.0f} s ago")
+
+    def _quiet_run(self, now: float) -> tuple[int, float, int] | None:
+        """(index of the first of the trailing zero lines, since when, least running) for
+        :meth:`quiet_since`."""
         pts = self.stats
         if not pts:
             return None
@@ -146,23 +198,28 @@ class LogHistoryView:
             start = max(start, prev.mono)
         else:
             start = first.mono  # the interval before it is unknown: only from the line on
-        return (start, min(p.running for p in pts[i:])) if start < now else None
+        return (i, start, min(p.running for p in pts[i:])) if start < now else None
 
-    def stalled_since(self, now: float, first_seen: float) -> tuple[float, str] | None:
+    def stalled_since(self, now: float, first_seen: float) -> tuple[float, str, bool] | None:
         """(since when, why) the engine made no token, by the log, for a server whose
         ``/metrics`` showed requests running and nothing moving from ``first_seen`` on:
         the trailing stats lines with zero throughput and requests running
-        (:meth:`quiet_since`) when they reach ``first_seen``, or a shm-broadcast wait
-        (a worker silent 60 s) logged since a minute before ``first_seen``."""
-        out: tuple[float, str] | None = None
+        (:meth:`quiet_since`) when they reach ``first_seen``, taken back into the interval the
+        engine stopped in when the line before them shows it (:meth:`stopped_within`), or a
+        shm-broadcast wait (a worker silent 60 s) logged since a minute before ``first_seen``.
+        The last item says whether the time is the interval's estimate (said "about")."""
+        out: tuple[float, str, bool] | None = None
         q = self.quiet_since(now)
         if q is not None and self.stats[-1].mono >= first_seen - 300.0:
             out = (q[0], f"the log's stats lines show no token made since {now - q[0]:.0f} s ago with "
-                         f"{q[1]} request(s) running (vLLM stops the line after two idle intervals)")
+                         f"{q[1]} request(s) running (vLLM stops the line after two idle intervals)", False)
+            est = self.stopped_within(now)
+            if est is not None and est[0] < q[0]:
+                out = (est[0], f"{out[1]}; {est[1]}", True)
         for t in self.shm_waits:
             if first_seen - 60.0 <= t <= now and (out is None or t - 60.0 < out[0]):
                 out = (t - 60.0, f"the log says a worker did not answer for 60 s ({now - t:.0f} s ago: "
-                                 "'No available shared memory broadcast block found in 60 seconds')")
+                                 "'No available shared memory broadcast block found in 60 seconds')", False)
         return out
 
     def oldest_running(self, now: float, first_seen: float, prompt_flat: bool,
@@ -245,6 +302,9 @@ class LogHistory:
         self._last_t: float | None = None
         self._last_line: tuple[float, float] | None = None  # (stamp, arrival) of the last stamped line but shm waits
         self._last_unstamped = False
+        self._last_arrival: float | None = None  # when the last unstamped line arrived (monotonic)
+        #: what the last :meth:`backlog_lag` was read from ("stamp", "mtime"; None: no lag)
+        self.lag_from: str | None = None
 
     def reset(self) -> None:
         self._points.clear()
@@ -257,18 +317,30 @@ class LogHistory:
         self._last_t = None
         self._last_line = None
         self._last_unstamped = False
+        self._last_arrival = None
 
-    def backlog_lag(self, mono: float, wall: float) -> float:
-        """How long before it was read the last line was written, when that is known (the
-        last line is stamped) and more than a few seconds: a log read as a backlog at attach,
-        where every line arrives at once and silence measured on the arrival clock starts
-        at the attach. 0 otherwise."""
+    def backlog_lag(self, mono: float, wall: float, written: float | None = None) -> float:
+        """How long before it was read the last line was written, when that is known and
+        more than a few seconds: a log read as a backlog at attach, where every line arrives
+        at once and silence measured on the arrival clock starts at the attach. Known from
+        the last line's stamp, or, when the last line has none (a tqdm frame, a traceback),
+        from ``written``: when the file was last written (its modification time, wall
+        clock), which is at or after that line was (so the lag is never longer than it
+        was). 0 otherwise."""
+        if self._last_unstamped:
+            if written is None or self._last_arrival is None or written > wall + SLACK_S:
+                return 0.0
+            lag = self._last_arrival - (written - wall + mono)
+            self.lag_from = "mtime" if lag > 5.0 else None
+            return lag if lag > 5.0 else 0.0
+        self.lag_from = None
         off = self.offset(wall)
-        if self._last_line is None or self._last_unstamped or off is None:
+        if self._last_line is None or off is None:
             return 0.0
         t, arrival = self._last_line
         written = t + 0.5 - off + (mono - wall)  # on the monotonic clock
         lag = arrival - written
+        self.lag_from = "stamp" if lag > 5.0 else None
         return lag if lag > 5.0 else 0.0
 
     def feed(self, event: Any, wall: float, arrival: float | None = None) -> None:
@@ -279,6 +351,7 @@ class LogHistory:
         if stamp is None or kind != "record":
             if kind in ("progress", "raw", "uvicorn") and getattr(event, "text", "").strip():
                 self._last_unstamped = True  # a tqdm frame, a traceback, uvicorn's own: when, the log does not say
+                self._last_arrival = arrival
             return
         msg: str = event.message
         stats = parse_stats(msg) if "throughput" in msg else None

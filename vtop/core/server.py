@@ -57,6 +57,7 @@ __all__ = [
     "STATES",
     "UNKNOWN",
     "EngineRow",
+    "SpecView",
     "ServerTracker",
     "ServerView",
 ]
@@ -74,6 +75,21 @@ SERIES_NAMES = ("running", "waiting", "kv_pct", "gen_tps", "prompt_tps")
 _NO_Q = Quantiles(None, None, None, None, None, 0.0, False)
 _CONNECT_FAILS = ("refused", "dns", "other")
 _SLOW_FAILS = ("timeout", "reset")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecView:
+    """Speculative decoding over the window (vLLM's own definitions, ``vllm/v1/spec_decode/metrics.py``)."""
+
+    #: accepted draft tokens / draft tokens, 0..1 (None: no draft token in the window)
+    acceptance: float | None
+    #: 1 + accepted / drafts: tokens a step yields, the bonus token counted (None without ``num_drafts``: V0)
+    mean_len: float | None
+    #: accepted at position i / drafts, per position (empty without the per-position family)
+    per_pos: tuple[float, ...]
+    drafts: float | None
+    draft_tokens: float | None
+    accepted: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +157,23 @@ class ServerView:
     #: polls in a row that got no complete answer within the scraper's deadline (``timeout``): a
     #: server that accepts and never answers, answers late, or trickles its body
     timeouts: int = 0
+    #: speculative decoding over the window; None where the server exports no spec-decode family
+    spec: SpecView | None = None
+    #: prompt tokens by source over the window (``local_compute``, ``local_cache_hit``,
+    #: ``external_kv_transfer``); None where absent or < 2 samples
+    prompt_by_source: Mapping[str, float] | None = None
+    #: time in queue (arrival to first scheduling) over the window
+    queue: Quantiles = field(default_factory=lambda: _NO_Q)
+    #: HTTP answers of the API server over the window, per second: all, and 5xx (None: no
+    #: ``http_requests_total`` family or < 2 samples)
+    http_ps: float | None = None
+    http_5xx_ps: float | None = None
+    #: 0 awake, 1 sleeping (weights offloaded), 2 sleeping (everything discarded); None: no
+    #: ``engine_sleep_state`` family. A sleeping engine makes no tokens on purpose: not a stall.
+    sleep_level: int | None = None
+    #: KV offload traffic over the window, bytes a second (None: no offload family or < 2 samples)
+    offload_store_bps: float | None = None
+    offload_load_bps: float | None = None
 
     @property
     def is_live(self) -> bool:
@@ -182,6 +215,15 @@ class ServerTracker:
         self._itl = HistogramWindow(window_s)
         self._e2e = HistogramWindow(window_s)
         self._finished = CounterMapWindow(window_s)
+        self._spec_drafts = CounterWindow(window_s)
+        self._spec_tokens = CounterWindow(window_s)
+        self._spec_acc = CounterWindow(window_s)
+        self._spec_pos = CounterMapWindow(window_s)
+        self._by_source = CounterMapWindow(window_s)
+        self._http = CounterMapWindow(window_s)
+        self._queue = HistogramWindow(window_s)
+        self._off_store = CounterWindow(window_s)
+        self._off_load = CounterWindow(window_s)
         # short windows for the sparklines: a 60 s average would flatten a burst
         self._gen_short = CounterWindow(spark_rate_s)
         self._prompt_short = CounterWindow(spark_rate_s)
@@ -282,6 +324,15 @@ class ServerTracker:
         ):
             reset |= w.add(t, v)
         reset |= self._finished.add(t, m.request_success_total or None)
+        # #29's families: windows only (a missing family stays None; no restart is read from them)
+        self._spec_drafts.add(t, m.spec_drafts_total)
+        self._spec_tokens.add(t, m.spec_draft_tokens_total)
+        self._spec_acc.add(t, m.spec_accepted_tokens_total)
+        self._spec_pos.add(t, m.spec_accepted_per_pos or None)
+        self._by_source.add(t, m.prompt_tokens_by_source or None)
+        self._http.add(t, m.http_requests_by_status or None)
+        self._off_store.add(t, m.kv_offload_store_bytes_total)
+        self._off_load.add(t, m.kv_offload_load_bytes_total)
         # Histograms carried over from an earlier scrape (vtop.sources.vllm.HIST_EVERY_S) are
         # filed at the time they were read: the window already has them and ignores the copy.
         th = t - m.histograms_age_s
@@ -291,6 +342,7 @@ class ServerTracker:
             (self._e2e, m.e2e_request_latency_seconds),
         ):
             reset |= hw.add(th, h)
+        self._queue.add(th, m.request_queue_time_seconds)
         if reset and not self._restart_pending:
             self._restart_pending = True
             self._restart_why = "counters went back to zero"
@@ -424,7 +476,46 @@ class ServerTracker:
             interval_s=interval,
             failing_since=self._first_fail_mono,
             timeouts=self._timeouts,
+            spec=self._spec_view(now, m) if live else None,
+            prompt_by_source=self._map_delta(self._by_source, now, m is not None and bool(m.prompt_tokens_by_source))
+            if live else None,
+            queue=self._queue.quantiles(now) if live else _NO_Q,
+            http_ps=self._http_rate(now, None) if live and m is not None and m.http_requests_by_status else None,
+            http_5xx_ps=self._http_rate(now, "5") if live and m is not None and m.http_requests_by_status else None,
+            sleep_level=sleep_level(m),
+            offload_store_bps=self._off_store.rate(now).rate if live and m is not None
+            and m.kv_offload_store_bytes_total is not None else None,
+            offload_load_bps=self._off_load.rate(now).rate if live and m is not None
+            and m.kv_offload_load_bytes_total is not None else None,
         )
+
+    def _spec_view(self, now: float, m: VllmMetrics | None) -> SpecView | None:
+        if m is None or m.spec_draft_tokens_total is None:
+            return None
+        drafts = self._spec_drafts.rate(now).delta
+        toks = self._spec_tokens.rate(now).delta
+        acc = self._spec_acc.rate(now).delta
+        pos = self._spec_pos.delta(now).deltas or {}
+        acceptance = acc / toks if acc is not None and toks else None
+        mean_len = 1.0 + acc / drafts if acc is not None and drafts else None
+        per_pos: tuple[float, ...] = ()
+        if drafts and pos:
+            keys = sorted(pos, key=lambda k: (len(k), k))
+            per_pos = tuple(min(1.0, pos[k] / drafts) for k in keys)
+        return SpecView(None if acceptance is None else min(1.0, acceptance), mean_len, per_pos, drafts, toks, acc)
+
+    @staticmethod
+    def _map_delta(w: CounterMapWindow, now: float, present: bool) -> Mapping[str, float] | None:
+        if not present:
+            return None
+        d = w.delta(now)
+        return MappingProxyType(dict(d.deltas)) if d.deltas is not None else None
+
+    def _http_rate(self, now: float, prefix: str | None) -> float | None:
+        d = self._http.delta(now)
+        if d.deltas is None or d.span_s <= 0:
+            return None
+        return math.fsum(v for k, v in d.deltas.items() if prefix is None or k.startswith(prefix)) / d.span_s
 
     def _message(self, state: State, since: float, now: float, stale_by_age: bool) -> str:
         poll = self._last_poll
@@ -491,6 +582,25 @@ class ServerTracker:
             return time.strftime("%H:%M:%S", time.localtime(wall))
         except (OverflowError, ValueError, OSError):
             return "?"
+
+
+def sleep_level(m: VllmMetrics | None) -> int | None:
+    """0 awake, 1 or 2 the deepest sleep level of any engine; None without ``engine_sleep_state``.
+
+    vLLM 0.26.0 on the H200 (tests/fixtures/vllm/signals/h200-0.26.0/sleep): ``POST /sleep?level=1``
+    sets awake 0, weights_offloaded 1; ``?level=2`` awake 0, discard_all 1; ``/wake_up`` awake 1."""
+    if m is None:
+        return None
+    top = getattr(m, "sleep_state", None)
+    rows = [e.sleep_state for e in getattr(m, "engines", ()) if e.sleep_state] or ([top] if top else [])
+    if not rows:
+        return None
+    level = 0
+    for st in rows:
+        if st.get("awake", 1.0) >= 1.0:
+            continue
+        level = max(level, 2 if st.get("discard_all", 0.0) >= 1.0 else 1)
+    return level
 
 
 def _engine_rows(m: VllmMetrics | None) -> tuple[tuple[EngineRow, ...], EngineRow | None]:

@@ -67,6 +67,30 @@ class GpuSample:
     dram_bw: float | None = None
     """GPM DRAM bandwidth utilisation over the tick."""
     error: str | None = None
+    ecc_corrected: int | None = None
+    """Corrected ECC errors since the driver loaded (volatile count); None: no ECC or not read yet."""
+    ecc_uncorrected: int | None = None
+    """Uncorrected (double-bit) ECC errors since the driver loaded (volatile count)."""
+    rows_remapped: int | None = None
+    """Rows remapped for uncorrectable errors (Ampere and later; NVML's remapped rows, uncorrectable)."""
+    rows_remapped_corr: int | None = None
+    """Rows remapped for correctable errors."""
+    remap_pending: bool | None = None
+    """A row remap waits for a GPU reset (until then the bad row stays in use)."""
+    remap_failed: bool | None = None
+    """A row remap failed: the GPU needs service."""
+    retired_pages: int | None = None
+    """Pages retired for ECC errors (pre-Ampere page retirement, both causes)."""
+    pcie_tx_kbs: float | None = None
+    """PCIe transmit throughput, KB/s (NVML's 20 ms counter; read rarely, off the tick)."""
+    pcie_rx_kbs: float | None = None
+
+    @property
+    def power_pct(self) -> float | None:
+        """Power draw as a share of the enforced limit, 0-100 (None without either)."""
+        if self.power_w is None or not self.power_limit_w:
+            return None
+        return 100.0 * self.power_w / self.power_limit_w
 
     @property
     def mem_pct(self) -> float | None:
@@ -76,6 +100,9 @@ class GpuSample:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        for k in _FAULT_FIELDS:  # absent unless read: recordings of GPUs without them stay as they were
+            if d[k] is None:
+                del d[k]
         if self.procs is not None:
             d["procs"] = [[p.pid, p.used_bytes] for p in self.procs]
         if self.throttle is not None:
@@ -93,6 +120,59 @@ class GpuSample:
             d["throttle"] = tuple(thr)
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_FAULT_FIELDS = (
+    "ecc_corrected", "ecc_uncorrected", "rows_remapped", "rows_remapped_corr", "remap_pending", "remap_failed",
+    "retired_pages", "pcie_tx_kbs", "pcie_rx_kbs",
+)
+
+#: What common XID numbers mean, from NVIDIA's public XID documentation, in short (our words).
+#: An XID is the driver's report of a GPU error (the kernel log's "NVRM: Xid (PCI:...): N, ...").
+XID_MEANINGS: dict[int, str] = {
+    13: "graphics engine exception (a kernel fault: bad address, illegal instruction, or a hardware fault)",
+    31: "GPU memory page fault (a kernel touched memory it does not own: usually an application bug)",
+    43: "GPU stopped processing (the context was reset after an application fault)",
+    45: "preemptive cleanup (a context was torn down, e.g. its process was killed or crashed)",
+    48: "double-bit ECC error (uncorrectable memory error: the GPU needs a reset)",
+    61: "internal microcontroller breakpoint/warning (firmware error: reset the GPU)",
+    62: "internal microcontroller halt (firmware error: reset the GPU)",
+    63: "ECC page retirement or row remap recorded (memory cell failing; reset to apply)",
+    64: "ECC page retirement or row remap failed (the GPU needs service)",
+    74: "NVLink error (a link between GPUs failed or flapped)",
+    79: "GPU has fallen off the bus (it no longer answers on PCIe: a hardware, power or thermal event)",
+    92: "high single-bit ECC error rate (memory degrading)",
+    94: "contained ECC error (uncorrectable error confined to one application: restart it)",
+    95: "uncontained ECC error (uncorrectable error that may affect every process: reset the GPU)",
+    119: "GSP firmware RPC timeout (the GPU's system processor did not answer: reset the GPU)",
+    120: "GSP firmware error (the GPU's system processor faulted: reset the GPU)",
+}
+
+
+def xid_text(xid: int) -> str:
+    """``XID 79 (GPU has fallen off the bus ...)``; an unlisted number says so."""
+    meaning = XID_MEANINGS.get(int(xid))
+    return f"XID {int(xid)} ({meaning})" if meaning else f"XID {int(xid)} (see NVIDIA's XID catalogue)"
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One XID critical-error event from NVML's event set, as the poll that drained it saw it."""
+
+    gpu: int | None
+    """GPU index (None: NVML named a device vtop could not map)."""
+    xid: int
+    t: float
+    """Wall-clock time of the poll that drained it (NVML's event carries no timestamp)."""
+    mono: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "xid": self.xid, "t": self.t, "mono": self.mono}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> XidEvent:
+        gpu = d.get("gpu")
+        return cls(None if gpu is None else int(gpu), int(d["xid"]), float(d["t"]), float(d.get("mono", d["t"])))
 
 
 # Source states, shown on screen as they are.
@@ -118,6 +198,8 @@ class GpuPoll:
     """How long the poll took (for the overhead panel and the benchmarks)."""
     notes: tuple[str, ...] = field(default=())
     """One-time remarks, e.g. a function this driver lacks."""
+    xids: tuple[XidEvent, ...] = field(default=())
+    """XID critical-error events drained from NVML's event set at this poll."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +212,7 @@ class GpuPoll:
             "duration_s": self.duration_s,
             "notes": list(self.notes),
             "gpus": [g.to_json() for g in self.gpus],
+            **({"xids": [x.to_json() for x in self.xids]} if self.xids else {}),
         }
 
     @classmethod
@@ -144,4 +227,5 @@ class GpuPoll:
             nvml_version=d.get("nvml_version"),
             duration_s=d.get("duration_s"),
             notes=tuple(d.get("notes") or ()),
+            xids=tuple(XidEvent.from_json(x) for x in d.get("xids") or ()),
         )

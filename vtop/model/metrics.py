@@ -47,6 +47,25 @@ class _Values:
     request_params_max_tokens: Histogram | None = None
     request_prompt_tokens: Histogram | None = None
     request_generation_tokens: Histogram | None = None
+    #: ``vllm:request_queue_time_seconds``: time from arrival to first scheduling (all versions).
+    request_queue_time_seconds: Histogram | None = None
+    #: Speculative decoding (only with ``--speculative-config``): drafts proposed, draft tokens
+    #: proposed, draft tokens accepted (V1 0.8.5+; V0 had the last two, not the first).
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
+    #: ``vllm:spec_decode_num_accepted_tokens_per_pos_total`` by ``position`` ("0", "1", ...).
+    spec_accepted_per_pos: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: ``vllm:prompt_tokens_by_source_total`` by ``source`` (``local_compute``, ``local_cache_hit``,
+    #: ``external_kv_transfer``; 0.20+).
+    prompt_tokens_by_source: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: ``vllm:engine_sleep_state`` by ``sleep_state`` (``awake``, ``weights_offloaded``, ``discard_all``;
+    #: 1/0 each, 0.12+); summed over engines in the total (``awake`` = how many engines are awake).
+    sleep_state: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: KV offload (``--kv-offloading-size``, the OffloadingConnector): bytes stored to and loaded from
+    #: the offload tier (``vllm:kv_offload_store_bytes_total`` / ``..._load_bytes_total``; from source only)
+    kv_offload_store_bytes_total: float | None = None
+    kv_offload_load_bytes_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +103,14 @@ class VllmMetrics(_Values):
     #: this payload had them; more when a scraper asked for the other samples only and
     #: carried the last histograms over (``vtop.sources.vllm``, ``HIST_EVERY_S``).
     histograms_age_s: float = 0.0
+    #: ``http_requests_total`` (prometheus-fastapi-instrumentator, the API server's, no ``engine``)
+    #: summed by ``status`` ("2xx", "4xx", "5xx"; or codes where a build does not group them).
+    http_requests_by_status: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: ``vllm:lora_requests_info`` (only with ``--enable-lora``): its newest series (the value is the
+    #: time it was set): adapters running, waiting (names), and ``max_lora``. None: no such family.
+    lora_running: tuple[str, ...] | None = None
+    lora_waiting: tuple[str, ...] | None = None
+    lora_max: int | None = None
+    #: ``vllm:cache_config_info`` labels of the first engine (``block_size``, ``cache_dtype``,
+    #: ``num_gpu_blocks``, ``gpu_memory_utilization``, ``enable_prefix_caching``, ...), ``engine`` left out.
+    cache_config: tuple[tuple[str, str], ...] | None = None

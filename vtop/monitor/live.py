@@ -170,6 +170,9 @@ class LiveFeed:
         """In the NVML thread: the poll and its processes' names."""
         assert self.gpu_source is not None
         poll = self.gpu_source.poll()
+        if getattr(self.gpu_source, "simulated", False):
+            # made-up pids: this box's process of that pid (if any) is not theirs
+            return poll, {p.pid: "simulated" for g in poll.gpus for p in (g.procs or ())}
         names = self.names.names_for((p.pid for g in poll.gpus for p in (g.procs or ())), poll.mono)
         return poll, names
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
@@ -235,7 +235,7 @@ class LogWatch:
             snap = self.tracker.snapshot()
             # A log read as a backlog (an attach, doctor) arrived all at once: its silence
             # began when its last line was written, not when vtop read it.
-            lag = self.history.backlog_lag(now, wall)
+            lag = self.history.backlog_lag(now, wall, getattr(self.source.state, "mtime", None))
             return LogView(
                 mono=now,
                 tail=self.source.state,
@@ -251,7 +251,8 @@ class LogWatch:
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
                 quiet=self.tracker.quiet(now + lag),
-                history=self.history.snapshot(now, wall),
+                history=replace(self.history.snapshot(now, wall), backlog_lag_s=lag,
+                                backlog_lag_from=self.history.lag_from if lag else None),
                 binary_lines=self._binary_lines,
                 logged_since_start=self.requests.logged_since_start(),
             )

@@ -93,6 +93,8 @@ class FedLog:
     name: str
     pending: list[str] = field(default_factory=list)
     _state: TailState | None = None
+    #: when the lines fed last were written (recorded wall clock): the file's modification time
+    written: float | None = None
 
     def poll(self) -> list[str]:
         out, self.pending = self.pending, []
@@ -100,7 +102,7 @@ class FedLog:
 
     @property
     def state(self) -> TailState:
-        return self._state or TailState("following", self.name, "replaying the recorded log")
+        return self._state or TailState("following", self.name, "replaying the recorded log", mtime=self.written)
 
     def close(self) -> None:
         pass
@@ -122,9 +124,11 @@ def attached_at(events: list[RecordEvent], at: float) -> list[RecordEvent]:
     procs = next((e for e in reversed(before) if e.kind == "procs"), None)
     if procs is not None:
         head.append(RecordEvent("procs", t_at, at, procs.data))
-    lines = [ln for e in before if e.kind == "log" for ln in e.data]
+    logs = [e for e in before if e.kind == "log"]
+    lines = [ln for e in logs for ln in e.data]
     if lines:
-        head.append(RecordEvent("log", t_at, at, lines))
+        # extra: when its last line was written (a file's modification time), read at t_at
+        head.append(RecordEvent("log", t_at, at, lines, extra=logs[-1].t))
     return head + after
 
 
@@ -233,6 +237,7 @@ class Player:
                 m.apply_procs(list(e.data))
             elif e.kind == "log" and lw is not None and self.log is not None:
                 self.log.pending.extend(e.data)
+                self.log.written = e.extra if isinstance(e.extra, float) else e.t
                 log_fed = True
                 self._poll_log()
             elif e.kind == "logmark" and lw is not None:

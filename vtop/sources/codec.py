@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 _HIST_FIELDS = HIST_ATTRS
-_MAP_FIELDS = ("waiting_by_reason", "request_success_total")
+_MAP_FIELDS = ("waiting_by_reason", "request_success_total", "spec_accepted_per_pos", "prompt_tokens_by_source",
+               "sleep_state", "http_requests_by_status")
 
 
 def _num(x: Any) -> Any:
@@ -93,6 +94,8 @@ def _values_from_json(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
             x = _hist_from_json(x)
         elif k in _MAP_FIELDS:
             x = {str(a): float(_unnum(b)) for a, b in (x or {}).items()}
+        elif k == "cache_config" and isinstance(x, list):
+            x = tuple((str(a), str(b)) for a, b in x)
         elif isinstance(x, list):
             x = tuple(x)
         else:

@@ -33,6 +33,7 @@ NVMLError_DriverNotLoaded = _real.NVMLError_DriverNotLoaded
 NVMLError_FunctionNotFound = _real.NVMLError_FunctionNotFound
 NVMLError_NoPermission = _real.NVMLError_NoPermission
 NVMLError_Unknown = _real.NVMLError_Unknown
+NVMLError_Timeout = _real.NVMLError_Timeout
 
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
@@ -41,6 +42,12 @@ NVML_GPM_METRIC_SM_UTIL = 2
 NVML_GPM_METRIC_SM_OCCUPANCY = 3
 NVML_GPM_METRIC_DRAM_BW_UTIL = 10
 NVML_GPM_METRICS_GET_VERSION = 1
+NVML_VOLATILE_ECC = 0
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+nvmlEventTypeXidCriticalError = 0x8
 
 
 @dataclass
@@ -74,6 +81,9 @@ _MISSING = object()
 class FakeNvml:
     """Module-like object: ``NvmlSource(nvml=FakeNvml(...))``."""
 
+    SIMULATED = True
+    """Its processes' pids are made up (4000 + index): :attr:`NvmlSource.simulated`."""
+
     def __init__(
         self,
         gpus: list[FakeGpu] | None = None,
@@ -91,9 +101,15 @@ class FakeNvml:
         self.gpm_live = 0  # allocated GPM samples not yet freed (leak check)
         self._lock = threading.Lock()
         self._due = threading.local()  # the cost of the call under way (set by _cost)
+        #: XID events waiting in the (one) event set: (gpu index, xid); :meth:`inject_xid` adds one
+        self.xid_queue: list[tuple[int, int]] = []
+        self.event_sets = 0  # created and not freed (leak check)
+        self.registered: set[int] = set()  # GPU indexes registered for XID events
+        #: each nvmlEventSetWait's timeout (ms), in order
+        self.waits: list[int] = []
         # Module constants and classes, so code can use them as on pynvml.
         for k, v in globals().items():
-            if k.startswith(("NVML_", "NVMLError")):
+            if k.startswith(("NVML_", "NVMLError", "nvmlEventType")):
                 setattr(self, k, v)
 
     # The real binding checks for this to tell NVIDIA's module from the old project.
@@ -189,6 +205,63 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         g = self._gpu(h, "procs")
         return g.reading("procs", lambda: [SimpleNamespace(pid=4000 + h, usedGpuMemory=70 * 2**30)])
+
+    # GPU faults ------------------------------------------------------------
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
+        key = "ecc_uncorrected" if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "ecc_corrected"
+        g = self._gpu(h, key)
+        return g.reading(key, lambda: 0)
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        g = self._gpu(h, "remapped_rows")
+        return g.reading("remapped_rows", lambda: (0, 0, 0, 0))
+
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> list[int]:
+        g = self._gpu(h, "retired_pages")
+        return g.reading("retired_pages", lambda: [])
+
+    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
+        g = self._gpu(h, "pcie")
+        return g.reading("pcie", lambda: 1200 if counter == NVML_PCIE_UTIL_TX_BYTES else 3400)
+
+    def nvmlDeviceGetIndex(self, h: int) -> int:
+        self._cost()
+        return int(h)
+
+    # XID events ---------------------------------------------------------------
+    def inject_xid(self, gpu: int, xid: int) -> None:
+        """An XID critical error on GPU ``gpu``: the next event-set wait returns it."""
+        with self._lock:
+            self.xid_queue.append((gpu, xid))
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._cost()
+        with self._lock:
+            self.event_sets += 1
+        return SimpleNamespace(kind="event-set")
+
+    def nvmlEventSetFree(self, es: Any) -> None:
+        self._cost()
+        with self._lock:
+            self.event_sets -= 1
+
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, es: Any) -> None:
+        g = self._gpu(h, "register_events")
+        g.reading("register_events", lambda: None)
+        self.registered.add(int(h))
+
+    def nvmlEventSetWait(self, es: Any, timeout_ms: int) -> Any:
+        """The oldest queued XID (only of a registered GPU), else NVML's timeout error at once
+        (the fake never sleeps: tests inject clocks; the real wait is timed on the H200)."""
+        self._cost("xid_wait")
+        with self._lock:
+            self.waits.append(int(timeout_ms))
+            for i, (gpu, xid) in enumerate(self.xid_queue):
+                if gpu in self.registered:
+                    del self.xid_queue[i]
+                    return SimpleNamespace(device=gpu, eventType=nvmlEventTypeXidCriticalError, eventData=xid,
+                                           gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+        raise NVMLError_Timeout(_real.NVML_ERROR_TIMEOUT)
 
     # GPM -------------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:

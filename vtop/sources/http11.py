@@ -135,10 +135,11 @@ class HttpPool:
     the same server may run at once: each takes its own connection.
     """
 
-    def __init__(self, *, max_idle: int = 2) -> None:
+    def __init__(self, *, max_idle: int = 2, ssl_context: ssl.SSLContext | None = None) -> None:
         self.max_idle = max_idle
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl: ssl.SSLContext | None = ssl_context
+        """``https://``: the system's default checks, unless a context (a private CA) is given."""
         self.connects = 0
         """TCP connections opened so far (tests and the benchmark read it)."""
 

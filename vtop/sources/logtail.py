@@ -269,6 +269,10 @@ class TailState:
     size: int | None = None
     restarts: int = 0  # truncations and rotations seen
     startup_found: bool | None = None  # whether the attach scan found a banner
+    #: when the file was last written (its modification time, wall clock), once every byte of it
+    #: was read; None for a pipe, or while catching up. A backlog's last line may be a tqdm frame,
+    #: which carries no time stamp: this says how long ago it was written.
+    mtime: float | None = None
 
     @property
     def behind(self) -> int:
@@ -384,7 +388,7 @@ class LogTailer:
 
     # -- internals
 
-    def _set(self, status: str, message: str = "", size: int | None = None) -> None:
+    def _set(self, status: str, message: str = "", size: int | None = None, mtime: float | None = None) -> None:
         self._state = TailState(
             status,
             self.path,
@@ -393,6 +397,7 @@ class LogTailer:
             size,
             self._restarts,
             self._scan.found if self._scan is not None else None,
+            mtime,
         )
 
     def _open(self) -> bool:
@@ -506,7 +511,9 @@ class LogTailer:
             message = message or f"{self.path} was removed; still reading the open file"
         elif not message and self._state.status == "following":
             message = self._state.message if self._state.offset == self._offset else ""
-        self._set("following", message, max(os.fstat(fd).st_size, self._offset))
+        st_end = os.fstat(fd)
+        caught_up = st_end.st_size <= self._offset
+        self._set("following", message, max(st_end.st_size, self._offset), st_end.st_mtime if caught_up else None)
         return out
 
 

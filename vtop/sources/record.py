@@ -68,7 +68,8 @@ def _open(path: Path, mode: str) -> IO[str]:
 
 def _compact_gpu(poll: GpuPoll) -> dict[str, Any]:
     d = _nan_to_none(poll.to_json())
-    d["gpus"] = [{k: v for k, v in g.items() if v is not None and v is not False} for g in d["gpus"]]
+    # ``lost`` False is the default; a fault flag's False (remap_pending) is a reading, kept
+    d["gpus"] = [{k: v for k, v in g.items() if v is not None and (v is not False or k != "lost")} for g in d["gpus"]]
     for k in ("message", "duration_s", "driver", "nvml_version"):
         if d.get(k) is None:
             d.pop(k, None)

@@ -72,7 +72,7 @@ from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, withi
 from vtop.sources.prom import (
     HIST_ATTRS,
     HISTOGRAM_FAMILIES,
-    HISTOGRAM_SAMPLE_NAMES,
+    SLOW_SAMPLE_NAMES,
     WANTED_SAMPLE_NAMES,
     EngineMetrics,
     VllmMetrics,
@@ -118,9 +118,10 @@ _INFO_BODY_BYTES = 1024 * 1024  # /v1/models with many LoRA adapters is still fa
 METRICS_PATH = "/metrics"
 #: the sample names each restricted path asks for
 RESTRICTED_NAMES: tuple[str, ...] = WANTED_SAMPLE_NAMES
-FAST_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if n not in HISTOGRAM_SAMPLE_NAMES)
+FAST_NAMES: tuple[str, ...] = tuple(n for n in WANTED_SAMPLE_NAMES if n not in SLOW_SAMPLE_NAMES)
 RESTRICTED_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in RESTRICTED_NAMES])
-#: The same without the histograms (the polls between two histogram reads).
+#: The same without the histograms and the static cache_config_info (the polls between two
+#: histogram reads).
 FAST_METRICS_PATH = "/metrics/?" + urlencode([("name[]", n) for n in FAST_NAMES])
 #: what each path asks for (None: everything)
 PATH_NAMES: dict[str, tuple[str, ...] | None] = {
@@ -162,6 +163,7 @@ def with_histograms(m: VllmMetrics, src: VllmMetrics, age_s: float) -> VllmMetri
         p for p in src.problems if p not in m.problems and any(f in p for f in HISTOGRAM_FAMILIES))
     return replace(
         m, engines=engines, inter_token_metric=src.inter_token_metric, histograms_age_s=age_s,
+        cache_config=src.cache_config if m.cache_config is None else m.cache_config,
         problems=problems, **{a: getattr(src, a) for a in HIST_ATTRS},
     )
 

@@ -64,9 +64,11 @@ class VtopApp(App[int]):
         Binding("plus,equals_sign", "poll_interval(-1)", "Faster", key_display="+"),
         Binding("minus", "poll_interval(1)", "Slower", key_display="-"),
         Binding("c", "toggle_compact", "Cards"),
+        Binding("i", "toggle_detail", "Detail", show=False),
         Binding("p", "toggle_phases", "Phases"),
         Binding("l", "toggle_log", "Log"),
         Binding("w", "toggle_warnings", "Warn"),
+        Binding("a", "toggle_probes", "Polls", show=False),
         Binding("slash", "filter_log", "Filter", key_display="/"),
         Binding("r", "requests", "Requests"),
         Binding("P", "processes", "Procs", key_display="P"),
@@ -567,11 +569,14 @@ class VtopApp(App[int]):
         views = list(self.monitor.views().values())
         if not views:
             return "vLLM: looking…"
+        def state(v: Any) -> str:  # a live server put to sleep (POST /sleep) says so
+            return "sleeping" if v.sleep_level and v.state == "up" else v.state
+
         if len(views) == 1:
-            return f"vLLM: {views[0].state}"
+            return f"vLLM: {state(views[0])}"
         counts: dict[str, int] = {}
         for v in views:
-            counts[v.state] = counts.get(v.state, 0) + 1
+            counts[state(v)] = counts.get(state(v), 0) + 1
         return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
     def update_status(self) -> None:
@@ -618,6 +623,19 @@ class VtopApp(App[int]):
         if action in ("freeze", "poll_interval") and self.feed is None and self.replay is None:
             return None  # driven by hand (tests): nothing polls
         return True
+
+    def on_key(self, event: Any) -> None:
+        """--readonly (``vtop web`` without ``--allow-actions``): an action key does nothing (its
+        binding is disabled, so the key reaches here unhandled); say so rather than stay silent."""
+        if not self.config.readonly or self.replay is not None:
+            return
+        for b in self.BINDINGS:
+            if isinstance(b, Binding) and b.action in self.ACTION_KEYS and event.key in b.key.split(","):
+                what = {"snapshot": "snapshot", "pyspy": "py-spy dump", "test_request": "test request"}[b.action]
+                self.notify(f"READ-ONLY: {b.key} ({what}) is off here (--readonly; "
+                            "vtop web turns it on with --allow-actions)", severity="warning")
+                event.stop()
+                return
 
     def latest_snapshot_folder(self) -> Any:
         from vtop.actions.snapshot import latest_bundle
@@ -749,9 +767,15 @@ class VtopApp(App[int]):
                   "(FROZEN in the status line); space again catches up",
         "poll_interval": "poll faster / slower (0.25 s at the shortest; the status line says the interval)",
         "toggle_compact": "GPU cards <-> one line per GPU (chosen from the room by default)",
+        "toggle_detail": "server cards: each of spec decoding, prefix cache, queue time and HTTP errors, LoRA and "
+                         "the cache config on a line of its own (folded to one line by default)",
         "toggle_phases": "unfold the startup timeline of a server that is already up",
         "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
         "toggle_warnings": "log pane: warnings and errors only",
+        "toggle_probes": "log pane: show / hide uvicorn's access lines of /metrics, /health, /version, /v1/models "
+                         "(hidden by default: vtop's own polls would bury the rest). vLLM keeps them out of its "
+                         "own log with --disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
+                         "(newer vLLM) or --disable-uvicorn-access-log (every access line)",
         "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
@@ -874,6 +898,14 @@ class VtopApp(App[int]):
     def action_toggle_compact(self) -> None:
         self.w_gpu.toggle_compact()
 
+    def action_toggle_detail(self) -> None:
+        on = not any(c.detail for c in self.cards.values())
+        for c in self.cards.values():
+            c.detail = on
+            if c.view is not None:
+                c.show(c.view, c.now)
+        self._fit()  # the cards' heights changed: share the rows again (also when paused or frozen)
+
     def action_toggle_phases(self) -> None:
         self.w_startup.toggle()
 
@@ -884,6 +916,12 @@ class VtopApp(App[int]):
         else:
             self.log_wanted = not shown
             self.log_forced = self.log_wanted and self.log_forced
+        self._fit()
+
+    def action_toggle_probes(self) -> None:
+        if not self.w_log.display:
+            self.log_wanted = self.log_forced = True
+        self.w_log.toggle_probes()
         self._fit()
 
     def action_toggle_warnings(self) -> None:

@@ -35,6 +35,9 @@ Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
 ``api_unresponsive``
     An API server that accepts connections and gives no complete ``/metrics`` answer within
     the scraper's deadline for a while (hung, late, or trickling): its event loop is blocked.
+``spec_decode_low``
+    Speculative decoding whose draft tokens are nearly all rejected for minutes: it costs
+    throughput instead of adding it (only where the spec-decode counters are exported).
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's

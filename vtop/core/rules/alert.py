@@ -23,6 +23,7 @@ RULES = (
     "sm_idle",
     "risky_flags",
     "api_unresponsive",
+    "spec_decode_low",
 )
 
 
@@ -130,7 +131,17 @@ class Thresholds:
     startup_still_s: float = 45.0
     #: ... "still": less CPU time than this share of one core over that window
     startup_still_cpu_frac: float = 0.01
+    #: ... a doctor (or screen) that attached during the silence judges the processes over what it
+    #: watched, when that is at least this long (the log's silence, read from its stamps, is the
+    #: whole ``startup_still_s`` already): a busy compile uses a core every second
+    startup_still_min_span_s: float = 10.0
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
+    #: spec_decode_low: draft-token acceptance below this percentage ...
+    spec_low_acceptance_pct: float = 5.0
+    #: ... for this long (minutes: a short dip is normal when the traffic changes) ...
+    spec_low_s: float = 180.0
+    #: ... judged only on windows with at least this many draft tokens proposed
+    spec_min_draft_tokens: float = 100.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

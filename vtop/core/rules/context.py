@@ -8,6 +8,7 @@ requests are read by attribute (``Any`` below marks those).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
+from vtop.model.gpu import xid_text
 
 if TYPE_CHECKING:
     from vtop.core.gpu_history import GpuHistory
@@ -129,6 +131,27 @@ class Ctx:
         if sms:
             s += f", SM activity {statistics.fmean(sms):.1f} %"
         return s
+
+    def xids_near(self, url: str | None, a: float, b: float) -> list[Any]:
+        """The XID events (monotonic ``a`` to ``b``) on the GPUs of ``url`` (on any GPU when vtop
+        does not know which GPUs it uses, and those NVML could not place)."""
+        xs = getattr(self.gpus, "xids", None)
+        if not xs:
+            return []
+        mine = set(self.gpus_of(url))
+        return [x for x in xs if a <= x.mono <= b and (not mine or x.gpu is None or x.gpu in mine)]
+
+    def xid_lines(self, url: str | None, a: float, b: float) -> list[str]:
+        """Evidence lines naming each XID near the event, with what its number means."""
+        out = []
+        for x in self.xids_near(url, a, b):
+            try:
+                at = time.strftime("%H:%M:%S", time.localtime(x.t))
+            except (OverflowError, ValueError, OSError):
+                at = "?"
+            where = f"gpu{x.gpu}" if x.gpu is not None else "a GPU"
+            out.append(f"{where}: {xid_text(x.xid)} at {at} (NVML XID event)")
+        return out
 
     def other_procs_lines(self, url: str | None, at: float) -> list[str]:
         """Evidence lines naming the processes that are not this server's on its GPUs (at time ``at``)."""

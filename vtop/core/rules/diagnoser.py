@@ -16,6 +16,7 @@ from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.kv import KvSaturation
 from vtop.core.rules.oom import Oom, OomRisk
 from vtop.core.rules.runaway import Runaway
+from vtop.core.rules.spec import SpecLow
 from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
@@ -33,7 +34,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow())
 
 
 class Diagnoser:
@@ -159,6 +160,17 @@ class Diagnoser:
         return out
 
     # ------------------------------------------------------------------ GPUs
+
+    def oldest_in_flight_s(self, url: str) -> float | None:
+        """Seconds the oldest request in flight on ``url`` has run at least, known from
+        ``/metrics`` alone (:class:`vtop.core.inflight.OldestInFlight`, the runaway rule's
+        evidence); None when nothing is known (no request in flight, no latency histogram
+        yet). For faces that report it (``vtop export``)."""
+        st = self._mem.servers.get(url)
+        last = st.last if st is not None else None
+        if st is None or last is None or not last.running or st.oldest.since is None:
+            return None
+        return st.oldest.lower_bound_s
 
     def _feed_gpus(self, ctx: Ctx) -> None:
         g = ctx.gpus

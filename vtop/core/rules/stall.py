@@ -5,7 +5,11 @@ count stay flat for ``engine_stall_s``, and ``/metrics`` still answers (a frozen
 ``/health`` at 200 and freezes the gauges). Before vtop's first sample, the log says since when
 (:meth:`vtop.core.loghistory.LogHistoryView.stalled_since`): the stats lines with zero throughput
 and requests running, the silence after them (vLLM drops a second idle interval to DEBUG), the
-shm-broadcast 60 s wait; so ``doctor --window 15`` names a stall that began before it. GPU-Util near 0 during the silence says the engine
+shm-broadcast 60 s wait; so ``doctor --window 15`` names a stall that began before it. The line
+before the zero ones often still counts a sliver of tokens (the outputs made before the stop,
+handed over after it): that interval is the one the engine stopped in, and its share of the
+rate before it says about when (:meth:`~vtop.core.loghistory.LogHistoryView.stopped_within`;
+the title then says "about"); without it the evidence would come up to a stats interval late. GPU-Util near 0 during the silence says the engine
 launches no work (a Python-side hang or a stopped process); GPU-Util high with idle SMs says a
 collective (NCCL) waits for a peer. Corpus traces: tests/corpus/traces/engine-stall-enginecore,
 engine-stall-worker-only; quiet on every normal-* trace.
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_server
-from vtop.core.rules.util import LIVE, dur, num, short_url
+from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -39,6 +43,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running <= 0:
         return None
+    if v.sleep_level:  # put to sleep (POST /sleep): it makes no tokens on purpose, not a stall
+        return None
     if st.last_progress_t is None or st.busy_since is None:
         return None
     since = max(st.last_progress_t, st.busy_since)
@@ -55,8 +61,9 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
     if now - since < th.engine_stall_s:
         return None
     short = short_url(url)
+    about = "about " if from_log is not None and from_log[2] else ""
     ev = [
-        f"running {num(s.running)}, waiting {num(s.waiting)} for {dur(now - since)} with no new token and no "
+        f"running {num(s.running)}, waiting {num(s.waiting)} for {about}{dur(now - since)} with no new token and no "
         "request finished",
         f"generation tokens stuck at {num(s.gen)}, prompt tokens at {num(s.prompt)}",
     ]
@@ -80,11 +87,17 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
             elif mu is not None and mu >= th.sm_idle_util and ms is not None and ms < th.sm_idle_active:
                 gl += ": busy with idle SMs, the signature of a collective (NCCL) waiting for a peer"
             ev.append(gl)
+    xids = ctx.xid_lines(url, since - 60.0, now)
+    ev.extend(xids)
     fix = [
         "Press d for a py-spy dump of the EngineCore (the workers for TP>1): it shows where the engine waits.",
         "Look in the log for 'No available shared memory broadcast block found in 60 seconds' (a worker is stuck).",
         "If it does not move again, restart the server: /health stays 200 while the engine is frozen, so a health "
         "check alone will not restart it.",
     ]
-    title = f"Engine stalled on {short}: {num(s.running)} running, no token for {dur(now - since)}"
+    title = f"Engine stalled on {short}: {num(s.running)} running, no token for {about}{dur(now - since)}"
+    if xids:
+        fix.insert(0, "An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "
+                      "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid), reset or replace the GPU.")
+        title += f"; {xid_short(ctx.xids_near(url, since - 60.0, now))}"
     return Alert("engine_stall", "critical", title, tuple(ev), tuple(fix), url, since)

@@ -12,8 +12,10 @@
   CPU seconds (user + system, from the process scans) of the tree, or of the processes doing the
   work (the workers, else the engine cores), grew by less than ``startup_still_cpu_frac`` of a core
   over that window, AND, where GPU data exists, the GPU idled (mean GPU-Util below
-  ``startup_still_gpu_util``). A busy silent compile (CPU moving) stays quiet. Where no CPU reading
-  exists (an old recording), none is invented: only the ceiling applies;
+  ``startup_still_gpu_util``). A busy silent compile (CPU moving) stays quiet. A doctor that
+  attached during the silence (the log's stamps say it is that old) judges the CPU over what it
+  watched, ``startup_still_min_span_s`` at least. Where no CPU reading exists (an old recording,
+  a server whose processes vtop cannot see), none is invented: only the ceiling applies;
 * the ceiling: the tracker's :class:`~vtop.core.phases.StallInfo`, the log silent for
   ``--stall-threshold`` (10 minutes), whatever else is seen; there the GPUs' SM activity during the
   silence (busy SMs make it "info": the phase may just be slow) and 'No available shared memory
@@ -111,8 +113,16 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
         return None
     b = st.cpu_samples[-1]
     a = st.cpu_at(b.t - window_s)
+    watched = ""
+    if a is None:
+        # Attached during the silence (doctor --window 15): the processes over what vtop watched.
+        first = st.cpu_samples[0]
+        if b.t - first.t < ctx.th.startup_still_min_span_s:
+            return None
+        a = first
+        watched = " (all vtop watched)"
     # The newest scan must be recent: a stale one says nothing about now.
-    if a is None or ctx.now - b.t > max(30.0, window_s):
+    if ctx.now - b.t > max(30.0, window_s):
         return None
     span = b.t - a.t
     allow = ctx.th.startup_still_cpu_frac * span
@@ -122,14 +132,14 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
     used = {p: b.cpu[p] - a.cpu[p] for p in common}
     tree = sum(used.values())
     if tree < allow:
-        return [f"the server's processes used {tree:.2f} s of CPU in {dur(span)} ({len(common)} processes): "
-                "nothing runs"]
+        return [f"the server's processes used {tree:.2f} s of CPU in {dur(span)}{watched} ({len(common)} "
+                "processes, read from the process table): nothing runs"]
     still = [p for p in b.working if p in used and used[p] < allow]
     if not still:
         return None
     who = ", ".join(f"{b.names.get(p, 'process')} (pid {p}) {used[p]:.2f} s" for p in still)
-    return [f"CPU time in {dur(span)}: {who}, while the tree used {tree:.1f} s: the process doing the start's "
-            "work does not run (stopped, or blocked)"]
+    return [f"CPU time in {dur(span)}{watched}: {who}, while the tree used {tree:.1f} s: the process doing the "
+            "start's work does not run (stopped, or blocked)"]
 
 
 def _gpu_idle(ctx: Ctx, window_s: float) -> tuple[bool, list[str]] | None:
@@ -181,6 +191,16 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     tgt = ctx.log_target
     since = ctx.now - stall.silent_s
     ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}", *why]
+    hist = ctx.history
+    if hist is not None and hist.backlog_lag_s > 0 and hist.backlog_lag_from is not None:
+        # Read as a backlog (doctor, or the screen just attached): say what dates the silence.
+        what = ("the last line's time stamp" if hist.backlog_lag_from == "stamp" else
+                "the log file's modification time (its last line, a progress frame, has no time stamp)")
+        ev.append(f"the log was read at attach: its last line was written {dur(hist.backlog_lag_s)} before vtop "
+                  f"read it, by {what}")
+    if not still and not why:
+        ev.append("no process readings were used (vtop sees no process for this server, or none that old): "
+                  "the silence alone, past the threshold")
     if snap is not None and stall.phase is not None:
         pv = snap.phase(stall.phase)
         if pv is not None and pv.progress:

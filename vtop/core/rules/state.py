@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from vtop.core.inflight import MaxTokensLedger, OldestInFlight
+from vtop.core.server import sleep_level
 
 __all__ = ["KEEP_STEP_S", "CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
 
@@ -33,6 +34,9 @@ class Sample:
     #: when the two histograms were read (earlier than ``t`` when carried over)
     hist_t: float
     e2e: Any = None
+    #: the engine was put to sleep (``engine_sleep_state``): quiet on purpose, so its quiet time is
+    #: no stall time (the stall clock starts again at ``/wake_up``)
+    sleeping: bool = False
 
 
 def sample_of(t: float, m: Any) -> Sample:
@@ -52,6 +56,7 @@ def sample_of(t: float, m: Any) -> Sample:
         prompt_hist=getattr(m, "request_prompt_tokens", None),
         hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
         e2e=getattr(m, "e2e_request_latency_seconds", None),
+        sleeping=bool(sleep_level(m)),
     )
 
 
@@ -186,7 +191,7 @@ class ServerState:
                 a is not None and b is not None and b > a
                 for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
             )
-            if moved:
+            if moved or s.sleeping:
                 self.last_progress_t = s.t
         if s.running is not None:
             if s.running > 0:

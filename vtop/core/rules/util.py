@@ -9,7 +9,7 @@ from typing import Any
 from vtop.model.fmt import dur
 
 __all__ = ["GIB", "LIVE", "cap_suggestion", "dur", "flag", "gib", "hist_count_at_least", "is_proc", "json_keys",
-           "num", "plural", "role_of", "short_url", "version_tuple"]
+           "num", "plural", "role_of", "short_url", "version_tuple", "xid_short"]
 
 GIB = float(2**30)
 #: server states in which a server serves (the rules that read /metrics judge only these)
@@ -106,3 +106,14 @@ def cap_suggestion(mml: int | None) -> int:
     if not mml:
         return 4096
     return min(4096, max(256, int(mml) // 2))
+
+
+def xid_short(xids: Any) -> str:
+    """``XID 79 on gpu0`` (the first; ``+N more``) for a title."""
+    xs = list(xids)
+    if not xs:
+        return ""
+    x = xs[0]
+    where = f" on gpu{x.gpu}" if x.gpu is not None else ""
+    more = f" (+{len(xs) - 1} more)" if len(xs) > 1 else ""
+    return f"XID {x.xid}{where}{more}"

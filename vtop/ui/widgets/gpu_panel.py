@@ -29,7 +29,7 @@ from vtop.core.spark import SparkLines
 from vtop.model.gpu import ABSENT, OFF, GpuSample
 
 GIB = 2**30
-CARD_ROWS = 4  # util, SM, mem, bw
+CARD_ROWS = 5  # util, SM, power, mem, bw
 CARD_HEIGHT = CARD_ROWS + 2  # + border
 MIN_CARD_WIDTH = 70
 
@@ -304,12 +304,13 @@ class GpuLines(_RunsWidget):
 
 
 class GpuCard(_RunsWidget):
-    """One GPU as a bordered card (util, SM activity, memory, bandwidth)."""
+    """One GPU as a bordered card (util, SM activity, power against its limit, memory, bandwidth)."""
 
     COMPONENT_CLASSES = {
         "gpu-card--label",
         "gpu-card--util",
         "gpu-card--sm",
+        "gpu-card--power",
         "gpu-card--mem",
         "gpu-card--bw",
         "gpu-card--hot",
@@ -366,6 +367,9 @@ class GpuCard(_RunsWidget):
         rows: list[tuple[str, str, float | None]] = [
             ("util", "util", g.util_gpu),
             ("SM act", "sm", g.sm_active if tr.gpm_seen else None),
+            # power as a share of the enforced limit, on a fixed 0-100 % scale: a GPU at 100 % util
+            # that draws a fifth of its limit is waiting, not working
+            ("power", "power", g.power_pct),
             ("mem", "mem", g.mem_pct),
             ("bw", "bw", g.dram_bw if g.dram_bw is not None else g.util_mem),
         ]
@@ -391,7 +395,25 @@ class GpuCard(_RunsWidget):
         thr = [x for x in (g.throttle or ()) if x != "idle"]
         if thr:
             c += " " + ",".join(thr)
-        return [p, t, m, c]
+        return [t, c, p, m, fault_text(g)]
+
+
+def fault_text(g: GpuSample) -> str:
+    """The card's fault corner: uncorrected ECC errors and row remaps when there are any, else
+    PCIe throughput (read every 30 s), else ``ECC ok`` where ECC is counted; "" where none is known."""
+    bad = []
+    if g.ecc_uncorrected:
+        bad.append(f"ECC unc {g.ecc_uncorrected}")
+    rows = (g.rows_remapped or 0) + (g.retired_pages or 0)
+    if rows or g.remap_pending or g.remap_failed:
+        bad.append(f"remap {rows}" + (" FAILED" if g.remap_failed else " pending" if g.remap_pending else ""))
+    if bad:
+        return " · ".join(bad)
+    if g.pcie_tx_kbs is not None and g.pcie_rx_kbs is not None:
+        return f"PCIe tx {g.pcie_tx_kbs / 1e6:.1f} rx {g.pcie_rx_kbs / 1e6:.1f} GB/s"
+    if g.ecc_uncorrected is not None:
+        return "ECC ok" + (f" ({g.ecc_corrected} corrected)" if g.ecc_corrected else "")
+    return ""
 
 
 class GpuPanel(Container):

@@ -29,6 +29,46 @@ def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
+#: Said under the pane while it hides probe lines. vLLM's own switches (its
+#: ``vllm/entrypoints/.../cli_args.py``): ``--disable-access-log-for-endpoints`` takes a
+#: comma-separated list of paths whose uvicorn access lines are dropped (newer releases, 0.32
+#: has it); ``--disable-uvicorn-access-log`` drops every access line (older ones too). The
+#: help screen (``?``, key ``a``) says both.
+PROBE_FLAG = "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models"
+
+
+#: vLLM's periodic stats line (every 10 s while requests run): the pane's most telling line and
+#: one of its longest: ``(APIServer pid=N) INFO 12-02 07:47:33 [loggers.py:335] Engine 000: Avg
+#: prompt throughput: 22.4 tokens/s, Avg generation throughput: 112.3 tokens/s, Running: 4 reqs,
+#: Waiting: 0 reqs, CPU KV cache usage: 0.1%, ...`` is ~215 columns: in a 120-column terminal
+#: it was cut after "Avg gener", so the queues and the KV usage never showed.
+_STATS = "Avg prompt throughput:"
+#: Rows a stats line may take in the pane, wrapped; other lines stay one row (cut): a request line
+#: (``Received request ... params: SamplingParams(...)``) or a traceback wrapped would bury the rest.
+WRAP_ROWS = 3
+WRAP_INDENT = "  "
+
+
+def pane_rows(text: str, width: int) -> list[str]:
+    """The pane's rows for one line: a vLLM stats line too wide for ``width`` is wrapped at
+    its ", " (else anywhere) into at most :data:`WRAP_ROWS` rows, the rest indented; any
+    other line is one row."""
+    if width < 40 or len(text) <= width or _STATS not in text:
+        return [text]
+    rows: list[str] = []
+    rest = text
+    while rest and len(rows) < WRAP_ROWS:
+        room = width - (len(WRAP_INDENT) if rows else 0)
+        if len(rest) <= room or len(rows) == WRAP_ROWS - 1:
+            piece, rest = rest, ""
+        else:
+            cut = rest.rfind(", ", 0, room)
+            cut = cut + 2 if cut > room // 2 else room
+            piece, rest = rest[:cut].rstrip(), rest[cut:]
+        rows.append((WRAP_INDENT if rows else "") + piece)
+    return rows
+
+
 def fmt_line(ln: LogLine, *, redact: bool = True) -> str:
     """The line as vLLM wrote it (its own time stamp and level are in it), ANSI removed, with
     secret-shaped values masked and, unless ``--no-redact-prompts``, prompts replaced by their length
@@ -43,12 +83,26 @@ class LogPane(Log):
         self.only_problems = False
         self.substring = ""
         """``/``: only lines holding this text (any case)."""
+        self.show_probes = False
+        """``a``: uvicorn's access lines of the monitoring endpoints shown too."""
+        self.hidden_probes = 0
+        """Probe lines in the pane's ring that the pane left out (0 while shown)."""
         self.redact_prompts = True
         """Prompts out of the pane (the app sets it from --redact-prompts / --no-redact-prompts)."""
-        self._key: tuple[int, bool, str] | None = None
+        self._key: tuple[int, bool, str, bool] | None = None
         self.view: LogView | None = None
         self._last: LogLine | None = None
         self._last_text = ""
+        self._wrap_width = 0
+        """The width the rows were wrapped to (a resize rebuilds them)."""
+
+    def on_resize(self) -> None:
+        if self._wrap_width and self._room() != self._wrap_width:
+            self._key = None  # wrapped for another width: rebuild
+            self._redraw()
+
+    def _room(self) -> int:
+        return self.scrollable_content_region.width
 
     def show(self, view: LogView) -> None:
         self.view = view
@@ -57,6 +111,10 @@ class LogPane(Log):
     def toggle_filter(self) -> None:
         self.only_problems = not self.only_problems
         self._title()
+        self._redraw()
+
+    def toggle_probes(self) -> None:
+        self.show_probes = not self.show_probes
         self._redraw()
 
     def set_substring(self, text: str) -> None:
@@ -70,10 +128,16 @@ class LogPane(Log):
         bits = ["warnings and errors only (w: all)"] if self.only_problems else []
         if self.substring:
             bits.append(f"lines with {self.substring!r} (Esc: all)")
+        if self.show_probes and not self.only_problems:
+            bits.append("poll lines shown (a: hide)")
         self.border_title = "log: " + ", ".join(bits) if bits else "log (w: warnings and errors only)"
+        self.border_subtitle = (
+            f"{self.hidden_probes} poll lines hidden (a) · out of vLLM's log: {PROBE_FLAG}"
+            if self.hidden_probes and not self.only_problems else ""
+        )
 
     def keep(self, ln: LogLine) -> bool:
-        if not (ln.at_least("WARNING") if self.only_problems else not is_probe(ln)):
+        if not (ln.at_least("WARNING") if self.only_problems else self.show_probes or not is_probe(ln)):
             return False
         return not self.substring or self.substring.lower() in ln.text.lower()
 
@@ -86,12 +150,16 @@ class LogPane(Log):
         v = self.view
         if v is None:
             return
-        key = (v.lines_total, self.only_problems, self.substring)
+        key = (v.lines_total, self.only_problems, self.substring, self.show_probes)
         if key == self._key:
             return
         rebuild = self._key is None or key[1:] != self._key[1:]
         self._key = key
         lines = [ln for ln in v.recent if self.keep(ln)]
+        hidden = 0 if self.show_probes else sum(1 for ln in v.recent if is_probe(ln))
+        if hidden != self.hidden_probes:
+            self.hidden_probes = hidden
+            self._title()
         new: list[LogLine] | None = None
         if not rebuild and self._last is not None:
             for i in range(len(lines) - 1, -1, -1):
@@ -104,7 +172,9 @@ class LogPane(Log):
             self.clear()
             new = lines[-300:]
         if new:
-            self.write_lines((fmt_line(ln, redact=self.redact_prompts) for ln in new), scroll_end=False)
+            width = self._wrap_width = self._room()
+            self.write_lines((row for ln in new for row in pane_rows(fmt_line(ln, redact=self.redact_prompts), width)),
+                             scroll_end=False)
             # Log.auto_scroll only follows when the view was already at the end,
             # which clear() undoes; the newest line is what matters here.
             self.scroll_end(animate=False, immediate=True)

@@ -1,0 +1,97 @@
+"""A local HTTP server that answers the fleet's queries as a real Prometheus did.
+
+The answers were recorded from Debian's prometheus 2.42 scraping replayed vLLM and DCGM
+exporters (``python -m tests.record_fleet_fixture``); a query is matched by its PromQL text
+(the same functions build it), whatever its time parameters. A query it has no answer for
+gets Prometheus' own error shape (``bad_data``). ``mode`` turns it into a failing
+Prometheus: ``"down"`` (HTTP 503 with Prometheus' error JSON), ``"hang"`` (accepts and never
+answers), ``"html"`` (a proxy's login page); ``token`` requires ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from vtop.clock import FakeClock
+
+FIXTURE = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
+
+
+def load(path: Path = FIXTURE) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def clock_at(rec: dict[str, Any]) -> FakeClock:
+    """A clock whose wall time is when the answers were recorded."""
+    return FakeClock(start=1000.0, wall_offset=float(rec["recorded_at"]) - 1000.0)
+
+
+class PromReplay:
+    def __init__(self, rec: dict[str, Any] | None = None, *, mode: str = "ok", token: str | None = None) -> None:
+        self.rec = rec or load()
+        self.mode = mode
+        self.token = token
+        self.requests: list[tuple[str, str]] = []
+        self.auth_seen: list[str | None] = []
+        owner = self
+        by: dict[tuple[str, str], Any] = {(a["endpoint"], a["query"]): a["answer"]
+                                          for a in self.rec["answers"].values()}
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                u = urlsplit(self.path)
+                ep = u.path.rsplit("/", 1)[-1]
+                query = parse_qs(u.query).get("query", [""])[0]
+                owner.requests.append((ep, query))
+                owner.auth_seen.append(self.headers.get("Authorization"))
+                if owner.token is not None and self.headers.get("Authorization") != f"Bearer {owner.token}":
+                    self._send(401, b"Unauthorized\n", "text/plain")
+                    return
+                if owner.mode == "hang":
+                    time.sleep(30)
+                    return
+                if owner.mode == "down":
+                    self._send(503, json.dumps({"status": "error", "errorType": "unavailable",
+                                                "error": "TSDB not ready"}).encode())
+                    return
+                if owner.mode == "html":
+                    self._send(200, b"<html><body>Sign in</body></html>", "text/html")
+                    return
+                ans = by.get((ep, query))
+                if ans is None:
+                    self._send(400, json.dumps({"status": "error", "errorType": "bad_data",
+                                                "error": f"no recorded answer for {query[:60]!r}"}).encode())
+                    return
+                self._send(200, json.dumps(ans).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._t = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> PromReplay:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

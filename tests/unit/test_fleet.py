@@ -1,0 +1,323 @@
+"""The fleet from Prometheus (issue 27), over answers recorded from a real Prometheus 2.42
+(tests/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
+local server that fails the ways a Prometheus fails. No wall-clock assertions: the clock is the
+recording's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.prom_replay import PromReplay, clock_at, load
+from vtop.config import Config, ConfigError, build
+from vtop.headless_fleet import SCHEMA, exit_code, format_text, report_json
+from vtop.monitor.fleet import Fleet
+from vtop.sources import fleet as q
+from vtop.sources.prometheus import PromClient, PromError, check_prometheus_url
+
+FLEET_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "vtop" / "schema" / "fleet-v1.schema.json")
+                          .read_text())
+REC = load()
+
+
+def answer(name: str) -> list[tuple[dict[str, str], float | None]]:
+    res = REC["answers"][name]["answer"]["data"]["result"]
+    return [(s["metric"], None if s["value"][1] == "NaN" else float(s["value"][1])) for s in res]
+
+
+def test_the_recorded_answers_are_the_queries_vtop_sends_now() -> None:
+    # a query changed in the code without re-recording would get "no recorded answer"
+    assert REC["answers"]["vllm"]["query"] == q.vllm_query()
+    assert REC["answers"]["rates"]["query"] == q.rates_query()
+    assert REC["answers"]["up"]["query"] == q.up_query()
+    assert REC["answers"]["gpu"]["query"] == q.gpu_query()
+    assert REC["answers"]["vtop"]["query"] == q.vtop_query()
+
+
+def test_one_row_per_instance_from_the_aggregated_answer() -> None:
+    inst = q.parse_vllm(answer("vllm"))
+    assert sorted(k[1] for k in inst) == ["gpu-a:8000", "gpu-b:8000", "gpu-d:8000"]  # gpu-c, gpu-e never answered
+    a = inst[("vllm", "gpu-a:8000")]
+    assert a.running == 1 and a.gen is not None and a.gen > 300_000  # the H200 runaway's counters
+    assert a.finished.get("length") == 1700  # zero reasons are left out by the query
+    b = inst[("vllm", "gpu-b:8000")]
+    assert b.running == 8 and b.kv is not None and 0 < b.kv < 0.01
+    up = q.parse_up(answer("up"))
+    assert up[("vllm", "gpu-c:8000")] == 0 and up[("vllm", "gpu-a:8000")] == 1
+
+
+def test_gpus_are_joined_by_host_with_the_dcgm_names() -> None:
+    hosts = q.parse_gpus(answer("gpu"))
+    assert hosts["gpu-a"].n == 8 and hosts["gpu-b"].n == 1
+    assert hosts["gpu-d"].xid == {"5": 79.0}
+    assert hosts["gpu-d"].sm == pytest.approx(45.0)  # DCGM_FI_PROF_SM_ACTIVE 0.45 as percent
+    assert hosts["gpu-b"].mem_pct == pytest.approx(100 * 20_000 / 23_034, abs=0.1)
+    assert "gpu-c" not in hosts
+    assert q.host_of("gpu-a:8000") == "gpu-a" and q.host_of("[::1]:8000") == "::1"
+
+
+async def _fleet(pr: PromReplay, **cfg: object) -> Fleet:
+    f = Fleet(Config(**cfg), PromClient(pr.url), clock=clock_at(REC))  # type: ignore[arg-type]
+    await f.start()
+    return f
+
+
+async def test_the_same_rules_name_each_incident_on_its_row() -> None:
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        await f.client.aclose()
+        rows = {r.instance: r for r in f.rows.values()}
+        assert f.error is None and f.backfilled
+        assert f.last_queries == 5  # whatever the fleet's size
+        assert [a.rule for a in rows["gpu-a:8000"].alerts] == ["runaway"]  # 2m10s with nothing finished
+        assert rows["gpu-a:8000"].box == "ssh gpu-a vtop"
+        assert [a.rule for a in rows["gpu-b:8000"].alerts] == ["engine_stall"]
+        assert rows["gpu-c:8000"].state == "down" and [a.rule for a in rows["gpu-c:8000"].alerts] == ["server_down"]
+        assert [a.rule for a in rows["gpu-d:8000"].alerts] == ["gpu_xid"]
+        assert rows["gpu-d:8000"].state == "up" and rows["gpu-d:8000"].box is None
+        # refused too, but vtop on that box exports its start: STARTING, in its phase, not DOWN
+        e = rows["gpu-e:8000"]
+        assert e.state == "starting" and not e.alerts, (e.state, e.alerts)
+        assert e.on_box is not None and e.on_box.phase == "CUDA graph capture" and e.on_box.phase_s == 42
+        assert "CUDA graph capture for 42s" in e.message
+        assert e.on_box.alerts == [("startup_stall", "warning")]
+        # worst first: the criticals, then the runaway's warning
+        assert [a.severity for a in f.alerts] == ["critical", "critical", "critical", "warning"]
+        assert [r.instance for r in f.sorted_rows()][-2:] == ["gpu-a:8000", "gpu-e:8000"]
+        # the rates come from the trackers' windows over the counters
+        assert rows["gpu-a:8000"].gen_tps is not None and 150 < rows["gpu-a:8000"].gen_tps < 600
+        assert rows["gpu-b:8000"].gen_tps == 0
+        # what only the box knows is said on the runaway
+        run = next(a for a in f.alerts if a.rule == "runaway")
+        assert any("ssh gpu-a vtop" in line for line in run.fix)
+
+
+async def test_without_history_the_runaway_is_not_named_from_one_look() -> None:
+    """The history is what makes the rule fire at once: a fleet that could not read it judges
+    from now on (the same rule needs its 2 minutes)."""
+    with PromReplay() as pr:
+        f = Fleet(Config(), PromClient(pr.url), clock=clock_at(REC))
+        await f.refresh()
+        f.backfilled = True  # as if query_range had failed
+        await f.refresh()
+        await f.client.aclose()
+    assert "runaway" not in {a.rule for a in f.alerts}
+    assert "server_down" in {a.rule for a in f.alerts}  # up == 0 needs no history
+
+
+async def test_json_report_follows_its_schema_and_exit_code() -> None:
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        await f.client.aclose()
+    rep = report_json(f)
+    jsonschema.validate(rep, FLEET_SCHEMA)
+    assert rep["schema"] == SCHEMA == "vtop.fleet/1"
+    assert rep["exit_code"] == exit_code(f) == 2
+    by = {r["instance"]: r for r in rep["instances"]}
+    assert by["gpu-c:8000"]["running"] is None  # a gap, not a zero
+    assert by["gpu-d:8000"]["gpus"]["xid"] == {"5": 79.0}
+    text = format_text(f, doctor=True)
+    assert "Runaway decode on gpu-a:8000" in text and "ssh gpu-a vtop" in text
+    assert "What Prometheus cannot tell" in text
+
+
+async def test_drill_in_has_the_trackers_history_and_the_hosts_gpus() -> None:
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        d = await f.drill("vllm/gpu-a:8000")
+        await f.client.aclose()
+    assert d.error is None and d.view is not None
+    assert len(d.view.series["gen_tps"]) >= 20  # the sparkline is full at once (27 steps of 5 s)
+    assert sorted(d.gpus.tracks) == list(range(8))
+    g0 = d.gpus.tracks[0].last
+    assert g0 is not None and g0.util_gpu == 23 and g0.name == "NVIDIA H200" and g0.sm_active == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("mode, kind, words", [
+    ("down", "http", "TSDB not ready"),
+    ("html", "garbage", "not the Prometheus API"),
+])
+async def test_a_failing_prometheus_is_said_in_words_and_rows_go_stale(mode: str, kind: str, words: str) -> None:
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        assert f.rows["vllm/gpu-a:8000"].state == "up"
+        pr.mode = mode
+        clock = f.clock.base
+        for _ in range(4):  # 20 s of failed refreshes
+            clock.advance(5.0)  # type: ignore[attr-defined]
+            await f.refresh()
+        await f.client.aclose()
+    assert f.error is not None and words in f.error and "Prometheus at 127.0.0.1" in f.error
+    assert f.rows["vllm/gpu-a:8000"].state == "stale"  # old numbers kept, marked
+    assert f.rows["vllm/gpu-a:8000"].running == 1
+    assert exit_code(f) == 3
+
+
+async def test_a_hung_prometheus_is_cut_by_the_deadline() -> None:
+    with PromReplay(mode="hang") as pr:
+        c = PromClient(pr.url, timeout_s=0.3)
+        with pytest.raises(PromError) as e:
+            await c.query("up")
+        await c.aclose()
+    assert e.value.kind == "timeout" and "did not answer within 0.3 s" in e.value.message
+
+
+async def test_bearer_token_is_sent_and_refusal_explained() -> None:
+    with PromReplay(token="s3cret") as pr:
+        ok = PromClient(pr.url, token="s3cret")
+        await ok.query(q.up_query())
+        await ok.aclose()
+        bad = PromClient(pr.url, token="wrong")
+        with pytest.raises(PromError) as e:
+            await bad.query(q.up_query())
+        await bad.aclose()
+        basic = PromClient(pr.url, user="me", password="pw")
+        with pytest.raises(PromError):
+            await basic.query(q.up_query())
+        await basic.aclose()
+    assert pr.auth_seen[0] == "Bearer s3cret"
+    assert pr.auth_seen[-1] == "Basic bWU6cHc="  # me:pw
+    assert e.value.kind == "auth" and "VTOP_PROMETHEUS_TOKEN" in e.value.message
+    assert "s3cret" not in repr(ok) and "wrong" not in e.value.message
+
+
+async def test_a_bad_query_gets_prometheus_own_words() -> None:
+    with PromReplay() as pr:
+        c = PromClient(pr.url)
+        with pytest.raises(PromError) as e:
+            await c.query("sum(")
+        await c.aclose()
+    assert e.value.kind == "query" and "bad_data" in e.value.message
+
+
+def test_vtop_export_joins_by_host_and_port() -> None:
+    vec = [({"vtop_m": "phase", "instance": "gpu-7:9464", "server": "http://127.0.0.1:8001", "phase": "weights"}, 1.0),
+           ({"vtop_m": "oldest", "instance": "gpu-7:9464", "server": "http://localhost:8001"}, 130.0),
+           ({"vtop_m": "alert", "instance": "gpu-7:9464", "subject": "gpu0", "rule": "sm_idle", "severity": "warning"},
+            1.0)]
+    got = q.parse_vtop(vec)
+    assert got[("gpu-7", "8001")].phase == "weights" and got[("gpu-7", "8001")].oldest_s == 130
+    assert got[("gpu-7", "*")].alerts == [("sm_idle", "warning")]
+
+
+def test_credentials_come_from_config_or_env_never_the_url() -> None:
+    with pytest.raises(ValueError, match="visible to every user"):
+        check_prometheus_url("http://me:pw@prom:9090")
+    assert check_prometheus_url("prom:9090/") == "http://prom:9090"
+    cfg = build({}, env={"VTOP_PROMETHEUS_URL": "https://prom.example:9090", "VTOP_PROMETHEUS_TOKEN": "t0k"},
+                config_file=None)
+    assert cfg.prometheus_url == "https://prom.example:9090" and cfg.prometheus_token == "t0k"
+    assert "t0k" not in repr(cfg)
+    with pytest.raises(ConfigError):
+        build({}, env={"VTOP_FLEET_INTERVAL": "0.2"})
+
+
+async def test_tls_is_verified_by_default() -> None:
+    """An https:// Prometheus with a certificate nobody signed is refused, in words."""
+    import shutil
+    import ssl
+    import tempfile
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a self-signed certificate")
+    with tempfile.TemporaryDirectory() as d:
+        cf, kf = Path(d) / "c.pem", Path(d) / "k.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(kf), "-out",
+                        str(cf), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        srv = HTTPServer(("127.0.0.1", 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cf, kf)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            c = PromClient(f"https://127.0.0.1:{srv.server_address[1]}", timeout_s=3)
+            with pytest.raises(PromError) as e:
+                await c.query("up")
+            await c.aclose()
+        finally:
+            srv.shutdown()
+    assert "TLS" in e.value.message and "CERTIFICATE_VERIFY_FAILED" in e.value.message
+
+
+def test_fleet_headless_never_imports_textual() -> None:
+    code = ("import sys, vtop.headless_fleet, vtop.monitor.fleet; "
+            "sys.exit(1 if [m for m in sys.modules if m.startswith(('textual', 'rich'))] else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_once_json_over_a_recorded_prometheus_end_to_end() -> None:
+    """``vtop --once --json --prometheus URL`` as a script runs it (the answers' samples are old for
+    the wall clock: every row reads stale, which is what a Prometheus that stopped scraping shows)."""
+    with PromReplay() as pr:
+        r = subprocess.run([sys.executable, "-m", "vtop", "--once", "--json", "--prometheus", pr.url],
+                           capture_output=True, text=True, timeout=120)
+    rep = json.loads(r.stdout)
+    jsonschema.validate(rep, FLEET_SCHEMA)
+    assert r.returncode == rep["exit_code"] == 2
+    assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
+                                                         "gpu-e:8000"}
+    assert rep["queries_per_refresh"] == 5
+
+
+def test_prometheus_flag_with_bad_url_is_one_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "vtop", "--once", "--prometheus", "ftp://x"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 3 and "only http:// and https://" in r.stderr and "Traceback" not in r.stderr
+
+
+if __name__ == "__main__":  # pragma: no cover
+    asyncio.run(test_the_same_rules_name_each_incident_on_its_row())
+
+
+def test_counters_going_back_read_restarted_and_a_flat_scrape_is_no_stall() -> None:
+    """Fed straight (no HTTP): an instance whose counters go back is RESTARTED (the tracker's rule,
+    as on the box); the same sample answered again between two scrapes is not fed twice, so a busy
+    server scraped every 30 s and refreshed every 5 s never looks stalled."""
+    from vtop.clock import FakeClock
+
+    clock = FakeClock(1000.0, 1_796_000_000.0)
+    f = Fleet(Config(), PromClient("http://prom.invalid:9090"), clock=clock)
+    f.backfilled = True
+    key = ("vllm", "h1:8000")
+    up = {key: 1.0}
+    gen, ts = 0.0, clock.time()
+    seen: set[str] = set()
+    for i in range(40):  # 200 s at a 5 s refresh, a scrape every 30 s
+        clock.advance(5.0)
+        if i % 6 == 0:
+            gen += 30 * 300.0
+            ts = clock.time() - 1.0
+        inst = q.Instance("vllm", "h1:8000", "m", running=4.0, waiting=0.0, kv=0.2, gen=gen, prompt=gen,
+                          preempt=0.0, finished={"stop": float(i // 6)}, ts=ts)
+        f._feed(clock.time(), clock.monotonic(), {key: inst}, up)
+        f._rows(clock.time(), {key: inst}, {}, up)
+        f._judge(clock.monotonic())
+        seen |= {a.rule for a in f.rows["vllm/h1:8000"].alerts}
+    row = f.rows["vllm/h1:8000"]
+    assert row.state == "up" and not seen, seen
+    assert row.gen_tps is not None and 250 < row.gen_tps < 350
+    clock.advance(5.0)
+    inst = q.Instance("vllm", "h1:8000", "m", running=0.0, waiting=0.0, kv=0.0, gen=10.0, prompt=10.0, preempt=0.0,
+                      finished={}, ts=clock.time() - 0.5)
+    f._feed(clock.time(), clock.monotonic(), {key: inst}, up)
+    f._rows(clock.time(), {key: inst}, {}, up)
+    f._judge(clock.monotonic())
+    assert f.rows["vllm/h1:8000"].state == "restarted"
+

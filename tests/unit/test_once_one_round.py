@@ -1,0 +1,130 @@
+"""`vtop --once` without `--window` (issue #26 item 5): one round of readings, at once.
+
+It answers from what needs no window (the gauges, the GPUs, the phase, the alerts the
+log's history feeds) after each source's first answer: one scrape, no sampling window;
+rates are null (not 0) unless the server's log has a recent stats line; the headless path
+imports no Textual. Nothing here times anything: "no window" is shown by the scrapes a
+server got with a poll interval of 30 s (a window waits two intervals, and scrapes again).
+The wall time is bench/oneshot.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.faults.badserver import BadServer
+from tests.metrics_server import MetricsServer, h200_payloads
+from vtop.cli import main
+from vtop.headless import ONE_ROUND_NOTE
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
+ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "HOME": "/nonexistent"}
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
+    for k in ("VTOP_INTERVAL", "VTOP_NO_GPU", "VTOP_SIMULATE_GPUS", "VTOP_URLS", "VTOP_LOG"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def once(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err, cap.out + cap.err
+    return rc, cap.out
+
+
+def test_once_answers_from_one_scrape_with_rates_null(capsys: pytest.CaptureFixture[str]) -> None:
+    # seconds 19-24 of the H200 run: the burst begins
+    from vtop.sources.prom import parse_vllm_metrics
+
+    payloads = h200_payloads(19, 6)
+    first = parse_vllm_metrics(payloads[0])
+    assert first.running and first.waiting  # the burst's first second: queues up
+    with MetricsServer(payloads) as srv:
+        rc, out = once(["--once", "--json", "--interval", "30", "--simulate-gpus", "2", srv.url], capsys)
+        scrapes = srv.scrapes
+    rep = json.loads(out)
+    jsonschema.validate(rep, SCHEMA)
+    assert scrapes == 1, "one round is one scrape: a window (2 intervals, 60 s here) scrapes again"
+    assert rep["one_round"] is True and rep["window_asked_s"] is None
+    s = rep["servers"][0]
+    assert s["polls"] == 1 and s["state"] == "up"
+    assert (s["running"], s["waiting"]) == (first.running, first.waiting) and s["kv_cache_pct"] is not None
+    # rates need two scrapes: null, never 0, and said so
+    assert s["gen_tokens_per_s"] is None and s["prompt_tokens_per_s"] is None and s["preemptions_per_s"] is None
+    assert s["rates_from"] is None and ONE_ROUND_NOTE in rep["notes"]
+    assert [g["index"] for g in rep["gpu"]["gpus"]] == [0, 1] and rep["gpu"]["gpus"][0]["util_pct"] is not None
+    assert rc == rep["exit_code"] == 0
+
+
+def test_window_still_measures_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    with MetricsServer(h200_payloads(19, 6)) as srv:
+        rc, out = once(["--once", "--json", "--window", "1", "--interval", "0.5", "--no-gpu", srv.url], capsys)
+    rep = json.loads(out)
+    s = rep["servers"][0]
+    assert rep["one_round"] is False and rep["window_asked_s"] == 1.0
+    assert s["gen_tokens_per_s"] is not None and s["gen_tokens_per_s"] > 0 and s["rates_from"] == "metrics"
+    assert ONE_ROUND_NOTE not in rep["notes"]
+
+
+def _stats_log(path: Path, age_s: float) -> Path:
+    """A vLLM 0.26 log whose last stats line was stamped ``age_s`` ago (local time, as vLLM stamps)."""
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(time.time() - age_s))
+    path.write_text(
+        f"(APIServer pid=1551) INFO {stamp} [loggers.py:123] Engine 000: Avg prompt throughput: 5.7 tokens/s, "
+        "Avg generation throughput: 127.4 tokens/s, Running: 1 reqs, Waiting: 0 reqs, "
+        "GPU KV cache usage: 0.2%, Prefix cache hit rate: 0.0%\n")
+    return path
+
+
+@pytest.mark.parametrize(("age_s", "want"), [(2.0, 127.4), (300.0, None)])
+def test_once_takes_rates_from_a_recent_stats_line_of_the_log(
+        age_s: float, want: float | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _stats_log(tmp_path / "vllm.log", age_s)
+    with MetricsServer(h200_payloads(19, 6)) as srv:
+        rc, out = once(["--once", "--json", "--interval", "30", "--no-gpu", "--log", str(log), srv.url], capsys)
+        rc, txt = once(["--once", "--interval", "30", "--no-gpu", "--log", str(log), srv.url], capsys)
+    rep = json.loads(out)
+    jsonschema.validate(rep, SCHEMA)
+    s = rep["servers"][0]
+    assert s["gen_tokens_per_s"] == want
+    if want is None:  # five minutes old: says nothing of now
+        assert s["rates_from"] is None and s["prompt_tokens_per_s"] is None and ONE_ROUND_NOTE in rep["notes"]
+    else:
+        assert s["rates_from"] == "log" and s["prompt_tokens_per_s"] == 5.7 and s["rates_age_s"] <= 12
+        assert ONE_ROUND_NOTE not in rep["notes"]
+    assert "(one round of readings, " in txt.splitlines()[0]
+    assert ("gen 127 tok/s prompt 5.7 tok/s (vLLM log, " in txt) == (want is not None), txt
+
+
+def test_the_headless_path_imports_no_textual() -> None:
+    # A new interpreter: what `vtop --once` loads. Textual (and Rich under it) are the screen's.
+    code = ("import sys; from vtop.cli import main; rc = main(['--once', '--json', '--no-gpu', "
+            "'--interval', '30', 'http://127.0.0.1:9']); "
+            "print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'textual', 'rich'}), rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    last = r.stdout.strip().splitlines()[-1]
+    assert last == "LOADED [] 2", r.stdout[-2000:] + r.stderr[-2000:]  # down: critical, as documented
+
+
+@pytest.mark.slow
+def test_a_server_that_accepts_and_never_answers_is_still_judged_in_one_round(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The deadline of every source stays: one round waits for the api_unresponsive rule to judge it.
+    with BadServer("hang") as srv:
+        rc, out = once(["--once", "--json", "--interval", "0.5", "--no-gpu", srv.url], capsys)
+    rep = json.loads(out)
+    (alert,) = [a for a in rep["alerts"] if a["rule"] == "api_unresponsive"]
+    assert alert["target"] == srv.url and rep["one_round"] is True
+    assert rc == rep["exit_code"] == 1

@@ -1,0 +1,75 @@
+"""``spec_decode_low``: speculative decoding that has stopped paying.
+
+Evidence: the server exports vLLM's spec-decode counters (``--speculative-config``), draft tokens are
+proposed (at least ``spec_min_draft_tokens`` in the view's window), and the share accepted stays below
+``spec_low_acceptance_pct`` for ``spec_low_s`` (minutes). Each step then verifies k draft tokens that are
+thrown away: the target model does extra work for next to no extra tokens, so speculation costs
+throughput instead of adding it (a mean acceptance length near 1.0 is one token a step, as without
+it). Recorded: the real CPU build with n-gram drafts sampled at temperature 1 (the random-weight
+model's tokens rarely repeat) accepts a few per cent (tests/fixtures/vllm/signals/spec-random), at
+temperature 0 ~94 % (spec-prefix). Quiet while the server sleeps, and while no drafts are proposed
+(an idle window neither starts nor clears it).
+"""
+
+from __future__ import annotations
+
+from vtop.core.rules.alert import Alert
+from vtop.core.rules.context import Ctx
+from vtop.core.rules.util import LIVE, dur, num, short_url
+
+
+class SpecLow:
+    """The spec-decode acceptance rule (see the module's docstring). Keeps, per server, since when
+    acceptance has been low."""
+
+    ids = ("spec_decode_low",)
+
+    def __init__(self) -> None:
+        self._low_since: dict[str, float] = {}
+
+    def check(self, ctx: Ctx) -> list[Alert]:
+        th = ctx.th
+        out = []
+        for url in list(self._low_since):
+            if url not in ctx.servers:
+                del self._low_since[url]
+        for url, v in ctx.servers.items():
+            sp = v.spec
+            if v.state not in LIVE or sp is None or v.sleep_level:
+                self._low_since.pop(url, None)
+                continue
+            if sp.acceptance is None or (sp.draft_tokens or 0.0) < th.spec_min_draft_tokens:
+                continue  # no drafts to judge: neither starts nor clears
+            if 100.0 * sp.acceptance >= th.spec_low_acceptance_pct:
+                self._low_since.pop(url, None)
+                continue
+            since = self._low_since.setdefault(url, ctx.now)
+            if ctx.now - since < th.spec_low_s:
+                continue
+            short = short_url(url)
+            pct = 100.0 * sp.acceptance
+            ev = [
+                f"over the last {dur(v.window_s)}: {num(sp.draft_tokens)} draft tokens proposed"
+                + (f" in {num(sp.drafts)} drafts" if sp.drafts else "")
+                + f", {num(sp.accepted)} accepted ({pct:.1f} %); below {th.spec_low_acceptance_pct:g} % "
+                f"for {dur(ctx.now - since)}",
+            ]
+            if sp.mean_len is not None:
+                ev.append(f"mean acceptance length {sp.mean_len:.2f} tokens a step (1.00: what a step gives "
+                          "without speculation)")
+            if sp.per_pos:
+                ev.append("accepted per draft position: " + ", ".join(f"{p:.3f}" for p in sp.per_pos))
+            if v.gen_tps is not None:
+                ev.append(f"generation {v.gen_tps:,.0f} tok/s")
+            fix = (
+                "Speculation costs here: every step verifies draft tokens that are thrown away. Restart without "
+                "--speculative-config and compare the generation throughput.",
+                "Or propose fewer: a smaller num_speculative_tokens in --speculative-config (n-gram: a larger "
+                "prompt_lookup_min), or a draft model closer to the target (same family, same tokenizer).",
+                "Sampling at high temperature lowers acceptance: speculation pays most on greedy or "
+                "low-temperature, repetitive output (code, extraction, RAG).",
+            )
+            title = f"Speculative decoding on {short} is not paying: {pct:.1f} % of draft tokens accepted " \
+                    f"for {dur(ctx.now - since)}"
+            out.append(Alert("spec_decode_low", "warning", title, tuple(ev), fix, url, since))
+        return out

@@ -1,0 +1,517 @@
+"""The fleet: every vLLM instance an existing Prometheus scrapes, through the one monitor.
+
+No third orchestration: a :class:`Fleet` turns each refresh of a handful of aggregated
+PromQL queries (:mod:`vtop.sources.fleet`) into one :class:`~vtop.model.server.ServerPoll`
+per instance (its gauges and *cumulative* counters as a :class:`~vtop.model.metrics.VllmMetrics`,
+``up == 0`` as a refused scrape, an old sample as a timeout) and feeds it to the same
+:class:`~vtop.monitor.Monitor` the local screen and ``vtop doctor`` drive: the same
+:class:`~vtop.core.server.ServerTracker` per instance, the same
+:class:`~vtop.core.rules.Diagnoser`, the same alerts (runaway, engine stall, KV saturation).
+At start the history comes from ``query_range`` (one step per refresh interval over
+``--history``): the trackers and the rules are fed step by step on a clock that reads each
+step's time, so a runaway that began 3 minutes before vtop looked is named at once and the
+drill-in's sparklines are full.
+
+What the table shows that is computed by Prometheus (``rate``, ``increase``,
+``histogram_quantile`` over the last minute) comes from the rates query; what the rules judge
+comes from the trackers. Two fleet-only rules (:mod:`vtop.core.rules.fleet`) add DOWN servers
+and GPUs with XID errors.
+
+What the fleet cannot know that the box can (:data:`BOX_ONLY`): the vLLM log (the request
+that runs away, by id and ``max_tokens``; the startup phase; an OOM line), the processes
+(py-spy dump, which process holds a GPU), NVML's per-process GPU memory. The rows and the
+alerts that need it say ``ssh HOST vtop``.
+
+A refresh that fails keeps the last rows, marks them stale as their age grows (the trackers
+do that on their own) and says Prometheus' error in words (:attr:`Fleet.error`); it never
+blocks: every query has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vtop.clock import Clock, SystemClock
+from vtop.config import Config
+from vtop.core.gpu_history import GpuHistory
+from vtop.core.rates import Quantiles
+from vtop.core.rules.alert import RANK, Alert
+from vtop.core.rules.fleet import box_hint, down_alert, on_the_box, xid_alert
+from vtop.core.server import ServerView
+from vtop.model.fmt import dur
+from vtop.model.gpu import OK, GpuPoll, GpuSample
+from vtop.model.metrics import VllmMetrics
+from vtop.model.server import ServerPoll
+from vtop.monitor.monitor import Monitor
+from vtop.sources import fleet as q
+from vtop.sources.prometheus import PromClient, PromError
+
+__all__ = ["BOX_ONLY", "DEFAULT_REFRESH_S", "Fleet", "FleetClock", "FleetRow", "client_from_config"]
+
+DEFAULT_REFRESH_S = 5.0
+
+#: what a fleet view cannot know that vtop on the box can (the screen's help and the README say it)
+BOX_ONLY = (
+    "the vLLM log: which request runs away (its id, max_tokens, age), the startup phase, OOM and error lines",
+    "the processes: py-spy dumps of the engine, which process holds each GPU and its memory, launch flags",
+    "NVML on the box: clocks, throttle reasons, temperature; per-second samples (Prometheus scrapes every 15-60 s)",
+    "the latency histograms' detail beyond TTFT p50/p99 (the by-age runaway proof needs the e2e buckets)",
+)
+
+
+def client_from_config(cfg: Config, url: str | None = None) -> PromClient:
+    """The query client for ``--prometheus URL`` (or ``prometheus_url``), credentials from the config/env."""
+    return PromClient(url or cfg.prometheus_url or "", token=cfg.prometheus_token, user=cfg.prometheus_user,
+                      password=cfg.prometheus_password, ca_file=cfg.prometheus_ca_file,
+                      timeout_s=cfg.prometheus_timeout)
+
+
+class FleetClock:
+    """The monitor's clock: the real one, or, while history is fed, the time of the step fed."""
+
+    def __init__(self, base: Clock) -> None:
+        self.base = base
+        self.at: tuple[float, float] | None = None
+
+    def monotonic(self) -> float:
+        return self.at[0] if self.at is not None else self.base.monotonic()
+
+    def time(self) -> float:
+        return self.at[1] if self.at is not None else self.base.time()
+
+    def mono_of(self, wall: float) -> float:
+        """A Prometheus time on the monotonic clock (assumes Prometheus' clock is about ours)."""
+        return self.base.monotonic() - (self.base.time() - wall)
+
+
+@dataclass
+class FleetRow:
+    """One vLLM instance as the table and ``--json`` show it."""
+
+    key: str
+    job: str
+    instance: str
+    url: str
+    host: str
+    model: str | None = None
+    state: str = "unknown"
+    message: str = ""
+    running: float | None = None
+    waiting: float | None = None
+    kv_pct: float | None = None
+    gen_tps: float | None = None
+    preempt_ps: float | None = None
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    finished: dict[str, float] | None = None
+    engines: int | None = None
+    sample_age_s: float | None = None
+    gpus: q.FleetHost | None = None
+    alerts: tuple[Alert, ...] = ()
+    box: str | None = None
+    """``ssh HOST vtop`` when an alert needs what only the box has."""
+    on_box: q.BoxView | None = None
+    """What ``vtop export`` on the box says (its startup phase, its alerts), when it runs there."""
+
+    @property
+    def worst(self) -> int:
+        """0 critical, 1 warning, 2 info, 3 none; a DOWN row counts as critical."""
+        ranks = [RANK.get(a.severity, 3) for a in self.alerts]
+        if self.state == "down":
+            ranks.append(0)
+        return min(ranks, default=3)
+
+
+@dataclass
+class Drill:
+    """One instance opened: its server view (the same card as the local screen) and its host's GPUs."""
+
+    row: FleetRow
+    view: ServerView | None
+    gpus: GpuHistory
+    error: str | None = None
+    gpu_names: dict[int, str] = field(default_factory=dict)
+
+
+class Fleet:
+    """The fleet's state, refreshed from Prometheus. One event loop; not thread-safe."""
+
+    def __init__(self, config: Config, client: PromClient, *, clock: Clock | None = None,
+                 refresh_s: float | None = None, rate_window: str = "1m") -> None:
+        self.refresh_s = refresh_s or config.fleet_interval
+        self.config = dataclasses.replace(config, interval=self.refresh_s,
+                                          history=max(config.history, 10 * self.refresh_s), urls=())
+        self.client = client
+        self.clock = FleetClock(clock or SystemClock())
+        self.monitor = Monitor(self.config, clock=self.clock, find_logs=False)
+        self.rate_window = rate_window
+        self.rows: dict[str, FleetRow] = {}
+        self.hosts: dict[str, q.FleetHost] = {}
+        self.boxes: dict[tuple[str, str], q.BoxView] = {}
+        self.alerts: list[Alert] = []
+        self.error: str | None = None
+        """Prometheus' error of the last refresh, in words (None when it answered)."""
+        self.error_since: float | None = None
+        self.partial: list[str] = []
+        """Queries of the last refresh that failed while others answered (their error, in words)."""
+        self.last_ok_wall: float | None = None
+        self.refreshes = 0
+        self.backfilled = False
+        self.backfill_note: str | None = None
+        self.last_refresh_s: float | None = None
+        self.last_queries = 0
+        self._known: dict[str, tuple[str, str]] = {}
+        self._fed_ts: dict[str, float] = {}
+        self._first_eval: float | None = None
+        self.version = 0
+        """Goes up with every refresh that changed what is shown."""
+
+    # ------------------------------------------------------------------ rounds
+
+    @property
+    def stale_after_s(self) -> float:
+        """A sample older than this is stale (three refreshes, and at least 45 s: scrapes every 15 s
+        are usual, and Prometheus returns the last sample for 5 minutes)."""
+        return max(45.0, 3 * self.refresh_s)
+
+    async def start(self) -> None:
+        """A refresh (the table), then, the first time Prometheus answers, the history (the trackers
+        and the rules): a Prometheus that was down when vtop started is read back when it returns."""
+        await self.refresh()
+        if self.error is None and not self.backfilled:
+            await self.backfill()
+
+    async def refresh(self) -> None:
+        """One round: the queries at once, each with its deadline; the rows, the rules."""
+        t0 = time.perf_counter()
+        before = self.client.queries
+        at = round(self.clock.base.time(), 3)
+        mono = self.clock.base.monotonic()
+        res = await asyncio.gather(
+            self.client.query(q.vllm_query(), at=at),
+            self.client.query(q.rates_query(self.rate_window), at=at),
+            self.client.query(q.up_query(), at=at),
+            self.client.query(q.gpu_query(), at=at),
+            self.client.query(q.vtop_query(), at=at),
+            return_exceptions=True)
+        for r in res:
+            if isinstance(r, BaseException) and not isinstance(r, (PromError, Exception)):
+                raise r
+        errs = [r for r in res if isinstance(r, BaseException)]
+        self.last_queries = self.client.queries - before
+        self.refreshes += 1
+        if isinstance(res[0], BaseException):
+            self._failed(res[0], mono)
+        else:
+            self.error = None
+            self.error_since = None
+            self.last_ok_wall = at
+            self.partial = [_words(e) for e in errs]
+            vllm = q.parse_vllm(res[0])
+            rates = q.parse_rates(res[1]) if not isinstance(res[1], BaseException) else {}
+            up = q.parse_up(res[2]) if not isinstance(res[2], BaseException) else {}
+            if not isinstance(res[3], BaseException):
+                self.hosts = q.parse_gpus(res[3])
+            self.boxes = q.parse_vtop(res[4]) if not isinstance(res[4], BaseException) else {}
+            if self._first_eval is None:
+                self._first_eval = at
+            if self.backfilled:
+                self._feed(at, mono, vllm, up)
+            self._rows(at, vllm, rates, up)
+        self._judge(mono)
+        self.version += 1
+        self.last_refresh_s = time.perf_counter() - t0
+
+    def _failed(self, e: BaseException, mono: float) -> None:
+        self.error = _words(e)
+        if self.error_since is None:
+            self.error_since = mono
+        for row in self.rows.values():  # the trackers turn stale by age; the rows say so now
+            if self.last_ok_wall is not None:
+                row.sample_age_s = self.clock.base.time() - self.last_ok_wall
+
+    #: points a history chunk may hold (series x steps): the answer of one ``query_range`` and what
+    #: is parsed from it live at once; 1,000 instances read 300 s in one piece held ~290 MB at peak
+    CHUNK_POINTS = 60_000
+
+    async def backfill(self) -> None:
+        """Feed the trackers and the rules from ``query_range`` over the history, step by step,
+        in chunks of time (so a big fleet's history never sits in memory whole)."""
+        end = self._first_eval or round(self.clock.base.time(), 3)
+        span = self.config.history
+        step = self.refresh_s
+        per_step = max(1, 9 * len(self.rows))  # ~9 series an instance in the vLLM answer
+        chunk = max(2, self.CHUNK_POINTS // per_step) * step
+        start = end - span
+        n = 0
+        try:
+            while start <= end:
+                stop = min(end, start + chunk - step)
+                n += await self._backfill_chunk(start, stop, step)
+                start = stop + step
+        except PromError as e:
+            self.backfill_note = f"no history ({e.message}); the rules judge from now on"
+        else:
+            self.backfill_note = f"history: {n} steps of {step:g} s from Prometheus"
+        finally:
+            self.clock.at = None
+        self.backfilled = True
+        self._judge(self.clock.base.monotonic())
+        self.version += 1
+
+    async def _backfill_chunk(self, start: float, end: float, step: float) -> int:
+        vr, ur = await asyncio.gather(
+            self.client.query_range(q.vllm_query(), start=start, end=end, step=step),
+            self.client.query_range(q.up_query(), start=start, end=end, step=step))
+        steps = q.parse_vllm_range(vr)
+        del vr
+        ups: dict[float, dict[tuple[str, str], float | None]] = {}
+        for s in ur:
+            k = (s.labels.get("job", ""), s.labels.get("instance", ""))
+            for t, v in s.points:
+                ups.setdefault(t, {})[k] = v
+        times = sorted(set(steps) | set(ups))
+        for t in times:
+            mono = self.clock.mono_of(t)
+            self.clock.at = (mono, t)
+            self._feed(t, mono, steps.pop(t, {}), ups.get(t, {}))
+            self.monitor.tick()
+        return len(times)
+
+    # ------------------------------------------------------------------ feeding the monitor
+
+    def _feed(self, t: float, mono: float, vllm: dict[tuple[str, str], q.Instance],
+              up: dict[tuple[str, str], float | None]) -> None:
+        for k in vllm:
+            self._known.setdefault(_url(k[1]), k)
+        for k, v in up.items():
+            if v is not None and k[1]:
+                self._known.setdefault(_url(k[1]), k)
+        for url, k in self._known.items():
+            inst = vllm.get(k)
+            poll = self._poll(t, mono, url, k, inst, up.get(k))
+            if poll.ok and inst is not None and inst.ts is not None:
+                # One poll per scrape, at the scrape's own time: Prometheus answers the same sample
+                # until its next scrape (every 15-60 s), and fed at every refresh the counters would
+                # read flat for most of that: a stalled engine every 20 s.
+                if self._fed_ts.get(url) == inst.ts:
+                    continue
+                self._fed_ts[url] = inst.ts
+                at = min(inst.ts, t)
+                poll = dataclasses.replace(poll, t=at, mono=mono - (t - at))
+            self.monitor.apply_server(url, poll)
+
+    def _poll(self, t: float, mono: float, url: str, k: tuple[str, str], inst: q.Instance | None,
+              upv: float | None) -> ServerPoll:
+        job, instance = k
+        if upv is not None and upv < 1:
+            return ServerPoll(t, mono, url, False, "refused",
+                              f"Prometheus cannot scrape {instance} (up == 0 in job {job})", None, 0)
+        if inst is None:
+            if upv is not None:
+                return ServerPoll(t, mono, url, False, "not vllm",
+                                  f"Prometheus scrapes {instance} (up == 1) but it has no vllm:* series "
+                                  "(--disable-log-stats?)", None, 0)
+            return ServerPoll(t, mono, url, False, "refused",
+                              f"{instance} is gone from Prometheus (no up, no vllm:* series)", None, 0)
+        if inst.ts is not None and t - inst.ts > self.stale_after_s:
+            return ServerPoll(t, mono, url, False, "timeout",
+                              f"Prometheus' newest sample of {instance} is {dur(t - inst.ts)} old", None, 0)
+        m = VllmMetrics(model_name=inst.model_name, running=inst.running, waiting=inst.waiting,
+                        kv_cache_usage=inst.kv, prompt_tokens_total=inst.prompt, generation_tokens_total=inst.gen,
+                        preemptions_total=inst.preempt, request_success_total=dict(inst.finished), is_vllm=True,
+                        model_names=(inst.model_name,) if inst.model_name else ())
+        return ServerPoll(t, mono, url, True, None, "", None, 0, metrics=m)
+
+    # ------------------------------------------------------------------ the table
+
+    def _rows(self, at: float, vllm: dict[tuple[str, str], q.Instance], rates: dict[tuple[str, str], q.Rates],
+              up: dict[tuple[str, str], float | None]) -> None:
+        keys = set(vllm) | {k for k, v in up.items() if v is not None} | set(self._known.values())
+        for k in keys:
+            job, instance = k
+            url = _url(instance)
+            self._known.setdefault(url, k)
+            key = f"{job}/{instance}"
+            row = self.rows.get(key)
+            if row is None:
+                row = self.rows[key] = FleetRow(key, job, instance, url, q.host_of(instance))
+            inst = vllm.get(k)
+            r = rates.get(k) or q.Rates()
+            upv = up.get(k)
+            row.gpus = self.hosts.get(row.host)
+            row.on_box = self.boxes.get((row.host, q.port_of(instance)))
+            extra = self.boxes.get((row.host, "*"))
+            if extra is not None:
+                row.on_box = row.on_box or q.BoxView()
+                row.on_box.alerts = [*row.on_box.alerts, *extra.alerts]
+            if inst is not None:
+                row.model = inst.model_name or row.model
+                row.running, row.waiting = inst.running, inst.waiting
+                row.kv_pct = None if inst.kv is None else 100.0 * inst.kv
+                row.engines = inst.engines
+                row.sample_age_s = None if inst.ts is None else max(0.0, at - inst.ts)
+            else:
+                row.running = row.waiting = row.kv_pct = None
+                row.sample_age_s = None
+            row.ttft_p50, row.ttft_p99 = r.ttft_p50, r.ttft_p99
+            # the state before the trackers have it: up / ts
+            if upv is not None and upv < 1:
+                row.state, row.message = "down", f"Prometheus cannot scrape it (up == 0, job {job})"
+            elif inst is None:
+                row.state, row.message = ("not vllm", "up, but no vllm:* series") if upv is not None else \
+                    ("down", "gone from Prometheus")
+            elif row.sample_age_s is not None and row.sample_age_s > self.stale_after_s:
+                row.state, row.message = "stale", f"newest sample {dur(row.sample_age_s)} old"
+            else:
+                row.state, row.message = "up", "up"
+
+    def _judge(self, now: float) -> None:
+        """The monitor's rules, the fleet's own two, each alert on its row, worst first."""
+        mon = self.monitor
+        if self.backfilled:
+            mon.tick()
+        by_url: dict[str, FleetRow] = {r.url: r for r in self.rows.values()}
+        alerts: list[Alert] = []
+        for row in self.rows.values():
+            ws = mon.servers.get(row.url)
+            v = ws.last_view if ws is not None else None
+            if v is not None and self.backfilled:
+                st, since, _ = ws.tracker.state_now(now)  # type: ignore[union-attr]
+                row.state = st
+                if st == v.state:
+                    row.message = v.message
+                # rates from the tracker's windows over the counters, as on the box
+                row.gen_tps, row.preempt_ps = v.gen_tps, v.preemptions_ps
+                row.finished = None if v.finished is None else {a: b for a, b in v.finished.items() if b}
+                if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
+                        and not v.metrics.request_success_total:
+                    row.finished = {}  # no reason above zero: none finished (not a gap)
+                b = row.on_box
+                if st == "down" and b is not None and b.phase:
+                    # Prometheus only sees a refused port; vtop on the box reads the start in the log
+                    row.state = "starting"
+                    took = f" for {dur(b.phase_s)}" if b.phase_s is not None else ""
+                    row.message = f"vtop on the box: starting, in {b.phase}{took} (the port refuses until ready)"
+                    st = "starting"
+                if st == "down":
+                    last = v.last_ok_mono
+                    alerts.append(down_alert(row.url, row.instance, row.host, since=since, now=now,
+                                             why=v.last_error_message or row.message,
+                                             last_ok_ago=None if last is None else now - last))
+            elif row.state == "down" and self.error is None:
+                alerts.append(down_alert(row.url, row.instance, row.host, since=now, now=now, why=row.message,
+                                         last_ok_ago=None))
+        for a in mon.alerts:
+            owner = by_url.get(a.target or "")
+            alerts.append(on_the_box(a, owner.host) if owner is not None else a)
+        seen: set[int] = set()
+        for h in self.hosts.values():
+            if h.xid and id(h) not in seen:
+                seen.add(id(h))
+                urls = [r.url for r in self.rows.values() if r.host in h.names()]
+                alerts.append(xid_alert(h.host, h.xid, urls, now=now))
+        alerts.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else now, a.rule,
+                                   a.target or ""))
+        self.alerts = alerts
+        for row in self.rows.values():
+            mine = tuple(a for a in alerts if a.target == row.url
+                         or (a.rule == "gpu_xid" and row.gpus is not None and a.target == f"host:{row.gpus.host}"))
+            row.alerts = mine
+            row.box = box_hint(row.host) if any(a.rule in _NEEDS_BOX for a in mine) else None
+
+    # ------------------------------------------------------------------ reading
+
+    def sorted_rows(self) -> list[FleetRow]:
+        """Worst first, then by instance."""
+        return sorted(self.rows.values(), key=lambda r: (r.worst, r.instance))
+
+    async def drill(self, key: str) -> Drill:
+        """One instance: its tracker's view (the same server card) and its host's GPUs from
+        ``query_range`` over the history (full sparklines at once)."""
+        row = self.rows[key]
+        ws = self.monitor.servers.get(row.url)
+        view = ws.tracker.view() if ws is not None else None
+        if view is not None and (row.ttft_p50 is not None or row.ttft_p99 is not None):
+            view = dataclasses.replace(view, ttft=Quantiles(row.ttft_p50, None, row.ttft_p99, None, None, 60.0,
+                                                            False))
+        hist = GpuHistory(self.config.history)
+        drill = Drill(row, view, hist)
+        end = self.clock.base.time()
+        try:
+            series = await self.client.query_range(q.gpu_detail_query(row.gpus.host if row.gpus else row.host),
+                                                   start=end - self.config.history, end=end, step=self.refresh_s)
+        except PromError as e:
+            drill.error = e.message
+            return drill
+        for t, gpus in q.parse_gpu_detail(series).items():
+            samples = []
+            for idx in sorted(gpus):
+                p = gpus[idx]
+                total = None if p.fb_used_mib is None or p.fb_free_mib is None else p.fb_used_mib + p.fb_free_mib
+                samples.append(GpuSample(idx, p.name, p.uuid, util_gpu=p.util,
+                                         mem_used=None if p.fb_used_mib is None else int(p.fb_used_mib * 2**20),
+                                         mem_total=None if total is None else int(total * 2**20),
+                                         power_w=p.power_w, sm_active=p.sm))
+                drill.gpu_names[idx] = p.name
+            hist.add(GpuPoll(t, self.clock.mono_of(t), OK, gpus=tuple(samples)))
+        return drill
+
+    def to_json(self) -> dict[str, Any]:
+        """The fleet's state for ``--once --json`` (schema ``vtop.fleet/1``)."""
+        return fleet_json(self)
+
+
+_NEEDS_BOX = ("runaway", "engine_stall", "startup_stall", "startup_failure", "engine_died", "oom_startup",
+              "oom_transient", "oom_steady", "api_unresponsive")
+
+
+def _url(instance: str) -> str:
+    return f"http://{instance}"
+
+
+def _words(e: BaseException) -> str:
+    if isinstance(e, PromError):
+        return e.message
+    return f"{type(e).__name__}: {e}"
+
+
+def _r(x: float | None, nd: int = 1) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def fleet_json(f: Fleet) -> dict[str, Any]:
+    rows = []
+    for r in f.sorted_rows():
+        g = r.gpus
+        rows.append({
+            "job": r.job, "instance": r.instance, "host": r.host, "model": r.model, "state": r.state,
+            "message": r.message, "running": _r(r.running, 0), "waiting": _r(r.waiting, 0),
+            "kv_cache_pct": _r(r.kv_pct), "gen_tokens_per_s": _r(r.gen_tps), "preemptions_per_s": _r(r.preempt_ps, 2),
+            "ttft_p50_s": _r(r.ttft_p50, 3), "ttft_p99_s": _r(r.ttft_p99, 3),
+            "finished_last_min": r.finished, "engines": r.engines, "sample_age_s": _r(r.sample_age_s),
+            "gpus": None if g is None else {
+                "host": g.host, "count": g.n, "util_mean_pct": _r(g.util), "sm_active_mean_pct": _r(g.sm),
+                "mem_used_pct": _r(g.mem_pct), "power_w": _r(g.power_w), "xid": dict(g.xid)},
+            "alerts": [a.rule for a in r.alerts],
+            "needs_the_box": r.box,
+            "from_vtop_on_the_box": None if r.on_box is None else {
+                "startup_phase": r.on_box.phase, "startup_phase_s": _r(r.on_box.phase_s),
+                "oldest_request_age_s": _r(r.on_box.oldest_s),
+                "alerts": [{"rule": a, "severity": b} for a, b in r.on_box.alerts]},
+        })
+    return {
+        "prometheus": f.client.base,
+        "refresh_s": f.refresh_s,
+        "error": f.error,
+        "partial_errors": list(f.partial),
+        "history": f.backfill_note,
+        "queries_per_refresh": f.last_queries,
+        "instances": rows,
+        "alerts": [a.to_json() for a in f.alerts],
+        "cannot_know": list(BOX_ONLY),
+    }
