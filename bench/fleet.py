@@ -139,6 +139,7 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
     backfill = time.perf_counter() - t
     bq, bb = fleet.client.queries - q0, fleet.client.bytes - b0
     walls, qs, bs = [], [], []
+    asked0 = fleet.vllm_asked
     cpu0 = time.process_time()
     for _ in range(refreshes):
         q0, b0 = fleet.client.queries, fleet.client.bytes
@@ -148,12 +149,14 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         qs.append(fleet.client.queries - q0)
         bs.append(fleet.client.bytes - b0)
     cpu = (time.process_time() - cpu0) / refreshes
+    asked = fleet.vllm_asked - asked0
     # the same with a new scrape of every instance (each is fed to its tracker and judged again): at a
     # 15 s scrape interval one refresh in three is like this, at 30 s one in six
     fed_walls = []
     cpu1 = time.process_time()
     for _ in range(3):
         fleet._fed_ts.clear()
+        fleet._vllm_cache = None  # as if every instance had a new scrape: the whole vLLM query again
         t = time.perf_counter()
         await fleet.refresh()
         fed_walls.append(time.perf_counter() - t)
@@ -163,8 +166,9 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
     from vtop.sources import fleet as q
 
     alone: dict[str, float] = {}
-    for name, promql in (("vllm", q.vllm_query()), ("ttft", q.rates_query()), ("up", q.up_query()),
-                         ("gpu", q.gpu_query())):
+    for name, promql in (("vllm", q.vllm_query()), ("ts", q.ts_query()), ("ttft", q.rates_query()),
+                         ("up", q.up_query()), ("gpu", q.gpu_query()),
+                         *((f"slow_{k}_{'+'.join(p)}", fleet._slow_query(k, p)) for k, p in fleet.SLOW_PARTS)):
         ts = []
         for _ in range(3):
             t = time.perf_counter()
@@ -185,10 +189,15 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         "refresh_s_max": round(max(walls), 3),
         "refresh_s_all": [round(w, 3) for w in walls],
         "refresh_cpu_s": round(cpu, 3),
+        "refreshes_that_asked_the_vllm_query": asked,
+        "refresh_queries_all": qs,
         "refresh_all_new_scrapes_s_median": round(statistics.median(fed_walls), 3),
         "refresh_all_new_scrapes_cpu_s": round(fed_cpu, 3),
         "query_alone_s": alone,
         "refresh_cpu_pct_at_5s": round(100 * cpu / 5.0, 1),
+        # a 30 s scrape read every 5 s: one refresh in six has every instance's new scrape
+        "refresh_cpu_pct_at_5s_scrape_30s": round(100 * (5 * cpu + fed_cpu) / 6 / 5.0, 2),
+        "refresh_cpu_pct_at_5s_scrape_15s": round(100 * (2 * cpu + fed_cpu) / 3 / 5.0, 2),
     }
     await fleet.client.aclose()
     return out

@@ -118,7 +118,7 @@ class FleetApp(App[int]):
         if stale:
             bits.append(f"{stale} STALE")
         if f.last_queries:
-            bits.append(f"{f.last_queries} queries / {f.refresh_s:g} s")
+            bits.append(f"{f.last_queries} queries / {f.refresh_s:g} s (TTFT, GPUs every {f.slow_every_s:g} s)")
         if f.last_ok_wall is not None:
             bits.append(f"data {dur(max(0.0, f.clock.base.time() - f.last_ok_wall))} old")
         if not f.backfilled and f.refreshes:
