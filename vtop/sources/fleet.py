@@ -4,7 +4,8 @@ One row per vLLM instance (``job``, ``instance``; its ``model_name``), data-para
 ``engine`` rows summed (counts, counters) or averaged (KV usage, as vLLM's own log
 aggregator does) by the query itself. Each query puts several expressions into one
 answer with ``or``, each tagged by ``label_replace`` with a ``vtop_m`` label saying what
-it is, so a refresh is four queries for 1,000 instances as for one:
+it is, so a refresh is a handful of queries for 1,000 instances as for one (which of them each
+refresh asks: :meth:`vtop.monitor.fleet.Fleet.refresh`):
 
 * :func:`vllm_query` the gauges and the *cumulative* counters the rules need (running,
   waiting, KV usage, generation / prompt tokens, preemptions, finishes by reason) and the
