@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -124,7 +125,7 @@ def generate(path: Path, n: int, gpus: int, t0: int, t1: int) -> int:
     return samples
 
 
-async def in_process(url: str, refreshes: int) -> dict[str, object]:
+async def in_process(url: str, refreshes: int, grid0: float) -> dict[str, object]:
     from vtop.config import Config
     from vtop.monitor.fleet import Fleet
     from vtop.sources.prometheus import PromClient
@@ -139,6 +140,7 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
     backfill = time.perf_counter() - t
     bq, bb = fleet.client.queries - q0, fleet.client.bytes - b0
     walls, qs, bs = [], [], []
+    asked0 = fleet.vllm_asked
     cpu0 = time.process_time()
     for _ in range(refreshes):
         q0, b0 = fleet.client.queries, fleet.client.bytes
@@ -148,23 +150,30 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         qs.append(fleet.client.queries - q0)
         bs.append(fleet.client.bytes - b0)
     cpu = (time.process_time() - cpu0) / refreshes
-    # the same with a new scrape of every instance (each is fed to its tracker and judged again): at a
-    # 15 s scrape interval one refresh in three is like this, at 30 s one in six
-    fed_walls = []
-    cpu1 = time.process_time()
+    asked = fleet.vllm_asked - asked0
+    # the same at a new scrape of every instance (the whole vLLM query, each instance fed to its tracker
+    # and judged): the generated samples are every STEP_S on one grid, so wait for the next one, 3 times.
+    # At a 15 s scrape interval one refresh in three is like this, at 30 s one in six; a fleet whose
+    # scrapes are spread over the interval asks the vLLM query every refresh and feeds a share of it.
+    fed_walls, fed_cpu_all = [], []
     for _ in range(3):
-        fleet._fed_ts.clear()
+        time.sleep(STEP_S - (time.time() - grid0) % STEP_S + 0.5)
+        asked0 = fleet.vllm_asked
+        c = time.process_time()
         t = time.perf_counter()
         await fleet.refresh()
         fed_walls.append(time.perf_counter() - t)
-    fed_cpu = (time.process_time() - cpu1) / 3
+        fed_cpu_all.append(time.process_time() - c)
+        assert fleet.vllm_asked == asked0 + 1, "no new scrape seen"
+    fed_cpu = statistics.median(fed_cpu_all)
     assert fleet.error is None, fleet.error
     # each query alone (Prometheus' evaluation + the transfer + json.loads), and vtop's own share
     from vtop.sources import fleet as q
 
     alone: dict[str, float] = {}
-    for name, promql in (("vllm", q.vllm_query()), ("ttft", q.rates_query()), ("up", q.up_query()),
-                         ("gpu", q.gpu_query())):
+    for name, promql in (("vllm", q.vllm_query()), ("ts", q.ts_query()), ("ttft", q.rates_query()),
+                         ("up", q.up_query()), ("gpu", q.gpu_query()),
+                         *((f"slow_{k}_{'+'.join(p)}", fleet._slow_query(k, p)) for k, p in fleet.SLOW_PARTS)):
         ts = []
         for _ in range(3):
             t = time.perf_counter()
@@ -174,6 +183,7 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
     out = {
         "instances_seen": len(fleet.rows),
         "alerts": len(fleet.alerts),
+        "alert_rules": dict(Counter(a.rule for a in fleet.alerts)),
         "first_refresh_s": round(first, 3),
         "backfill_s": round(backfill, 3),
         "backfill_queries": bq,
@@ -185,10 +195,16 @@ async def in_process(url: str, refreshes: int) -> dict[str, object]:
         "refresh_s_max": round(max(walls), 3),
         "refresh_s_all": [round(w, 3) for w in walls],
         "refresh_cpu_s": round(cpu, 3),
+        "refreshes_that_asked_the_vllm_query": asked,
+        "refresh_queries_all": qs,
         "refresh_all_new_scrapes_s_median": round(statistics.median(fed_walls), 3),
         "refresh_all_new_scrapes_cpu_s": round(fed_cpu, 3),
+        "refresh_all_new_scrapes_s_all": [round(w, 3) for w in fed_walls],
         "query_alone_s": alone,
         "refresh_cpu_pct_at_5s": round(100 * cpu / 5.0, 1),
+        # a 30 s scrape read every 5 s: one refresh in six has every instance's new scrape
+        "refresh_cpu_pct_at_5s_scrape_30s": round(100 * (5 * cpu + fed_cpu) / 6 / 5.0, 2),
+        "refresh_cpu_pct_at_5s_scrape_15s": round(100 * (2 * cpu + fed_cpu) / 3 / 5.0, 2),
     }
     await fleet.client.aclose()
     return out
@@ -256,7 +272,7 @@ def main() -> None:
             res: dict[str, object] = {"instances": a.instances, "gpus_per_instance": a.gpus, "samples": samples,
                                       "series_per_instance": 6 + 5 + len(TTFT_LE) + 1 + 6 * a.gpus,
                                       "host_cpus": os.cpu_count()}
-            res["in_process"] = asyncio.run(in_process(p.url, a.refreshes))
+            res["in_process"] = asyncio.run(in_process(p.url, a.refreshes, now - 360))
             print(json.dumps(res["in_process"], indent=1), flush=True)
             if not a.no_tmux:
                 res["screen"] = in_tmux(p.url, a.seconds)

@@ -2,7 +2,9 @@
 
 The answers were recorded from Debian's prometheus 2.42 scraping replayed vLLM and DCGM
 exporters (``python -m tests.record_fleet_fixture``); a query is matched by its PromQL text
-(the same functions build it), whatever its time parameters. A query it has no answer for
+(the same functions build it), whatever its time parameters. An instant query made of some of
+a recorded query's tagged parts (``or``-joined, as :func:`vtop.sources.fleet.ts_query` or
+``gpu_query(parts=...)`` build them) is answered with those parts' recorded series. A query it has no answer for
 gets Prometheus' own error shape (``bad_data``). ``mode`` turns it into a failing
 Prometheus: ``"down"`` (HTTP 503 with Prometheus' error JSON), ``"hang"`` (accepts and never
 answers), ``"html"`` (a proxy's login page); ``token`` requires ``Authorization: Bearer``.
@@ -21,6 +23,40 @@ from urllib.parse import parse_qs, urlsplit
 from vtop.clock import FakeClock
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
+
+
+def _parts(rec: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each tagged part of the recorded instant answers -> its series (the answer keeps each part's
+    series under its ``vtop_m`` tag)."""
+    from vtop.sources import fleet as q
+
+    out: dict[str, list[Any]] = {}
+    ans = rec["answers"]
+
+    def series(name: str, tag: str) -> list[Any]:
+        return [s for s in ans[name]["answer"]["data"]["result"] if s["metric"].get(q.TAG) == tag]
+
+    out[q.ts_query()] = series("vllm", "ts")
+    for p in ("ttft_p50", "ttft_p99"):
+        out[q.rates_query(parts=(p,))] = series("rates", p)
+    for p in q.GPU_PARTS:
+        out[q.gpu_query(parts=(p,))] = series("gpu", p)
+    return out
+
+
+def compose(parts: dict[str, list[Any]], query: str) -> list[Any] | None:
+    """The series of ``query`` when it is known parts joined by `` or ``; else None."""
+    out: list[Any] = []
+    rest = query
+    while rest:
+        for text in sorted(parts, key=len, reverse=True):
+            if rest.startswith(text) and (len(rest) == len(text) or rest[len(text):].startswith(" or ")):
+                out.extend(parts[text])
+                rest = rest[len(text) + 4:]
+                break
+        else:
+            return None
+    return out
 
 
 def load(path: Path = FIXTURE) -> dict[str, Any]:
@@ -42,6 +78,7 @@ class PromReplay:
         owner = self
         by: dict[tuple[str, str], Any] = {(a["endpoint"], a["query"]): a["answer"]
                                           for a in self.rec["answers"].values()}
+        parts = _parts(self.rec)
 
         class H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -76,6 +113,10 @@ class PromReplay:
                     self._send(200, b"<html><body>Sign in</body></html>", "text/html")
                     return
                 ans = by.get((ep, query))
+                if ans is None and ep == "query":
+                    got = compose(parts, query)
+                    if got is not None:
+                        ans = {"status": "success", "data": {"resultType": "vector", "result": got}}
                 if ans is None:
                     self._send(400, json.dumps({"status": "error", "errorType": "bad_data",
                                                 "error": f"no recorded answer for {query[:60]!r}"}).encode())

@@ -74,7 +74,9 @@ async def test_the_same_rules_name_each_incident_on_its_row() -> None:
         await f.client.aclose()
         rows = {r.instance: r for r in f.rows.values()}
         assert f.error is None and f.backfilled
-        assert f.last_queries == 5  # whatever the fleet's size
+        # whatever the fleet's size: the first refresh asks everything (scrape times, vLLM, up, vtop on
+        # the boxes, TTFT p50, p99, the GPUs in two parts)
+        assert f.last_queries == 8
         assert [a.rule for a in rows["gpu-a:8000"].alerts] == ["runaway"]  # 2m10s with nothing finished
         assert rows["gpu-a:8000"].box == "ssh gpu-a vtop"
         assert [a.rule for a in rows["gpu-b:8000"].alerts] == ["engine_stall"]
@@ -273,7 +275,7 @@ def test_once_json_over_a_recorded_prometheus_end_to_end() -> None:
     assert r.returncode == rep["exit_code"] == 2
     assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
                                                          "gpu-e:8000"}
-    assert rep["queries_per_refresh"] == 5
+    assert rep["queries_per_refresh"] == 8
 
 
 def test_prometheus_flag_with_bad_url_is_one_line() -> None:
@@ -321,3 +323,34 @@ def test_counters_going_back_read_restarted_and_a_flat_scrape_is_no_stall() -> N
     f._judge(clock.monotonic())
     assert f.rows["vllm/h1:8000"].state == "restarted"
 
+
+
+async def test_a_refresh_without_a_new_scrape_reuses_the_vllm_answer_and_asks_one_slow_part() -> None:
+    """Prometheus answers the same samples until the next scrape: the whole vLLM query is asked only
+    when an instance's newest scrape time moved; TTFT and the GPUs one part per refresh in turn. The
+    table and the alerts stay what the full queries say (fails on the old code: 5 queries, vLLM each time)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        full = {k: (r.state, r.running, r.kv_pct, r.ttft_p50, r.ttft_p99, r.gpus) for k, r in f.rows.items()}
+        alerts = [a.rule for a in f.alerts]
+        asked = f.vllm_asked
+        seen = []
+        for _ in range(len(f.SLOW_PARTS)):
+            n0 = len(pr.requests)
+            await f.refresh()
+            seen.append({qq for _, qq in pr.requests[n0:]})
+            assert f.last_queries == 4 and f.error is None and not f.partial
+        assert f.vllm_asked == asked  # no new scrape in the recording: its last answer stands
+        assert all(q.vllm_query() not in s for s in seen)
+        # each slow part once, in turn
+        slow = [f._slow_query(*p) for p in f.SLOW_PARTS]
+        assert [next(x for x in s if x in slow) for s in seen] == slow
+        assert {k: (r.state, r.running, r.kv_pct, r.ttft_p50, r.ttft_p99, r.gpus) for k, r in f.rows.items()} == full
+        assert [a.rule for a in f.alerts] == alerts
+        # an instance with a scrape vtop has not read: the whole vLLM query again
+        k = next(iter(f._vllm_cache or {}))
+        f._vllm_cache[k].ts = (f._vllm_cache[k].ts or 0) - 15  # type: ignore[index]
+        n0 = len(pr.requests)
+        await f.refresh()
+        await f.client.aclose()
+        assert q.vllm_query() in {qq for _, qq in pr.requests[n0:]} and f.vllm_asked == asked + 1

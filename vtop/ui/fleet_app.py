@@ -49,6 +49,7 @@ class FleetApp(App[int]):
         self.autorefresh = autorefresh
         self._busy = False
         self._shown = -1
+        self._status_text = ""
 
     def compose(self) -> ComposeResult:
         yield Static(f" vtop fleet · Prometheus {self.fleet.client.base} · connecting…", id="status")
@@ -103,7 +104,9 @@ class FleetApp(App[int]):
             self.table.set_rows(list(f.rows.values()))
             panel = self.query_one("#alerts", AlertsPanel)
             panel.set_level(TITLES if self.size.height < 40 or len(f.alerts) > 3 else FOCUS)
-            panel.styles.max_height = max(3, self.size.height // 3)
+            mh = max(3, self.size.height // 3)
+            if panel.styles.max_height is None or panel.styles.max_height.value != mh:
+                panel.styles.max_height = mh  # a style set again lays the whole screen out again
             panel.show_alerts(f.alerts)
         self.update_status()
 
@@ -118,7 +121,7 @@ class FleetApp(App[int]):
         if stale:
             bits.append(f"{stale} STALE")
         if f.last_queries:
-            bits.append(f"{f.last_queries} queries / {f.refresh_s:g} s")
+            bits.append(f"{f.last_queries} queries / {f.refresh_s:g} s (TTFT, GPUs every {f.slow_every_s:g} s)")
         if f.last_ok_wall is not None:
             bits.append(f"data {dur(max(0.0, f.clock.base.time() - f.last_ok_wall))} old")
         if not f.backfilled and f.refreshes:
@@ -132,7 +135,12 @@ class FleetApp(App[int]):
             status.set_class(False, "-error")
             if f.partial:
                 bits.append("partly: " + f.partial[0])
-        status.update(" · ".join(bits))
+        text = " · ".join(bits)
+        if text != self._status_text:
+            # one line high (vtop.tcss): no layout of the screen for it, which every second was most of
+            # the fleet screen's CPU between refreshes
+            self._status_text = text
+            status.update(text, layout=False)
 
     # ------------------------------------------------------------------ keys
 

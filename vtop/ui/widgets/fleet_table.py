@@ -159,6 +159,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._cursor_key: str | None = None
         self._cols: list[Column] = []
         self._cols_w = -1
+        self._strips: dict[tuple[Any, ...], Strip] = {}
 
     # ------------------------------------------------------------------ data
 
@@ -279,7 +280,7 @@ class FleetTable(ScrollView, can_focus=True):
                 return Strip([Segment(msg[:width].ljust(width), Style(dim=True))], width)
             return Strip.blank(width)
         r = self.rows[i]
-        t = Text(no_wrap=True, overflow="ellipsis")
+        pieces = []
         for c, w in self._layout():
             s = c.text(r)
             s = s[:w] if len(s) <= w or w < 2 else s[: w - 1] + "…"
@@ -291,13 +292,26 @@ class FleetTable(ScrollView, can_focus=True):
                 style = _STATE_STYLE.get(r.state, "")
             elif c.key == "alert" and r.alerts:
                 style = _SEV_STYLE[r.worst]
-            t.append(s + " ", style=style)
+            pieces.append((s + " ", style))
+        mark = 2 if i == self.cursor and self.has_focus else 1 if i == self.cursor else 0
+        # a refresh every 5 s repaints the visible rows: a row whose text did not change reuses its strip
+        # (rich's render of a 12-column line is most of a repaint's CPU)
+        sig = (width, mark, tuple(pieces))
+        hit = self._strips.get(sig)
+        if hit is not None:
+            return hit
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for s, style in pieces:
+            t.append(s, style=style)
         line = t.render(self.app.console)
         strip = Strip(line).crop_extend(0, width, None)
-        if i == self.cursor and self.has_focus:
+        if mark == 2:
             strip = strip.apply_style(Style(reverse=True))
-        elif i == self.cursor:
+        elif mark == 1:
             strip = strip.apply_style(Style(underline=True))
+        if len(self._strips) > 4 * max(50, self.size.height):
+            self._strips.clear()
+        self._strips[sig] = strip
         return strip
 
     def _header(self, width: int) -> Strip:
