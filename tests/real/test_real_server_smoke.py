@@ -46,7 +46,12 @@ def test_real_vllm_answers_a_restricted_scrape_and_vtop_uses_it(real_vllm) -> No
     assert len(real_vllm.get("/metrics?name[]=vllm:num_requests_running").text) > len(full) / 2  # ignored there
     part = real_vllm.get(RESTRICTED_METRICS_PATH).text
     assert "vllm:num_requests_running" in part and "vllm:time_to_first_token_seconds_bucket" in part
-    assert "vllm:request_queue_time_seconds" not in part and "python_gc" not in part  # read by nobody here
+    # (the queue-time histogram is read since issue 29: a family vtop does not read stays out)
+    from vtop.sources.vllm import RESTRICTED_NAMES
+
+    assert not any(n.startswith("vllm:request_prefill_time_seconds") for n in RESTRICTED_NAMES)
+    assert "vllm:request_prefill_time_seconds" in full and "vllm:request_prefill_time_seconds" not in part
+    assert "python_gc" not in part  # read by nobody here
     assert len(part) < len(full) / 2
     assert coverage(parse_vllm_metrics(part)) == coverage(parse_vllm_metrics(full))
     # Between two reads of the histograms (every HIST_EVERY_S) a poll asks for the rest only.
