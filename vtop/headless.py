@@ -338,24 +338,31 @@ async def watch(monitor: Monitor, feed: LiveFeed, window_s: float) -> float:
             await asyncio.sleep(0.05)
             feed.collect()
             monitor.tick()
-        # A server that accepts and gives no complete answer (a blocked API-server event loop):
-        # wait until it has been silent long enough for the api_unresponsive rule to judge it,
-        # so ``--once`` names it rather than reporting a STALE card and exit 0.
-        silent_s = monitor.diagnoser.thresholds.api_silent_s
-        deadline = max(deadline, clock.monotonic() + silent_s + 1.0)
-        while _judging_silence(monitor, silent_s) and clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            feed.collect()
-            monitor.tick()
-        monitor.tick()
-        monitor.diagnose()  # the rules again at the end: a silence has grown with no new poll
-        feed.silent = []
-        for what in _waiting_for(monitor, feed, 1):
-            feed.silent.append(what)
-            monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
+        await _finish(monitor, feed, deadline, started)
     finally:
         await feed.aclose()
     return started
+
+
+async def _finish(monitor: Monitor, feed: LiveFeed, deadline: float, started: float) -> None:
+    """The end of :func:`watch` and :func:`one_round`. A server that accepts and gives no
+    complete answer (a blocked API-server event loop) is waited for until it has been silent
+    long enough for the api_unresponsive rule to judge it, so ``--once`` names it rather than
+    reporting a STALE card and exit 0; then the rules run once more (a silence has grown with
+    no new poll) and every source that never answered is named."""
+    clock = monitor.clock
+    silent_s = monitor.diagnoser.thresholds.api_silent_s
+    deadline = max(deadline, clock.monotonic() + silent_s + 1.0)
+    while _judging_silence(monitor, silent_s) and clock.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        feed.collect()
+        monitor.tick()
+    monitor.tick()
+    monitor.diagnose()
+    feed.silent = []
+    for what in _waiting_for(monitor, feed, 1):
+        feed.silent.append(what)
+        monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
 
 
 #: ``--once`` without ``--window``: how often the one round looks whether every source has answered.
@@ -386,17 +393,7 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
             monitor.tick()
             if not _waiting_for(monitor, feed, 1) or clock.monotonic() >= deadline:
                 break
-        silent_s = monitor.diagnoser.thresholds.api_silent_s
-        deadline = max(deadline, clock.monotonic() + silent_s + 1.0)
-        while _judging_silence(monitor, silent_s) and clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            feed.collect()
-            monitor.tick()
-        monitor.diagnose()
-        feed.silent = []
-        for what in _waiting_for(monitor, feed, 1):
-            feed.silent.append(what)
-            monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
+        await _finish(monitor, feed, deadline, started)
     finally:
         await feed.aclose()
     return started
