@@ -357,3 +357,32 @@ def test_the_log_since_start_needs_the_startup_banner_and_leaves_aborts_out() ->
     assert got is not None and [mt for _, mt in got] == [65516]
     tr.reset()  # a restart seen by /metrics: the log no longer says what came since
     assert tr.logged_since_start() is None
+
+
+def test_without_histograms_the_pending_finishes_stay_bounded_and_conservative() -> None:
+    """A server that never gives an e2e histogram (a fleet read from Prometheus) had every finish
+    pending for ever: a list that grew by one slot a scrape (72 MB an hour at 1,000 instances) and
+    was walked at every sample. Now the oldest half is merged past MAX_PENDING: the same finishes,
+    each no later than it was (fails on the old code: 3,000 slots)."""
+    o = OldestInFlight()
+    done = 0.0
+    for t in range(3000):
+        done += 1 + t % 3
+        o.add(float(t), 2, None, done=done)
+    assert len(o._pending) <= o.MAX_PENDING
+    starts = o.pending_starts()
+    assert len(starts) == sum(1 + t % 3 for t in range(1, 3000))  # every finish after the first sample
+    assert starts == sorted(starts) and starts[0] == 0.0
+    assert o.lower_bound_s == 0.0 and not o._cands  # nothing claimed, no candidate kept
+
+
+def test_the_running_sums_answer_as_a_pass_over_the_pending_finishes() -> None:
+    o = OldestInFlight()
+    done = 0.0
+    for t in range(40):
+        done += t % 4
+        o.add(float(t), 3, None, done=done)
+    after = o._pending_after_fn()
+    for t0 in (-1.0, 0.0, 3.5, 17.0, 39.0, 50.0):
+        assert after(t0) == o._pending_after(t0)
+    assert after(-1.0) > 0

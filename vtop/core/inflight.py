@@ -157,6 +157,9 @@ class OldestInFlight:
     #: samples (or counter slots) between two histogram reads beyond which nothing is claimed
     #: (a server that stopped answering its histograms: the pending finishes cannot be told)
     MAX_INTERVAL = 120
+    #: samples without any e2e histogram after which no candidate is kept until one comes (vtop
+    #: reads them with its first poll and every 5 s after on the box: at 1 s polls, two reads missed)
+    NO_HIST_GIVE_UP = 12
 
     def __init__(self, max_candidates: int = 4096) -> None:
         self.max_candidates = max_candidates
@@ -169,10 +172,16 @@ class OldestInFlight:
         self._length: float | None = None
         #: counter slots since the last histogram read (lengths not known yet), in time order
         self._pending: list[_Slot] = []
+        #: each pending slot's ``b`` and the finishes of the slots before it (``_cum[i]``: of
+        #: ``_pending[:i]``), kept as slots come, so "finishes after t0" is one bisection
+        self._pend_b: list[float] = []
+        self._pend_cum: list[int] = [0]
         #: (t, running) of the samples since the last histogram read
         self._interval: list[tuple[float, float]] = []
         self._owed = 0
         self._postponed = False
+        #: samples seen while no e2e histogram has been read
+        self._no_hist = 0
         self._prev: tuple[float, float | None, float | None] | None = None
         self._best: tuple[float, _Candidate | None] = (0.0, None)
         self.finishes = 0
@@ -214,7 +223,7 @@ class OldestInFlight:
             elif self._done is not None and self._done_t is not None and done > self._done:
                 n = int(round(done - self._done))
                 n_len = 0 if length is None or self._length is None else int(round(length - self._length))
-                self._pending.append(_Slot(self._done_t, t, n, min(n, max(0, n_len))))
+                self._push_pending(_Slot(self._done_t, t, n, min(n, max(0, n_len))))
             self._done, self._done_t = done, t
             self._length = length
         if e2e is not None and getattr(e2e, "buckets", None):
@@ -239,8 +248,17 @@ class OldestInFlight:
                         self._postponed = False
                         self._settle(delta, ht)
                         self._hist, self._hist_t = cur, ht
+        if self._hist is None:
+            self._no_hist += 1
         if running < 1:
             self._cands.clear()  # nothing runs: every request of every earlier sample ended
+        elif self._hist is None and self._no_hist > self.NO_HIST_GIVE_UP:
+            # No e2e histogram yet after NO_HIST_GIVE_UP samples (a fleet read from Prometheus,
+            # which does not ask for the buckets; a server that does not export them): nothing can
+            # be told, so no candidate is kept until one comes (before, each sample filtered a list
+            # that grew to MAX_INTERVAL: a third of a 1,000-instance fleet refresh's feed).
+            self._cands.clear()
+            self._interval.clear()
         elif self._hist is not None or self._done is not None:
             if len(self._interval) >= self.MAX_INTERVAL or len(self._pending) >= self.MAX_INTERVAL:
                 self._cands.clear()  # no histogram for too long: nothing can be told
@@ -260,18 +278,43 @@ class OldestInFlight:
 
     def _pending_after_fn(self) -> Any:
         """:meth:`_pending_after` for many ``t0`` at once: the slots are in time order (``b`` rises),
-        so a suffix sum and a bisection answer each in O(log n) instead of a pass over them all
-        (a fleet of 1,000 servers without e2e histograms spent 1.4 s a refresh here)."""
-        pend = self._pending
-        if not pend:
+        so the running sums kept as they came and a bisection answer each in O(log n) instead of a
+        pass over them all (a fleet of 1,000 servers without e2e histograms spent 1.4 s a refresh
+        here, and rebuilding the sums every sample was still a third of a fleet refresh's feed)."""
+        if not self._pending:
             return lambda t0: 0
-        bs = [s.b for s in pend]
-        if any(b2 < b1 for b1, b2 in zip(bs, bs[1:])):
-            return self._pending_after
-        suf = [0] * (len(pend) + 1)
-        for i in range(len(pend) - 1, -1, -1):
-            suf[i] = suf[i + 1] + pend[i].n
-        return lambda t0: suf[bisect_right(bs, t0)]
+        bs, cum = self._pend_b, self._pend_cum
+        total = cum[-1]
+        return lambda t0: total - cum[bisect_right(bs, t0)]
+
+    #: pending slots kept at most (memory): a server that never gives an e2e histogram (a fleet
+    #: read from Prometheus, an old vLLM) has its finishes pending for ever; past this the oldest
+    #: half is merged into one slot (earliest start, latest end, their finishes summed: every
+    #: finish may have happened earlier than it did, which only weakens a claim)
+    MAX_PENDING = 4 * MAX_INTERVAL
+
+    def _push_pending(self, slot: _Slot) -> None:
+        pend = self._pending
+        if pend and slot.b < pend[-1].b:
+            # not in time order (never seen; fed in order): the sums are rebuilt in order
+            self._set_pending(sorted([*pend, slot], key=lambda x: x.b))
+            return
+        pend.append(slot)
+        self._pend_b.append(slot.b)
+        self._pend_cum.append(self._pend_cum[-1] + slot.n)
+        if len(pend) > self.MAX_PENDING:
+            k = len(pend) // 2
+            old = pend[:k]
+            merged = _Slot(min(x.a for x in old), old[-1].b, sum(x.n for x in old), sum(x.n_length for x in old))
+            self._set_pending([merged, *pend[k:]])
+
+    def _set_pending(self, slots: list[_Slot]) -> None:
+        self._pending = slots
+        self._pend_b = [x.b for x in slots]
+        cum = [0]
+        for x in slots:
+            cum.append(cum[-1] + x.n)
+        self._pend_cum = cum
 
     @staticmethod
     def _delta(prev: dict[float, float], cur: dict[float, float]) -> list[tuple[float, int]]:
@@ -292,7 +335,7 @@ class OldestInFlight:
         the counter's slots up to ``ht``, and count against the candidates they may be of
         (``first``: the first read, whose counts are the baseline: nothing owed)."""
         slots = [s for s in self._pending if s.b <= ht]
-        self._pending = [s for s in self._pending if s.b > ht]
+        self._set_pending([s for s in self._pending if s.b > ht])
         samples = [x for x in self._interval if x[0] <= ht]
         self._interval = [x for x in self._interval if x[0] > ht]
         n_hist = sum(n for _, n in buckets)

@@ -205,6 +205,8 @@ class ServerTracker:
         self._clock = clock
         self._default_interval = interval_s
         self._feeds: deque[float] = deque(maxlen=9)
+        self._interval_key: tuple[int, float] | None = None
+        self._interval_val = self._default_interval
 
         self._prompt = CounterWindow(window_s)
         self._gen = CounterWindow(window_s)
@@ -392,12 +394,18 @@ class ServerTracker:
 
     @property
     def interval_s(self) -> float:
-        """The poll interval, measured (median spacing of recent feeds)."""
+        """The poll interval, measured (median spacing of recent feeds; worked out again only
+        after a feed: a view and the paint tick ask it several times a round, for every server)."""
         f = self._feeds
         if len(f) < 3:
             return self._default_interval
+        key = (len(f), f[-1])
+        if self._interval_key == key:
+            return self._interval_val
         gaps = [b - a for a, b in zip(f, list(f)[1:]) if b > a]
-        return min(30.0, max(0.1, statistics.median(gaps))) if gaps else self._default_interval
+        val = min(30.0, max(0.1, statistics.median(gaps))) if gaps else self._default_interval
+        self._interval_key, self._interval_val = key, val
+        return val
 
     # -- the view --
 
