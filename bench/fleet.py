@@ -130,7 +130,7 @@ async def in_process(url: str, refreshes: int, grid0: float) -> dict[str, object
     from vtop.monitor.fleet import Fleet
     from vtop.sources.prometheus import PromClient
 
-    fleet = Fleet(Config(), PromClient(url, timeout_s=30.0))
+    fleet = Fleet(Config(), PromClient(url, timeout_s=30.0), freeze_gc=True)  # as the screen makes it
     t = time.perf_counter()
     await fleet.refresh()
     first = time.perf_counter() - t
@@ -206,7 +206,7 @@ async def in_process(url: str, refreshes: int, grid0: float) -> dict[str, object
         "refresh_cpu_pct_at_5s_scrape_30s": round(100 * (5 * cpu + fed_cpu) / 6 / 5.0, 2),
         "refresh_cpu_pct_at_5s_scrape_15s": round(100 * (2 * cpu + fed_cpu) / 3 / 5.0, 2),
     }
-    await fleet.client.aclose()
+    await fleet.aclose()
     return out
 
 

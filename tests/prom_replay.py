@@ -26,21 +26,32 @@ FIXTURE = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
 
 
 def _parts(rec: dict[str, Any]) -> dict[str, list[Any]]:
-    """Each tagged part of the recorded instant answers -> its series (the answer keeps each part's
-    series under its ``vtop_m`` tag)."""
+    """Each part of the recorded instant answers -> its series: a part's series carry its
+    ``vtop_m`` tag, or the ``__name__`` of a metric the part aggregates by name."""
     from vtop.sources import fleet as q
 
-    out: dict[str, list[Any]] = {}
     ans = rec["answers"]
 
-    def series(name: str, tag: str) -> list[Any]:
-        return [s for s in ans[name]["answer"]["data"]["result"] if s["metric"].get(q.TAG) == tag]
+    def pick(name: str, keep: Any) -> list[Any]:
+        return [s for s in ans[name]["answer"]["data"]["result"] if keep(s["metric"])]
 
-    out[q.ts_query()] = series("vllm", "ts")
+    def tag(*tags: str) -> Any:
+        return lambda m: m.get(q.TAG) in tags
+
+    def named(table: dict[str, str], *whats: str) -> Any:
+        return lambda m: table.get(m.get("__name__", "")) in whats
+
+    out: dict[str, list[Any]] = {q.ts_query(): pick("vllm", tag("ts"))}
+    gauges, rest = q.vllm_queries()
+    out[gauges] = pick("vllm", named(q.VLLM_NAMES, "running", "waiting", "gen", "prompt", "preempt", "kv"))
+    assert any(q.VLLM_NAMES.get(s["metric"].get("__name__", "")) == "kv" for s in out[gauges]), "no KV in the recording"
+    out[rest] = pick("vllm", lambda m: named(q.VLLM_NAMES, "fin")(m) or tag("engines", "ts")(m))
     for p in ("ttft_p50", "ttft_p99"):
-        out[q.rates_query(parts=(p,))] = series("rates", p)
+        out[q.rates_query(parts=(p,))] = pick("rates", tag(p))
+    gpu_part = {"n": tag("n"), "xid": tag("xid"), "util_sm": named(q.GPU_NAMES, "util", "sm"),
+                "mem_power": named(q.GPU_NAMES, "used", "free", "power")}
     for p in q.GPU_PARTS:
-        out[q.gpu_query(parts=(p,))] = series("gpu", p)
+        out[q.gpu_query(parts=(p,))] = pick("gpu", gpu_part[p])
     return out
 
 
@@ -69,10 +80,14 @@ def clock_at(rec: dict[str, Any]) -> FakeClock:
 
 
 class PromReplay:
-    def __init__(self, rec: dict[str, Any] | None = None, *, mode: str = "ok", token: str | None = None) -> None:
+    def __init__(self, rec: dict[str, Any] | None = None, *, mode: str = "ok", token: str | None = None,
+                 hold: set[str] | None = None) -> None:
         self.rec = rec or load()
         self.mode = mode
         self.token = token
+        #: queries whose answer waits until :attr:`release` is set (a slow part Prometheus is still on)
+        self.hold = hold or set()
+        self.release = threading.Event()
         self.requests: list[tuple[str, str]] = []
         self.auth_seen: list[str | None] = []
         owner = self
@@ -109,6 +124,8 @@ class PromReplay:
                     self._send(503, json.dumps({"status": "error", "errorType": "unavailable",
                                                 "error": "TSDB not ready"}).encode())
                     return
+                if query in owner.hold:
+                    owner.release.wait(30)
                 if owner.mode == "html":
                     self._send(200, b"<html><body>Sign in</body></html>", "text/html")
                     return

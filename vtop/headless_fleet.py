@@ -33,7 +33,7 @@ async def _watch(fleet: Fleet, window_s: float) -> None:
             await asyncio.sleep(fleet.refresh_s)
             await fleet.start()
     finally:
-        await fleet.client.aclose()
+        await fleet.aclose()
 
 
 def exit_code(fleet: Fleet) -> int:

@@ -6,6 +6,7 @@ recording's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -62,6 +63,13 @@ def test_gpus_are_joined_by_host_with_the_dcgm_names() -> None:
     assert q.host_of("gpu-a:8000") == "gpu-a" and q.host_of("[::1]:8000") == "::1"
 
 
+async def _slow_answered(f: Fleet) -> None:
+    """Wait for the slower part the last refresh sent (the next refresh collects its answer)."""
+    task = f._slow_task
+    if task is not None:
+        await asyncio.gather(task[1], return_exceptions=True)
+
+
 async def _fleet(pr: PromReplay, **cfg: object) -> Fleet:
     f = Fleet(Config(**cfg), PromClient(pr.url), clock=clock_at(REC))  # type: ignore[arg-type]
     await f.start()
@@ -71,12 +79,12 @@ async def _fleet(pr: PromReplay, **cfg: object) -> Fleet:
 async def test_the_same_rules_name_each_incident_on_its_row() -> None:
     with PromReplay() as pr:
         f = await _fleet(pr)
-        await f.client.aclose()
+        await f.aclose()
         rows = {r.instance: r for r in f.rows.values()}
         assert f.error is None and f.backfilled
-        # whatever the fleet's size: the first refresh asks everything (scrape times, vLLM, up, vtop on
-        # the boxes, TTFT p50, p99, the GPUs in two parts)
-        assert f.last_queries == 8
+        # whatever the fleet's size: the first refresh asks everything (scrape times, vLLM in two halves,
+        # up, vtop on the boxes, TTFT p50, p99, the GPUs in three parts)
+        assert f.last_queries == 10
         assert [a.rule for a in rows["gpu-a:8000"].alerts] == ["runaway"]  # 2m10s with nothing finished
         assert rows["gpu-a:8000"].box == "ssh gpu-a vtop"
         assert [a.rule for a in rows["gpu-b:8000"].alerts] == ["engine_stall"]
@@ -108,7 +116,7 @@ async def test_without_history_the_runaway_is_not_named_from_one_look() -> None:
         await f.refresh()
         f.backfilled = True  # as if query_range had failed
         await f.refresh()
-        await f.client.aclose()
+        await f.aclose()
     assert "runaway" not in {a.rule for a in f.alerts}
     assert "server_down" in {a.rule for a in f.alerts}  # up == 0 needs no history
 
@@ -116,7 +124,7 @@ async def test_without_history_the_runaway_is_not_named_from_one_look() -> None:
 async def test_json_report_follows_its_schema_and_exit_code() -> None:
     with PromReplay() as pr:
         f = await _fleet(pr)
-        await f.client.aclose()
+        await f.aclose()
     rep = report_json(f)
     jsonschema.validate(rep, FLEET_SCHEMA)
     assert rep["schema"] == SCHEMA == "vtop.fleet/1"
@@ -133,7 +141,7 @@ async def test_drill_in_has_the_trackers_history_and_the_hosts_gpus() -> None:
     with PromReplay() as pr:
         f = await _fleet(pr)
         d = await f.drill("vllm/gpu-a:8000")
-        await f.client.aclose()
+        await f.aclose()
     assert d.error is None and d.view is not None
     assert len(d.view.series["gen_tps"]) >= 20  # the sparkline is full at once (27 steps of 5 s)
     assert sorted(d.gpus.tracks) == list(range(8))
@@ -154,7 +162,7 @@ async def test_a_failing_prometheus_is_said_in_words_and_rows_go_stale(mode: str
         for _ in range(4):  # 20 s of failed refreshes
             clock.advance(5.0)  # type: ignore[attr-defined]
             await f.refresh()
-        await f.client.aclose()
+        await f.aclose()
     assert f.error is not None and words in f.error and "Prometheus at 127.0.0.1" in f.error
     assert f.rows["vllm/gpu-a:8000"].state == "stale"  # old numbers kept, marked
     assert f.rows["vllm/gpu-a:8000"].running == 1
@@ -275,7 +283,7 @@ def test_once_json_over_a_recorded_prometheus_end_to_end() -> None:
     assert r.returncode == rep["exit_code"] == 2
     assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
                                                          "gpu-e:8000"}
-    assert rep["queries_per_refresh"] == 8
+    assert rep["queries_per_refresh"] == 10
 
 
 def test_prometheus_flag_with_bad_url_is_one_line() -> None:
@@ -338,10 +346,11 @@ async def test_a_refresh_without_a_new_scrape_reuses_the_vllm_answer_and_asks_on
         for _ in range(len(f.SLOW_PARTS)):
             n0 = len(pr.requests)
             await f.refresh()
+            await _slow_answered(f)  # the part it sent reaches the server, maybe after the refresh
             seen.append({qq for _, qq in pr.requests[n0:]})
             assert f.last_queries == 4 and f.error is None and not f.partial
         assert f.vllm_asked == asked  # no new scrape in the recording: its last answer stands
-        assert all(q.vllm_query() not in s for s in seen)
+        assert all(h not in s for s in seen for h in q.vllm_queries())
         # each slow part once, in turn
         slow = [f._slow_query(*p) for p in f.SLOW_PARTS]
         assert [next(x for x in s if x in slow) for s in seen] == slow
@@ -352,5 +361,82 @@ async def test_a_refresh_without_a_new_scrape_reuses_the_vllm_answer_and_asks_on
         f._vllm_cache[k].ts = (f._vllm_cache[k].ts or 0) - 15  # type: ignore[index]
         n0 = len(pr.requests)
         await f.refresh()
-        await f.client.aclose()
-        assert q.vllm_query() in {qq for _, qq in pr.requests[n0:]} and f.vllm_asked == asked + 1
+        await f.aclose()
+        assert set(q.vllm_queries()) <= {qq for _, qq in pr.requests[n0:]} and f.vllm_asked == asked + 1
+
+
+async def test_a_slow_part_prometheus_is_still_on_holds_up_no_refresh() -> None:
+    """The slower part (TTFT, a share of the GPUs) is sent once the vLLM answer is in and collected by
+    the next refresh: a Prometheus still working on it delays neither the rows nor the rules (on the
+    old code a refresh awaited it, and this test hangs until its deadline)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        part = f._slow_query(*f.SLOW_PARTS[f._slot % len(f.SLOW_PARTS)])
+        pr.hold = {part}
+        n1 = len(pr.requests)
+        await asyncio.wait_for(f.refresh(), 10)  # sends the held part and returns
+        assert f._slow_task is not None and not f._slow_task[1].done()
+        for _ in range(1000):  # until it reaches the server (an event, not a duration)
+            if part in {qq for _, qq in pr.requests[n1:]}:
+                break
+            await asyncio.sleep(0.01)
+        assert part in {qq for _, qq in pr.requests[n1:]}
+        n0 = len(pr.requests)
+        await asyncio.wait_for(f.refresh(), 10)  # still held: not asked again, not awaited
+        assert part not in {qq for _, qq in pr.requests[n0:]} and f.error is None
+        pr.release.set()
+        await _slow_answered(f)
+        slot = f._slot
+        await f.refresh()
+        assert f._slot == slot + 1  # its answer was taken: the next part is asked
+        await f.aclose()
+
+
+async def test_a_due_scrape_skips_the_sample_time_check() -> None:
+    """Once each instance's scrape interval is known, a refresh at or after the next scrape's time
+    asks the vLLM halves straight away (the sample times come with them); before it, the cheap
+    check first. An instance that is already overdue (down, slow) does not make every refresh ask."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        cache = f._vllm_cache or {}
+        old = {k: dataclasses.replace(v, ts=(v.ts or 0) - 10) for k, v in cache.items()}
+        now = f.clock.base.time()
+        f._note_scrapes(old, cache, now)
+        assert f._due_at == min((v.ts or 0) + 10 for v in cache.values() if (v.ts or 0) + 10 > now)
+        n0 = len(pr.requests)
+        await f.refresh()  # before the next scrape is due: the check, and no vLLM query
+        sent = {qq for _, qq in pr.requests[n0:]}
+        assert q.ts_query() in sent and not set(q.vllm_queries()) & sent
+        # past every instance's next scrape (the recording has none newer)
+        f.clock.base.advance(max(v.ts or 0 for v in cache.values()) + 10 + f.INGEST_SLACK_S - now)  # type: ignore[attr-defined]
+        n0 = len(pr.requests)
+        await f.refresh()
+        sent = {qq for _, qq in pr.requests[n0:]}
+        assert set(q.vllm_queries()) <= sent and q.ts_query() not in sent
+        # the recording has no newer scrape: every instance is overdue now, none is due
+        assert f._due_at is None
+        await f.aclose()
+
+
+async def test_the_screen_process_keeps_the_collector_off_only_during_a_refresh() -> None:
+    import gc
+
+    with PromReplay() as pr:
+        f = Fleet(Config(), PromClient(pr.url), clock=clock_at(REC), freeze_gc=True)
+        seen: list[bool] = []
+        real = f._feed_live
+
+        async def spy(*a: object) -> None:
+            seen.append(gc.isenabled())
+            await real(*a)  # type: ignore[arg-type]
+
+        f._feed_live = spy  # type: ignore[method-assign]
+        try:
+            await f.start()
+            assert gc.get_freeze_count() > 0  # the history read is out of the collector's passes
+            f._vllm_cache = None  # ask the vLLM answer again: it is fed
+            await f.refresh()
+            assert seen == [False] and gc.isenabled()
+        finally:
+            gc.unfreeze()
+            await f.aclose()

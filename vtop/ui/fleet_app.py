@@ -45,7 +45,7 @@ class FleetApp(App[int]):
         self.config = config
         if config.theme:
             self.theme = config.theme
-        self.fleet = fleet or Fleet(config, client_from_config(config), clock=clock)
+        self.fleet = fleet or Fleet(config, client_from_config(config), clock=clock, freeze_gc=True)
         self.autorefresh = autorefresh
         self._busy = False
         self._shown = -1
@@ -177,7 +177,7 @@ class FleetApp(App[int]):
             self.table.focus()
 
     async def on_unmount(self) -> None:
-        await self.fleet.client.aclose()
+        await self.fleet.aclose()
 
     def fleet_rows_text(self) -> list[str]:  # tests
         return self.table.row_texts()
