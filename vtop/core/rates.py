@@ -185,7 +185,11 @@ class _Window(Generic[V]):
         if not window_s > 0:
             raise ValueError("window_s must be > 0")
         self.window_s = float(window_s)
-        self._samples: deque[tuple[float, V]] = deque(maxlen=max_samples)
+        self._max_samples = max_samples
+        # made at the first sample: most windows of a server stay empty (a family it does not
+        # export, a fleet read from Prometheus), and an empty deque is a 0.6 kB block (issue 27:
+        # 40 windows a server, 15 MB of a 1,000-instance fleet)
+        self._samples: deque[tuple[float, V]] | tuple[()] = ()
         self._last_reset_t: float | None = None
         #: resets seen since creation
         self.resets = 0
@@ -204,6 +208,8 @@ class _Window(Generic[V]):
         if value is None or not math.isfinite(t) or not self._valid(value):
             return False
         s = self._samples
+        if not isinstance(s, deque):
+            s = self._samples = deque(maxlen=self._max_samples)
         if s and t <= s[-1][0]:
             return False
         reset = bool(s) and self._is_reset(s[-1][1], value)
@@ -218,7 +224,7 @@ class _Window(Generic[V]):
         return reset
 
     def clear(self) -> None:
-        self._samples.clear()
+        self._samples = ()
         self._last_reset_t = None
 
     def _ends(self, now: float | None) -> tuple[tuple[float, V], tuple[float, V]] | None:
@@ -227,9 +233,9 @@ class _Window(Generic[V]):
         samples in between are not copied: walked from each end, which is one
         step or none (``add`` drops what falls out of the window)."""
         s = self._samples
-        n = len(s)
-        if n < 2:
+        if not isinstance(s, deque) or len(s) < 2:
             return None
+        n = len(s)
         if now is None:
             now = s[-1][0]
         edge = now - self.window_s
