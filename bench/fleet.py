@@ -251,6 +251,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="CPU window of the screen")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--no-tmux", action="store_true")
+    ap.add_argument("--no-in-process", action="store_true", help="the screen's figures only")
     a = ap.parse_args()
     for exe in ("promtool", "prometheus"):
         if shutil.which(exe) is None:
@@ -274,8 +275,9 @@ def main() -> None:
             res: dict[str, object] = {"instances": a.instances, "gpus_per_instance": a.gpus, "samples": samples,
                                       "series_per_instance": 6 + 5 + len(TTFT_LE) + 1 + 6 * a.gpus,
                                       "host_cpus": os.cpu_count()}
-            res["in_process"] = asyncio.run(in_process(p.url, a.refreshes, now - 360))
-            print(json.dumps(res["in_process"], indent=1), flush=True)
+            if not a.no_in_process:
+                res["in_process"] = asyncio.run(in_process(p.url, a.refreshes, now - 360))
+                print(json.dumps(res["in_process"], indent=1), flush=True)
             if not a.no_tmux:
                 res["screen"] = in_tmux(p.url, a.seconds)
                 print(json.dumps(res["screen"], indent=1), flush=True)

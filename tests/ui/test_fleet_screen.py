@@ -81,6 +81,7 @@ async def test_a_failing_prometheus_shows_its_error_and_stale_rows_not_a_frozen_
             await pilot.pause()
             status = str(app.query_one("#status").render())
             assert "PROMETHEUS FAILING" in status and "TSDB not ready" in status
+            assert "data 20s old" in status  # late: its age is said
             assert app.query_one("#status").has_class("-error")
             rows = app.fleet_rows_text()
             assert any("STALE gpu-a:8000" in r for r in rows)
@@ -89,6 +90,23 @@ async def test_a_failing_prometheus_shows_its_error_and_stale_rows_not_a_frozen_
             await app.refresh_once()
             await pilot.pause()
             assert "PROMETHEUS FAILING" not in str(app.query_one("#status").render())
+
+
+async def test_the_status_line_does_not_tick_while_all_is_well() -> None:
+    """Between refreshes nothing on the status line changes (the data's age is said only once it is
+    late): no redraw every second for nothing. Fails on the old code ("data 1s old", "data 2s old")."""
+    with PromReplay() as pr:
+        app = _app(pr)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await app.first()
+            app.update_status()
+            await pilot.pause()
+            before = str(app.query_one("#status").render())
+            for _ in range(4):
+                app.fleet.clock.base.advance(1.0)  # type: ignore[attr-defined]
+                app.update_status()
+            await pilot.pause()
+            assert str(app.query_one("#status").render()) == before and " old" not in before
 
 
 def test_narrow_tables_keep_state_instance_and_alert() -> None:

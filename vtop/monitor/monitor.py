@@ -116,8 +116,12 @@ class Monitor:
         log_watch: LogWatch | None = None,
         live: bool = True,
         find_logs: bool = True,
+        feed_interval_s: float | None = None,
     ) -> None:
         self.config = config
+        #: how far apart a server's polls usually come (its trackers' first guess, and the size their
+        #: history rings start at): the poll interval, or a fleet's usual scrape interval
+        self.feed_interval_s = feed_interval_s or config.interval
         self.clock: Clock = clock or SystemClock()
         self.live = live
         """False for a recording: its own ``logmark`` events say when the server was
@@ -225,7 +229,7 @@ class Monitor:
     # ------------------------------------------------------------------ servers
     def new_tracker(self, url: str) -> ServerTracker:
         return ServerTracker(url, window_s=60.0, history_s=max(self.config.history * 2, 120.0), clock=self.clock,
-                             interval_s=self.config.interval)
+                             interval_s=self.feed_interval_s)
 
     def add_server(self, url: str, *, from_cli: bool) -> WatchedServer:
         ws = self.servers.get(url)

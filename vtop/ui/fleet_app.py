@@ -123,7 +123,11 @@ class FleetApp(App[int]):
         if f.last_queries:
             bits.append(f"{f.last_queries} queries / {f.refresh_s:g} s (TTFT, GPUs every {f.slow_every_s:g} s)")
         if f.last_ok_wall is not None:
-            bits.append(f"data {dur(max(0.0, f.clock.base.time() - f.last_ok_wall))} old")
+            age = max(0.0, f.clock.base.time() - f.last_ok_wall)
+            # said once it is late (two refreshes missed): a count that ticks every second while all
+            # is well redrew the screen every second for nothing (half the screen's CPU between refreshes)
+            if age > 2 * f.refresh_s:
+                bits.append(f"data {dur(age)} old")
         if not f.backfilled and f.refreshes:
             bits.append("reading history…")
         status = self.query_one("#status", Static)

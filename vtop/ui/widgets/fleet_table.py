@@ -160,11 +160,14 @@ class FleetTable(ScrollView, can_focus=True):
         self._cols: list[Column] = []
         self._cols_w = -1
         self._strips: dict[tuple[Any, ...], Strip] = {}
+        self._iw_key: tuple[int, int] | None = None
+        self._iw = 8
 
     # ------------------------------------------------------------------ data
 
     def set_rows(self, rows: Sequence[Any]) -> None:
         self.all_rows = list(rows)
+        self._iw_key = None
         self._apply()
 
     def set_filter(self, text: str) -> None:
@@ -252,8 +255,14 @@ class FleetTable(ScrollView, can_focus=True):
         return self._cols
 
     def _instance_w(self) -> int:
-        longest = max((len(r.instance) for r in self.all_rows[:2000]), default=8)
-        return max(8, min(28, longest))
+        """The instance column's width, worked out once per set of rows (every line drawn asked it:
+        1,000 rows walked for each line of a 50-line screen)."""
+        rows = self.all_rows
+        key = (id(rows), len(rows))
+        if self._iw_key != key:  # (set_rows clears it too: an id can be reused)
+            longest = max((len(r.instance) for r in rows[:2000]), default=8)
+            self._iw_key, self._iw = key, max(8, min(28, longest))
+        return self._iw
 
     def _layout(self) -> list[tuple[Column, int]]:
         cols = self._columns()
