@@ -273,6 +273,9 @@ class WindowRate:
     reset: bool
 
 
+_NO_RATE = {flag: WindowRate(None, None, 0.0, flag) for flag in (False, True)}
+
+
 class CounterWindow(_Window[float]):
     """Windowed rate of one counter, e.g. ``generation_tokens_total``."""
 
@@ -289,7 +292,7 @@ class CounterWindow(_Window[float]):
         ends = self._ends(now)
         reset = self._reset_in_window(now)
         if ends is None:
-            return WindowRate(None, None, 0.0, reset)
+            return _NO_RATE[reset]  # an empty or one-sample window (most of them): no new object
         (t0, v0), (t1, v1) = ends
         span = t1 - t0
         delta = max(0.0, v1 - v0)
@@ -387,7 +390,11 @@ class CounterMapWindow(_Window[Mapping[str, float]]):
         return True
 
     def _is_reset(self, old: Mapping[str, float], new: Mapping[str, float]) -> bool:
-        return any(k not in new or new[k] < v for k, v in old.items())
+        for k, v in old.items():  # a loop, not any(<generator>): every poll of every server
+            nv = new.get(k)
+            if nv is None or nv < v:
+                return True
+        return False
 
     def add(self, t: float, value: Mapping[str, float] | None) -> bool:
         # Copy: the caller may reuse or mutate its dict.

@@ -315,6 +315,7 @@ class ServerTracker:
     def _take_metrics(self, poll: ServerPoll, m: VllmMetrics) -> None:
         t = poll.mono
         reset = False
+        # (a family the server does not export is None: skipped here, not by a call that returns)
         for w, v in (
             (self._prompt, m.prompt_tokens_total),
             (self._gen, m.generation_tokens_total),
@@ -324,17 +325,20 @@ class ServerTracker:
             (self._gen_short, m.generation_tokens_total),
             (self._prompt_short, m.prompt_tokens_total),
         ):
-            reset |= w.add(t, v)
-        reset |= self._finished.add(t, m.request_success_total or None)
+            if v is not None:
+                reset |= w.add(t, v)
+        if m.request_success_total:
+            reset |= self._finished.add(t, m.request_success_total)
         # #29's families: windows only (a missing family stays None; no restart is read from them)
-        self._spec_drafts.add(t, m.spec_drafts_total)
-        self._spec_tokens.add(t, m.spec_draft_tokens_total)
-        self._spec_acc.add(t, m.spec_accepted_tokens_total)
-        self._spec_pos.add(t, m.spec_accepted_per_pos or None)
-        self._by_source.add(t, m.prompt_tokens_by_source or None)
-        self._http.add(t, m.http_requests_by_status or None)
-        self._off_store.add(t, m.kv_offload_store_bytes_total)
-        self._off_load.add(t, m.kv_offload_load_bytes_total)
+        for cw, cv in ((self._spec_drafts, m.spec_drafts_total), (self._spec_tokens, m.spec_draft_tokens_total),
+                       (self._spec_acc, m.spec_accepted_tokens_total), (self._off_store, m.kv_offload_store_bytes_total),
+                       (self._off_load, m.kv_offload_load_bytes_total)):
+            if cv is not None:
+                cw.add(t, cv)
+        for mw, mv in ((self._spec_pos, m.spec_accepted_per_pos), (self._by_source, m.prompt_tokens_by_source),
+                       (self._http, m.http_requests_by_status)):
+            if mv:
+                mw.add(t, mv)
         # Histograms carried over from an earlier scrape (vtop.sources.vllm.HIST_EVERY_S) are
         # filed at the time they were read: the window already has them and ignores the copy.
         th = t - m.histograms_age_s
@@ -343,8 +347,10 @@ class ServerTracker:
             (self._itl, m.inter_token_latency_seconds),
             (self._e2e, m.e2e_request_latency_seconds),
         ):
-            reset |= hw.add(th, h)
-        self._queue.add(th, m.request_queue_time_seconds)
+            if h is not None:
+                reset |= hw.add(th, h)
+        if m.request_queue_time_seconds is not None:
+            self._queue.add(th, m.request_queue_time_seconds)
         if reset and not self._restart_pending:
             self._restart_pending = True
             self._restart_why = "counters went back to zero"
@@ -530,13 +536,13 @@ class ServerTracker:
         if poll is None:
             return f"waiting for the first poll of {self.url}"
         dur = _dur(now - since)
+        if state == "up":  # the usual answer first: the rest formats a wall-clock time
+            return f"up for {dur}" if self.restarts == 0 else f"up for {dur} (restarted {self.restarts}x)"
         at = self._wall_of(since, poll)
         last_ok = (
             f"last good data {_dur(now - self._last_ok_mono)} ago" if self._last_ok_mono is not None else "no data yet"
         )
         proc = self._process
-        if state == "up":
-            return f"up for {dur}" if self.restarts == 0 else f"up for {dur} (restarted {self.restarts}x)"
         if state == "restarted":
             ago = _dur(now - (self._restart_at or now))
             return f"restarted {ago} ago ({self._restart_why}); rates start again from then"

@@ -245,11 +245,10 @@ class Fleet:
         and the rules still run every refresh (a stall is time passing with no change).
 
         The slower parts (:attr:`SLOW_PARTS`, one per refresh in turn) are all asked and awaited
-        the first time; after that each is sent once the vLLM answer is in and collected by the
-        *next* refresh: Prometheus works it out on its own core while this process feeds the
-        trackers, and no refresh waits on it (1,000 instances of 8 GPUs with a new scrape each,
-        2 cores: 0.35 s a refresh when awaited; TTFT over a minute and DCGM's 15-30 s samples
-        are no worse for being 5 s older)."""
+        the first time; after that each is sent at the end of a refresh and collected by the *next*:
+        Prometheus works it out between refreshes, and no refresh waits on it (1,000 instances of 8
+        GPUs with a new scrape each, 2 cores: 0.35 s a refresh when awaited; TTFT over a minute and
+        DCGM's 15-30 s samples are no worse for being 5 s older)."""
         t0 = time.perf_counter()
         before = self.client.queries
         at = round(self.clock.base.time(), 3)
@@ -276,10 +275,6 @@ class Fleet:
                 vllm = {k: inst for k, inst in cache.items() if k in ts}
         except Exception as e:  # noqa: BLE001 - PromError, or a parse of garbage
             vllm = e
-        if not first and self._slow_task is None and not isinstance(vllm, BaseException):
-            i = self._slot % n
-            self._slow_task = (i, asyncio.ensure_future(self.client.query(self._slow_query(*self.SLOW_PARTS[i]),
-                                                                          at=at)))
         lres = await asyncio.gather(*light, return_exceptions=True)
         up: dict[tuple[str, str], float | None] = {}
         if not isinstance(vllm, BaseException):
@@ -310,6 +305,13 @@ class Fleet:
         if not isinstance(vllm, BaseException):
             self._rows(at, vllm, self._rates, up)
         self._judge(mono)
+        if not first and self._slow_task is None and not isinstance(vllm, BaseException):
+            # sent last: Prometheus works it out while this process has nothing to do (sent while the
+            # trackers were fed, the two slowed each other on 2 cores: feeding took 1.3-1.5x as long)
+            i = self._slot % n
+            self._slow_task = (i, asyncio.ensure_future(self.client.query(self._slow_query(*self.SLOW_PARTS[i]),
+                                                                          at=at)))
+            self.last_queries += 1  # this refresh's, though it goes out once the refresh is done
         self.version += 1
         self.last_refresh_s = time.perf_counter() - t0
 
