@@ -8,6 +8,9 @@
   with a deadline; the task awaits its poll before sleeping). One
   :class:`~vtop.sources.http11.HttpPool` serves them all. A refused port backs
   off while nothing listens.
+* The kernel's counters of the local servers' connections (:mod:`vtop.sources.sockets`: one
+  netlink dump, about 2 ms of CPU) are read by their own thread every 5 s (or the interval, if
+  longer), applied at the tick like NVML's; the runaway rule's evidence of one request's age.
 * The process table is scanned in its own thread every few seconds (every
   30 s once every server answers; at once when one stops answering): it says
   whether a vLLM process exists (refused + process = ``starting``), which PIDs
@@ -71,6 +74,9 @@ class LiveFeed:
         self.gpu_loop: PollLoop | None = None
         self.log_loop: PollLoop | None = None
         self.disc_loop: PollLoop | None = None
+        self.conns_loop: PollLoop | None = None
+        #: the ports whose connections the conns thread reads (set on the event loop's thread)
+        self._conn_ports: frozenset[int] = frozenset()
         self.scrapers: dict[str, VllmScraper] = {}
         #: the sources that never answered by the end of a headless window (set by vtop.headless.watch)
         self.silent: list[str] = []
@@ -97,6 +103,9 @@ class LiveFeed:
             self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
             self.gpu_loop.start()
         self._start_log_loop()
+        self._conn_ports = self.monitor.conn_ports()
+        self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
+        self.conns_loop.start()
         if self.discover is not None:
             self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery)
             self.disc_loop.start()
@@ -106,7 +115,7 @@ class LiveFeed:
 
     def stop(self) -> None:
         self._stopped = True
-        for loop in (self.gpu_loop, self.log_loop, self.disc_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.disc_loop, self.conns_loop):
             if loop is not None:
                 loop.stop()
         for task in self.tasks.values():
@@ -136,15 +145,18 @@ class LiveFeed:
         for loop in (self.gpu_loop, self.log_loop):
             if loop is not None:
                 loop.interval = seconds
+        if self.conns_loop is not None:
+            self.conns_loop.interval = self._conns_every()
         if self.disc_loop is not None:
             self.disc_loop.interval = max(self.disc_loop.interval, self._scan_every())
 
     def collect(self) -> None:
         """At the face's tick: apply the NVML and log results waiting, and start
         polling what the monitor took on since (a log found, a server discovered)."""
-        for loop in (self.gpu_loop, self.log_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.conns_loop):
             if loop is not None:
                 loop.collect()
+        self._conn_ports = self.monitor.conn_ports()
         self._start_log_loop()
         self._start_scrapes()
 
@@ -190,6 +202,26 @@ class LiveFeed:
         result = await asyncio.to_thread(self.gpu_blocking)
         self._on_gpu(result, None)
         return result[0]
+
+    # ----------------------------------------------------------------- conns
+    def _conns_every(self) -> float:
+        from vtop.sources.sockets import READ_EVERY_S
+
+        return max(self.config.interval, READ_EVERY_S)
+
+    def conns_blocking(self) -> Any:
+        """In the conns thread: the kernel's connections to the local servers' ports."""
+        from vtop.sources.sockets import read_conns
+
+        return read_conns(self._conn_ports)
+
+    def _on_conns(self, result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            from vtop.sources.sockets import ConnRead
+
+            result = ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")
+        if result.conns or result.error or any(ws.conns.last_mono is not None for ws in self.monitor.servers.values()):
+            self.monitor.apply_conns(result)
 
     # ------------------------------------------------------------------- log
     def _start_log_loop(self) -> None:

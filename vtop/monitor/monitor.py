@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
+from vtop.core.conns import ConnTracker
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phase_types import Phase
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
@@ -72,6 +73,8 @@ class WatchedServer:
     polls: int = 0
     history: list[str] = field(default_factory=list)
     """States seen, in order (tests and the record)."""
+    conns: ConnTracker = field(default_factory=ConnTracker)
+    """Its connections as the kernel counts them (a server on this box only; vtop/sources/sockets.py)."""
 
 
 class AlertChange(NamedTuple):
@@ -283,6 +286,29 @@ class Monitor:
         self.gpu_owner = owner
         self._follow_log(servers)
 
+    def conn_ports(self) -> frozenset[int]:
+        """The ports of the watched servers whose connections this box's kernel holds: a local
+        URL, or one whose process discovery found here."""
+        out = set()
+        for url, ws in self.servers.items():
+            host, port = url_hostport(url)
+            if host in LOCAL_HOSTS or ws.process is not None:
+                out.add(port)
+        return frozenset(out)
+
+    def apply_conns(self, read: Any) -> None:
+        """One read of the kernel's connections (:class:`vtop.sources.sockets.ConnRead`, live or
+        recorded): each local server takes those of its port."""
+        if self.recorder is not None:
+            self.recorder.conns(read)
+        ports = self.conn_ports()
+        for url, ws in self.servers.items():
+            port = url_hostport(url)[1]
+            if port not in ports:
+                continue
+            ws.conns.feed(read.mono, [c for c in read.conns if c.port == port], read.error)
+        # no diagnosis of its own: the servers' polls, at the same interval, run the rules
+
     def apply_server(self, url: str, poll: ServerPoll) -> ServerView:
         """One poll of a server (live or recorded)."""
         ws = self.servers.get(url) or self.add_server(url, from_cli=True)
@@ -435,7 +461,8 @@ class Monitor:
         lv = self.log_view
         alerts = self.diagnoser.update_from(
             now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
-            log=lv, log_target=self.log_target if lv is not None else None)
+            log=lv, log_target=self.log_target if lv is not None else None,
+            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None})
         if alerts != self.alerts:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
@@ -459,6 +486,7 @@ class Monitor:
             ws.process = None
             ws.polls = 0
             ws.history.clear()
+            ws.conns = ConnTracker()
             ws.version += 1
         self.processes = []
         self.gpu_owner = {}

@@ -235,6 +235,8 @@ class Player:
                     m.tick()  # once per round of polls: the rules keep state from one round to the next
             elif e.kind == "procs":
                 m.apply_procs(list(e.data))
+            elif e.kind == "conns":
+                m.apply_conns(e.data)
             elif e.kind == "log" and lw is not None and self.log is not None:
                 self.log.pending.extend(e.data)
                 self.log.written = e.extra if isinstance(e.extra, float) else e.t

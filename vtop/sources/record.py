@@ -13,6 +13,8 @@ happened, on the recording box's clocks (``t`` wall, ``mono`` monotonic):
   record (the first, then one a minute, so a reader can start anywhere).
 * ``procs``: the vLLM server processes found (argv with secrets masked),
   written when the set changes.
+* ``conns``: the kernel's counters of the connections to the local servers' ports
+  (:mod:`vtop.sources.sockets`), written while there are any (and once when they went).
 * ``log``: lines read from the vLLM log in one poll (prompts redacted unless
   asked otherwise), and ``logmark``: ``ready`` / ``launch`` events handed to
   the phase tracker from elsewhere.
@@ -98,6 +100,7 @@ class Recorder:
         self._last_m: dict[str, dict[str, Any]] = {}
         self._since_key: dict[str, int] = {}
         self._last_procs: Any = None
+        self._had_conns = False
         self._closed = False
         self._thread = threading.Thread(target=self._writer, name="vtop-recorder", daemon=True)
         self._thread.start()
@@ -226,6 +229,18 @@ class Recorder:
             return None
         self._last_procs = procs
         return {"kind": "procs", "t": t, "mono": mono, "servers": procs}
+
+    def conns(self, read: Any) -> None:
+        """One read of the local servers' connections; nothing while there are none."""
+        self._put(lambda: self._encode_conns(read))
+
+    def _encode_conns(self, read: Any) -> dict[str, Any] | None:
+        from vtop.sources.sockets import conn_read_to_json
+
+        had, self._had_conns = self._had_conns, bool(read.conns or read.error)
+        if not had and not self._had_conns:
+            return None
+        return {"kind": "conns", **conn_read_to_json(read)}
 
     def log(self, t: float, mono: float, lines: list[str]) -> None:
         if not lines:
@@ -434,6 +449,11 @@ def decode(records: Iterable[dict[str, Any]]) -> Iterator[RecordEvent]:
             elif kind == "procs":
                 procs = [process_from_json(p) for p in r.get("servers") or ()]
                 yield RecordEvent("procs", float(r["t"]), float(r["mono"]), procs)
+            elif kind == "conns":
+                from vtop.sources.sockets import conn_read_from_json
+
+                read = conn_read_from_json(r)
+                yield RecordEvent("conns", read.t, read.mono, read)
             elif kind == "log":
                 yield RecordEvent("log", float(r["t"]), float(r["mono"]), [str(x) for x in r.get("lines") or ()])
             elif kind in ("logmark", "alerts", "mark"):

@@ -10,7 +10,9 @@ use (:func:`~vtop.sources.vllm.poll_from_body`, the log's
 scored on a trace recorded before it existed. A trace recorded on a GPU box (the H200
 ones) also has ``gpu.jsonl.gz``, NVML once a second, read into ``gpu`` events (a
 :class:`~vtop.model.gpu.GpuPoll` each) as the NVML source would have given them, so
-the GPU cards, the memory history and the GPU rules see them. ``/metrics`` is read as a live vtop would have read it: the scraper's schedule
+the GPU cards, the memory history and the GPU rules see them. A trace with
+``conns.jsonl.gz`` (the kernel's counters of the server's connections, recorded by
+:func:`vtop.sources.sockets.read_conns`) gives ``conns`` events, as a live read would. ``/metrics`` is read as a live vtop would have read it: the scraper's schedule
 (:class:`~vtop.sources.vllm.ScrapePlan`) says which scrape each second's poll was (full,
 restricted with the histograms, restricted without them), the recorded full body is cut
 down to it as the server would have answered (:func:`~vtop.sources.vllm.restrict_exposition`),
@@ -222,6 +224,20 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
         except (KeyError, TypeError, ValueError):
             continue
         events.append(RecordEvent("procs", t, mono, discover_servers(r.get("procs") or [])))
+
+    from vtop.sources.sockets import READ_EVERY_S, conn_read_from_json
+
+    # one row a second in the trace; a live vtop reads them every READ_EVERY_S
+    kept: float | None = None
+    for r in _rows(p / "conns.jsonl.gz"):
+        try:
+            read = conn_read_from_json(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if kept is not None and read.mono - kept < READ_EVERY_S - 0.5:
+            continue
+        kept = read.mono
+        events.append(RecordEvent("conns", read.t, read.mono, read))
 
     log = p / "log.bin.gz"
     if log.exists():

@@ -19,6 +19,7 @@ from vtop.core.rules.util import gib, short_url
 from vtop.model.gpu import xid_text
 
 if TYPE_CHECKING:
+    from vtop.core.conns import ConnTracker
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
@@ -69,6 +70,9 @@ class Ctx:
     #: ``(since, max_tokens)`` of every request the log at ``log_target`` logged since the server's
     #: startup (None: its request lines do not reach back to one)
     logged_since_start: Sequence[tuple[float, int]] | None = None
+    #: per URL of a server on this box, its connections as the kernel counts them
+    #: (:class:`vtop.core.conns.ConnTracker`): which answer has streamed longest
+    conns: Mapping[str, ConnTracker] = field(default_factory=dict)
 
     def history_of(self, url: str) -> LogHistoryView | None:
         """The log's history, when the log is ``url``'s."""

@@ -23,6 +23,7 @@ from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
 from vtop.core.rules.util import LIVE, is_proc, role_of
 
 if TYPE_CHECKING:
+    from vtop.core.conns import ConnTracker
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
@@ -56,20 +57,21 @@ class Diagnoser:
     # ------------------------------------------------------------------ feeding
 
     def update_from(self, now: float, *, servers: Mapping[str, ServerView] | None, gpus: GpuHistory | None,
-                    log: Any = None, log_target: str | None = None) -> list[Alert]:
+                    log: Any = None, log_target: str | None = None,
+                    conns: Mapping[str, ConnTracker] | None = None) -> list[Alert]:
         """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
         views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
         ``request_logging``, ``recent``; see :class:`vtop.monitor.logwatch.LogView`)
-        of the server at ``log_target``."""
+        of the server at ``log_target``; ``conns`` each local server's connections."""
         if log is None:
-            return self.update(now, servers=servers, gpus=gpus)
+            return self.update(now, servers=servers, gpus=gpus, conns=conns)
         return self.update(
             now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
             log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
             startup_quiet=getattr(log, "quiet", None),
-            logged_since_start=getattr(log, "logged_since_start", None),
+            logged_since_start=getattr(log, "logged_since_start", None), conns=conns,
         )
 
 
@@ -88,6 +90,7 @@ class Diagnoser:
         startup_quiet: Quiet | None = None,
         log_history: LogHistoryView | None = None,
         logged_since_start: Sequence[tuple[float, int]] | None = None,
+        conns: Mapping[str, ConnTracker] | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -107,6 +110,8 @@ class Diagnoser:
         (the startup-stall rule judges a stall by evidence from it).
         ``logged_since_start``: ``(since, max_tokens)`` of every request the log at
         ``log_target`` logged since the server's startup (None: not known).
+        ``conns``: per URL of a server on this box, its connections as the kernel counts them
+        (:class:`vtop.core.conns.ConnTracker`; the runaway rule's evidence of one request's age).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -116,6 +121,7 @@ class Diagnoser:
         ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
                   log_target, log_lines, startup_quiet)
         ctx.history = log_history
+        ctx.conns = conns or {}
         ctx.logged_since_start = logged_since_start
         mem = self._mem
 

@@ -18,6 +18,10 @@ Evidence, either of two paths:
   ``oldest_logged``) and named. Time the generation counter stood still within the age (a
   frozen engine) does not count: that is the stall rule's.
   A request whose client set ``max_tokens`` is shown as info ("long request"), not alarmed.
+  On a server on this box, the kernel's counters of its connections prove one request's age
+  whatever else comes and goes, request log or not (vtop/core/conns.py): an answer still
+  streaming on a connection whose request came N s ago is a request that has run N s; the
+  client's address is then named (``runaway-short-traffic-no-request-log``).
   When what ``/metrics`` showed is too short (``doctor --window 15``, an attach), the log's
   history stands in (:meth:`vtop.core.loghistory.LogHistoryView.oldest_running`): no request
   began (no prompt throughput) since a stats line where requests ran, or the request log names a
@@ -132,12 +136,17 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     if s is None or v.state not in LIVE or not s.running or s.running < 1:
         return None
     age = st.oldest.lower_bound_s
-    if age < min(th.runaway_age_s, th.runaway_s) and not ctx.requests.get(url) and ctx.history_of(url) is None:
-        # The limit below is never under that, and only the request log or the log's history could
-        # raise the age: nothing can be proven here (every server, every tick; a fleet has neither).
+    ct = ctx.conns.get(url)
+    conn = ct.oldest(ctx.now) if ct is not None else None
+    if age < min(th.runaway_age_s, th.runaway_s) and not ctx.requests.get(url) and ctx.history_of(url) is None \
+            and conn is None:
+        # The limit below is never under that, and only the request log, the log's history or the
+        # kernel's connections could raise the age: nothing can be proven here (every server, every
+        # tick; a fleet has none of them).
         return None
     since = st.oldest.since
     running_then = st.oldest.running_then
+    short = short_url(url)
     ordinary = _ordinary_e2e_s(st)
     # --runaway-threshold below 45 s lowers this too: a flag works the same on both paths
     limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
@@ -159,6 +168,17 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
                     f"the request log: {rid} came {dur(s.t - p_since)} ago with max_tokens {num(mt)} and has no end or "
                     f"abort line; vLLM's request_params_max_tokens histogram counts every finish by its max_tokens, "
                     f"and none of those since can be it: it has run at least {dur(p_age)}")
+    client = None
+    if conn is not None and ctx.now - conn.since > age:
+        # One HTTP/1.1 connection carries one request at a time: an answer still streaming on a
+        # connection whose request came N s ago is a request that has run N s (vtop/core/conns.py).
+        age, since, running_then = ctx.now - conn.since, conn.since, None
+        client = conn.remote
+        sent = f", {conn.bytes_sent:,} bytes sent in the last {dur(conn.seen_s)}" if conn.bytes_sent else ""
+        log_line = (
+            f"the kernel's TCP counters for {short}: the answer to the request that came {dur(age)} ago on the "
+            f"connection from {conn.remote} is still streaming{sent}; a connection carries one request at a "
+            f"time, so that request has run {dur(age)}")
     hist = ctx.history_of(url)
     if age < limit and hist is not None and st.first_t is not None and st.busy_since is not None \
             and st.busy_since <= st.first_t and ctx.now - st.first_t < limit \
@@ -186,7 +206,6 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     n = s.running
     w_now = s.waiting or 0.0
     mml = v.max_model_len
-    short = short_url(url)
     ev = [
         log_line or (
             f"the oldest in-flight request has run at least {dur(age)}: {num(running_then)} running "
@@ -217,13 +236,13 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
         return Alert("runaway", "info", title, tuple(ev), (
             "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
         ), url, since)
-    fix = _runaway_fixes(mml, ctx.logging.get(url) is False)
+    fix = _runaway_fixes(mml, ctx.logging.get(url) is False, client)
     title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s"
-             + ("" if log_line else ", while other requests finish"))
+             + (f" (client {client})" if client else "" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 
-def _runaway_fixes(mml: int | None, no_request_log: bool) -> list[str]:
+def _runaway_fixes(mml: int | None, no_request_log: bool, client: str | None = None) -> list[str]:
     fix = [
         "Set max_tokens (or max_completion_tokens) in every client request; chat requests without it may run "
         f"to max_model_len{f' ({num(mml)})' if mml else ''}.",
@@ -231,6 +250,10 @@ def _runaway_fixes(mml: int | None, no_request_log: bool) -> list[str]:
         f"'{{\"max_new_tokens\": {cap_suggestion(mml)}}}' (there is no --max-tokens serve flag).",
         "To stop it now, cancel the client request: vLLM aborts a request when its client disconnects.",
     ]
+    if client:
+        port = client.rsplit(":", 1)[-1]
+        fix.append(f"The client is {client}: on its host, ss -tnp 'sport = :{port}' names its process "
+                   "(killing that connection also aborts the request).")
     if no_request_log:
         fix.append("Start vLLM with --enable-log-requests to let vtop name the request.")
     return fix

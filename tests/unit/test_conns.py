@@ -1,0 +1,202 @@
+"""The kernel's view of a server's connections: the real netlink reader against real loopback
+sockets, and :class:`vtop.core.conns.ConnTracker`'s judgement of which answer has streamed
+since when (injected clocks)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from vtop.core.conns import FLOWING_S, STALE_S, ConnTracker
+from vtop.sources.sockets import Conn, ConnRead, conn_read_from_json, conn_read_to_json, read_conns
+
+
+@pytest.fixture
+def pair():
+    """A listening socket, a client connected to it, and the server's side."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    cli = socket.create_connection(srv.getsockname())
+    acc, _ = srv.accept()
+    yield srv.getsockname()[1], cli, acc
+    for s in (cli, acc, srv):
+        s.close()
+
+
+def test_the_real_kernel_says_when_the_request_came_and_what_was_sent(pair) -> None:
+    port, cli, acc = pair
+    cli.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert acc.recv(1000)
+    time.sleep(0.6)  # the request's age: the kernel counts it (no latency is asserted)
+    acc.sendall(b"data: chunk\n\n" * 100)
+    got = b""
+    while len(got) < 1300:
+        got += cli.recv(4096)
+    time.sleep(0.05)
+    read = read_conns({port})
+    assert read.error is None
+    assert len(read.conns) == 1, read  # the server's side only: the client's local port is another
+    c = read.conns[0]
+    assert c.port == port and c.local == f"127.0.0.1:{port}"
+    assert c.remote == f"127.0.0.1:{cli.getsockname()[1]}"
+    assert c.last_recv_s is not None and c.last_recv_s >= 0.6
+    assert c.last_sent_s is not None and c.last_sent_s < c.last_recv_s
+    assert c.bytes_received == len(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert c.bytes_acked == 1300
+    assert read_conns({port + 1 if port < 65535 else port - 1}).conns == ()
+    assert read_conns(set()).conns == ()
+
+
+def test_ipv6_connections_are_read_too() -> None:
+    try:
+        srv = socket.socket(socket.AF_INET6)
+        srv.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this box")
+    with srv:
+        srv.listen()
+        port = srv.getsockname()[1]
+        with socket.create_connection(("::1", port)) as cli, srv.accept()[0] as acc:
+            cli.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            acc.recv(100)
+            read = read_conns({port})
+    assert [c.local for c in read.conns] == [f"[::1]:{port}"]
+
+
+def test_a_read_round_trips_through_json_and_bad_rows_are_skipped() -> None:
+    c = Conn("127.0.0.1:8000", "127.0.0.1:40922", 0.1, 75.2, 123456, 812)
+    read = ConnRead(1000.0, 50.0, (c,))
+    back = conn_read_from_json(conn_read_to_json(read))
+    assert back == read
+    row = {"t": 1.0, "mono": 2.0, "conns": [{"local": "x"}, {"local": "a:b", "remote": "c:1"}, "junk",
+                                            {"local": "127.0.0.1:8000", "remote": "c:1", "last_recv_s": -3}]}
+    got = conn_read_from_json(row)
+    assert len(got.conns) == 1 and got.conns[0].last_recv_s is None  # a negative counter is no reading
+    with pytest.raises(KeyError):
+        conn_read_from_json({"conns": []})
+
+
+@dataclass
+class C:
+    local: str
+    remote: str
+    last_sent_s: float | None
+    last_recv_s: float | None
+    bytes_acked: int | None
+
+
+def streaming_for(tr: ConnTracker, start: float, n: int, *, remote: str = "127.0.0.1:40922", req_age: float = 0.0,
+                  step: float = 1.0, rate: int = 1000) -> float:
+    """Feed ``n`` reads of one connection streaming since its request came ``req_age`` s before ``start``."""
+    t = start
+    for i in range(n):
+        t = start + i * step
+        tr.feed(t, [C("127.0.0.1:8000", remote, 0.05, req_age + i * step, 100 + rate * i)])
+    return t
+
+
+def test_an_answer_streaming_since_its_request_is_as_old_as_the_request() -> None:
+    tr = ConnTracker()
+    t = streaming_for(tr, 100.0, 1, req_age=70.0)
+    assert tr.oldest(t) is None  # one read proves nothing is still moving
+    t = streaming_for(tr, 100.0, 3, req_age=70.0)
+    s = tr.oldest(t)
+    assert s is not None and s.remote == "127.0.0.1:40922"
+    assert s.since == pytest.approx(30.0) and s.age_s == pytest.approx(72.0)
+    assert s.seen_s == pytest.approx(2.0) and s.bytes_sent == 2000 and s.others == 0
+
+
+def test_short_requests_on_a_kept_alive_connection_never_grow_old() -> None:
+    tr = ConnTracker()
+    # a new request every 3 s on the same connection: its arrival moves on each time
+    for i in range(30):
+        tr.feed(100.0 + i, [C("127.0.0.1:8000", "127.0.0.1:48516", 0.2, float(i % 3) + 0.3, 100 * (i // 3))])
+        s = tr.oldest(100.0 + i)
+        assert s is None or s.age_s < 4.0
+
+
+def test_a_finished_answer_and_an_idle_connection_do_not_count() -> None:
+    tr = ConnTracker()
+    t = streaming_for(tr, 100.0, 5, req_age=60.0)
+    assert tr.oldest(t) is not None
+    # the answer ended: no more bytes, last data sent grows
+    tr.feed(t + 1, [C("127.0.0.1:8000", "127.0.0.1:40922", 1.0, 65.0, 4100)])
+    assert tr.oldest(t + 1) is None
+    # a request waiting for its answer (nothing sent since it came) is not a streaming answer
+    tr2 = ConnTracker()
+    for i in range(5):
+        tr2.feed(100.0 + i, [C("127.0.0.1:8000", "127.0.0.1:5000", 80.0 + i, 70.0 + i, 10)])
+    assert tr2.oldest(104.0) is None
+
+
+def test_without_byte_counters_recent_sends_stand_in() -> None:
+    tr = ConnTracker()
+    for i in range(3):
+        tr.feed(100.0 + i, [C("127.0.0.1:8000", "10.0.0.7:5555", 0.1, 90.0 + i, None)])
+    s = tr.oldest(102.0)
+    assert s is not None and s.bytes_sent is None and s.age_s == pytest.approx(92.0)
+    tr.feed(103.0, [C("127.0.0.1:8000", "10.0.0.7:5555", FLOWING_S + 1, 93.0, None)])
+    assert tr.oldest(103.0) is None
+
+
+def test_the_oldest_of_several_and_what_goes_stale_or_fails() -> None:
+    tr = ConnTracker()
+    for i in range(3):
+        tr.feed(100.0 + i, [C("127.0.0.1:8000", "a:1", 0.1, 10.0 + i, 100 * i),
+                            C("127.0.0.1:8000", "b:2", 0.1, 80.0 + i, 100 * i)])
+    got = tr.streaming(102.0)
+    assert [s.remote for s in got] == ["b:2", "a:1"] and got[0].others == 1
+    assert tr.oldest(102.0 + STALE_S + 1) is None  # the reads stopped: nothing is known of now
+    tr.feed(103.0, [], error="the kernel's socket table could not be read: denied")
+    assert tr.oldest(103.0) is None and tr.error is not None and tr.last_mono is None
+
+
+def test_the_monitor_gives_each_local_server_its_port_and_a_recording_keeps_the_reads(tmp_path) -> None:
+    from vtop.config import Config
+    from vtop.monitor import Monitor
+    from vtop.sources.record import Recorder, load
+
+    f = tmp_path / "r.jsonl"
+    rec = Recorder(f)
+    m = Monitor(Config(urls=("http://127.0.0.1:8000", "http://10.1.2.3:8001")), recorder=rec)
+    m.add_cli_urls()
+    assert m.conn_ports() == frozenset({8000})  # a remote server's connections are not this kernel's
+    reads = []
+    for i in range(3):
+        conns = (Conn("127.0.0.1:8000", "127.0.0.1:40922", 0.05, 70.0 + i, 1000 * (i + 1), 300),
+                 Conn("10.9.9.9:8001", "10.0.0.1:5000", 0.05, 90.0 + i, 1000 * (i + 1), 300))
+        reads.append(ConnRead(1000.0 + i, 100.0 + i, conns))
+        m.apply_conns(reads[-1])
+    local, remote = m.servers["http://127.0.0.1:8000"], m.servers["http://10.1.2.3:8001"]
+    s = local.conns.oldest(102.0)
+    assert s is not None and s.remote == "127.0.0.1:40922" and s.age_s == pytest.approx(72.0)
+    assert remote.conns.last_mono is None and remote.conns.oldest(102.0) is None
+    rec.close()
+    _, events = load(f)
+    assert [e.data for e in events if e.kind == "conns"] == reads
+    # replayed, the same reads reach the same tracker
+    m2 = Monitor(Config(urls=("http://127.0.0.1:8000",)), live=False)
+    m2.add_cli_urls()
+    for e in events:
+        if e.kind == "conns":
+            m2.apply_conns(e.data)
+    s2 = m2.servers["http://127.0.0.1:8000"].conns.oldest(102.0)
+    assert s2 is not None and s2.age_s == s.age_s
+
+
+def test_a_recorder_writes_no_conns_line_while_there_are_none(tmp_path) -> None:
+    from vtop.sources.record import Recorder, read
+
+    f = tmp_path / "r.jsonl"
+    rec = Recorder(f)
+    empty = ConnRead(1.0, 1.0, ())
+    one = ConnRead(2.0, 2.0, (Conn("127.0.0.1:8000", "127.0.0.1:1", 0.1, 0.2, 10, 10),))
+    for r in (empty, empty, one, empty, empty):
+        rec.conns(r)
+    rec.close()
+    rows = [r for r in read(f) if r.get("kind") == "conns"]
+    assert [len(r["conns"]) for r in rows] == [1, 0]  # the one, then once when they went

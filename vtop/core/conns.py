@@ -1,0 +1,107 @@
+"""Which request on a server's connections has been answered longest, from the kernel's counters.
+
+Fed each read of :func:`vtop.sources.sockets.read_conns` for one server's port (plain
+:class:`~vtop.sources.sockets.Conn`-like objects: ``local``, ``remote``, ``last_sent_s``,
+``last_recv_s``, ``bytes_acked``), a :class:`ConnTracker` says which connection carries an answer
+that is still streaming, and since when its request came (its evidence: see
+vtop/sources/sockets.py). A connection counts once it was read twice with the same request
+(its arrival time agrees within :data:`SAME_REQUEST_S`) and its answer moved between the two
+reads (more bytes acknowledged; without byte counters, data sent within :data:`FLOWING_S`), so a
+long answer that just ended, or a kept-alive connection gone idle, never counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: data sent this recently: the answer is still flowing (a streamed completion sends a chunk per
+#: token or a few; 5 s also spans a slow decode step under load)
+FLOWING_S = 5.0
+#: two reads carry the same request when its arrival (read time - last_recv) agrees this closely
+#: (the kernel counts in ms, the reads are stamped after the dump)
+SAME_REQUEST_S = 1.0
+#: a read older than this says nothing about now (the reads stopped: a denied or hung source)
+STALE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """One connection whose answer has streamed since its request came."""
+
+    remote: str
+    """The client's ``addr:port``."""
+    since: float
+    """When the request arrived (monotonic, as the reads)."""
+    age_s: float
+    """Seconds from its arrival to the latest read."""
+    seen_s: float
+    """Seconds vtop has seen this answer streaming (first to latest read)."""
+    bytes_sent: int | None
+    """Bytes acknowledged by the client since vtop first saw it (None without counters)."""
+    others: int
+    """Other connections streaming at the latest read."""
+
+
+@dataclass
+class _Seen:
+    req_at: float
+    first_mono: float
+    first_acked: int | None
+    mono: float
+    acked: int | None
+    streaming: bool
+
+
+class ConnTracker:
+    """The connections to one server's port, read after read."""
+
+    def __init__(self) -> None:
+        self._conns: dict[tuple[str, str], _Seen] = {}
+        self.last_mono: float | None = None
+        self.error: str | None = None
+        self.reads = 0
+
+    def feed(self, mono: float, conns: Iterable[Any], error: str | None = None) -> None:
+        """One read at ``mono``; ``error`` when it failed (what was known is forgotten)."""
+        self.error = error
+        if error is not None:
+            self._conns.clear()
+            self.last_mono = None
+            return
+        self.reads += 1
+        now: dict[tuple[str, str], _Seen] = {}
+        for c in conns:
+            sent, recv = c.last_sent_s, c.last_recv_s
+            if recv is None:
+                continue
+            key = (c.local, c.remote)
+            req_at = mono - recv
+            acked = c.bytes_acked
+            prev = self._conns.get(key)
+            flowing = sent is not None and sent <= FLOWING_S and sent < recv
+            if prev is None or abs(prev.req_at - req_at) > SAME_REQUEST_S:
+                now[key] = _Seen(req_at, mono, acked, mono, acked, False)
+                continue
+            moved = (acked > prev.acked) if acked is not None and prev.acked is not None else flowing
+            now[key] = _Seen(prev.req_at, prev.first_mono, prev.first_acked, mono, acked, flowing and moved)
+        self._conns = now
+        self.last_mono = mono
+
+    def streaming(self, now: float) -> list[Streaming]:
+        """The answers streaming at the latest read, oldest request first (empty when the
+        latest read is older than :data:`STALE_S` at ``now``)."""
+        if self.last_mono is None or now - self.last_mono > STALE_S:
+            return []
+        on = [(k, s) for k, s in self._conns.items() if s.streaming]
+        on.sort(key=lambda ks: ks[1].req_at)
+        out = []
+        for (_local, remote), s in on:
+            sent = s.acked - s.first_acked if s.acked is not None and s.first_acked is not None else None
+            out.append(Streaming(remote, s.req_at, s.mono - s.req_at, s.mono - s.first_mono, sent, len(on) - 1))
+        return out
+
+    def oldest(self, now: float) -> Streaming | None:
+        got = self.streaming(now)
+        return got[0] if got else None
