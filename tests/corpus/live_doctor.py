@@ -67,6 +67,11 @@ END_MARGIN_S = 12.0
 #: (the doctor takes 1-3 s more than its window; clean-sigterm-idle is ready only 20 s before it)
 SHUTDOWN_MARGIN_S = 4.0
 
+#: a trace with connections (conns.jsonl.gz): its play starts this long before the incident began
+CONN_PREROLL_S = 2.0
+#: ... or, for a normal trace, this long before the doctor (kept-alive and long requests keep their age)
+CONN_LOOKBACK_S = 60.0
+
 _RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
 
@@ -197,9 +202,22 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
 def run_job(job: Job, *, window: float = WINDOW_S, python: str = sys.executable,
             doctor_args: tuple[str, ...] = (), procs: bool = True) -> Run:
     run = Run(job.trace, job.cls, job.point, job.start, job.should_alert_by, job.expect_rules, job.expect, job.why)
-    srv = TraceServer(job.path, start_at=job.start, procs=procs)
+    conns = (Path(job.path) / "conns.jsonl.gz").exists()
+    play_from = job.start
+    if conns:
+        # The kernel's counters of the connections are mirrored by real connections
+        # (tests.corpus.connmirror): a request's age counts from when its connection was
+        # mirrored, so the play starts early enough to hold the incident's request (or a
+        # minute of what came before), and the doctor starts at the job's second as always.
+        tl = TraceTimeline(job.path)
+        began = tl.began if job.expect_rules and tl.began is not None else None
+        play_from = max(0.0, min(job.start, began - CONN_PREROLL_S) if began is not None
+                        else job.start - CONN_LOOKBACK_S)
+    srv = TraceServer(job.path, start_at=play_from, procs=procs, conns=conns)
     try:
         srv.start()
+        while srv.offset() < job.start and not srv.ended:
+            time.sleep(min(0.2, job.start - srv.offset()))
         cmd = [python, "-m", "vtop", "doctor", "--window", f"{window:g}", "--json", srv.url,
                "--log", str(srv.log_path), *doctor_args]
         t0 = time.monotonic()

@@ -19,6 +19,9 @@ the trace as ``tests/corpus/FORMAT.md`` says:
 * ``procs.jsonl.gz``: the server's process tree (and any other vLLM process on the box) from
   ``/proc``, every second, each process with its CPU time so far (``"cpu"``: user + system
   seconds); ``--api-key`` and other secret flag values masked as ``***``;
+* ``conns.jsonl.gz``: the kernel's counters of every connection to the server's port, every
+  second (:func:`vtop.sources.sockets.read_conns`: when each one's request arrived, how many
+  bytes of its answer the client acknowledged);
 * ``log.bin.gz`` + ``log-index.jsonl.gz``: the server's stdout+stderr byte for byte (the
   fixture's own ``# vtop test fixture`` header line left out; the logs of several starts
   concatenated) and its size each second;
@@ -352,10 +355,10 @@ class Sampler:
         self.last_log_size = 0
         self.last_index: tuple[float, float, int] | None = None
         self.files = {k: gzip.open(out / f"{k}.jsonl.gz", "wt", encoding="utf-8", compresslevel=9)
-                      for k in ("metrics", "health", "info", "procs", "log-index")}
+                      for k in ("metrics", "health", "info", "procs", "log-index", "conns")}
         self.threads = [threading.Thread(target=self._loop, args=(p, fn), daemon=True, name=f"sample-{n}")
                         for n, p, fn in (("metrics", 1.0, self._metrics), ("health", 1.0, self._health),
-                                         ("procs", 1.0, self._procs))]
+                                         ("procs", 1.0, self._procs), ("conns", 1.0, self._conns))]
         self._dropped_seen: set[str] = set()
         self._info_last: Any = None
         self._info_next = 0.0
@@ -473,6 +476,15 @@ class Sampler:
         # every second (the thread's period): each process's CPU time moves between samples
         self._procs_last = pids
         self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
+
+    # the kernel's counters of the server's connections (what vtop.sources.sockets reads live)
+    def _conns(self, client: httpx.Client) -> None:
+        from vtop.sources.sockets import conn_read_to_json, read_conns
+
+        port = int(self.srv.url.rsplit(":", 1)[1].split("/")[0])
+        row = conn_read_to_json(read_conns({port}))
+        row["t"], row["mono"] = round(float(row["t"]), 3), round(float(row["mono"]), 3)  # type: ignore[arg-type]
+        self._write("conns", row)
 
     def _log_index(self) -> None:
         t, mono = now()
@@ -965,6 +977,21 @@ def runaway_alone_no_request_log(ctx: Ctx) -> None:
     ctx.sleep(ctx.seconds)
     ra.hangup()
     ctx.sleep(30)
+
+
+@scenario("runaway-short-traffic-no-request-log", "runaway", 120)
+def runaway_short_traffic_no_request_log(ctx: Ctx) -> None:
+    """--max-model-len 65536, request logging off (vLLM's default); short requests (max_tokens 16-64) every
+    2-5 s over one kept-alive connection, and one streaming chat request without max_tokens (ignore_eos) on its
+    own for ~120 s; then the client hangs up; 30 s after. Records the kernel's counters of the connections."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
+    short = ShortTraffic(ctx).start()
+    ctx.sleep(15)
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+    short.stop()
 
 
 @scenario("runaway-streaming-after-others", "runaway", 120)

@@ -35,6 +35,9 @@ What this CANNOT replay, so a run against it differs from the recorded box:
   (:mod:`tests.corpus.standin`; not its pids, start times, memory or GPUs). Without it there
   is no vLLM process behind the port: vtop's process scan finds none for this URL (no pid, no
   CPU time of the tree). Either way it may see other vLLM servers really running on this box;
+* the connections to the server's port, unless ``conns=True`` and the trace has
+  ``conns.jsonl.gz``: then real loopback connections mirror them (:mod:`tests.corpus.connmirror`:
+  each request's arrival and the answer's bytes, a second at a time);
 * the GPU (the corpus is from CPU servers; NVML answers whatever this box has);
 * time below one second: every file has one row a second, so an answer changes on the
   row's second, and the recorded scrape latency (``dt``) is not reproduced;
@@ -309,8 +312,12 @@ class TraceServer:
         shift_time: bool = True,
         wall: Callable[[], float] = time.time,
         procs: bool = False,
+        conns: bool = False,
     ) -> None:
         self.timeline = trace if isinstance(trace, TraceTimeline) else TraceTimeline(trace)
+        #: mirror the recorded connections to the server's port (:mod:`tests.corpus.connmirror`), when asked
+        self.conns = conns
+        self._conn_mirror: Any = None
         #: stand-in processes for the recorded process tree (:mod:`tests.corpus.standin`), when asked
         self.procs = procs
         self._mirror: Any = None
@@ -386,6 +393,11 @@ class TraceServer:
             self._mirror = mirror if mirror.available else None
             if self._mirror is None:
                 mirror.stop()
+        if self.conns:
+            from tests.corpus.connmirror import ConnMirror, load_rows
+
+            rows = load_rows(self.timeline.path, self.timeline.origin_mono)
+            self._conn_mirror = ConnMirror(rows, HOST, self.port) if rows else None
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True,
@@ -492,6 +504,8 @@ class TraceServer:
             await self._open_port()
         elif not want and self._server is not None:
             await self._close_port()
+        if self._conn_mirror is not None and self._server is not None:
+            await self._conn_mirror.apply(off)
 
     def _write_log(self, size: int) -> None:
         f = self._log_f
@@ -533,6 +547,8 @@ class TraceServer:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind((HOST, self.port))
                 self._reserve = s
+        if self._conn_mirror is not None:
+            self._conn_mirror.stop()  # the server's connections die with it
         for w in list(self._conns):
             w.transport.abort()
         self._conns.clear()
@@ -552,6 +568,14 @@ class TraceServer:
                 if len(parts) < 2:
                     return
                 method, path = parts[0], parts[1]
+                if method == "MIRROR":
+                    # a mirrored connection (tests.corpus.connmirror): its requests get no answer
+                    # here; the mirror writes the recorded answer's bytes
+                    if self._conn_mirror is None or not self._conn_mirror.adopt(path, writer):
+                        return
+                    while await reader.readuntil(b"\r\n\r\n"):
+                        pass
+                    return
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 n = int(headers.get("content-length") or 0)
                 if n:

@@ -60,6 +60,8 @@ class Runaway:
         self.chunks = 0
         self.finish: str | None = None
         self.error: str | None = None
+        #: ``(host, port)`` of the client's side of its connection (httpcore's ``network_stream`` extension)
+        self.client: tuple[str, int] | None = None
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -80,6 +82,10 @@ class Runaway:
         try:
             with httpx.Client(timeout=httpx.Timeout(30.0, read=60.0)) as c, \
                     c.stream("POST", self.srv.url + "/v1/chat/completions", json=body) as r:
+                ns = r.extensions.get("network_stream")
+                if ns is not None:
+                    addr = ns.get_extra_info("client_addr")
+                    self.client = (str(addr[0]), int(addr[1])) if addr else None
                 for line in r.iter_lines():
                     if self._stop.is_set():
                         return  # closing the stream: vLLM aborts the request
