@@ -200,3 +200,53 @@ def test_a_recorder_writes_no_conns_line_while_there_are_none(tmp_path) -> None:
     rec.close()
     rows = [r for r in read(f) if r.get("kind") == "conns"]
     assert [len(r["conns"]) for r in rows] == [1, 0]  # the one, then once when they went
+
+
+def test_the_kernel_side_port_filter_keeps_exactly_what_an_unfiltered_dump_keeps() -> None:
+    """The filter (``INET_DIAG_REQ_BYTECODE``, vtop/sources/sockets.py ``port_filter``) is checked by the
+    kernel's audit: a wrong jump is refused with EINVAL (read_conns would fall back to the full dump)."""
+    import socket as so
+
+    from vtop.sources.sockets import _dump
+
+    servers, socks = [], []
+    try:
+        for n in (3, 1):
+            srv = so.socket()
+            srv.bind(("127.0.0.1", 0))
+            srv.listen()
+            servers.append(srv)
+            for _ in range(n):
+                c = so.create_connection(srv.getsockname())
+                socks += [c, srv.accept()[0]]
+        a, b = (s.getsockname()[1] for s in servers)
+        deadline = time.monotonic() + 10
+        for ports in ({a}, {b}, {a, b}, {b, 1, 5, a}, {a - 1, a + 1}):
+            filtered = sorted(c.remote for c in _dump(so.AF_INET, frozenset(ports), deadline))
+            full = sorted(c.remote for c in _dump(so.AF_INET, frozenset(ports), deadline, filtered=False))
+            assert filtered == full, ports
+        assert len(_dump(so.AF_INET, frozenset({a, b}), deadline)) == 4
+    finally:
+        for s in socks + servers:
+            s.close()
+
+
+def test_the_live_feed_reads_connections_only_while_a_local_server_has_a_request_running() -> None:
+    from vtop.config import Config
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+    from vtop.sources.vllm import poll_from_body
+
+    m = Monitor(Config(urls=("http://127.0.0.1:8000", "http://10.1.2.3:8001"), no_gpu=True), find_logs=False)
+    feed = LiveFeed(m, gpu_source=None, discover=None)
+    m.add_cli_urls()
+    assert feed._busy_ports() == frozenset({8000})  # not polled yet: read (a doctor's window is short)
+
+    def poll(running: int) -> None:
+        text = f'vllm:num_requests_running{{model_name="m"}} {running}\nvllm:num_requests_waiting{{model_name="m"}} 0\n'
+        m.apply_server("http://127.0.0.1:8000", poll_from_body("http://127.0.0.1:8000", text, t=1.0, mono=1.0))
+
+    poll(0)
+    assert feed._busy_ports() == frozenset()  # idle: no dump
+    poll(2)
+    assert feed._busy_ports() == frozenset({8000})

@@ -22,8 +22,9 @@ FLOWING_S = 5.0
 #: two reads carry the same request when its arrival (read time - last_recv) agrees this closely
 #: (the kernel counts in ms, the reads are stamped after the dump)
 SAME_REQUEST_S = 1.0
-#: a read older than this says nothing about now (the reads stopped: a denied or hung source)
-STALE_S = 15.0
+#: a read older than this says nothing about now (the reads stopped: a denied or hung source, or the
+#: server went idle); live reads come every 10 s (vtop.sources.sockets.READ_EVERY_S)
+STALE_S = 25.0
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@
   :class:`~vtop.sources.http11.HttpPool` serves them all. A refused port backs
   off while nothing listens.
 * The kernel's counters of the local servers' connections (:mod:`vtop.sources.sockets`: one
-  netlink dump, about 2 ms of CPU) are read by their own thread every 5 s (or the interval, if
-  longer), applied at the tick like NVML's; the runaway rule's evidence of one request's age.
+  netlink dump, about 2 ms of CPU) are read by their own thread every 10 s (or the interval, if
+  longer) while a local server has a request running, applied at the tick like NVML's; the
+  runaway rule's evidence of one request's age.
 * The process table is scanned in its own thread every few seconds (every
   30 s once every server answers; at once when one stops answering): it says
   whether a vLLM process exists (refused + process = ``starting``), which PIDs
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vtop.model.gpu import GpuPoll
 from vtop.monitor.monitor import Monitor
 from vtop.monitor.polling import PollLoop
+from vtop.sources.urls import url_hostport
 
 if TYPE_CHECKING:
     from vtop.sources.discovery import ServerProcess
@@ -103,7 +105,7 @@ class LiveFeed:
             self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
             self.gpu_loop.start()
         self._start_log_loop()
-        self._conn_ports = self.monitor.conn_ports()
+        self._conn_ports = self._busy_ports()
         self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
         self.conns_loop.start()
         if self.discover is not None:
@@ -156,7 +158,7 @@ class LiveFeed:
         for loop in (self.gpu_loop, self.log_loop, self.conns_loop):
             if loop is not None:
                 loop.collect()
-        self._conn_ports = self.monitor.conn_ports()
+        self._conn_ports = self._busy_ports()
         self._start_log_loop()
         self._start_scrapes()
 
@@ -208,6 +210,19 @@ class LiveFeed:
         from vtop.sources.sockets import READ_EVERY_S
 
         return max(self.config.interval, READ_EVERY_S)
+
+    def _busy_ports(self) -> frozenset[int]:
+        """The ports worth a read: a local server with a request running (or not polled yet). An
+        idle box costs no dump at all; a runaway needs a request running."""
+        m = self.monitor
+        out = set()
+        for port in m.conn_ports():
+            for url, ws in m.servers.items():
+                v = ws.last_view
+                running = v.metrics.running if v is not None and v.metrics is not None else None
+                if url_hostport(url)[1] == port and (v is None or (running is not None and running >= 1)):
+                    out.add(port)
+        return frozenset(out)
 
     def conns_blocking(self) -> Any:
         """In the conns thread: the kernel's connections to the local servers' ports."""

@@ -29,6 +29,7 @@ from vtop.config import Config
 from vtop.monitor.monitor import Monitor
 from vtop.sources.logtail import TailState
 from vtop.sources.record import RecordEvent
+from vtop.sources.sockets import READ_EVERY_S
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
 #: a chapter starts this long before what it is named after (the queue filling, an alert)
@@ -164,6 +165,8 @@ class Player:
         self._paused = False
         self.ended = False
         self._i = 0
+        #: recorded time of the last connections read applied (they are taken at the live cadence)
+        self._conns_at: float | None = None
         self._last_wall: float | None = None
         self.chapters = find_chapters(events)
         """(name, recorded monotonic seconds) in order: :func:`find_chapters`."""
@@ -236,7 +239,11 @@ class Player:
             elif e.kind == "procs":
                 m.apply_procs(list(e.data))
             elif e.kind == "conns":
-                m.apply_conns(e.data)
+                # at the live cadence: the first read at once, then one every READ_EVERY_S (a
+                # trace holds one a second; vtop's own recordings are at that cadence already)
+                if self._conns_at is None or e.at - self._conns_at >= READ_EVERY_S - 0.5:
+                    self._conns_at = e.at
+                    m.apply_conns(e.data)
             elif e.kind == "log" and lw is not None and self.log is not None:
                 self.log.pending.extend(e.data)
                 self.log.written = e.extra if isinstance(e.extra, float) else e.t
@@ -262,6 +269,7 @@ class Player:
     def _reset(self) -> None:
         """Back to the start of the recording: every tracker empty."""
         self._i = 0
+        self._conns_at = None
         self.ended = False
         self.clock.mono = self.start
         if self.log is not None:

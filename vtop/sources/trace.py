@@ -225,18 +225,14 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
             continue
         events.append(RecordEvent("procs", t, mono, discover_servers(r.get("procs") or [])))
 
-    from vtop.sources.sockets import READ_EVERY_S, conn_read_from_json
+    from vtop.sources.sockets import conn_read_from_json
 
-    # one row a second in the trace; a live vtop reads them every READ_EVERY_S
-    kept: float | None = None
+    # one row a second (the player takes them at the live cadence: vtop.monitor.player)
     for r in _rows(p / "conns.jsonl.gz"):
         try:
             read = conn_read_from_json(r)
         except (KeyError, TypeError, ValueError):
             continue
-        if kept is not None and read.mono - kept < READ_EVERY_S - 0.5:
-            continue
-        kept = read.mono
         events.append(RecordEvent("conns", read.t, read.mono, read))
 
     log = p / "log.bin.gz"
