@@ -250,3 +250,39 @@ def test_the_live_feed_reads_connections_only_while_a_local_server_has_a_request
     assert feed._busy_ports() == frozenset()  # idle: no dump
     poll(2)
     assert feed._busy_ports() == frozenset({8000})
+
+
+def test_reads_come_faster_while_a_long_answer_streams_so_a_hang_up_clears_at_once() -> None:
+    from vtop.core.conns import FAST_AFTER_S, FAST_READ_S, READ_EVERY_S
+
+    tr = ConnTracker()
+    assert tr.read_every() == READ_EVERY_S
+    streaming_for(tr, 100.0, 3, req_age=5.0)
+    assert tr.read_every() == READ_EVERY_S  # a short answer: the usual cadence
+    tr2 = ConnTracker()
+    t = streaming_for(tr2, 100.0, 3, req_age=FAST_AFTER_S)
+    assert tr2.read_every() == FAST_READ_S
+    tr2.feed(t + FAST_READ_S, [])  # hung up: gone from the next read, 2 s later
+    assert tr2.oldest(t + FAST_READ_S) is None and tr2.read_every() == READ_EVERY_S
+
+
+def test_a_replayed_runaway_alert_does_not_come_back_after_its_client_hung_up() -> None:
+    """runaway-short-traffic-no-request-log: the client hangs up at +2 min while short requests go on.
+    Read every 10 s, the last read's claim outlived the hang-up and the alert came back for a second."""
+    from pathlib import Path
+
+    from vtop.config import Config
+    from vtop.monitor.player import open_recording
+
+    trace = Path(__file__).resolve().parents[1] / "corpus" / "traces" / "runaway-short-traffic-no-request-log"
+    player = open_recording(str(trace), config=Config())
+    m = player.play_to_end()
+    ups = []
+    was = False
+    for ch in m.alert_log:
+        on = any(a.rule == "runaway" and a.severity in ("warning", "critical") for a in ch.alerts)
+        if on and not was:
+            ups.append(ch.mono)
+        was = on
+    assert len(ups) == 1, f"the runaway alert came {len(ups)} times"
+    assert not was  # cleared by the end

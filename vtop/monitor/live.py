@@ -9,9 +9,9 @@
   :class:`~vtop.sources.http11.HttpPool` serves them all. A refused port backs
   off while nothing listens.
 * The kernel's counters of the local servers' connections (:mod:`vtop.sources.sockets`: one
-  netlink dump, about 2 ms of CPU) are read by their own thread every 10 s (or the interval, if
-  longer) while a local server has a request running, applied at the tick like NVML's; the
-  runaway rule's evidence of one request's age.
+  netlink dump, about 2 ms of CPU) are read by their own thread every 10 s (every 2 s while an
+  answer has streamed 20 s or more) while a local server has a request running, applied at the
+  tick like NVML's; the runaway rule's evidence of one request's age.
 * The process table is scanned in its own thread every few seconds (every
   30 s once every server answers; at once when one stops answering): it says
   whether a vLLM process exists (refused + process = ``starting``), which PIDs
@@ -159,6 +159,12 @@ class LiveFeed:
             if loop is not None:
                 loop.collect()
         self._conn_ports = self._busy_ports()
+        cl = self.conns_loop
+        if cl is not None:
+            every = self._conns_every()
+            if every < cl.interval:
+                cl.poke()  # a long answer is streaming: read again soon, not at the end of the long wait
+            cl.interval = every
         self._start_log_loop()
         self._start_scrapes()
 
@@ -207,9 +213,7 @@ class LiveFeed:
 
     # ----------------------------------------------------------------- conns
     def _conns_every(self) -> float:
-        from vtop.sources.sockets import READ_EVERY_S
-
-        return max(self.config.interval, READ_EVERY_S)
+        return max(self.config.interval, self.monitor.conns_read_every())
 
     def _busy_ports(self) -> frozenset[int]:
         """The ports worth a read: a local server with a request running (or not polled yet). An

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
-from vtop.core.conns import ConnTracker
+from vtop.core.conns import READ_EVERY_S, ConnTracker
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phase_types import Phase
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
@@ -295,6 +295,11 @@ class Monitor:
             if host in LOCAL_HOSTS or ws.process is not None:
                 out.add(port)
         return frozenset(out)
+
+    def conns_read_every(self) -> float:
+        """Seconds until the next read of the connections should come (the soonest any server asks:
+        :meth:`vtop.core.conns.ConnTracker.read_every`)."""
+        return min((ws.conns.read_every() for ws in self.servers.values()), default=READ_EVERY_S)
 
     def apply_conns(self, read: Any) -> None:
         """One read of the kernel's connections (:class:`vtop.sources.sockets.ConnRead`, live or

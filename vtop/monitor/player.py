@@ -29,7 +29,6 @@ from vtop.config import Config
 from vtop.monitor.monitor import Monitor
 from vtop.sources.logtail import TailState
 from vtop.sources.record import RecordEvent
-from vtop.sources.sockets import READ_EVERY_S
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
 #: a chapter starts this long before what it is named after (the queue filling, an alert)
@@ -239,9 +238,10 @@ class Player:
             elif e.kind == "procs":
                 m.apply_procs(list(e.data))
             elif e.kind == "conns":
-                # at the live cadence: the first read at once, then one every READ_EVERY_S (a
-                # trace holds one a second; vtop's own recordings are at that cadence already)
-                if self._conns_at is None or e.at - self._conns_at >= READ_EVERY_S - 0.5:
+                # at the live cadence: the first read at once, then as the monitor asks (every 10 s,
+                # every 2 s while a long answer streams; a trace holds one a second, vtop's own
+                # recordings are at that cadence already)
+                if self._conns_at is None or e.at - self._conns_at >= m.conns_read_every() - 0.5:
                     self._conns_at = e.at
                     m.apply_conns(e.data)
             elif e.kind == "log" and lw is not None and self.log is not None:

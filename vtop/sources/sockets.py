@@ -71,12 +71,6 @@ _OFF_BYTES_RECEIVED = 128
 _U32 = struct.Struct("=I")
 _PORT = struct.Struct("!H")
 _U64 = struct.Struct("=Q")
-#: seconds between two reads at least, live (vtop.monitor.live) and replayed (vtop.monitor.player): the
-#: kernel walks its whole table of TCP connections for a dump (1.9 ms of CPU on the dev VM, with
-#: 262,144 buckets, whatever the filter; vtop's whole live loop is ~1 % of a core), and a request's
-#: age needs no finer step (it is counted from its arrival, not from the read): two reads in a
-#: 15 s doctor window
-READ_EVERY_S = 10.0
 #: the most a dump may take before it is given up (a netlink dump of a few thousand sockets
 #: takes milliseconds)
 TIMEOUT_S = 2.0
