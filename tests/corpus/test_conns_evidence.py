@@ -103,3 +103,23 @@ def test_the_live_play_mirrors_the_recorded_connections_as_real_ones() -> None:
         assert abs((seen[-1][0] - seen[-1][1]) - (seen[0][0] - seen[0][1])) < 1.5  # the same arrival
         # every mirrored connection is the server's side of the play's port, as on the recorded box
         assert all(c.port == port for c in read_conns({port}).conns)
+
+
+def test_a_long_answer_whose_client_set_max_tokens_is_shown_not_alarmed() -> None:
+    """normal-long-generation-max-tokens-conns: streams with max_tokens 6000 run 14-52 s each on the CPU
+    build, request logging on. The connection proves the longest has run past the runaway rule's 45 s;
+    the request log says its client capped it: an info "long request", never a warning (doctor started
+    every 5 s of the trace)."""
+    from tests.corpus.serve_trace import TraceTimeline
+
+    trace = TRACES / "normal-long-generation-max-tokens-conns"
+    tl = TraceTimeline(trace)
+    began = tl.origin_t  # the launch
+    infos = []
+    for at in range(60, int(tl.end) - 15, 5):
+        code, alerts = doctor_at(trace, began + at)
+        assert code == 0, (at, [(a.rule, a.severity, a.title) for a in alerts])
+        infos += [a for a in alerts if a.rule == "runaway"]
+    assert infos, "the long request was never shown"
+    assert all(a.severity == "info" and "client set max_tokens" in a.title for a in infos), [a.title for a in infos]
+    assert any("6,000" in e for a in infos for e in a.evidence), infos[0].evidence

@@ -720,6 +720,26 @@ def normal_burst_queue(ctx: GpuCtx) -> None:
     ctx.sleep(30)
 
 
+@scenario("h200-normal-streams", "normal", 300)
+def normal_streams(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off): launch to ready, 10 s idle; then for ~120 s,
+    12 streaming chat requests at a time with max_tokens 8192 (ignore_eos; each replaced when done) and short
+    requests (max_tokens 16-64) every 2-5 s over one kept-alive connection; the streams still running are hung
+    up at the end; 20 s idle. Normal: long answers streaming on many connections at once, none near a minute.
+    Recorded for the kernel's counters of the connections (conns.jsonl.gz)."""
+    ctx.launch()
+    ctx.wait_ready()
+    ctx.sleep(10)
+    short = R.ShortTraffic(ctx, max_count=100, time_limit=150 * ctx.scale)  # type: ignore[arg-type]
+    short.start()
+    pool = R.StreamPool(ctx, n=12, max_tokens=8192, max_total=300, time_limit=120 * ctx.scale)  # type: ignore[arg-type]
+    pool.start()
+    ctx.sleep(120 * ctx.scale)
+    pool.stop()
+    short.stop()
+    ctx.sleep(20)
+
+
 @scenario("h200-engine-stall-load", "engine_stall", 220)
 def engine_stall_load(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0, default flags: warm launch, steady load (16 concurrent /v1/completions, max_tokens

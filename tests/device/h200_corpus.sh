@@ -17,7 +17,11 @@ case $CALL in
   A) # the parts this call carries (part01, or the last of three with PART_MIB=40)
      for P in .vllm-gpu/part0*; do [ -f "$P" ] && { bash .vllm-gpu/device/receive.sh "$P" || exit 1; }; done
      bash /tmp/vllm-gpu/install.sh > "$D/install.log" 2>&1 || { tail -n 30 "$D/install.log"; exit 1; }
-     tail -n 3 "$D/install.log"; S=h200-runaway-short-traffic ;;
+     tail -n 3 "$D/install.log"
+     # vLLM 0.26.0 imports sniffio (through openai); the image lacks it since 2026-12-02 and add_wheels.sh puts
+     # it in /tmp/vtop-site only: without this, `vllm serve` exits at import
+     [ -d /tmp/site/sniffio ] || cp -r /tmp/vtop-site/sniffio* /tmp/site/ 2>/dev/null
+     S=h200-runaway-short-traffic ;;
   B) S=h200-startup-stall-graph-capture ;;
   C) S=h200-startup-failure-cuda-oom,h200-normal-burst-queue ;;
   D) S=h200-engine-stall-load ;;
