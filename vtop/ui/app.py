@@ -888,7 +888,16 @@ class VtopApp(App[int]):
     def action_requests(self) -> None:
         from vtop.ui.screens import RequestsScreen
 
-        self.push_screen(RequestsScreen(lambda: self.log_view))
+        m = self.monitor
+
+        def conns() -> list[tuple[str, Any]]:
+            import dataclasses
+
+            now = m.clock.monotonic()  # the ages as of now, not of the latest read
+            return [(url, dataclasses.replace(st, age_s=now - st.since)) for url, ws in m.servers.items()
+                    for st in ws.conns.streaming(now)]
+
+        self.push_screen(RequestsScreen(lambda: self.log_view, conns))
 
     def action_alert_details(self) -> None:
         from vtop.ui.screens import AlertsScreen

@@ -205,10 +205,13 @@ class RequestsScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,r", "dismiss", "Close")]
 
-    def __init__(self, log_view: Callable[[], Any]) -> None:
+    def __init__(self, log_view: Callable[[], Any], conns: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
         super().__init__()
         self.log_view = log_view
         """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`), or None."""
+        self.conns = conns
+        """``(server URL, Streaming)`` of every answer streaming now on a local server's connections
+        (:meth:`vtop.core.conns.ConnTracker.streaming`), oldest request first; None: not known here."""
 
     def compose(self) -> ComposeResult:
         from textual.widgets import DataTable
@@ -219,6 +222,8 @@ class RequestsScreen(ModalScreen[None]):
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
             yield Label("Recently finished", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
+            yield Label("Answers streaming now (the kernel's connection counters)", id="req-conns-title")
+            yield DataTable(id="req-conns", cursor_type="row")
             yield Label("esc close · ages marked ≤ are upper bounds: this vLLM logs no finish line", id="dialog-keys")
 
     def on_mount(self) -> None:
@@ -228,6 +233,8 @@ class RequestsScreen(ModalScreen[None]):
         t.add_columns("request id", "kind", "age", "max_tokens", "temp", "n", "note")
         d = self.query_one("#req-done", DataTable)
         d.add_columns("request id", "kind", "took", "ended by", "max_tokens", "note")
+        c = self.query_one("#req-conns", DataTable)
+        c.add_columns("server", "client", "request came", "streaming seen", "bytes sent")
         self.refresh_rows()
         self.set_interval(1.0, self.refresh_rows)
 
@@ -242,6 +249,7 @@ class RequestsScreen(ModalScreen[None]):
         d = self.query_one("#req-done", DataTable)
         t.clear()
         d.clear()
+        self._refresh_conns()
         if view is None:
             note.update("No vLLM log is watched: pass --log PATH. vtop reads requests from the log.")
             return
@@ -260,6 +268,23 @@ class RequestsScreen(ModalScreen[None]):
             d.add_row(f.request_id, f.endpoint or "-", age_text(f.duration_s, f.duration_is_upper_bound), f.reason,
                       "-" if f.max_tokens is None else f"{f.max_tokens:,}",
                       "no max_tokens from client" if f.no_client_max_tokens else "")
+
+
+    def _refresh_conns(self) -> None:
+        """One row per answer streaming on a local server's connection, oldest request first: who asked
+        (the client's address and port) and since when, whether or not the request log is on."""
+        from textual.widgets import DataTable
+
+        from vtop.core.rules.util import dur, short_url
+
+        c = self.query_one("#req-conns", DataTable)
+        c.clear()
+        rows = self.conns() if self.conns is not None else []
+        for url, st in rows:
+            c.add_row(short_url(url), st.remote, f"{dur(st.age_s)} ago", dur(st.seen_s),
+                      "-" if st.bytes_sent is None else f"{st.bytes_sent:,}")
+        if not rows:
+            c.add_row("-", "none streaming", "", "", "")
 
 
 class AlertsScreen(ModalScreen[None]):
@@ -321,7 +346,8 @@ ROWS_HELP = (
                   "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
                   "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished"),
     ("requests line", "requests in flight from the vLLM request log, the oldest named, with the max_tokens vLLM "
-                      "filled in (r: all)"),
+                      "filled in (r: all, and the answers streaming on a local server's connections: which "
+                      "client, since when, request log or not)"),
     ("startup", "the phases of a vllm serve start, how long each took, progress, and a possible hang"),
     ("log", "the vLLM log's last lines (its own time stamps); w: warnings only; /: a filter"),
 )
