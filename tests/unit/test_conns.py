@@ -123,9 +123,12 @@ def test_a_finished_answer_and_an_idle_connection_do_not_count() -> None:
     tr = ConnTracker()
     t = streaming_for(tr, 100.0, 5, req_age=60.0)
     assert tr.oldest(t) is not None
-    # the answer ended: no more bytes, last data sent grows
+    # the answer ended: no more bytes, last data sent grows; a moment after, it may still be flowing
+    # (two reads close together can see one count), FLOWING_S after, it is over
     tr.feed(t + 1, [C("127.0.0.1:8000", "127.0.0.1:40922", 1.0, 65.0, 4100)])
-    assert tr.oldest(t + 1) is None
+    assert tr.oldest(t + 1) is not None
+    tr.feed(t + FLOWING_S + 0.5, [C("127.0.0.1:8000", "127.0.0.1:40922", FLOWING_S + 0.5, 64.0 + FLOWING_S + 0.5, 4100)])
+    assert tr.oldest(t + FLOWING_S + 0.5) is None
     # a request waiting for its answer (nothing sent since it came) is not a streaming answer
     tr2 = ConnTracker()
     for i in range(5):
@@ -286,3 +289,39 @@ def test_a_replayed_runaway_alert_does_not_come_back_after_its_client_hung_up() 
         was = on
     assert len(ups) == 1, f"the runaway alert came {len(ups)} times"
     assert not was  # cleared by the end
+
+
+def test_two_reads_a_moment_apart_keep_an_answer_streaming() -> None:
+    """A read right after another sees the same byte count while the answer flows (a live doctor read
+    twice within 0.1 s and lost the runaway for the rest of its window)."""
+    tr = ConnTracker()
+    t = streaming_for(tr, 100.0, 3, req_age=50.0)
+    assert tr.oldest(t) is not None
+    tr.feed(t + 0.1, [C("127.0.0.1:8000", "127.0.0.1:40922", 0.05, 52.1, 100 + 1000 * 2)])  # no new byte yet
+    s = tr.oldest(t + 0.1)
+    assert s is not None and s.age_s == pytest.approx(52.1)
+    # ... but an answer whose bytes stopped for longer than FLOWING_S is no longer streaming
+    tr.feed(t + FLOWING_S + 1, [C("127.0.0.1:8000", "127.0.0.1:40922", 0.05, 52.0 + FLOWING_S + 1, 100 + 1000 * 2)])
+    assert tr.oldest(t + FLOWING_S + 1) is None
+
+
+def test_the_conns_thread_learns_its_next_wait_before_it_resumes() -> None:
+    """The PollLoop thread waits for its result to be applied and then for ``interval``: the interval a
+    long answer asks for is set while applying, so the next read comes 2 s later (not 10 s, and not at once)."""
+    from vtop.config import Config
+    from vtop.core.conns import FAST_READ_S, READ_EVERY_S
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+    from vtop.monitor.polling import PollLoop
+
+    m = Monitor(Config(urls=("http://127.0.0.1:8000",), no_gpu=True), find_logs=False)
+    feed = LiveFeed(m, gpu_source=None, discover=None)
+    m.add_cli_urls()
+    feed.conns_loop = PollLoop("conns", READ_EVERY_S, lambda: None, feed._on_conns, at_tick=True)
+    for i in range(3):
+        read = ConnRead(1000.0 + i, 100.0 + i, (Conn("127.0.0.1:8000", "127.0.0.1:40922", 0.05, 30.0 + i,
+                                                     1000 * (i + 1), 300),))
+        feed._on_conns(read, None)
+    assert feed.conns_loop.interval == FAST_READ_S
+    feed._on_conns(ConnRead(1003.0, 103.0, ()), None)  # hung up
+    assert feed.conns_loop.interval == READ_EVERY_S

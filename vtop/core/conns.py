@@ -63,6 +63,8 @@ class _Seen:
     mono: float
     acked: int | None
     streaming: bool
+    #: the latest read that found more bytes acknowledged than the one before (None: never)
+    moved_mono: float | None = None
 
 
 class ConnTracker:
@@ -95,8 +97,17 @@ class ConnTracker:
             if prev is None or abs(prev.req_at - req_at) > SAME_REQUEST_S:
                 now[key] = _Seen(req_at, mono, acked, mono, acked, False)
                 continue
-            moved = (acked > prev.acked) if acked is not None and prev.acked is not None else flowing
-            now[key] = _Seen(prev.req_at, prev.first_mono, prev.first_acked, mono, acked, flowing and moved)
+            moved_mono = prev.moved_mono
+            if acked is not None and prev.acked is not None:
+                if acked > prev.acked:
+                    moved_mono = mono
+            elif flowing:
+                moved_mono = mono
+            # moving: more bytes acknowledged within FLOWING_S (two reads a moment apart may see the
+            # same count while the answer flows: a chunk a token, not a byte a millisecond)
+            moving = moved_mono is not None and mono - moved_mono <= FLOWING_S
+            now[key] = _Seen(prev.req_at, prev.first_mono, prev.first_acked, mono, acked, flowing and moving,
+                             moved_mono)
         self._conns = now
         self.last_mono = mono
 

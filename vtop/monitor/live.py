@@ -159,12 +159,6 @@ class LiveFeed:
             if loop is not None:
                 loop.collect()
         self._conn_ports = self._busy_ports()
-        cl = self.conns_loop
-        if cl is not None:
-            every = self._conns_every()
-            if every < cl.interval:
-                cl.poke()  # a long answer is streaming: read again soon, not at the end of the long wait
-            cl.interval = every
         self._start_log_loop()
         self._start_scrapes()
 
@@ -241,6 +235,10 @@ class LiveFeed:
             result = ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")
         if result.conns or result.error or any(ws.conns.last_mono is not None for ws in self.monitor.servers.values()):
             self.monitor.apply_conns(result)
+        if self.conns_loop is not None:
+            # set before the thread resumes (it waits for this result to be applied, then waits this
+            # long): a long answer streaming makes the next read come in 2 s, not 10
+            self.conns_loop.interval = self._conns_every()
 
     # ------------------------------------------------------------------- log
     def _start_log_loop(self) -> None:
