@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from tests import h200_replay as rp
 from vtop.config import Config
@@ -104,12 +105,38 @@ async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: t
             if any(a.rule == rule for a in app.alerts):
                 first = d.pos
         d.seek((first if first is not None else d.start) + after_alert)
-        await pilot.pause()
-        for k in keys:
-            await pilot.press(k)
-            await pilot.pause(0.3)
-        app.save_screenshot(str(OUT / name))
+        await _shoot(app, pilot, keys, name)
+
+
+async def _shoot(app: Any, pilot: Any, keys: tuple[str, ...], name: str) -> None:
+    """Press ``keys``, then save the screen as ``screenshots/NAME``."""
+    await pilot.pause()
+    for k in keys:
+        await pilot.press(k)
+        await pilot.pause(0.3)
+    app.save_screenshot(str(OUT / name))
     print("wrote", OUT / name)
+
+
+async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: float, keys: tuple[str, ...] = (),
+                       size: tuple[int, int] = (120, 40)) -> None:
+    """A trace of the incident corpus (tests/corpus/traces/), replayed with default settings to
+    ``offset_s`` after its ``after_event`` event (``runaway_begin``...)."""
+    import json
+
+    from vtop.ui.replay import replay_app
+
+    path = Path(__file__).parent / "corpus" / "traces" / trace
+    at = next(float(e["t"]) for e in map(json.loads, (path / "events.jsonl").read_text().splitlines())
+              if e.get("what") == after_event)
+    app = replay_app(str(path), config=Config(), name=trace)
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+        d.seek(at + offset_s - d.clock.offset)
+        await _shoot(app, pilot, keys, name)
 
 
 async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
@@ -189,6 +216,7 @@ MADE = (
     "server-cpu-real-spec-prefix.svg", "server-cpu-real-spec-prefix-detail.svg",
     "server-cpu-real-spec-prefix-80x24.svg", "server-cpu-real-spec-prefix-detail-80x24.svg",
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
+    "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
 )
 
 
@@ -242,6 +270,11 @@ async def main() -> None:
     await cpu_signals("server-cpu-real-spec-prefix-detail-80x24.svg", size=(80, 24), keys=("i",))
     await h200_sleep("server-h200-sleeping.svg", size=(120, 40))
     await h200_sleep("server-h200-sleeping-80x24.svg", size=(80, 24))
+    # request logging off: the runaway's connection, from the kernel's counters (issue 24's last trace)
+    await corpus_trace("h200-runaway-short-traffic-2", "requests-h200-conns-runaway.svg",
+                       after_event="runaway_begin", offset_s=55.0, keys=("r",))
+    await corpus_trace("h200-runaway-short-traffic-2", "requests-h200-conns-runaway-80x24.svg",
+                       after_event="runaway_begin", offset_s=55.0, keys=("r",), size=(80, 24))
     tmux_captures()
     await fleet()
 

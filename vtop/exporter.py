@@ -24,7 +24,9 @@ Names (documented in the README; the fleet view reads them):
   0.451); ``vtop_startup_duration_seconds{server}`` launch to ready, once ready.
 * ``vtop_oldest_request_age_seconds{server,source}``: ``source="log"`` from the request
   log (an upper bound where vLLM logs no finish line), ``source="metrics_bound"`` the
-  age known from ``/metrics`` alone (a lower bound: :mod:`vtop.core.inflight`);
+  age known from ``/metrics`` alone (a lower bound: :mod:`vtop.core.inflight`),
+  ``source="connection"`` the answer streaming longest on a local server's connections,
+  since its request arrived (the kernel's counters: :mod:`vtop.core.conns`);
   ``vtop_request_allowance_tokens{server}`` the ``max_tokens`` vLLM gave the request
   the log one is about (vLLM fills in ``max_model_len`` minus the prompt when the
   client sent none).
@@ -133,7 +135,8 @@ def _startup(monitor: Monitor, now: float) -> list[Metric]:
 def _requests(monitor: Monitor, now: float) -> list[Metric]:
     age = _gauge("vtop_oldest_request_age_seconds",
                  "Age of the oldest request in flight; source=log: the request log (at most, where vLLM logs no "
-                 "finish), source=metrics_bound: known from /metrics alone (at least)", ["server", "source"])
+                 "finish), source=metrics_bound: known from /metrics alone (at least), source=connection: the "
+                 "answer streaming longest on a local server's connections, since its request came", ["server", "source"])
     allow = _gauge("vtop_request_allowance_tokens",
                    "max_tokens vLLM gave the oldest logged request in flight (max_model_len minus the prompt when "
                    "the client sent none)", ["server"])
@@ -151,6 +154,9 @@ def _requests(monitor: Monitor, now: float) -> list[Metric]:
         bound = monitor.diagnoser.oldest_in_flight_s(url)
         if bound is not None:
             age.add_metric([url, "metrics_bound"], bound)
+        streaming = ws.conns.oldest(now)
+        if streaming is not None:
+            age.add_metric([url, "connection"], now - streaming.since)
     return [age, allow]
 
 

@@ -957,7 +957,11 @@ RUNAWAY_MML = 65536
 def runaway_with_short_traffic(ctx: Ctx) -> None:
     """--max-model-len 65536 --enable-log-requests; one streaming chat request without max_tokens (ignore_eos)
     for ~150 s while short requests (max_tokens 16-64) come and go every 2-5 s; then the client hangs up; 30 s after."""
-    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
+    _runaway_among_short(ctx, log_requests=True)
+
+
+def _runaway_among_short(ctx: Ctx, *, log_requests: bool) -> None:
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=log_requests)
     short = ShortTraffic(ctx).start()
     ctx.sleep(15)
     ra = Stream(ctx, "runaway").start()
@@ -984,14 +988,7 @@ def runaway_short_traffic_no_request_log(ctx: Ctx) -> None:
     """--max-model-len 65536, request logging off (vLLM's default); short requests (max_tokens 16-64) every
     2-5 s over one kept-alive connection, and one streaming chat request without max_tokens (ignore_eos) on its
     own for ~120 s; then the client hangs up; 30 s after. Records the kernel's counters of the connections."""
-    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
-    short = ShortTraffic(ctx).start()
-    ctx.sleep(15)
-    ra = Stream(ctx, "runaway").start()
-    ctx.sleep(ctx.seconds)
-    ra.hangup()
-    ctx.sleep(30)
-    short.stop()
+    _runaway_among_short(ctx, log_requests=False)
 
 
 @scenario("runaway-streaming-after-others", "runaway", 120)

@@ -236,3 +236,27 @@ def test_a_bad_listen_or_a_taken_port_is_one_line_and_exit_3() -> None:
                            capture_output=True, text=True, timeout=60, env=ENV)
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in r.stderr
+
+
+def test_the_connection_age_is_exported_while_the_runaway_streams() -> None:
+    """The H200 runaway with request logging off (tests/corpus/traces/h200-runaway-short-traffic-2): no
+    ``source="log"`` age, but the answer streaming on its own connection gives ``source="connection"``."""
+    import json
+
+    from vtop.monitor.player import open_recording
+
+    trace = Path(__file__).resolve().parents[1] / "corpus" / "traces" / "h200-runaway-short-traffic-2"
+    ev = {}
+    for line in (trace / "events.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        ev.setdefault(d["what"], float(d["t"]))
+    p = open_recording(str(trace), config=Config())
+    off = next(e.t - e.mono for e in p.events if e.kind == "server")
+    p.feed_until(ev["runaway_begin"] + 40 - off)
+    fams = families(p.monitor)
+    server = "http://127.0.0.1:8000"
+    age = one(fams, "vtop_oldest_request_age_seconds", server=server, source="connection")
+    assert age is not None and 38 <= age <= 42, age
+    assert one(fams, "vtop_oldest_request_age_seconds", server=server, source="log") is None
+    p.feed_until(ev["runaway_end"] + 8 - off)
+    assert one(families(p.monitor), "vtop_oldest_request_age_seconds", server=server, source="connection") is None
