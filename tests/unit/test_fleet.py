@@ -418,6 +418,41 @@ async def test_a_due_scrape_skips_the_sample_time_check() -> None:
         await f.aclose()
 
 
+async def test_a_scrape_due_but_maybe_not_in_sends_the_halves_with_the_check() -> None:
+    """Within ``INGEST_SLACK_S`` after a scrape is due, the halves go out with the sample-time check:
+    a scrape in is read a round trip sooner (the halves once, not asked again after the check);
+    none in, their answers are dropped (on the old code the halves wait for the check's answer: held
+    here, they never reach Prometheus, and the wait for them fails)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        cache = f._vllm_cache or {}
+        now = f.clock.base.time()
+        f._due_at = now - f.INGEST_SLACK_S / 2
+        asked, rows = f.vllm_asked, {k: (r.state, r.running) for k, r in f.rows.items()}
+        n0 = len(pr.requests)
+        await f.refresh()  # the recording has no newer scrape: the check says so, the halves are dropped
+        sent = [qq for _, qq in pr.requests[n0:]]
+        assert q.ts_query() in sent and f.vllm_asked == asked and f.error is None
+        assert {k: (r.state, r.running) for k, r in f.rows.items()} == rows
+        k = next(iter(cache))
+        cache[k].ts = (cache[k].ts or 0) - 15  # an instance with a scrape vtop has not read
+        f._due_at = now - f.INGEST_SLACK_S / 2
+        n0 = len(pr.requests)
+        pr.hold = {q.ts_query()}
+        task = asyncio.ensure_future(f.refresh())
+        for _ in range(1000):  # the halves reach Prometheus while the check's answer is held (an event)
+            if set(q.vllm_queries()) <= {qq for _, qq in pr.requests[n0:]}:
+                break
+            await asyncio.sleep(0.01)
+        held = set(q.vllm_queries()) <= {qq for _, qq in pr.requests[n0:]}
+        pr.release.set()
+        await asyncio.wait_for(task, 10)
+        sent = [qq for _, qq in pr.requests[n0:]]
+        await f.aclose()
+        assert held and q.ts_query() in sent and all(sent.count(h) == 1 for h in q.vllm_queries())
+        assert f.vllm_asked == asked + 1 and f.error is None
+
+
 async def test_the_screen_process_keeps_the_collector_off_only_during_a_refresh() -> None:
     import gc
 
