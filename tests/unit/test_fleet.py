@@ -418,6 +418,22 @@ async def test_a_due_scrape_skips_the_sample_time_check() -> None:
         await f.aclose()
 
 
+async def test_the_history_tells_each_instance_s_scrape_interval() -> None:
+    """The history read at start gives each instance's scrape interval (the step between sample times
+    it saw: Prometheus scraped every 2 s, read at 5 s steps, 4 or 6 s), so the first refresh already
+    knows when the next scrape is due (on the old code both were known only after two live scrapes)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        await f.aclose()
+    cache = f._vllm_cache or {}
+    live = {k for k, v in cache.items() if v.ts is not None}
+    assert live and set(f._scrape_gap) == live
+    assert all(round(g, 3) in (4.0, 6.0) for g in f._scrape_gap.values()), f._scrape_gap
+    now = f.clock.base.time()
+    nxt = [(cache[k].ts or 0) + g for k, g in f._scrape_gap.items() if (cache[k].ts or 0) + g > now]
+    assert f._due_at == (min(nxt) if nxt else None)
+
+
 async def test_a_scrape_due_but_maybe_not_in_sends_the_halves_with_the_check() -> None:
     """Within ``INGEST_SLACK_S`` after a scrape is due, the halves go out with the sample-time check:
     a scrape in is read a round trip sooner (the halves once, not asked again after the check);

@@ -184,6 +184,8 @@ class Fleet:
         """The last answer of each of :attr:`SLOW_PARTS` (by its index)."""
         self._slot = 0
         self._scrape_gap: dict[tuple[str, str], float] = {}
+        self._history_ts: dict[tuple[str, str], float] = {}
+        """While the history is read: each instance's newest sample time so far (its scrape interval)."""
         self._due_at: float | None = None
         """When the next scrape of an instance is due (its last sample time + its interval)."""
         self._slow_task: tuple[int, asyncio.Future[Any]] | None = None
@@ -428,6 +430,10 @@ class Fleet:
             self.backfill_note = f"history: {n} steps of {step:g} s from Prometheus"
         finally:
             self.clock.at = None
+            self._history_ts = {}
+        if self._vllm_cache is not None:
+            # the scrape intervals the history showed: the next scrape's time is known from the start
+            self._note_scrapes(None, self._vllm_cache, self.clock.base.time())
         self.backfilled = True
         self._judge(self.clock.base.monotonic())
         self.version += 1
@@ -450,10 +456,18 @@ class Fleet:
             for t, v in s.points:
                 ups.setdefault(t, {})[k] = v
         times = sorted(set(steps) | set(ups))
+        last, gaps = self._history_ts, self._scrape_gap
         for t in times:
             mono = self.clock.mono_of(t)
             self.clock.at = (mono, t)
-            self._feed(t, mono, steps.pop(t, {}), ups.get(t, {}))
+            insts = steps.pop(t, {})
+            for k, inst in insts.items():  # each instance's scrape interval, as the live refreshes note it
+                ts, prev = inst.ts, last.get(k)
+                if ts is not None:
+                    if prev is not None and ts > prev:
+                        gaps[k] = ts - prev
+                    last[k] = ts
+            self._feed(t, mono, insts, ups.get(t, {}))
             self.monitor.tick()
         return len(times)
 
