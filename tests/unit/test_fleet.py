@@ -456,17 +456,22 @@ async def test_a_scrape_due_but_maybe_not_in_sends_the_halves_with_the_check() -
         n0 = len(pr.requests)
         pr.hold = {q.ts_query()}
         task = asyncio.ensure_future(f.refresh())
+        halves = q.vllm_queries(ts=False)  # the sample times come from the check, asked at the same moment
         for _ in range(1000):  # the halves reach Prometheus while the check's answer is held (an event)
-            if set(q.vllm_queries()) <= {qq for _, qq in pr.requests[n0:]}:
+            if set(halves) <= {qq for _, qq in pr.requests[n0:]}:
                 break
             await asyncio.sleep(0.01)
-        held = set(q.vllm_queries()) <= {qq for _, qq in pr.requests[n0:]}
+        held = set(halves) <= {qq for _, qq in pr.requests[n0:]}
         pr.release.set()
         await asyncio.wait_for(task, 10)
         sent = [qq for _, qq in pr.requests[n0:]]
         await f.aclose()
-        assert held and q.ts_query() in sent and all(sent.count(h) == 1 for h in q.vllm_queries())
+        assert held and q.ts_query() in sent and all(sent.count(h) == 1 for h in halves)
+        assert q.vllm_queries()[1] not in sent  # no half asked again after the check
         assert f.vllm_asked == asked + 1 and f.error is None
+        got = f._vllm_cache or {}
+        assert got.keys() == cache.keys() and all(v.ts is not None for v in got.values())
+        assert {k: v.ts for k, v in got.items()} == q.parse_ts(answer("vllm"))
 
 
 async def test_the_screen_process_keeps_the_collector_off_only_during_a_refresh() -> None:

@@ -273,15 +273,20 @@ class Fleet:
             if not due:
                 if cache is not None and due_at is not None and at >= due_at:
                     # a scrape is due but may not be in Prometheus yet: the halves go with the check, and
-                    # are used if it says a scrape is in (a round trip sooner), else dropped unread
-                    early = [asyncio.ensure_future(self.client.query(h, at=at)) for h in q.vllm_queries()]
+                    # are used if it says a scrape is in (a round trip sooner), else dropped unread; the
+                    # sample times are the check's (asked at the same moment: not worked out twice)
+                    early = [asyncio.ensure_future(self.client.query(h, at=at)) for h in q.vllm_queries(ts=False)]
                 ts = q.parse_ts(await self.client.query(q.ts_query(), at=at))
             if due or cache is None or any(k not in cache or cache[k].ts != v for k, v in ts.items()):
-                if not early:
+                with_ts = not early
+                if with_ts:
                     early = [asyncio.ensure_future(self.client.query(h, at=at)) for h in q.vllm_queries()]
                 halves = await asyncio.gather(*early)
                 early = []
                 vllm = q.parse_vllm([x for h in halves for x in h])
+                if not with_ts:
+                    for k, inst in vllm.items():
+                        inst.ts = ts.get(k)
                 self._note_scrapes(cache, vllm, at)
                 self._vllm_cache = vllm
                 self.vllm_asked += 1
