@@ -46,6 +46,7 @@ def _parts(rec: dict[str, Any]) -> dict[str, list[Any]]:
     out[gauges] = pick("vllm", named(q.VLLM_NAMES, "running", "waiting", "gen", "prompt", "preempt", "kv"))
     assert any(q.VLLM_NAMES.get(s["metric"].get("__name__", "")) == "kv" for s in out[gauges]), "no KV in the recording"
     out[rest] = pick("vllm", lambda m: named(q.VLLM_NAMES, "fin")(m) or tag("engines", "ts")(m))
+    out[q.vllm_queries(ts=False)[1]] = pick("vllm", lambda m: named(q.VLLM_NAMES, "fin")(m) or tag("engines")(m))
     for p in ("ttft_p50", "ttft_p99"):
         out[q.rates_query(parts=(p,))] = pick("rates", tag(p))
     gpu_part = {"n": tag("n"), "xid": tag("xid"), "util_sm": named(q.GPU_NAMES, "util", "sm"),

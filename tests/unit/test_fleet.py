@@ -418,6 +418,62 @@ async def test_a_due_scrape_skips_the_sample_time_check() -> None:
         await f.aclose()
 
 
+async def test_the_history_tells_each_instance_s_scrape_interval() -> None:
+    """The history read at start gives each instance's scrape interval (the step between sample times
+    it saw: Prometheus scraped every 2 s, read at 5 s steps, 4 or 6 s), so the first refresh already
+    knows when the next scrape is due (on the old code both were known only after two live scrapes)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        await f.aclose()
+    cache = f._vllm_cache or {}
+    live = {k for k, v in cache.items() if v.ts is not None}
+    assert live and set(f._scrape_gap) == live
+    assert all(round(g, 3) in (4.0, 6.0) for g in f._scrape_gap.values()), f._scrape_gap
+    now = f.clock.base.time()
+    nxt = [(cache[k].ts or 0) + g for k, g in f._scrape_gap.items() if (cache[k].ts or 0) + g > now]
+    assert f._due_at == (min(nxt) if nxt else None)
+
+
+async def test_a_scrape_due_but_maybe_not_in_sends_the_halves_with_the_check() -> None:
+    """Within ``INGEST_SLACK_S`` after a scrape is due, the halves go out with the sample-time check:
+    a scrape in is read a round trip sooner (the halves once, not asked again after the check);
+    none in, their answers are dropped (on the old code the halves wait for the check's answer: held
+    here, they never reach Prometheus, and the wait for them fails)."""
+    with PromReplay() as pr:
+        f = await _fleet(pr)
+        cache = f._vllm_cache or {}
+        now = f.clock.base.time()
+        f._due_at = now - f.INGEST_SLACK_S / 2
+        asked, rows = f.vllm_asked, {k: (r.state, r.running) for k, r in f.rows.items()}
+        n0 = len(pr.requests)
+        await f.refresh()  # the recording has no newer scrape: the check says so, the halves are dropped
+        sent = [qq for _, qq in pr.requests[n0:]]
+        assert q.ts_query() in sent and f.vllm_asked == asked and f.error is None
+        assert {k: (r.state, r.running) for k, r in f.rows.items()} == rows
+        k = next(iter(cache))
+        cache[k].ts = (cache[k].ts or 0) - 15  # an instance with a scrape vtop has not read
+        f._due_at = now - f.INGEST_SLACK_S / 2
+        n0 = len(pr.requests)
+        pr.hold = {q.ts_query()}
+        task = asyncio.ensure_future(f.refresh())
+        halves = q.vllm_queries(ts=False)  # the sample times come from the check, asked at the same moment
+        for _ in range(1000):  # the halves reach Prometheus while the check's answer is held (an event)
+            if set(halves) <= {qq for _, qq in pr.requests[n0:]}:
+                break
+            await asyncio.sleep(0.01)
+        held = set(halves) <= {qq for _, qq in pr.requests[n0:]}
+        pr.release.set()
+        await asyncio.wait_for(task, 10)
+        sent = [qq for _, qq in pr.requests[n0:]]
+        await f.aclose()
+        assert held and q.ts_query() in sent and all(sent.count(h) == 1 for h in halves)
+        assert q.vllm_queries()[1] not in sent  # no half asked again after the check
+        assert f.vllm_asked == asked + 1 and f.error is None
+        got = f._vllm_cache or {}
+        assert got.keys() == cache.keys() and all(v.ts is not None for v in got.values())
+        assert {k: v.ts for k, v in got.items()} == q.parse_ts(answer("vllm"))
+
+
 async def test_the_screen_process_keeps_the_collector_off_only_during_a_refresh() -> None:
     import gc
 

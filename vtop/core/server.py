@@ -231,6 +231,7 @@ class ServerTracker:
         self._prompt_short = CounterWindow(spark_rate_s)
         cap = capacity_for(history_s, interval_s)  # the rings are allocated now: flat memory from here
         self._series: dict[str, Series] = {n: Series(history_s, capacity=cap) for n in SERIES_NAMES}
+        self._series_view = MappingProxyType(self._series)  # the views' read-only window on them, made once
 
         self._state: State = "down"
         self._since: float = clock.monotonic()
@@ -443,7 +444,7 @@ class ServerTracker:
         prompt = self._prompt.rate(now).rate if live else None
         pre = self._preempt.rate(now).rate if live else None
         hit_rate = None
-        if live:
+        if live and len(self._pc_queries) > 1:  # a family never fed (a fleet's instance) asks nothing
             dq = self._pc_queries.rate(now).delta
             dh = self._pc_hits.rate(now).delta
             if dq and dh is not None and dq > 0:
@@ -472,12 +473,12 @@ class ServerTracker:
             gen_tps=gen,
             preemptions_ps=pre,
             prefix_hit_rate=hit_rate,
-            ttft=self._ttft.quantiles(now) if live else _NO_Q,
-            itl=self._itl.quantiles(now) if live else _NO_Q,
-            e2e=self._e2e.quantiles(now) if live else _NO_Q,
-            finished=MappingProxyType(dict(fin)) if fin is not None else None,
+            ttft=self._ttft.quantiles(now) if live and len(self._ttft) else _NO_Q,
+            itl=self._itl.quantiles(now) if live and len(self._itl) else _NO_Q,
+            e2e=self._e2e.quantiles(now) if live and len(self._e2e) else _NO_Q,
+            finished=MappingProxyType(fin) if fin is not None else None,  # the delta's own new dict
             window_s=self.window_s,
-            series=MappingProxyType(self._series),
+            series=self._series_view,
             engines=engines,
             total=total,
             model_id=model_id,
@@ -493,7 +494,7 @@ class ServerTracker:
             spec=self._spec_view(now, m) if live else None,
             prompt_by_source=self._map_delta(self._by_source, now, m is not None and bool(m.prompt_tokens_by_source))
             if live else None,
-            queue=self._queue.quantiles(now) if live else _NO_Q,
+            queue=self._queue.quantiles(now) if live and len(self._queue) else _NO_Q,
             http_ps=self._http_rate(now, None) if live and m is not None and m.http_requests_by_status else None,
             http_5xx_ps=self._http_rate(now, "5") if live and m is not None and m.http_requests_by_status else None,
             sleep_level=sleep_level(m),
@@ -617,18 +618,18 @@ def sleep_level(m: VllmMetrics | None) -> int | None:
     return level
 
 
+def _pct(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else 100.0 * x
+
+
 def _engine_rows(m: VllmMetrics | None) -> tuple[tuple[EngineRow, ...], EngineRow | None]:
     if m is None:
         return (), None
-
-    def pct(x: float | None) -> float | None:
-        return None if x is None or not math.isfinite(x) else 100.0 * x
-
     rows = tuple(
-        EngineRow(e.engine if e.engine is not None else "-", e.running, e.waiting, pct(e.kv_cache_usage))
+        EngineRow(e.engine if e.engine is not None else "-", e.running, e.waiting, _pct(e.kv_cache_usage))
         for e in m.engines
-    )
-    return rows, EngineRow("all", m.running, m.waiting, pct(m.kv_cache_usage))
+    ) if m.engines else ()
+    return rows, EngineRow("all", m.running, m.waiting, _pct(m.kv_cache_usage))
 
 
 _dur = dur

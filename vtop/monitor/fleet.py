@@ -33,8 +33,9 @@ import asyncio
 import dataclasses
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
@@ -174,6 +175,8 @@ class Fleet:
         self.last_refresh_s: float | None = None
         self.last_queries = 0
         self._known: dict[str, tuple[str, str]] = {}
+        self._row_of: dict[tuple[str, str], FleetRow] = {}
+        """Each (job, instance)'s row (its key and URL made once, not at every refresh)."""
         self._fed_ts: dict[str, float] = {}
         self._first_eval: float | None = None
         self._vllm_cache: dict[tuple[str, str], q.Instance] | None = None
@@ -181,6 +184,8 @@ class Fleet:
         """The last answer of each of :attr:`SLOW_PARTS` (by its index)."""
         self._slot = 0
         self._scrape_gap: dict[tuple[str, str], float] = {}
+        self._history_ts: dict[tuple[str, str], float] = {}
+        """While the history is read: each instance's newest sample time so far (its scrape interval)."""
         self._due_at: float | None = None
         """When the next scrape of an instance is due (its last sample time + its interval)."""
         self._slow_task: tuple[int, asyncio.Future[Any]] | None = None
@@ -260,14 +265,28 @@ class Fleet:
                   for i in range(n) if i not in self._slow_vecs] if first and self._slow_task is None else []
         light = [asyncio.ensure_future(self.client.query(p, at=at)) for p in (q.up_query(), q.vtop_query())]
         vllm: dict[tuple[str, str], q.Instance] | BaseException
+        early: list[asyncio.Future[Any]] = []
         try:
             cache = self._vllm_cache
-            due = cache is not None and self._due_at is not None and at >= self._due_at + self.INGEST_SLACK_S
+            due_at = self._due_at
+            due = cache is not None and due_at is not None and at >= due_at + self.INGEST_SLACK_S
             if not due:
+                if cache is not None and due_at is not None and at >= due_at:
+                    # a scrape is due but may not be in Prometheus yet: the halves go with the check, and
+                    # are used if it says a scrape is in (a round trip sooner), else dropped unread; the
+                    # sample times are the check's (asked at the same moment: not worked out twice)
+                    early = [asyncio.ensure_future(self.client.query(h, at=at)) for h in q.vllm_queries(ts=False)]
                 ts = q.parse_ts(await self.client.query(q.ts_query(), at=at))
             if due or cache is None or any(k not in cache or cache[k].ts != v for k, v in ts.items()):
-                halves = await asyncio.gather(*(self.client.query(h, at=at) for h in q.vllm_queries()))
+                with_ts = not early
+                if with_ts:
+                    early = [asyncio.ensure_future(self.client.query(h, at=at)) for h in q.vllm_queries()]
+                halves = await asyncio.gather(*early)
+                early = []
                 vllm = q.parse_vllm([x for h in halves for x in h])
+                if not with_ts:
+                    for k, inst in vllm.items():
+                        inst.ts = ts.get(k)
                 self._note_scrapes(cache, vllm, at)
                 self._vllm_cache = vllm
                 self.vllm_asked += 1
@@ -275,6 +294,11 @@ class Fleet:
                 vllm = {k: inst for k, inst in cache.items() if k in ts}
         except Exception as e:  # noqa: BLE001 - PromError, or a parse of garbage
             vllm = e
+        finally:
+            if early:  # sent with the check, not needed (or the check failed): dropped
+                for f in early:
+                    f.cancel()
+                await asyncio.gather(*early, return_exceptions=True)
         lres = await asyncio.gather(*light, return_exceptions=True)
         up: dict[tuple[str, str], float | None] = {}
         if not isinstance(vllm, BaseException):
@@ -360,14 +384,15 @@ class Fleet:
     def _take_slow(self, got: list[tuple[int, Any]]) -> None:
         ok = [(i, r) for i, r in got if not isinstance(r, BaseException)]
         for i, r in ok:
-            self._slow_vecs[i] = r
+            # a GPU part is parsed as it comes, once (all three again at each was ~8 ms at 1,000 hosts)
+            self._slow_vecs[i] = q.parse_gpu_part(r) if self.SLOW_PARTS[i][0] == "gpu" else r
         kinds = {self.SLOW_PARTS[i][0] for i, _ in ok}
         if "rates" in kinds:
             self._rates = q.parse_rates([x for i, v in self._slow_vecs.items()
                                          if self.SLOW_PARTS[i][0] == "rates" for x in v])
         if "gpu" in kinds:
-            self.hosts = q.parse_gpus([x for i, v in self._slow_vecs.items()
-                                       if self.SLOW_PARTS[i][0] == "gpu" for x in v])
+            self.hosts = q.merge_gpu_parts(v for i, v in sorted(self._slow_vecs.items())
+                                           if self.SLOW_PARTS[i][0] == "gpu")
 
     async def aclose(self) -> None:
         """Stop a slower query still out and close the client."""
@@ -410,6 +435,10 @@ class Fleet:
             self.backfill_note = f"history: {n} steps of {step:g} s from Prometheus"
         finally:
             self.clock.at = None
+            self._history_ts = {}
+        if self._vllm_cache is not None:
+            # the scrape intervals the history showed: the next scrape's time is known from the start
+            self._note_scrapes(None, self._vllm_cache, self.clock.base.time())
         self.backfilled = True
         self._judge(self.clock.base.monotonic())
         self.version += 1
@@ -432,10 +461,18 @@ class Fleet:
             for t, v in s.points:
                 ups.setdefault(t, {})[k] = v
         times = sorted(set(steps) | set(ups))
+        last, gaps = self._history_ts, self._scrape_gap
         for t in times:
             mono = self.clock.mono_of(t)
             self.clock.at = (mono, t)
-            self._feed(t, mono, steps.pop(t, {}), ups.get(t, {}))
+            insts = steps.pop(t, {})
+            for k, inst in insts.items():  # each instance's scrape interval, as the live refreshes note it
+                ts, prev = inst.ts, last.get(k)
+                if ts is not None:
+                    if prev is not None and ts > prev:
+                        gaps[k] = ts - prev
+                    last[k] = ts
+            self._feed(t, mono, insts, ups.get(t, {}))
             self.monitor.tick()
         return len(times)
 
@@ -464,22 +501,25 @@ class Fleet:
             if v is not None and k[1]:
                 self._known.setdefault(_url(k[1]), k)
         done = 0
+        stale_after = self.stale_after_s
+        fed_ts = self._fed_ts
+        apply, poll_of = self.monitor.apply_server, self._poll
         for url, k in list(self._known.items()):
             inst = vllm.get(k)
             upv = up.get(k)
-            if inst is not None and inst.ts is not None and (upv is None or upv >= 1) \
-                    and t - inst.ts <= self.stale_after_s:
+            ts = inst.ts if inst is not None else None
+            if ts is not None and (upv is None or upv >= 1) and t - ts <= stale_after:
                 # One poll per scrape, at the scrape's own time: Prometheus answers the same sample
                 # until its next scrape (every 15-60 s), and fed at every refresh the counters would
                 # read flat for most of that: a stalled engine every 20 s.
-                if self._fed_ts.get(url) == inst.ts:
+                if fed_ts.get(url) == ts:
                     continue
-                self._fed_ts[url] = inst.ts
-                at = min(inst.ts, t)
-                poll = self._poll(at, mono - (t - at), url, k, inst, upv, now=t)
+                fed_ts[url] = ts
+                at = min(ts, t)
+                poll = poll_of(at, mono - (t - at), url, k, inst, upv, now=t)
             else:
-                poll = self._poll(t, mono, url, k, inst, upv)
-            self.monitor.apply_server(url, poll)
+                poll = poll_of(t, mono, url, k, inst, upv)
+            apply(url, poll)
             done += 1
             if done % chunk == 0:
                 yield
@@ -502,10 +542,14 @@ class Fleet:
         if inst.ts is not None and now - inst.ts > self.stale_after_s:
             return ServerPoll(t, mono, url, False, "timeout",
                               f"Prometheus' newest sample of {instance} is {dur(now - inst.ts)} old", None, 0)
+        # the families Prometheus does not give the fleet share one empty read-only mapping (five
+        # dicts fewer a scrape); the finishes are the parse's own dict, never changed after it
         m = VllmMetrics(model_name=inst.model_name, running=inst.running, waiting=inst.waiting,
                         kv_cache_usage=inst.kv, prompt_tokens_total=inst.prompt, generation_tokens_total=inst.gen,
-                        preemptions_total=inst.preempt, request_success_total=dict(inst.finished), is_vllm=True,
-                        model_names=(inst.model_name,) if inst.model_name else ())
+                        preemptions_total=inst.preempt, request_success_total=inst.finished, is_vllm=True,
+                        model_names=(inst.model_name,) if inst.model_name else (), waiting_by_reason=_NONE,
+                        spec_accepted_per_pos=_NONE, prompt_tokens_by_source=_NONE, sleep_state=_NONE,
+                        http_requests_by_status=_NONE)
         return ServerPoll(t, mono, url, True, None, "", None, 0, metrics=m)
 
     # ------------------------------------------------------------------ the table
@@ -513,23 +557,31 @@ class Fleet:
     def _rows(self, at: float, vllm: dict[tuple[str, str], q.Instance], rates: dict[tuple[str, str], q.Rates],
               up: dict[tuple[str, str], float | None]) -> None:
         keys = set(vllm) | {k for k, v in up.items() if v is not None} | set(self._known.values())
+        known, rows, hosts, boxes = self._known, self.rows, self.hosts, self.boxes
+        stale_after = self.stale_after_s
         for k in keys:
             job, instance = k
-            url = _url(instance)
-            self._known.setdefault(url, k)
-            key = f"{job}/{instance}"
-            row = self.rows.get(key)
+            row = self._row_of.get(k)
             if row is None:
-                row = self.rows[key] = FleetRow(key, job, instance, url, q.host_of(instance))
+                url = _url(instance)
+                known.setdefault(url, k)
+                key = f"{job}/{instance}"
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = FleetRow(key, job, instance, url, q.host_of(instance))
+                self._row_of[k] = row
             inst = vllm.get(k)
-            r = rates.get(k) or q.Rates()
+            r = rates.get(k)
             upv = up.get(k)
-            row.gpus = self.hosts.get(row.host)
-            row.on_box = self.boxes.get((row.host, q.port_of(instance)))
-            extra = self.boxes.get((row.host, "*"))
-            if extra is not None:
-                row.on_box = row.on_box or q.BoxView()
-                row.on_box.alerts = [*row.on_box.alerts, *extra.alerts]
+            row.gpus = hosts.get(row.host)
+            if boxes:  # vtop on the boxes (``vtop export``): none in most fleets
+                row.on_box = boxes.get((row.host, q.port_of(instance)))
+                extra = boxes.get((row.host, "*"))
+                if extra is not None:
+                    row.on_box = row.on_box or q.BoxView()
+                    row.on_box.alerts = [*row.on_box.alerts, *extra.alerts]
+            else:
+                row.on_box = None
             if inst is not None:
                 row.model = inst.model_name or row.model
                 row.running, row.waiting = inst.running, inst.waiting
@@ -539,14 +591,14 @@ class Fleet:
             else:
                 row.running = row.waiting = row.kv_pct = None
                 row.sample_age_s = None
-            row.ttft_p50, row.ttft_p99 = r.ttft_p50, r.ttft_p99
+            row.ttft_p50, row.ttft_p99 = (r.ttft_p50, r.ttft_p99) if r is not None else (None, None)
             # the state before the trackers have it: up / ts
             if upv is not None and upv < 1:
                 row.state, row.message = "down", f"Prometheus cannot scrape it (up == 0, job {job})"
             elif inst is None:
                 row.state, row.message = ("not vllm", "up, but no vllm:* series") if upv is not None else \
                     ("down", "gone from Prometheus")
-            elif row.sample_age_s is not None and row.sample_age_s > self.stale_after_s:
+            elif row.sample_age_s is not None and row.sample_age_s > stale_after:
                 row.state, row.message = "stale", f"newest sample {dur(row.sample_age_s)} old"
             else:
                 row.state, row.message = "up", "up"
@@ -558,17 +610,19 @@ class Fleet:
             mon.tick()
         by_url: dict[str, FleetRow] = {r.url: r for r in self.rows.values()}
         alerts: list[Alert] = []
+        servers, backfilled = mon.servers, self.backfilled
         for row in self.rows.values():
-            ws = mon.servers.get(row.url)
+            ws = servers.get(row.url)
             v = ws.last_view if ws is not None else None
-            if v is not None and self.backfilled:
+            if v is not None and backfilled:
                 st, since, _ = ws.tracker.state_now(now)  # type: ignore[union-attr]
                 row.state = st
                 if st == v.state:
                     row.message = v.message
                 # rates from the tracker's windows over the counters, as on the box
                 row.gen_tps, row.preempt_ps = v.gen_tps, v.preemptions_ps
-                row.finished = None if v.finished is None else {a: b for a, b in v.finished.items() if b}
+                fin = v.finished
+                row.finished = None if fin is None else {a: b for a, b in fin.items() if b} if fin else {}
                 if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
                         and not v.metrics.request_success_total:
                     row.finished = {}  # no reason above zero: none finished (not a gap)
@@ -594,21 +648,25 @@ class Fleet:
         for h in self.hosts.values():
             if h.xid and id(h) not in seen:
                 seen.add(id(h))
-                urls = [r.url for r in self.rows.values() if r.host in h.names()]
+                names = h.names()
+                urls = [r.url for r in self.rows.values() if r.host in names]
                 alerts.append(xid_alert(h.host, h.xid, urls, now=now))
         alerts.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else now, a.rule,
                                    a.target or ""))
         self.alerts = alerts
         by_target: dict[str, list[Alert]] = {}
+        xid_by_host: dict[str, list[Alert]] = {}
         for a in alerts:  # one pass (each row over every alert was O(rows x alerts): 16 ms a refresh)
             by_target.setdefault(a.target or "", []).append(a)
+            if a.rule == "gpu_xid":
+                xid_by_host.setdefault(a.target or "", []).append(a)
         for row in self.rows.values():
             own = by_target.get(row.url, ())
-            xid = [a for a in by_target.get(f"host:{row.gpus.host}", ()) if a.rule == "gpu_xid"] \
-                if row.gpus is not None else []
+            g = row.gpus
+            xid = xid_by_host.get(f"host:{g.host}", []) if g is not None and xid_by_host else []
             mine = tuple(a for a in alerts if a in own or a in xid) if xid else tuple(own)
             row.alerts = mine
-            row.box = box_hint(row.host) if any(a.rule in _NEEDS_BOX for a in mine) else None
+            row.box = box_hint(row.host) if mine and any(a.rule in _NEEDS_BOX for a in mine) else None
 
     # ------------------------------------------------------------------ reading
 
@@ -654,6 +712,10 @@ class Fleet:
 
 _NEEDS_BOX = ("runaway", "engine_stall", "startup_stall", "startup_failure", "engine_died", "oom_startup",
               "oom_transient", "oom_steady", "api_unresponsive")
+
+
+#: what the fleet's polls carry for a labelled family Prometheus does not give it
+_NONE: Mapping[str, float] = MappingProxyType({})
 
 
 def _url(instance: str) -> str:

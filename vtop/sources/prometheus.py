@@ -154,11 +154,17 @@ class PromClient:
             raise PromError("garbage", f"Prometheus at {self.where} answered a {rtype!r} to an instant query "
                                        "(expected a vector)")
         out: Vector = []
-        for s in res:
+        add = out.append
+        for s in res:  # _num written out: ~10,000 series a refresh at 1,000 vLLM instances
             try:
-                out.append((s["metric"], _num(s["value"][1])))
+                labels, raw = s["metric"], s["value"][1]
             except (KeyError, IndexError, TypeError):
                 continue
+            try:
+                v: float | None = float(raw)
+            except (TypeError, ValueError):
+                v = None
+            add((labels, None if v != v else v))  # NaN is None
         return out
 
     async def query_range(self, promql: str, *, start: float, end: float, step: float,
