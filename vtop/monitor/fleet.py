@@ -61,6 +61,7 @@ DEFAULT_REFRESH_S = 5.0
 BOX_ONLY = (
     "the vLLM log: which request runs away (its id, max_tokens, age), the startup phase, OOM and error lines",
     "the processes: py-spy dumps of the engine, which process holds each GPU and its memory, launch flags",
+    "the kernel's counters of the server's connections: which client's request has streamed longest, since when",
     "NVML on the box: clocks, throttle reasons, temperature; per-second samples (Prometheus scrapes every 15-60 s)",
     "the latency histograms' detail beyond TTFT p50/p99 (the by-age runaway proof needs the e2e buckets)",
 )
