@@ -5,9 +5,10 @@ Fed each read of :func:`vtop.sources.sockets.read_conns` for one server's port (
 ``last_recv_s``, ``bytes_acked``), a :class:`ConnTracker` says which connection carries an answer
 that is still streaming, and since when its request came (its evidence: see
 vtop/sources/sockets.py). A connection counts once it was read twice with the same request
-(its arrival time agrees within :data:`SAME_REQUEST_S`) and its answer moved between the two
-reads (more bytes acknowledged; without byte counters, data sent within :data:`FLOWING_S`), so a
-long answer that just ended, or a kept-alive connection gone idle, never counts.
+(its arrival time agrees within :data:`SAME_REQUEST_S`) and its answer moves: more bytes
+acknowledged at a read within the last :data:`FLOWING_S` (without byte counters, data sent that
+recently), so a kept-alive connection gone idle never counts, and an answer that ended stops
+counting within :data:`FLOWING_S`.
 """
 
 from __future__ import annotations
