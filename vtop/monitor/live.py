@@ -213,13 +213,14 @@ class LiveFeed:
         """The ports worth a read: a local server with a request running (or not polled yet). An
         idle box costs no dump at all; a runaway needs a request running."""
         m = self.monitor
+        local = m.conn_ports()
         out = set()
-        for port in m.conn_ports():
-            for url, ws in m.servers.items():
-                v = ws.last_view
-                running = v.metrics.running if v is not None and v.metrics is not None else None
-                if url_hostport(url)[1] == port and (v is None or (running is not None and running >= 1)):
-                    out.add(port)
+        for url, ws in m.servers.items():
+            port = url_hostport(url)[1]
+            v = ws.last_view
+            running = v.metrics.running if v is not None and v.metrics is not None else None
+            if port in local and (v is None or (running is not None and running >= 1)):
+                out.add(port)
         return frozenset(out)
 
     def conns_blocking(self) -> Any:
