@@ -90,6 +90,10 @@ class PromReplay:
         self.hold = hold or set()
         self.release = threading.Event()
         self.requests: list[tuple[str, str]] = []
+        #: each request's ``time`` parameter, in the order of :attr:`requests` (None for none): a
+        #: request a client sent and then dropped may still reach a handler thread after the client
+        #: moved on, so a test that counts one round's requests picks them by the time it asked at
+        self.times: list[str | None] = []
         self.auth_seen: list[str | None] = []
         owner = self
         by: dict[tuple[str, str], Any] = {(a["endpoint"], a["query"]): a["answer"]
@@ -113,6 +117,7 @@ class PromReplay:
                 u = urlsplit(self.path)
                 ep = u.path.rsplit("/", 1)[-1]
                 query = parse_qs(u.query).get("query", [""])[0]
+                owner.times.append(parse_qs(u.query).get("time", [None])[0])
                 owner.requests.append((ep, query))
                 owner.auth_seen.append(self.headers.get("Authorization"))
                 if owner.token is not None and self.headers.get("Authorization") != f"Bearer {owner.token}":
