@@ -25,8 +25,8 @@ Names (documented in the README; the fleet view reads them):
 * ``vtop_oldest_request_age_seconds{server,source}``: ``source="log"`` from the request
   log (an upper bound where vLLM logs no finish line), ``source="metrics_bound"`` the
   age known from ``/metrics`` alone (a lower bound: :mod:`vtop.core.inflight`),
-  ``source="connection"`` the answer streaming longest on a local server's connections,
-  since its request arrived (the kernel's counters: :mod:`vtop.core.conns`);
+  ``source="connection"`` the request in flight longest on a local server's connections
+  (its answer streaming or not begun), since it arrived (the kernel's counters: :mod:`vtop.core.conns`);
   ``vtop_request_allowance_tokens{server}`` the ``max_tokens`` vLLM gave the request
   the log one is about (vLLM fills in ``max_model_len`` minus the prompt when the
   client sent none).
@@ -136,7 +136,8 @@ def _requests(monitor: Monitor, now: float) -> list[Metric]:
     age = _gauge("vtop_oldest_request_age_seconds",
                  "Age of the oldest request in flight; source=log: the request log (at most, where vLLM logs no "
                  "finish), source=metrics_bound: known from /metrics alone (at least), source=connection: the "
-                 "answer streaming longest on a local server's connections, since its request came", ["server", "source"])
+                 "request in flight longest on a local server's connections (answer streaming or not begun), since "
+                 "it came", ["server", "source"])
     allow = _gauge("vtop_request_allowance_tokens",
                    "max_tokens vLLM gave the oldest logged request in flight (max_model_len minus the prompt when "
                    "the client sent none)", ["server"])

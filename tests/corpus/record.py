@@ -1312,6 +1312,49 @@ def runaway_nonstreaming_request_log(ctx: Ctx) -> None:
     short.stop()
 
 
+@scenario("runaway-nonstreaming-short-traffic-no-request-log", "runaway", 120)
+def runaway_nonstreaming_short_traffic_no_request_log(ctx: Ctx) -> None:
+    """--max-model-len 65536, request logging off (vLLM's default); short requests (max_tokens 16-64) every
+    2-5 s, and one NON-streaming chat request without max_tokens (ignore_eos) on its own connection: nothing
+    of its answer is sent until it ends; the client gives up after ~120 s (its read timeout: vLLM aborts the
+    request); 30 s after. Records the kernel's counters of the connections (the request's only trace)."""
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
+    short = ShortTraffic(ctx, seed=23).start()
+    ctx.sleep(15)
+    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Write a very long essay about the sea."}]}
+    ra = NonStream(ctx, "runaway", "/v1/chat/completions", body, give_up_s=ctx.seconds).start()
+    if not ra.done.wait(ctx.seconds + 30):
+        ctx.notes.append("the non-streaming request did not end with the client's timeout")
+    ctx.sleep(30)
+    short.stop()
+
+
+@scenario("normal-long-nonstreaming-max-tokens", "normal", 150)
+def normal_long_nonstreaming_max_tokens(ctx: Ctx) -> None:
+    """--max-model-len 8192, request logging off; legitimate NON-streaming chat requests with max_tokens 3000
+    (ignore_eos), two at a time, each replaced when done, for ~150 s, plus short requests every 2-5 s: long
+    answers sent whole at their end, none near a minute. Records the kernel's counters of the connections."""
+    ctx.start(max_model_len=8192, log_requests=False)
+    short = ShortTraffic(ctx, seed=29).start()
+    ctx.sleep(10)
+    t_end = time.monotonic() + ctx.seconds
+    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8, "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "Write a long essay about rivers."}]}
+    live: list[NonStream] = []
+    n = 0
+    while time.monotonic() < t_end and n < 16:
+        live = [x for x in live if not x.done.is_set()]
+        while len(live) < 2 and n < 16:
+            live.append(NonStream(ctx, "long_request", "/v1/chat/completions", body, give_up_s=120).start())
+            n += 1
+        ctx.sleep(1)
+    for x in live:
+        x.done.wait(120)
+    ctx.sleep(15)
+    short.stop()
+
+
 @scenario("runaway-during-burst-queue", "runaway", 150)
 def runaway_during_burst_queue(ctx: Ctx) -> None:
     """--max-model-len 65536 --max-num-seqs 4 --enable-log-requests; bursts of 24 concurrent completions

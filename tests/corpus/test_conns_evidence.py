@@ -62,7 +62,7 @@ def test_a_window_names_the_runaway_by_its_connection_and_not_without_it(trace: 
     assert any("kernel's TCP counters" in e for e in hit[0].evidence), hit[0].evidence
     assert any(client in f for f in hit[0].fix), hit[0].fix
     # the age claimed: from the request's arrival to the window's end (the incident began with it)
-    m = re.search(r"running at least (?:(\d+)m )?(\d+)s", hit[0].title)
+    m = re.search(r"(?:running|in flight) at least (?:(\d+)m )?(\d+)s", hit[0].title)
     assert m is not None, hit[0].title
     age = 60 * int(m.group(1) or 0) + int(m.group(2))
     assert WINDOW_S < age <= float(truth["should_alert_by"]) - float(truth["began"]) + 2, hit[0].title

@@ -1,6 +1,6 @@
 """``r`` on a runaway among short requests with request logging off (vLLM's default): the request log has
 nothing to show, the kernel's connections do. Replayed from the real H200 recording that holds them
-(tests/corpus/traces/h200-runaway-short-traffic-2): the answer streaming longest is the runaway's, from the
+(tests/corpus/traces/h200-runaway-short-traffic-2): the request in flight longest is the runaway's, from the
 client address the alert names, and it goes from the table once the request ended."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ async def test_the_requests_view_shows_the_runaway_s_connection_without_a_reques
         rows = _rows(scr.query_one("#req-conns", DataTable))
         assert rows and rows[0][1] in alert.title, (rows, alert.title)  # the runaway's client, first (oldest)
         assert rows[0][0] == ":8000" and rows[0][2] in ("55s ago", "54s ago", "56s ago"), rows[0]
-        assert int(rows[0][4].replace(",", "")) > 0
+        assert rows[0][3] == "streaming" and int(rows[0][5].replace(",", "")) > 0
         # the request log is off: its table says so, the connections do not need it
         assert "--enable-log-requests" in str(scr.query_one("#req-note").render())
         await pilot.press("escape")

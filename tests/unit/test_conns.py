@@ -51,6 +51,41 @@ def test_the_real_kernel_says_when_the_request_came_and_what_was_sent(pair) -> N
     assert read_conns(set()).conns == ()
 
 
+def test_the_real_kernel_shows_a_request_with_no_answer_yet_as_pending(pair) -> None:
+    """A non-streamed completion sends nothing until it ends: the server's side of its connection
+    has the request and no byte sent since. Read from the real kernel, fed to the tracker: pending
+    from the second read on; answered, it is not; a connection accepted with no request yet never is
+    (fails on the old tracker, which knew only answers that stream)."""
+    port, cli, acc = pair
+    idle_cli = socket.create_connection(("127.0.0.1", port))  # accepted by the kernel, no request sent
+    tr = ConnTracker()
+    cli.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert acc.recv(1000)
+    reads = []
+    for _ in range(2):
+        time.sleep(0.3)
+        read = read_conns({port})
+        assert read.error is None
+        reads.append(read)
+        tr.feed(read.mono, read.conns)
+    mine = [c for c in reads[-1].conns if c.remote == f"127.0.0.1:{cli.getsockname()[1]}"]
+    assert len(mine) == 1 and mine[0].bytes_received and mine[0].last_sent_s is not None
+    assert mine[0].last_recv_s is not None and mine[0].last_sent_s >= mine[0].last_recv_s
+    got = tr.in_flight(reads[-1].mono)
+    assert [(g.remote, g.pending) for g in got] == [(f"127.0.0.1:{cli.getsockname()[1]}", True)], got
+    assert tr.streaming(reads[-1].mono) == [] and got[0].age_s >= 0.6
+    # the answer, whole: not pending from the next read on (its bytes moved: counted as an answer
+    # that ends within FLOWING_S, as a stream's end is)
+    acc.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    assert cli.recv(1000)
+    for _ in range(2):
+        time.sleep(0.05)
+        read = read_conns({port})
+        tr.feed(read.mono, read.conns)
+    assert [g for g in tr.in_flight(read.mono) if g.pending] == []
+    idle_cli.close()
+
+
 def test_ipv6_connections_are_read_too() -> None:
     try:
         srv = socket.socket(socket.AF_INET6)
@@ -129,11 +164,14 @@ def test_a_finished_answer_and_an_idle_connection_do_not_count() -> None:
     assert tr.oldest(t + 1) is not None
     tr.feed(t + FLOWING_S + 0.5, [C("127.0.0.1:8000", "127.0.0.1:40922", FLOWING_S + 0.5, 64.0 + FLOWING_S + 0.5, 4100)])
     assert tr.oldest(t + FLOWING_S + 0.5) is None
-    # a request waiting for its answer (nothing sent since it came) is not a streaming answer
+    # a request waiting for its answer (nothing sent since it came) is not a streaming answer: it is
+    # in flight, pending
     tr2 = ConnTracker()
     for i in range(5):
         tr2.feed(100.0 + i, [C("127.0.0.1:8000", "127.0.0.1:5000", 80.0 + i, 70.0 + i, 10)])
-    assert tr2.oldest(104.0) is None
+    assert tr2.oldest(104.0, pending=False) is None and tr2.streaming(104.0) == []
+    p = tr2.oldest(104.0)
+    assert p is not None and p.pending and p.age_s == pytest.approx(74.0)
 
 
 def test_without_byte_counters_recent_sends_stand_in() -> None:

@@ -1,14 +1,26 @@
-"""Which request on a server's connections has been answered longest, from the kernel's counters.
+"""Which request on a server's connections has waited longest for the end of its answer, from the
+kernel's counters.
 
 Fed each read of :func:`vtop.sources.sockets.read_conns` for one server's port (plain
 :class:`~vtop.sources.sockets.Conn`-like objects: ``local``, ``remote``, ``last_sent_s``,
-``last_recv_s``, ``bytes_acked``), a :class:`ConnTracker` says which connection carries an answer
-that is still streaming, and since when its request came (its evidence: see
-vtop/sources/sockets.py). A connection counts once it was read twice with the same request
-(its arrival time agrees within :data:`SAME_REQUEST_S`) and its answer moves: more bytes
-acknowledged at a read within the last :data:`FLOWING_S` (without byte counters, data sent that
-recently), so a kept-alive connection gone idle never counts, and an answer that ended stops
-counting within :data:`FLOWING_S`.
+``last_recv_s``, ``bytes_acked``, ``bytes_received``), a :class:`ConnTracker` says which connection
+carries a request still in flight, and since when its request came (its evidence: see
+vtop/sources/sockets.py). A connection counts once it was read twice with the same request (its
+arrival time agrees within :data:`SAME_REQUEST_S`) and either
+
+* its answer *streams*: more bytes acknowledged at a read within the last :data:`FLOWING_S` (without
+  byte counters, data sent that recently), so a kept-alive connection gone idle never counts, and an
+  answer that ended stops counting within :data:`FLOWING_S`; or
+* its answer is *pending*: the request came (``bytes_received`` > 0) and the server has sent nothing
+  since (``last_sent`` at or before ``last_recv``). A non-streamed completion is sent whole when it
+  ends, so a request without ``"stream": true`` shows nothing else while it decodes. The kernel stamps
+  both times when it accepts a connection, so a connection that carried no request yet reads equal
+  times and 0 bytes received: never pending. An answered request leaves ``last_sent`` after
+  ``last_recv``: never pending. What a pending request does is not known from the connection (queued
+  or decoding): the runaway rule takes one only while nothing waits (vtop/core/rules/runaway.py).
+  Measured on loopback (Linux 6.x): a request sent and not answered reads ``last_sent_s`` 1.204,
+  ``last_recv_s`` 1.200 and 28 bytes received; answered, 1.100 / 2.304; an accepted connection with
+  no data yet 0.504 / 0.504 and 0 bytes.
 """
 
 from __future__ import annotations
@@ -53,7 +65,10 @@ class Streaming:
     bytes_sent: int | None
     """Bytes acknowledged by the client since vtop first saw it (None without counters)."""
     others: int
-    """Other connections streaming at the latest read."""
+    """Other connections with a request in flight (streaming or pending) at the latest read."""
+    pending: bool = False
+    """No byte of the answer sent since the request came (a non-streamed completion: sent whole at
+    its end); False: the answer streams."""
 
 
 @dataclass
@@ -66,6 +81,14 @@ class _Seen:
     streaming: bool
     #: the latest read that found more bytes acknowledged than the one before (None: never)
     moved_mono: float | None = None
+    #: the request came and nothing was sent since, at this read
+    unanswered: bool = False
+    #: ... at this read and the one before, with the same request
+    pending: bool = False
+
+    @property
+    def in_flight(self) -> bool:
+        return self.streaming or self.pending
 
 
 class ConnTracker:
@@ -95,8 +118,13 @@ class ConnTracker:
             acked = c.bytes_acked
             prev = self._conns.get(key)
             flowing = sent is not None and sent <= FLOWING_S and sent < recv
+            # the request came and nothing was sent since: equal times with bytes received (the
+            # request came in the millisecond the connection was accepted), or, without the byte
+            # counters, sent strictly before it
+            rcvd = getattr(c, "bytes_received", None)
+            unanswered = sent is not None and (sent >= recv and rcvd > 0 if rcvd is not None else sent > recv)
             if prev is None or abs(prev.req_at - req_at) > SAME_REQUEST_S:
-                now[key] = _Seen(req_at, mono, acked, mono, acked, False)
+                now[key] = _Seen(req_at, mono, acked, mono, acked, False, unanswered=unanswered)
                 continue
             moved_mono = prev.moved_mono
             if acked is not None and prev.acked is not None:
@@ -108,31 +136,38 @@ class ConnTracker:
             # same count while the answer flows: a chunk a token, not a byte a millisecond)
             moving = moved_mono is not None and mono - moved_mono <= FLOWING_S
             now[key] = _Seen(prev.req_at, prev.first_mono, prev.first_acked, mono, acked, flowing and moving,
-                             moved_mono)
+                             moved_mono, unanswered, unanswered and prev.unanswered)
         self._conns = now
         self.last_mono = mono
 
-    def streaming(self, now: float) -> list[Streaming]:
-        """The answers streaming at the latest read, oldest request first (empty when the
-        latest read is older than :data:`STALE_S` at ``now``)."""
+    def in_flight(self, now: float) -> list[Streaming]:
+        """The requests in flight at the latest read (answers streaming, and answers pending: nothing
+        sent since the request came), oldest request first (empty when the latest read is older
+        than :data:`STALE_S` at ``now``)."""
         if self.last_mono is None or now - self.last_mono > STALE_S:
             return []
-        on = [(k, s) for k, s in self._conns.items() if s.streaming]
+        on = [(k, s) for k, s in self._conns.items() if s.in_flight]
         on.sort(key=lambda ks: ks[1].req_at)
         out = []
         for (_local, remote), s in on:
             sent = s.acked - s.first_acked if s.acked is not None and s.first_acked is not None else None
-            out.append(Streaming(remote, s.req_at, s.mono - s.req_at, s.mono - s.first_mono, sent, len(on) - 1))
+            out.append(Streaming(remote, s.req_at, s.mono - s.req_at, s.mono - s.first_mono, sent, len(on) - 1,
+                                 pending=not s.streaming))
         return out
 
+    def streaming(self, now: float) -> list[Streaming]:
+        """The answers streaming at the latest read, oldest request first."""
+        return [x for x in self.in_flight(now) if not x.pending]
+
     def read_every(self) -> float:
-        """Seconds until the next read should come: :data:`FAST_READ_S` while an answer has
-        streamed :data:`FAST_AFTER_S` or more at the latest read, else :data:`READ_EVERY_S`."""
+        """Seconds until the next read should come: :data:`FAST_READ_S` while a request has been in
+        flight :data:`FAST_AFTER_S` or more at the latest read, else :data:`READ_EVERY_S`."""
         for s in self._conns.values():
-            if s.streaming and s.mono - s.req_at >= FAST_AFTER_S:
+            if s.in_flight and s.mono - s.req_at >= FAST_AFTER_S:
                 return FAST_READ_S
         return READ_EVERY_S
 
-    def oldest(self, now: float) -> Streaming | None:
-        got = self.streaming(now)
+    def oldest(self, now: float, *, pending: bool = True) -> Streaming | None:
+        """The request in flight longest; ``pending=False``: of those whose answer streams."""
+        got = self.in_flight(now) if pending else self.streaming(now)
         return got[0] if got else None

@@ -895,7 +895,7 @@ class VtopApp(App[int]):
 
             now = m.clock.monotonic()  # the ages as of now, not of the latest read
             return [(url, dataclasses.replace(st, age_s=now - st.since)) for url, ws in m.servers.items()
-                    for st in ws.conns.streaming(now)]
+                    for st in ws.conns.in_flight(now)]
 
         self.push_screen(RequestsScreen(lambda: self.log_view, conns))
 

@@ -210,8 +210,9 @@ class RequestsScreen(ModalScreen[None]):
         self.log_view = log_view
         """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`), or None."""
         self.conns = conns
-        """``(server URL, Streaming)`` of every answer streaming now on a local server's connections
-        (:meth:`vtop.core.conns.ConnTracker.streaming`), oldest request first; None: not known here."""
+        """``(server URL, Streaming)`` of every request in flight now on a local server's connections
+        (:meth:`vtop.core.conns.ConnTracker.in_flight`: answers streaming, and answers not begun), oldest
+        request first; None: not known here."""
 
     def compose(self) -> ComposeResult:
         from textual.widgets import DataTable
@@ -222,7 +223,7 @@ class RequestsScreen(ModalScreen[None]):
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
             yield Label("Recently finished", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
-            yield Label("Answers streaming now (the kernel's connection counters)", id="req-conns-title")
+            yield Label("Requests on the connections now (the kernel's counters)", id="req-conns-title")
             yield DataTable(id="req-conns", cursor_type="row")
             yield Label("esc close · ages marked ≤ are upper bounds: this vLLM logs no finish line", id="dialog-keys")
 
@@ -234,7 +235,7 @@ class RequestsScreen(ModalScreen[None]):
         d = self.query_one("#req-done", DataTable)
         d.add_columns("request id", "kind", "took", "ended by", "max_tokens", "note")
         c = self.query_one("#req-conns", DataTable)
-        c.add_columns("server", "client", "request came", "streaming seen", "bytes sent")
+        c.add_columns("server", "client", "request came", "answer", "seen", "bytes sent")
         self.refresh_rows()
         self.set_interval(1.0, self.refresh_rows)
 
@@ -271,8 +272,9 @@ class RequestsScreen(ModalScreen[None]):
 
 
     def _refresh_conns(self) -> None:
-        """One row per answer streaming on a local server's connection, oldest request first: who asked
-        (the client's address and port) and since when, whether or not the request log is on."""
+        """One row per request in flight on a local server's connection, oldest first: who asked (the
+        client's address and port), since when, and whether its answer streams or has not begun (a
+        non-streamed completion is sent whole at its end), whether or not the request log is on."""
         from textual.widgets import DataTable
 
         from vtop.core.rules.util import dur, short_url
@@ -281,10 +283,10 @@ class RequestsScreen(ModalScreen[None]):
         c.clear()
         rows = self.conns() if self.conns is not None else []
         for url, st in rows:
-            c.add_row(short_url(url), st.remote, f"{dur(st.age_s)} ago", dur(st.seen_s),
-                      "-" if st.bytes_sent is None else f"{st.bytes_sent:,}")
+            c.add_row(short_url(url), st.remote, f"{dur(st.age_s)} ago", "none yet" if st.pending else "streaming",
+                      dur(st.seen_s), "-" if st.bytes_sent is None or st.pending else f"{st.bytes_sent:,}")
         if not rows:
-            c.add_row("-", "none streaming", "", "", "")
+            c.add_row("-", "none in flight", "", "", "", "")
 
 
 class AlertsScreen(ModalScreen[None]):

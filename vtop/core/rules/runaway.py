@@ -21,7 +21,10 @@ Evidence, either of two paths:
   On a server on this box, the kernel's counters of its connections prove one request's age
   whatever else comes and goes, request log or not (vtop/core/conns.py): an answer still
   streaming on a connection whose request came N s ago is a request that has run N s; the
-  client's address is then named (``runaway-short-traffic-no-request-log``).
+  client's address is then named (``runaway-short-traffic-no-request-log``). A non-streamed
+  completion sends nothing until it ends: a connection whose request came N s ago with no byte
+  of its answer since is a request N s in flight, taken only while nothing waits (then it is in
+  the engine, not the queue) (``runaway-nonstreaming-short-traffic-no-request-log``).
   When what ``/metrics`` showed is too short (``doctor --window 15``, an attach), the log's
   history stands in (:meth:`vtop.core.loghistory.LogHistoryView.oldest_running`): no request
   began (no prompt throughput) since a stats line where requests ran, or the request log names a
@@ -138,6 +141,10 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     age = st.oldest.lower_bound_s
     ct = ctx.conns.get(url)
     conn = ct.oldest(ctx.now) if ct is not None else None
+    if conn is not None and conn.pending and s.waiting != 0:
+        # no answer yet: queued or decoding, the connection does not say which; with nothing waiting
+        # (vLLM's gauge) every request in flight is in the engine. Else only a streaming answer counts.
+        conn = ct.oldest(ctx.now, pending=False) if ct is not None else None
     if age < min(th.runaway_age_s, th.runaway_s) and not ctx.requests.get(url) and ctx.history_of(url) is None \
             and conn is None:
         # The limit below is never under that, and only the request log, the log's history or the
@@ -169,16 +176,25 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
                     f"abort line; vLLM's request_params_max_tokens histogram counts every finish by its max_tokens, "
                     f"and none of those since can be it: it has run at least {dur(p_age)}")
     client = None
+    pending = False
     if conn is not None and ctx.now - conn.since > age:
         # One HTTP/1.1 connection carries one request at a time: an answer still streaming on a
         # connection whose request came N s ago is a request that has run N s (vtop/core/conns.py).
         age, since, running_then = ctx.now - conn.since, conn.since, None
         client = conn.remote
-        sent = f", {conn.bytes_sent:,} bytes sent in the last {dur(conn.seen_s)}" if conn.bytes_sent else ""
-        log_line = (
-            f"the kernel's TCP counters for {short}: the answer to the request that came {dur(age)} ago on the "
-            f"connection from {conn.remote} is still streaming{sent}; a connection carries one request at a "
-            f"time, so that request has run {dur(age)}")
+        pending = conn.pending
+        if pending:
+            log_line = (
+                f"the kernel's TCP counters for {short}: the request that came {dur(age)} ago on the connection "
+                f"from {conn.remote} has had no byte of its answer yet (a completion without \"stream\": true is "
+                f"sent whole when it ends), and no request waits: it is in the engine; a connection carries one "
+                f"request at a time, so that request has been in flight {dur(age)}")
+        else:
+            sent = f", {conn.bytes_sent:,} bytes sent in the last {dur(conn.seen_s)}" if conn.bytes_sent else ""
+            log_line = (
+                f"the kernel's TCP counters for {short}: the answer to the request that came {dur(age)} ago on the "
+                f"connection from {conn.remote} is still streaming{sent}; a connection carries one request at a "
+                f"time, so that request has run {dur(age)}")
     hist = ctx.history_of(url)
     if age < limit and hist is not None and st.first_t is not None and st.busy_since is not None \
             and st.busy_since <= st.first_t and ctx.now - st.first_t < limit \
@@ -237,7 +253,8 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
             "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
         ), url, since)
     fix = _runaway_fixes(mml, ctx.logging.get(url) is False, client)
-    title = (f"Runaway decode on {short}: a request running at least {dur(age)}, {rate:,.0f} tok/s"
+    title = (f"Runaway decode on {short}: a request {'in flight' if pending else 'running'} at least {dur(age)}, "
+             f"{rate:,.0f} tok/s"
              + (f" (client {client})" if client else "" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
