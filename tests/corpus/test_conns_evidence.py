@@ -123,3 +123,60 @@ def test_a_long_answer_whose_client_set_max_tokens_is_shown_not_alarmed() -> Non
     assert infos, "the long request was never shown"
     assert all(a.severity == "info" and "client set max_tokens" in a.title for a in infos), [a.title for a in infos]
     assert any("6,000" in e for a in infos for e in a.evidence), infos[0].evidence
+
+
+def test_a_request_with_no_answer_yet_is_taken_only_while_nothing_waits(tmp_path: Path) -> None:
+    """runaway-nonstreaming-short-traffic-no-request-log: a chat request without max_tokens and without
+    ``"stream": true`` among short requests, request logging off. Nothing of its answer is sent until it
+    ends, so the connection shows its request and no byte since: in a 15 s window that names it, as in
+    flight (not as streaming). The same trace with vLLM's waiting gauge at 1 throughout: the request
+    could be queued, not decoding, and the connection alone is no longer taken as a runaway (fails
+    without that guard). Fails on the tracker before it knew answers not begun (not named at all)."""
+    trace = TRACES / "runaway-nonstreaming-short-traffic-no-request-log"
+    truth = truth_of(trace)
+    at = float(truth["should_alert_by"]) - WINDOW_S
+    code, alerts = doctor_at(trace, at)
+    hit = [a for a in alerts if a.rule == "runaway" and a.severity in ("warning", "critical")]
+    assert hit and code in (1, 2), (code, [(a.rule, a.severity, a.title) for a in alerts])
+    assert "in flight at least" in hit[0].title, hit[0].title
+    assert any("no byte of its answer" in e for e in hit[0].evidence), hit[0].evidence
+    assert f"(client {_runaway_client(trace)})" in hit[0].title
+    queued = tmp_path / trace.name
+    shutil.copytree(trace, queued)
+    rows = []
+    with gzip.open(trace / "metrics.jsonl.gz", "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if isinstance(r.get("text"), str):
+                r["text"] = re.sub(r"^(vllm:num_requests_waiting\{[^}]*\}) 0\.0$", r"\1 1.0", r["text"], flags=re.M)
+            rows.append(json.dumps(r))
+    with gzip.open(queued / "metrics.jsonl.gz", "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    code2, alerts2 = doctor_at(queued, at)
+    assert not [a for a in alerts2 if a.rule == "runaway" and a.severity in ("warning", "critical")], \
+        [(a.rule, a.severity, a.title) for a in alerts2]
+
+
+def test_long_answers_not_begun_are_seen_and_stay_under_the_runaway_age() -> None:
+    """normal-long-nonstreaming-max-tokens: 16 non-streamed answers of max_tokens 3000, two at a time, 15-31 s
+    each on the CPU build, request logging off. The tracker sees each as a request with no answer yet (the
+    evidence is there, read from the recording), none as old as the runaway rule's 45 s; the window test
+    (tests/corpus/test_window.py) has doctor exit 0 on it."""
+    from vtop.core.conns import ConnTracker
+    from vtop.core.rules.alert import Thresholds
+    from vtop.sources.sockets import conn_read_from_json
+
+    trace = TRACES / "normal-long-nonstreaming-max-tokens"
+    tr = ConnTracker()
+    oldest: list[float] = []
+    clients: set[str] = set()
+    with gzip.open(trace / "conns.jsonl.gz", "rt") as f:
+        for line in f:
+            read = conn_read_from_json(json.loads(line))
+            tr.feed(read.mono, read.conns, read.error)
+            got = [s for s in tr.in_flight(read.mono) if s.pending]
+            clients |= {s.remote for s in got}
+            if got:
+                oldest.append(got[0].age_s)
+    assert len(clients) >= 12, clients  # one connection per long answer (httpx client each)
+    assert 14.0 <= max(oldest) < Thresholds().runaway_age_s, max(oldest)
