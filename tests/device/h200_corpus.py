@@ -582,8 +582,8 @@ def runaway_short_traffic(ctx: GpuCtx) -> None:
 def runaway_nonstreaming_short_traffic(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0, default flags (request logging off): launch through graph capture to ready, 15 s
     idle, then short requests (max_tokens 16-64) every 2-5 s and one NON-streaming chat request without
-    max_tokens (ignore_eos) that would run ~70 s to the 32,768-token limit, on a connection of its own that
-    stays silent until the answer; the client hangs up at +75 s (its read timeout) unless it finished first;
+    max_tokens (ignore_eos) that runs ~60 s to the 32,768-token limit (58.7 s on 2026-12-02; the streaming one
+    69-71 s), on a connection of its own that stays silent until the answer; the client hangs up at +75 s (its read timeout) unless it finished first;
     30 s after."""
     ctx.launch()
     ctx.wait_ready()
