@@ -1,5 +1,5 @@
 #!/bin/bash
-# h200_corpus.sh A|B|C|D   (on the GPU machine, from the repo root): one `run` call of the H200 corpus.
+# h200_corpus.sh A|B|C|D|E|F   (on the GPU machine, from the repo root): one `run` call of the H200 corpus.
 #   A  receive the carried .vllm-gpu/part0* (part01, or part02 of three), install.sh, then h200-runaway-short-traffic (the cold first start)
 #   B  h200-startup-stall-graph-capture
 #   C  h200-startup-failure-cuda-oom, then h200-normal-burst-queue
