@@ -656,6 +656,71 @@ class StreamPool:
         self.ctx.event("load_end", kind="stream_pool", started=self.started, hung_up=len(live))
 
 
+class NonStreamPool:
+    """``n`` concurrent NON-streaming chat requests with ``max_tokens`` (a connection each), each replaced when
+    done, until stopped. :meth:`stop` starts no more and waits for those in flight to end (a non-streaming
+    client has nothing to hang up on short of its read timeout ``give_up_s``)."""
+
+    def __init__(self, ctx: Ctx, n: int, max_tokens: int, give_up_s: float = 120.0, max_total: int = 400,
+                 time_limit: float = 400.0) -> None:
+        self.ctx, self.n, self.max_tokens, self.give_up_s = ctx, n, max_tokens, give_up_s
+        self.max_total, self.time_limit = max_total, time_limit
+        self.started = 0
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.live: list[tuple[float, NonStream]] = []
+        self.ended: list[tuple[float, NonStream]] = []  # (seconds from its start to its end seen, request)
+        self._t = threading.Thread(target=self._run, daemon=True, name="nonstream-pool")
+
+    def start(self) -> NonStreamPool:
+        self.ctx.event("load_begin", kind="nonstream_pool", concurrency=self.n, max_tokens=self.max_tokens,
+                       stream=False)
+        self._t.start()
+        return self
+
+    def _reap(self) -> None:
+        now_ = time.monotonic()
+        for t0, s in self.live:
+            if s.done.is_set():
+                self.ended.append((now_ - t0, s))
+        self.live = [(t0, s) for t0, s in self.live if not s.done.is_set()]
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set() and time.monotonic() - t0 < self.time_limit:
+            with self.lock:
+                self._reap()
+                while len(self.live) < self.n and self.started < self.max_total:
+                    body = {"model": self.ctx.srv.model, "max_tokens": self.max_tokens, "ignore_eos": True,
+                            "temperature": 0.8, "messages": [{"role": "user", "content": f"{PROMPT} #{self.started}"}]}
+                    s = NonStream(_Quiet(self.ctx), "pool", "/v1/chat/completions", body,  # type: ignore[arg-type]
+                                  give_up_s=self.give_up_s).start()
+                    self.live.append((time.monotonic(), s))
+                    self.started += 1
+            self._stop.wait(0.25)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+        deadline = time.monotonic() + self.give_up_s + 30
+        with self.lock:
+            live = [s for _, s in self.live]
+        for s in live:
+            s.done.wait(max(0.0, deadline - time.monotonic()))
+        with self.lock:
+            self._reap()
+            ended, left = list(self.ended), len(self.live)
+        secs = sorted(round(d, 1) for d, _ in ended)
+        ok = [s for _, s in ended if s.status == 200]
+        self.ctx.event("load_end", kind="nonstream_pool", started=self.started, ended=len(ended), ok=len(ok),
+                       finish=sorted({str(s.finish) for s in ok}),
+                       completion_tokens=sorted({(s.usage or {}).get("completion_tokens") for s in ok},
+                                                key=lambda x: x if isinstance(x, int) else -1)[-3:],
+                       errors=sorted({str(s.error)[:120] for _, s in ended if s.error})[:5],
+                       secs_p50=secs[len(secs) // 2] if secs else None, secs_max=secs[-1] if secs else None,
+                       still_running=left)
+
+
 class _Quiet:
     """A ctx for pooled streams: their per-request events are not written."""
 

@@ -83,6 +83,7 @@ GPU_PARAMS: dict[str, Any] = {
     "burst_n": 1500, "burst_tokens": 192, "burst_cap_s": 120.0,
     "steady_conc": 16, "steady_tokens": 256,
     "runaway_hangup_s": 75.0,
+    "pool_nonstream": 8, "pool_nonstream_tokens": 8192,
     "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "100")),
     "ready_timeout_s": 400.0,
     # a tqdm frame of the capture, e.g. "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|...| 20/51"
@@ -91,7 +92,7 @@ GPU_PARAMS: dict[str, Any] = {
 #: --small: a CPU server of 2 cores (the dry run)
 SMALL_PARAMS: dict[str, Any] = {
     **GPU_PARAMS, "burst_n": 48, "burst_tokens": 48, "burst_cap_s": 120.0, "steady_conc": 4, "steady_tokens": 48,
-    "runaway_hangup_s": 40.0, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
+    "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
     "capture_re": os.environ.get("VTOP_H200_CAPTURE_RE", r"Warming up model for the compilation").encode(),
 }
 
@@ -577,6 +578,29 @@ def runaway_short_traffic(ctx: GpuCtx) -> None:
     short.stop()
 
 
+@scenario("h200-runaway-nonstreaming-short-traffic", "runaway", 300)
+def runaway_nonstreaming_short_traffic(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off): launch through graph capture to ready, 15 s
+    idle, then short requests (max_tokens 16-64) every 2-5 s and one NON-streaming chat request without
+    max_tokens (ignore_eos) that runs ~60 s to the 32,768-token limit (58.7 s on 2026-12-02; the streaming one
+    69-71 s), on a connection of its own that stays silent until the answer; the client hangs up at +75 s (its read timeout) unless it finished first;
+    30 s after."""
+    ctx.launch()
+    ctx.wait_ready()
+    ctx.sleep(15)
+    short = R.ShortTraffic(ctx, max_count=100, time_limit=200 * ctx.scale)  # type: ignore[arg-type]
+    short.start()
+    ctx.sleep(5)
+    give_up = float(ctx.p["runaway_hangup_s"]) * ctx.scale
+    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+    ra = R.NonStream(ctx, "runaway", "/v1/chat/completions", body, give_up_s=give_up).start()  # type: ignore[arg-type]
+    if not ra.done.wait(give_up + 40):
+        ctx.notes.append("the non-streaming request did not end with the client's read timeout")
+    ctx.sleep(30)
+    short.stop()
+
+
 def _capture_watch(ctx: GpuCtx, rx: re.Pattern[bytes], timeout: float) -> tuple[float | None, str | None]:
     """Wait for a capture progress frame strictly inside its range (k/n with 0 < k < n; a pattern without
     groups: any match) and SIGSTOP the engine at once (its pids are looked up beforehand, every 0.5 s: the
@@ -735,6 +759,26 @@ def normal_streams(ctx: GpuCtx) -> None:
     pool = R.StreamPool(ctx, n=12, max_tokens=8192, max_total=300, time_limit=120 * ctx.scale)  # type: ignore[arg-type]
     pool.start()
     ctx.sleep(120 * ctx.scale)
+    pool.stop()
+    short.stop()
+    ctx.sleep(20)
+
+
+@scenario("h200-normal-long-nonstreaming", "normal", 280)
+def normal_long_nonstreaming(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off): launch to ready, 10 s idle; then for ~120 s,
+    8 NON-streaming chat requests at a time with max_tokens 8192 (ignore_eos; a connection each, silent until
+    its answer; each replaced when done) and short requests (max_tokens 16-64) every 2-5 s; those still running
+    at the end are let finish; 20 s idle. Normal: long answers that come back whole, none near a minute."""
+    ctx.launch()
+    ctx.wait_ready()
+    ctx.sleep(10)
+    short = R.ShortTraffic(ctx, max_count=100, time_limit=150 * ctx.scale)  # type: ignore[arg-type]
+    short.start()
+    pool = R.NonStreamPool(ctx, n=int(ctx.p["pool_nonstream"]), max_tokens=int(ctx.p["pool_nonstream_tokens"]),  # type: ignore[arg-type]
+                           give_up_s=120.0, max_total=300, time_limit=120 * ctx.scale)
+    pool.start()
+    ctx.sleep(120)
     pool.stop()
     short.stop()
     ctx.sleep(20)
