@@ -1365,8 +1365,12 @@ def runaway_nonstreaming_request_log(ctx: Ctx) -> None:
     client gives up after ~150 s (its read timeout: the connection closes, vLLM aborts the request); 30 s after.
     (/v1/completions cannot make this runaway on vLLM 0.32: its max_tokens defaults to 16, and an explicit null
     was served as 16 too.)"""
-    ctx.start(max_model_len=RUNAWAY_MML, log_requests=True)
-    short = ShortTraffic(ctx, seed=21).start()
+    _nonstreaming_runaway_among_short(ctx, log_requests=True, seed=21)
+
+
+def _nonstreaming_runaway_among_short(ctx: Ctx, *, log_requests: bool, seed: int) -> None:
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=log_requests)
+    short = ShortTraffic(ctx, seed=seed).start()
     ctx.sleep(15)
     body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
             "messages": [{"role": "user", "content": "Write a very long essay about the sea."}]}
@@ -1383,16 +1387,7 @@ def runaway_nonstreaming_short_traffic_no_request_log(ctx: Ctx) -> None:
     2-5 s, and one NON-streaming chat request without max_tokens (ignore_eos) on its own connection: nothing
     of its answer is sent until it ends; the client gives up after ~120 s (its read timeout: vLLM aborts the
     request); 30 s after. Records the kernel's counters of the connections (the request's only trace)."""
-    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
-    short = ShortTraffic(ctx, seed=23).start()
-    ctx.sleep(15)
-    body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
-            "messages": [{"role": "user", "content": "Write a very long essay about the sea."}]}
-    ra = NonStream(ctx, "runaway", "/v1/chat/completions", body, give_up_s=ctx.seconds).start()
-    if not ra.done.wait(ctx.seconds + 30):
-        ctx.notes.append("the non-streaming request did not end with the client's timeout")
-    ctx.sleep(30)
-    short.stop()
+    _nonstreaming_runaway_among_short(ctx, log_requests=False, seed=23)
 
 
 @scenario("normal-long-nonstreaming-max-tokens", "normal", 150)

@@ -559,18 +559,24 @@ def scenario(name: str, cls: str, estimate_s: float) -> Callable[[Callable[[GpuC
     return deco
 
 
-@scenario("h200-runaway-short-traffic", "runaway", 300)
-def runaway_short_traffic(ctx: GpuCtx) -> None:
-    """H200, vLLM 0.26.0, default flags (request logging off): cold launch through graph capture to ready,
-    15 s idle, then short requests (max_tokens 16-64) every 2-5 s and one streaming chat request without
-    max_tokens (ignore_eos) that would run ~70 s to the 32,768-token limit; the client hangs up at +75 s
-    unless it finished first; 30 s after."""
+def _ready_then_short_traffic(ctx: GpuCtx) -> Any:
+    """Launch to ready, 15 s idle, short requests (max_tokens 16-64) every 2-5 s from then on, 5 s of them."""
     ctx.launch()
     ctx.wait_ready()
     ctx.sleep(15)
     short = R.ShortTraffic(ctx, max_count=100, time_limit=200 * ctx.scale)  # type: ignore[arg-type]
     short.start()
     ctx.sleep(5)
+    return short
+
+
+@scenario("h200-runaway-short-traffic", "runaway", 300)
+def runaway_short_traffic(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off): cold launch through graph capture to ready,
+    15 s idle, then short requests (max_tokens 16-64) every 2-5 s and one streaming chat request without
+    max_tokens (ignore_eos) that would run ~70 s to the 32,768-token limit; the client hangs up at +75 s
+    unless it finished first; 30 s after."""
+    short = _ready_then_short_traffic(ctx)
     ra = R.Stream(ctx, "runaway", read_timeout=120.0, time_limit=300.0).start()  # type: ignore[arg-type]
     if not ra.done.wait(ctx.p["runaway_hangup_s"] * ctx.scale):
         ra.hangup()
@@ -585,12 +591,7 @@ def runaway_nonstreaming_short_traffic(ctx: GpuCtx) -> None:
     max_tokens (ignore_eos) that runs ~60 s to the 32,768-token limit (58.7 s on 2026-12-02; the streaming one
     69-71 s), on a connection of its own that stays silent until the answer; the client hangs up at +75 s (its read timeout) unless it finished first;
     30 s after."""
-    ctx.launch()
-    ctx.wait_ready()
-    ctx.sleep(15)
-    short = R.ShortTraffic(ctx, max_count=100, time_limit=200 * ctx.scale)  # type: ignore[arg-type]
-    short.start()
-    ctx.sleep(5)
+    short = _ready_then_short_traffic(ctx)
     give_up = float(ctx.p["runaway_hangup_s"]) * ctx.scale
     body = {"model": ctx.srv.model, "ignore_eos": True, "temperature": 0.8,
             "messages": [{"role": "user", "content": "Tell me a very long story."}]}
