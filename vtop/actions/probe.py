@@ -17,6 +17,9 @@ Why it works this way (reference §3, §4):
   could echo it).
 * **Never raises**: refused, connection refused, timeout, HTTP errors and
   garbage all become a :class:`ProbeResult` with a distinct ``kind``.
+* **vtop's own HTTP pool** (:class:`vtop.sources.http11.HttpPool`, the scrapes' pool):
+  the request is streamed on a new connection of it and bounded by ``timeout_s`` as a
+  whole (connect, head and every chunk).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
-import httpx
+from vtop.sources.http11 import HttpError, HttpPool, within
 
 __all__ = ["ModelsResult", "ProbeResult", "fetch_models", "max_tokens_cap", "send_test_request"]
 
@@ -158,7 +161,7 @@ async def send_test_request(
     max_tokens: int | None,
     max_model_len: int | None = None,
     api_key: str | None = None,
-    client: httpx.AsyncClient,
+    client: HttpPool,
     timeout_s: float = 120,
 ) -> ProbeResult:
     """Send one streamed test request and measure it; never raises.
@@ -199,16 +202,18 @@ async def send_test_request(
     t0 = time.monotonic()
 
     async def run() -> ProbeResult:
-        async with client.stream("POST", _base(url) + path, json=body, headers=_headers(api_key),
-                                 timeout=httpx.Timeout(timeout_s)) as r:
-            st["status"] = r.status_code
-            if r.status_code != 200:
-                raw = await r.aread()
-                err = _http_error(r.status_code, raw[:4096])
+        hdrs = [*_headers(api_key).items(), ("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
+        async with client.stream("POST", _base(url) + path, headers=hdrs, body=json.dumps(body).encode(),
+                                 connect_timeout=min(timeout_s, 10.0)) as r:
+            status = r.status or 0
+            st["status"] = status
+            if status != 200:
+                raw = await r.read(4096)
+                err = _http_error(status, raw)
                 return ProbeResult(False, f"Test request failed: {err}", "http", sent=True,
-                                   status=r.status_code, error=err, **base)
+                                   status=status, error=err, **base)
             saw_done = False
-            async for line in r.aiter_lines():
+            async for line in r.lines():
                 line = line.strip()
                 if not line or line.startswith(":"):
                     continue
@@ -286,14 +291,16 @@ async def send_test_request(
     except asyncio.TimeoutError:
         got = " (it had started answering)" if st["chunks"] else ""
         res = partial("timeout", f"Test request timed out after {timeout_s:g} s{got}", "timeout")
-    except httpx.TimeoutException as e:
-        res = partial("timeout", f"Test request timed out after {timeout_s:g} s ({type(e).__name__})", "timeout")
-    except httpx.ConnectError as e:
-        res = ProbeResult(False, f"Cannot connect to {_base(url)}: {_short(e)} (server starting, or down)",
-                          "connect", error=_short(e), **base)
+    except HttpError as e:
+        if e.kind in ("refused", "dns") or (e.kind == "timeout" and st["status"] is None):
+            kind = "timeout" if e.kind == "timeout" else "connect"
+            res = ProbeResult(False, f"Cannot connect to {_base(url)}: {_short(e)} (server starting, or down)",
+                              kind, error=_short(e), **base)
+        else:
+            res = partial("bad_response", f"Test request failed: {_short(e)}", _short(e))
     except _Garbage as e:
         res = partial("bad_response", f"Test request got a bad response: {e}", str(e))
-    except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, OSError, UnicodeError) as e:
+    except (OSError, UnicodeError) as e:
         res = partial("bad_response", f"Test request failed: {type(e).__name__}: {_short(e)}", _short(e))
     except Exception as e:  # noqa: BLE001 - never raise to the UI
         res = partial("bad_response", f"Test request failed: {type(e).__name__}: {_short(e)}", _short(e))
@@ -328,25 +335,35 @@ class ModelsResult:
         yield self.max_model_len
 
 
-async def fetch_models(url: str, client: httpx.AsyncClient, api_key: str | None = None,
+#: the most of a /v1/models answer read (a server with many LoRA adapters lists each)
+MODELS_LIMIT = 4 * 1024 * 1024
+
+
+async def fetch_models(url: str, client: HttpPool, api_key: str | None = None,
                        timeout_s: float = 10) -> ModelsResult:
     """``GET /v1/models``; never raises."""
     try:
-        r = await client.get(_base(url) + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
-    except httpx.TimeoutException:
+        status, content = await within(
+            client.get(_base(url) + "/v1/models", headers=[*_headers(api_key).items(), ("Accept-Encoding", "identity")],
+                       limit=MODELS_LIMIT, connect_timeout=timeout_s), timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
         return ModelsResult(False, f"/v1/models: no answer within {timeout_s:g} s")
-    except httpx.ConnectError as e:
-        return ModelsResult(False, _scrub(f"/v1/models: cannot connect ({_short(e)})", api_key) or "")
+    except HttpError as e:
+        if e.kind == "timeout":
+            return ModelsResult(False, f"/v1/models: no answer within {timeout_s:g} s")
+        if e.kind in ("refused", "dns"):
+            return ModelsResult(False, _scrub(f"/v1/models: cannot connect ({_short(e)})", api_key) or "")
+        return ModelsResult(False, _scrub(f"/v1/models: {_short(e)}", api_key) or "", status=e.status)
     except Exception as e:  # noqa: BLE001
         return ModelsResult(False, _scrub(f"/v1/models: {type(e).__name__}: {_short(e)}", api_key) or "")
-    if r.status_code != 200:
-        return ModelsResult(False, _scrub(f"/v1/models: {_http_error(r.status_code, r.content[:4096])}", api_key) or "",
-                            status=r.status_code)
+    if status != 200:
+        return ModelsResult(False, _scrub(f"/v1/models: {_http_error(status, content[:4096])}", api_key) or "",
+                            status=status)
     try:
-        data = r.json()["data"]
+        data = json.loads(content)["data"]
         ids = tuple(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
     except (ValueError, KeyError, TypeError):
-        return ModelsResult(False, "/v1/models: not an OpenAI model list", status=r.status_code)
+        return ModelsResult(False, "/v1/models: not an OpenAI model list", status=status)
     mml: int | None = None
     for m in data:
         if isinstance(m, dict) and not m.get("parent") and isinstance(m.get("max_model_len"), int):

@@ -180,13 +180,15 @@ class VtopApp(App[int]):
 
     @property
     def action_client(self) -> Any:
-        """An ``httpx.AsyncClient`` for the test request (streaming POST, JSON):
-        made, and httpx imported, the first time a key needs it."""
+        """The HTTP pool of the test request (a streamed POST): the scrapes' own pool
+        (:class:`vtop.sources.http11.HttpPool`: no proxies, no redirects), or one of its
+        own in a replay, made the first time a key needs it."""
+        if self.feed is not None:
+            return self.feed.client
         if self._action_client is None:
-            import httpx
+            from vtop.sources.http11 import HttpPool
 
-            # Never let environment proxies reroute a request to a local server.
-            self._action_client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+            self._action_client = HttpPool()
         return self._action_client
 
     #: (theme name, Theme) of the last ``current_theme`` answer
