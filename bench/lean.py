@@ -8,8 +8,8 @@ Figures, each per vtop code (``--code NAME=DIR``: DIR holds the ``vtop`` package
 ``PYTHONPATH``; default: the vtop this Python imports) and for nvitop where it is importable:
 
 * **live CPU, % of one core**: ``vtop --interval 1`` (nvitop: ``nvitop --interval 1``, its monitor mode)
-  in its own 120x40 pseudo-terminal; utime+stime from ``/proc/PID/stat`` over ``--window`` seconds after
-  ``--warmup``. Every monitor of a round runs at the same time, watching the same GPUs under the same load.
+  in its own 120x40 pseudo-terminal; utime+stime (and its reaped children's) from ``/proc/PID/stat`` over
+  ``--window`` seconds after ``--warmup``. Every monitor of a round runs at the same time, watching the same GPUs under the same load.
 * **live peak RSS**: ``VmHWM`` of ``/proc/PID/status`` at the end of the window.
 * **``--once --json`` median**: ``vtop --once --json`` wall time, spawn to exit (``nvitop --once``
   beside it), ``--once-runs`` each, the programs taking turns run by run.
@@ -86,7 +86,7 @@ class Term:
             f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return None
-        return (int(f[11]) + int(f[12])) / TICK
+        return sum(int(x) for x in f[11:15]) / TICK  # utime stime, and what it reaped: cutime cstime
 
     def hwm_mb(self) -> float | None:
         try:
@@ -108,11 +108,30 @@ class Term:
         os.close(self.master)
 
 
+_TERM: list[str] = []
+
+
+def pick_term() -> str:
+    """xterm-256color where its terminfo exists (nvitop's curses needs one), else the best one that does."""
+    if not _TERM:
+        for t in ("xterm-256color", "tmux-256color", "screen-256color", "xterm", "screen", "vt100"):
+            r = subprocess.run([sys.executable, "-c", f"import curses; curses.setupterm({t!r}, 1)"],
+                               capture_output=True)
+            if r.returncode == 0:
+                _TERM.append(t)
+                break
+        else:
+            _TERM.append("xterm-256color")
+    return _TERM[0]
+
+
 def env_for(code: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
-    env["TERM"] = env.get("TERM") if env.get("TERM", "dumb") not in ("dumb", "") else "xterm-256color"
+    """The environment of one program: bytecode caches on (as an installed vtop has them), a terminal
+    type curses knows, and ``code`` first on ``PYTHONPATH`` (before what it held: carried dependencies)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["TERM"] = pick_term()
     if code:
-        env["PYTHONPATH"] = str(Path(code).resolve())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(code).resolve()), os.environ.get("PYTHONPATH")) if p)
     return env
 
 
@@ -141,11 +160,16 @@ def vtop_version(code: str | None) -> str:
     return r.stdout.strip() or r.stderr.strip()[-200:]
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, float]:
+    """Wall seconds from spawn to exit, the exit status, and the CPU seconds it used (user + system,
+    its children's included: on a busy box the CPU time moves less than the wall time)."""
     t = time.perf_counter()
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       env=env, cwd="/tmp", timeout=120)
-    return time.perf_counter() - t, r.returncode
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=env, cwd="/tmp")
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return wall, p.returncode, ru.ru_utime + ru.ru_stime
 
 
 def med(xs: list[float]) -> float | None:
@@ -194,6 +218,12 @@ def main() -> int:
     print(f"# lean bench: gpu {gpu}, load {load}, server {a.server}, window {a.window:g} s x {a.rounds}, "
           f"one-shots {a.once_runs}; nvitop {res['nvitop']['version'] if nvitop else 'not measured'}", flush=True)
 
+    # one start of each program first, not counted: it writes the bytecode caches a user's second start has
+    for _name, d in codes:
+        timed([py, "-m", "vtop", "--once", "--json", *once_gpu], env_for(d))
+    if nvitop:
+        timed([py, "-m", "nvitop", "--once"], env_for(None))
+
     load_proc = None
     server = None
     urls: list[str] = []
@@ -239,10 +269,12 @@ def main() -> int:
                 t.stop()
 
         once: dict[str, list[float]] = {n: [] for n, _ in codes}
+        once_cpu: dict[str, list[float]] = {n: [] for n, _ in codes}
         once_rc: dict[str, set[int]] = {n: set() for n, _ in codes}
         start: list[float] = []
+        start_cpu: list[float] = []
         if nvitop:
-            once["nvitop"], once_rc["nvitop"] = [], set()
+            once["nvitop"], once_cpu["nvitop"], once_rc["nvitop"] = [], [], set()
         for i in range(a.once_runs):
             cases: list[tuple[str, list[str], dict[str, str]]] = [
                 (n, [py, "-m", "vtop", "--once", "--json", *once_gpu, *urls], env_for(d)) for n, d in codes]
@@ -252,11 +284,13 @@ def main() -> int:
             if i % 2:
                 cases.reverse()
             for name, argv, env in cases:
-                s, rc = timed(argv, env)
+                s, rc, cpu = timed(argv, env)
                 if name == "python -c pass":
                     start.append(s)
+                    start_cpu.append(cpu)
                 else:
                     once[name].append(s)
+                    once_cpu[name].append(cpu)
                     once_rc[name].add(rc)
     finally:
         if server is not None:
@@ -266,8 +300,9 @@ def main() -> int:
             load_proc.wait()
 
     res["live"] = live
-    res["once_s"] = {k: {"median": med(v), "runs": v, "exit": sorted(once_rc[k])} for k, v in once.items()}
-    res["python_start_s"] = {"median": med(start), "runs": start}
+    res["once_s"] = {k: {"median": med(v), "runs": v, "cpu_median": med(once_cpu[k]), "cpu_runs": once_cpu[k],
+                         "exit": sorted(once_rc[k])} for k, v in once.items()}
+    res["python_start_s"] = {"median": med(start), "runs": start, "cpu_median": med(start_cpu)}
     names = [n for n, _ in codes] + (["nvitop"] if nvitop else [])
 
     def live_med(k: str, f: str) -> float | None:
@@ -282,7 +317,8 @@ def main() -> int:
     rows = [("live CPU, % of one core", lambda k: live_med(k, "cpu_pct"), " %", 2),
             ("live peak RSS", lambda k: live_med(k, "peak_rss_mb"), " MB", 1),
             ("`--once --json` median" + (" (nvitop: `--once`)" if nvitop else ""),
-             lambda k: res["once_s"][k]["median"], " s", 3)]
+             lambda k: res["once_s"][k]["median"], " s", 3),
+            ("`--once --json` CPU time, median", lambda k: res["once_s"][k]["cpu_median"], " s", 3)]
     for label, get, unit, nd in rows:
         vals = [get(k) for k in names]
         line = f"| {label} | " + " | ".join(fmt(v, unit, nd) for v in vals) + " |"
@@ -291,7 +327,8 @@ def main() -> int:
             line += " " + ", ".join(f"{n} {v / nv:.2f}x" if v is not None and nv else f"{n} -"
                                     for n, v in zip(names[:-1], vals[:-1])) + " |"
         print(line)
-    print(f"| Python's start alone | {fmt(res['python_start_s']['median'], ' s', 3)} |")
+    print(f"| Python's start alone | {fmt(res['python_start_s']['median'], ' s', 3)} "
+          f"(CPU {fmt(res['python_start_s']['cpu_median'], ' s', 3)}) |")
     for k in names:
         if once_rc[k] - {0, 1, 2}:
             print(f"note: {k} one-shot exit codes {sorted(once_rc[k])}")

@@ -623,7 +623,7 @@ def run_once(cfg: Config, *, window_s: float | None, as_json: bool, doctor: bool
         if isinstance(gpu_source, str):
             from vtop.sources.nvml import make_gpu_source
 
-            gpu_source = make_gpu_source(cfg)
+            gpu_source = make_gpu_source(cfg, one_round=window_s is None)
         feed = LiveFeed(monitor, gpu_source=gpu_source)
         if window_s is None:
             started = asyncio.run(one_round(monitor, feed))

@@ -100,7 +100,7 @@ def healthy_server() -> Iterator[str]:
 
 
 def _fake(monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml) -> None:
-    monkeypatch.setattr(nvml_mod, "make_gpu_source", lambda cfg: nvml_mod.NvmlSource(nvml=nvml))
+    monkeypatch.setattr(nvml_mod, "make_gpu_source", lambda cfg, **kw: nvml_mod.NvmlSource(nvml=nvml))
 
 
 @pytest.mark.slow

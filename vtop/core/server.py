@@ -35,7 +35,6 @@ types are only used for type checking, the code reads attributes.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 from vtop.clock import Clock
 from vtop.core.history import Series, capacity_for
 from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
+from vtop.core.stats import median
 from vtop.model.fmt import dur
 
 if TYPE_CHECKING:
@@ -410,7 +410,7 @@ class ServerTracker:
         if self._interval_key == key:
             return self._interval_val
         gaps = [b - a for a, b in zip(f, list(f)[1:]) if b > a]
-        val = min(30.0, max(0.1, statistics.median(gaps))) if gaps else self._default_interval
+        val = min(30.0, max(0.1, median(gaps))) if gaps else self._default_interval
         self._interval_key, self._interval_val = key, val
         return val
 

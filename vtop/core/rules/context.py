@@ -7,7 +7,6 @@ requests are read by attribute (``Any`` below marks those).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
+from vtop.core.stats import fmean
 from vtop.model.gpu import xid_text
 
 if TYPE_CHECKING:
@@ -131,9 +131,9 @@ class Ctx:
         sms = [p.sm for p in pts if p.sm is not None]
         if not utils:
             return None
-        s = f"gpu{idx}: GPU-Util {statistics.fmean(utils):.0f} %"
+        s = f"gpu{idx}: GPU-Util {fmean(utils):.0f} %"
         if sms:
-            s += f", SM activity {statistics.fmean(sms):.1f} %"
+            s += f", SM activity {fmean(sms):.1f} %"
         return s
 
     def xids_near(self, url: str | None, a: float, b: float) -> list[Any]:

@@ -11,12 +11,12 @@ have no such stretch); tests/unit/test_diagnose.py feeds synthetic GPU polls.
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_gpu
 from vtop.core.rules.util import dur, flag, is_proc, num, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     pass
@@ -57,8 +57,8 @@ def sm_idle(ctx: Ctx, idx: int) -> Alert | None:
     if gs.idle_since is None or ctx.now - gs.idle_since < th.sm_idle_s:
         return None
     since = gs.idle_since
-    mu = statistics.fmean(gs.idle_util)
-    ms = statistics.fmean(gs.idle_sm)
+    mu = fmean(gs.idle_util)
+    ms = fmean(gs.idle_sm)
     ev = [
         f"GPU-Util {mu:.0f} % but SM activity {ms:.1f} % for {dur(ctx.now - since)} "
         f"(>= {th.sm_idle_util:.0f} % vs < {th.sm_idle_active:.0f} %)",

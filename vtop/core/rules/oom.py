@@ -18,7 +18,6 @@ tests/unit/diag_fixtures.py (copied from real torch messages) show them.
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_gpu
 from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, is_proc, num, plural, short_url
+from vtop.core.stats import median
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
             if cell and cell[0] is not None:
                 peak_pts.append(cell[0])
         if before and peak_pts:
-            base = statistics.median(before)
+            base = median(before)
             peak = max(peak_pts)
             if peak - base >= th.mem_spike_pct:
                 spike = (idx, base, peak)

@@ -41,7 +41,6 @@ h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
 from __future__ import annotations
 
 import math
-import statistics
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_server
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, hist_count_at_least, num, plural, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -90,7 +90,7 @@ def _ordinary_e2e_s(st: ServerState) -> float | None:
         rate = (s.done - old.done) / (s.t - old.t)
         runs = [x.running for x in st.samples if x.t >= old.t and x.running is not None]
         if runs and rate > 0:
-            out.append(statistics.fmean(runs) / rate)
+            out.append(fmean(runs) / rate)
     return max(out) if out else None
 
 def _proven_logged(ctx: Ctx, url: str, st: ServerState) -> tuple[float, float, Any] | None:

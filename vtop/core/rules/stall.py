@@ -17,12 +17,12 @@ engine-stall-worker-only; quiet on every normal-* trace.
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_server
 from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -80,8 +80,8 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
             pts = gs.between(since, now)
             utils = [p.util for p in pts if p.util is not None]
             sms = [p.sm for p in pts if p.sm is not None]
-            mu = statistics.fmean(utils) if utils else None
-            ms = statistics.fmean(sms) if sms else None
+            mu = fmean(utils) if utils else None
+            ms = fmean(sms) if sms else None
             if mu is not None and mu < 5:
                 gl += ": the engine launches no GPU work (a Python-side hang, a deadlock, or a stopped process)"
             elif mu is not None and mu >= th.sm_idle_util and ms is not None and ms < th.sm_idle_active:

@@ -34,7 +34,6 @@ startup-failure-kv-too-small.
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.phases import Phase
@@ -42,6 +41,7 @@ from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.util import dur, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.phases import Failure
@@ -150,7 +150,7 @@ def _gpu_idle(ctx: Ctx, window_s: float) -> tuple[bool, list[str]] | None:
         utils += [p.util for p in ctx.mem.gpus[idx].between(ctx.now - window_s, ctx.now) if p.util is not None]
     if not utils:
         return None
-    mean = statistics.fmean(utils)
+    mean = fmean(utils)
     return mean < ctx.th.startup_still_gpu_util, [f"GPU-Util {mean:.0f} % over the same {dur(window_s)}"]
 
 
@@ -219,7 +219,7 @@ def startup_stall(ctx: Ctx) -> Alert | None:
         if gl:
             ev.append(gl + " during the silence")
             busy_sm += [p.sm for p in ctx.mem.gpus[idx].between(since, ctx.now) if p.sm is not None]
-    working = bool(busy_sm) and statistics.fmean(busy_sm) >= 50.0
+    working = bool(busy_sm) and fmean(busy_sm) >= 50.0
     if working:
         ev.append("the SMs are busy: the phase may just be slow (a big model's first torch.compile or profiling)")
     fix = []
