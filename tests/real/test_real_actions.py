@@ -12,8 +12,8 @@ import pytest
 from vtop.actions.probe import fetch_models, send_test_request
 from vtop.actions.pyspy import dump, pick_targets
 from vtop.actions.snapshot import make_bundle
-from vtop.sources.http11 import HttpPool
 from vtop.sources.discovery import discover
+from vtop.sources.http11 import HttpPool
 from vtop.sources.prom import parse_vllm_metrics
 
 pytestmark = pytest.mark.real
@@ -68,12 +68,16 @@ async def test_real_pyspy_dump_of_engine_core(real_vllm) -> None:  # type: ignor
 
 async def test_real_snapshot_bundle(real_vllm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # a request carrying the fake key in its Authorization header (the CPU server has no --api-key: ignored)
-    async with httpx.AsyncClient() as client:
+    client = HttpPool()
+    try:
         r = await send_test_request(real_vllm.url, model=real_vllm.model, endpoint="chat", prompt="snapshot me",
                                     max_tokens=4, max_model_len=real_vllm.max_model_len, api_key=FAKE_KEY,
                                     client=client)
         assert r.ok, r.message
-        metrics = (await client.get(real_vllm.url + "/metrics", timeout=30)).content
+        status, metrics = await client.get(real_vllm.url + "/metrics", limit=16 << 20, connect_timeout=30)
+        assert status == 200
+    finally:
+        await client.aclose()
     srv = _server(real_vllm)
     calls: list[tuple[int, int]] = []
     res = make_bundle(
