@@ -268,6 +268,10 @@ class VtopApp(App[int]):
         self._widget("requests", RequestsLine).display = False
         self._widget("log", LogPane)
         self._widget("status", "#status")
+        # looked up here, on the main screen: a tick under a modal screen (help, a test request)
+        # must find them too, and the app's own query_one asks the screen on top
+        for key in ("servers-msg", "body", "servers", "requests-line", "log-filter"):
+            self._widget(key, "#" + key)
         if self.replay is not None:
             if not self.replay.has_gpu:
                 self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
@@ -323,7 +327,7 @@ class VtopApp(App[int]):
         if width <= 0 or height <= 0:
             return
         total = max(0, height - 2)  # the status line and the keys
-        if self.query_one("#log-filter").display:
+        if self._widget("log-filter", "#log-filter").display:
             total -= 1
         inner = max(10, width - 4)  # border and padding
         console = self.console
@@ -382,12 +386,12 @@ class VtopApp(App[int]):
             for url, card in cards:
                 card.set_level(level["srv:" + url])
             req.display = req.has_text and level.get("requests", 0) > 0
-            self.query_one("#servers-msg", Static).display = not cards and level.get("servers-msg", 0) > 0
+            self._widget("servers-msg", "#servers-msg").display = not cards and level.get("servers-msg", 0) > 0
             startup.display = level["startup"] > 0
             body_rows = sum(v for k, v in h.items() if k not in ("alerts", "log"))
             log = self.w_log
             log.display = log_wanted and level.get("log", 0) > 0
-            body = self.query_one("#body", VerticalScroll)
+            body = self._widget("body", "#body")
             if log.display:
                 rest = total - h.get("alerts", 0) - body_rows
                 body.styles.height = body_rows
@@ -538,9 +542,9 @@ class VtopApp(App[int]):
         card = ServerCard(ws.url, window_s=self.config.history, max_gap=max(2.5 * interval, interval + 1.0),
                           classes="server-card")
         self.cards[ws.url] = card
-        box = self.query_one("#servers", Vertical)
-        box.mount(card, before=self.query_one("#requests-line"))
-        self.query_one("#servers-msg", Static).display = False
+        box = self._widget("servers", "#servers")
+        box.mount(card, before=self._widget("requests-line", "#requests-line"))
+        self._widget("servers-msg", "#servers-msg").display = False
         return card
 
     # ------------------------------------------------------------------ status
