@@ -15,8 +15,8 @@ Figures, each per vtop code (``--code NAME=DIR``: DIR holds the ``vtop`` package
   beside it), ``--once-runs`` each, the programs taking turns run by run.
 * **Python's start alone**: ``python -c pass``, taking turns with the one-shots.
 
-``--gpu real`` (default when NVML answers): the box's GPUs; ``fake``: vtop's ``--simulate-gpus 1``
-(nvitop has none: left out); ``none``: ``--no-gpu``. ``--load matmul`` (default when torch sees a
+``--gpu real`` (default when NVML answers): the box's GPUs; ``fake``: vtop's ``--simulate-gpus 1``, each
+call spinning the CPU time the real one takes on the H200 (nvitop has none: left out); ``none``: ``--no-gpu``. ``--load matmul`` (default when torch sees a
 GPU): a bf16 matmul loop on GPU 0 in a child process for the whole run, as in the issue's table.
 ``--server``: vtop also watches a replayed vLLM (bench/harness.py, the recorded H200 ``/metrics``).
 Rounds alternate the order of the codes, so what else the box does falls on each alike. Each
@@ -204,7 +204,9 @@ def main() -> int:
     nvitop = (not a.no_nvitop and gpu == "real" and importlib.util.find_spec("nvitop") is not None)
     py = sys.executable
     gpu_args = {"real": [], "fake": ["--simulate-gpus", "1"], "none": ["--no-gpu"]}[gpu]
-    once_gpu = {"real": [], "fake": ["--no-gpu"], "none": ["--no-gpu"]}[gpu]  # --once has no fake NVML
+    once_gpu = gpu_args
+    if gpu == "fake":  # each simulated NVML call spins the CPU time the real one takes on the H200
+        os.environ["VTOP_SIMULATED_NVML_COST"] = "h200"
 
     res: dict[str, Any] = {
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(), "gpu": gpu,

@@ -247,12 +247,15 @@ def _run_doctor(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
     if cfg.prometheus_url:
         return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
+    from vtop import gc_tuning
     from vtop.headless import run_once
 
     try:
         return run_once(cfg, window_s=window, as_json=as_json, doctor=True)
     except OSError as e:
         p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
+    finally:
+        gc_tuning.before_exit()
 
 
 def _run_replay(argv: Sequence[str], prog: str) -> int:
@@ -382,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if once or as_json:
         if cfg.log == "-":
             p.exit(EXIT_USAGE, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
+        from vtop import gc_tuning
+
+        gc_tuning.one_shot(window)
         from vtop.headless import run_once
 
         try:
@@ -389,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_once(cfg, window_s=window, as_json=as_json)
         except OSError as e:
             p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
+        finally:
+            gc_tuning.before_exit()
     log_fd = None
     if cfg.log == "-":
         try:
