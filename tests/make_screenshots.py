@@ -40,7 +40,7 @@ async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]
     relative to the recipe's events (tests/fixtures/h200-demo/events.jsonl)."""
     import json
 
-    from vtop.demo import demo_path
+    from vtop.faces.demo import demo_path
     from vtop.ui.replay import replay_app
 
     ev: dict[str, float] = {}

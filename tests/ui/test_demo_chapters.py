@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.screen_text import screen_lines
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.monitor.player import open_recording
 from vtop.ui.replay import replay_app
 

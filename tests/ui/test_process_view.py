@@ -8,7 +8,7 @@ from tests.screen_text import screen_text
 from tests.ui.test_demo_h200 import EV, seek_wall
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app

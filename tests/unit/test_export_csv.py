@@ -7,8 +7,8 @@ import io
 from pathlib import Path
 
 from vtop.cli import main
-from vtop.demo import demo_path
-from vtop.export_csv import COLUMNS, write_csv
+from vtop.faces.demo import demo_path
+from vtop.faces.export_csv import COLUMNS, write_csv
 from vtop.sources.record import load
 
 

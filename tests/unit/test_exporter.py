@@ -25,8 +25,8 @@ from prometheus_client.registry import CollectorRegistry
 from tests.metrics_server import MetricsServer, h200_payloads
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.demo import demo_path
-from vtop.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
+from vtop.faces.demo import demo_path
+from vtop.faces.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
 from vtop.model.gpu import OK, GpuPoll, GpuSample
 from vtop.monitor.monitor import Monitor
 from vtop.monitor.player import open_recording

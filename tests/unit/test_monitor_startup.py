@@ -5,7 +5,7 @@ recording of a cold start (vLLM 0.26.0), with the process table taken out of it.
 from __future__ import annotations
 
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.monitor.player import Player
 from vtop.sources.record import load
 

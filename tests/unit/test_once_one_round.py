@@ -23,7 +23,7 @@ import pytest
 from tests.faults.badserver import BadServer
 from tests.metrics_server import MetricsServer, h200_payloads
 from vtop.cli import main
-from vtop.headless import ONE_ROUND_NOTE
+from vtop.faces.headless import ONE_ROUND_NOTE
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "HOME": "/nonexistent"}

@@ -16,7 +16,7 @@ import pytest
 from tests import make_screenshots
 from tests.screen_text import svg_lines
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app
 from vtop.ui.widgets.keys_bar import KeysBar

@@ -8,7 +8,7 @@ DEMO_FILE = "demo-h200-vllm-0.26.0.jsonl.gz"
 
 
 def demo_path() -> Path:
-    p = Path(__file__).parent / "data" / DEMO_FILE
+    p = Path(__file__).parent.parent / "data" / DEMO_FILE
     if not p.exists():
         raise FileNotFoundError(p)
     return p
