@@ -12,7 +12,7 @@ from typing import Any
 from tests.conftest import FIXTURES
 from vtop.clock import FakeClock
 from vtop.model.gpu import GpuPoll
-from vtop.sources.record import polls_from_sampler
+from vtop.sources.recording.record import polls_from_sampler
 from vtop.sources.vllm import ModelsInfo, ServerPoll, poll_from_body, poll_from_error
 
 URL = "http://127.0.0.1:8000"

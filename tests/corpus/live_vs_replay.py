@@ -37,7 +37,7 @@ def replay_first(trace: Path, expect: list[str]) -> float | None:
     """Seconds after ``began`` the replay first names the incident (None: never)."""
     from vtop.config import Config
     from vtop.monitor.player import open_recording
-    from vtop.sources.trace import truth_of
+    from vtop.sources.recording.trace import truth_of
 
     began = float(truth_of(trace)["began"])
     m = open_recording(str(trace), config=Config()).play_to_end()
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", type=float, default=75.0, help="seconds played after it began")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from vtop.sources.trace import truth_of
+    from vtop.sources.recording.trace import truth_of
 
     truth = truth_of(a.trace)
     expect = [str(r) for r in truth.get("expect_rules") or []]

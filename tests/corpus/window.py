@@ -69,7 +69,7 @@ def doctor_at(path: Path, t_start: float, window_s: float = WINDOW_S, config: An
 
 
 def run_trace(path: Path, step_s: float = 30.0) -> list[WindowResult]:
-    from vtop.sources.trace import truth_of
+    from vtop.sources.recording.trace import truth_of
 
     truth = truth_of(path)
     cls = str(truth.get("class"))

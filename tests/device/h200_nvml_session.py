@@ -77,7 +77,7 @@ async def main(out: Path) -> None:
 
 
 def summarize(rec: Path, dest: Path) -> None:
-    from vtop.sources.record import read
+    from vtop.sources.recording.record import read
 
     phase = None
     per: dict[str, dict[str, list[float]]] = {}

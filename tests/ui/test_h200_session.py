@@ -12,7 +12,7 @@ import statistics
 
 from tests.conftest import FIXTURES, make_app
 from vtop.model.gpu import GpuPoll
-from vtop.sources.record import ReplayGpuSource, read
+from vtop.sources.recording.record import ReplayGpuSource, read
 from vtop.ui.widgets.gpu_panel import GpuCard
 
 REC = FIXTURES / "nvml" / "h200-vtop-session-matmul-tiny.jsonl"

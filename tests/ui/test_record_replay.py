@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tests.metrics_server import MetricsServer, h200_payloads
 from vtop.config import Config
-from vtop.sources.record import load, read
+from vtop.sources.recording.record import load, read
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app
 
@@ -180,7 +180,7 @@ async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:
 
     from vtop.sources.fake_nvml import simulated
     from vtop.sources.nvml import NvmlSource
-    from vtop.sources.record import Recorder, gpu_polls
+    from vtop.sources.recording.record import Recorder, gpu_polls
 
     poll = NvmlSource(simulated(2)).poll()
     r = Recorder(tmp_path / "x.jsonl")

@@ -32,7 +32,7 @@ from vtop.core.server import ServerTracker, ServerView
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
 from vtop.sources.prom import VllmMetrics, parse_vllm_metrics
-from vtop.sources.record import gpu_polls
+from vtop.sources.recording.record import gpu_polls
 from vtop.sources.vllm import ModelsInfo, ServerPoll, poll_from_body, poll_from_error
 
 URL = R.URL

@@ -51,7 +51,7 @@ def test_live_numbers_match_an_offline_replay_of_the_same_log() -> None:
 
 
 def test_vtop_recorded_the_gpu_through_the_run() -> None:
-    from vtop.sources.record import gpu_polls
+    from vtop.sources.recording.record import gpu_polls
 
     polls = gpu_polls(D / "vtop-record.jsonl")
     assert len(polls) > 150

@@ -113,7 +113,7 @@ def test_doctor_bad_input_is_one_line_exit_3_unknown() -> None:
 
 
 def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from vtop.sources.record import load
+    from vtop.sources.recording.record import load
 
     rec = tmp_path / "once.jsonl"
     r = run("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))

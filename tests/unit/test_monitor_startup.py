@@ -7,7 +7,7 @@ from __future__ import annotations
 from vtop.config import Config
 from vtop.faces.demo import demo_path
 from vtop.monitor.player import Player
-from vtop.sources.record import load
+from vtop.sources.recording.record import load
 
 
 def test_a_start_without_a_visible_process_is_starting_from_the_log() -> None:

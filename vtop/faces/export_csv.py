@@ -39,7 +39,7 @@ def _stamp(t: float) -> str:
 
 
 def rows(events: Iterable[Any]) -> Iterator[dict[str, str]]:
-    """The CSV rows of a recording's events (:func:`vtop.sources.record.load`)."""
+    """The CSV rows of a recording's events (:func:`vtop.sources.recording.record.load`)."""
     for e in events:
         if e.kind == "gpu":
             for g in e.data.gpus:
@@ -68,8 +68,8 @@ def rows(events: Iterable[Any]) -> Iterator[dict[str, str]]:
 
 def write_csv(path: str, out: IO[str]) -> int:
     """Write ``path``'s samples to ``out``; the number of rows. Raises ``ValueError``/``OSError``."""
-    from vtop.sources.record import load
-    from vtop.sources.trace import is_trace, load_trace
+    from vtop.sources.recording.record import load
+    from vtop.sources.recording.trace import is_trace, load_trace
 
     _header, events = load_trace(path) if is_trace(path) else load(path)
     if not events:

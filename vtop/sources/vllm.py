@@ -201,7 +201,7 @@ def restrict_exposition(text: str, names: frozenset[str] | set[str] | tuple[str,
 
 class ScrapePlan:
     """Which ``/metrics`` a poll asks for, and what a restricted answer is worth: the
-    scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.trace`,
+    scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.recording.trace`,
     full scrapes recorded once a second) gives the rules what a live vtop would have read,
     histograms only at the live cadence, carried over in between with their age.
 

@@ -3,7 +3,7 @@
 A trace is what the box said, second by second, recorded without vtop: the vLLM
 log byte for byte with its size each second, every ``/metrics`` and ``/health``
 answer, ``/version`` and ``/v1/models``, the process tree. This module turns it
-into the :class:`~vtop.sources.record.RecordEvent` stream a ``vtop --record`` file
+into the :class:`~vtop.sources.recording.record.RecordEvent` stream a ``vtop --record`` file
 gives (``server``, ``procs``, ``log``), parsed by the very code the live sources
 use (:func:`~vtop.sources.vllm.poll_from_body`, the log's
 :class:`~vtop.sources.logtail.LineSplitter`, the process scan), so any vtop can be
@@ -33,7 +33,7 @@ from typing import Any
 
 from vtop.model.gpu import OK, GpuPoll, GpuProcess, GpuSample
 from vtop.model.server import ModelsInfo, ServerPoll
-from vtop.sources.record import RecordEvent, read
+from vtop.sources.recording.record import RecordEvent, read
 
 TRUTH = "truth.json"
 
