@@ -173,7 +173,7 @@ async def h200_sleep(name: str, *, size: tuple[int, int]) -> None:
     """A server card SLEEPING: the real vLLM 0.26.0 H200 payloads (tests/fixtures/vllm/signals/h200-0.26.0/
     sleep), 20 s awake then 40 s after ``POST /sleep?level=1``, one scrape a second on a fake clock."""
     from vtop.clock import FakeClock
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
     from vtop.sources.vllm import poll_from_body
 
     src = Path(__file__).parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"

@@ -3,7 +3,7 @@
     python -m tests.corpus.shrink TRACE_DIR [...]
 
 Rewrites ``metrics.jsonl.gz`` keeping, in each body, the samples whose names vtop's
-parser reads (:data:`vtop.sources.prom.WANTED_SAMPLE_NAMES`) with their ``# HELP`` and
+parser reads (:data:`vtop.sources.metrics_text.WANTED_SAMPLE_NAMES`) with their ``# HELP`` and
 ``# TYPE`` lines, and records the dropped family names once (``"dropped"`` in the first
 row). Every other file is left as recorded. Safe to run twice.
 """
@@ -25,7 +25,7 @@ def keep_line(line: str, wanted: frozenset[str], families: frozenset[str]) -> bo
 
 
 def shrink(trace: Path) -> tuple[int, int]:
-    from vtop.sources.prom import HISTOGRAM_FAMILIES, WANTED_SAMPLE_NAMES
+    from vtop.sources.metrics_text import HISTOGRAM_FAMILIES, WANTED_SAMPLE_NAMES
 
     wanted = frozenset(WANTED_SAMPLE_NAMES)
     families = frozenset(WANTED_SAMPLE_NAMES) | frozenset(HISTOGRAM_FAMILIES)

@@ -76,7 +76,7 @@ def test_absent_families_show_nothing() -> None:
 
 def _view_of(text: str):  # type: ignore[no-untyped-def]
     from vtop.clock import FakeClock
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
 
     clock = FakeClock()
     tr = ServerTracker("http://127.0.0.1:8000", clock=clock)

@@ -31,7 +31,7 @@ from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
-from vtop.sources.prom import VllmMetrics, parse_vllm_metrics
+from vtop.sources.metrics_text import VllmMetrics, parse_vllm_metrics
 from vtop.sources.recording.record import gpu_polls
 from vtop.sources.vllm import ModelsInfo, ServerPoll, poll_from_body, poll_from_error
 

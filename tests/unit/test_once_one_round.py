@@ -46,7 +46,7 @@ def once(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 
 def test_once_answers_from_one_scrape_with_rates_null(capsys: pytest.CaptureFixture[str]) -> None:
     # seconds 19-24 of the H200 run: the burst begins
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
 
     payloads = h200_payloads(19, 6)
     first = parse_vllm_metrics(payloads[0])

@@ -17,7 +17,7 @@ from vtop.core.rules import Thresholds
 from vtop.core.server import ServerTracker, ServerView, sleep_level
 from vtop.faces.headless import format_text, server_row, signals_text
 from vtop.sources.codec import metrics_from_json, metrics_to_json
-from vtop.sources.prom import parse_vllm_metrics
+from vtop.sources.metrics_text import parse_vllm_metrics
 from vtop.sources.vllm import poll_from_body
 
 H200 = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0"

@@ -20,7 +20,7 @@ from vtop.config import Config
 from vtop.core.rules import Alert
 from vtop.monitor import monitor as monitor_module
 from vtop.monitor.monitor import Monitor
-from vtop.sources import prom
+from vtop.sources import metrics_text as prom
 from vtop.sources.vllm import poll_from_error
 
 URL = "http://127.0.0.1:8000"

@@ -141,7 +141,7 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
     """The header (the interval, the truth) and the events of a trace, in time order."""
     from vtop.sources.discovery import discover_servers
     from vtop.sources.logtail import LineSplitter
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
     from vtop.sources.vllm import (
         FAST_METRICS_PATH,
         METRICS_PATH,

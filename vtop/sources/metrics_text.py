@@ -1,4 +1,5 @@
-"""Read a vLLM ``/metrics`` payload into a plain, frozen snapshot.
+"""Read a vLLM ``/metrics`` payload (the Prometheus text exposition format) into a plain, frozen snapshot.
+(:mod:`vtop.sources.prometheus` is the other one: a client of a Prometheus server's query API.)
 
 Why this module looks the way it does:
 
@@ -30,7 +31,7 @@ Why this module looks the way it does:
      remembered and only the value token is converted, with the library's
      own value rules. A line is cached only after the library parsed it and
      the cached answer would have given the same result (no timestamp, same
-     value); ``tests/unit/test_prom_properties.py`` checks that cached and
+     value); ``tests/unit/test_metrics_text_properties.py`` checks that cached and
      uncached parses agree on random and mutated payloads. Results are
      applied in line order either way. Steady state: 0.5-0.9 ms a payload.
   3. The first scrape of a server (cold cache) sends one line per label
@@ -397,7 +398,7 @@ def _line_template(line: str, name: str, bucket: bool) -> tuple[str, str, str | 
     whatever its characters, so two such lines part only in the ``le`` it
     reports (and the template line's answer must carry its own ``le``,
     checked in _run_library). Any other line returns None and goes to the
-    library itself. ``tests/unit/test_prom_properties.py`` holds the cold
+    library itself. ``tests/unit/test_metrics_text_properties.py`` holds the cold
     parse to the uncached answer on edited and mutated payloads.
     """
     if "\\" in line or "\t" in line:

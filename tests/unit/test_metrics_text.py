@@ -1,4 +1,4 @@
-"""vtop.sources.prom on real vLLM payloads and on payloads written from the reference.
+"""vtop.sources.metrics_text on real vLLM payloads and on payloads written from the reference.
 
 Every number asserted on a real payload was read out of the fixture file by
 hand (grep), not computed by the code under test.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vtop.sources import prom
-from vtop.sources.prom import Histogram, VllmMetrics, clear_line_cache, parse_vllm_metrics
+from vtop.sources import metrics_text as prom
+from vtop.sources.metrics_text import Histogram, VllmMetrics, clear_line_cache, parse_vllm_metrics
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 
@@ -367,7 +367,7 @@ def test_cache_is_bounded_and_survives_overflow(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_sources_never_import_textual() -> None:
-    code = "import sys, vtop.sources.prom, vtop.core.rates; sys.exit('textual' in sys.modules)"
+    code = "import sys, vtop.sources.metrics_text, vtop.core.rates; sys.exit('textual' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vtop.core.rates import CounterWindow, HistogramWindow, histogram_quantile
-from vtop.sources import prom
-from vtop.sources.prom import Histogram, VllmMetrics, parse_vllm_metrics
+from vtop.sources import metrics_text as prom
+from vtop.sources.metrics_text import Histogram, VllmMetrics, parse_vllm_metrics
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 REAL = (FIX / "cpu-0.32.0-metrics-load.txt").read_text()
