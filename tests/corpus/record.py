@@ -66,7 +66,7 @@ WORK = Path(os.environ.get("VTOP_CORPUS_WORK", "/tmp/vtop-corpus"))
 #: seconds from ``began`` to ``should_alert_by`` per class (startup_failure: 0, at the error line)
 BUDGET = {"runaway": 60.0, "engine_stall": 30.0, "engine_death": 5.0, "kv_saturation": 40.0,
           "startup_stall": 90.0, "startup_failure": 0.0}
-#: vtop rule names (vtop.core.diagnose.RULES) that count as naming each class
+#: vtop rule names (vtop.core.rules.RULES) that count as naming each class
 EXPECT = {"runaway": ["runaway"], "engine_stall": ["engine_stall"], "engine_death": ["engine_died"],
           "kv_saturation": ["kv_saturation"], "startup_stall": ["startup_stall"],
           "startup_failure": ["startup_failure"], "restart": [], "normal": [], "clean_shutdown": []}
