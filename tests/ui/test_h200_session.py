@@ -1,4 +1,4 @@
-"""vtop's own recording of a real H200 (tests/device/h200_nvml_session.py ran it on the
+"""vtop's own recording of a real H200 (tools/device/h200_nvml_session.py ran it on the
 GPU machine): idle, a bf16 8192^2 matmul loop, a tiny-kernel loop, idle.
 
 "GPU-Util 100 %" only says a kernel was running; SM activity (GPM) says how

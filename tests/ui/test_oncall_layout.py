@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.screen_text import screen_lines
+from tests.helpers.screen_text import screen_lines
 from tests.ui.test_demo_h200 import EV, seek_wall
 from vtop.config import Config
 from vtop.faces.demo import demo_path

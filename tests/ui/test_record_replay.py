@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 from vtop.config import Config
 from vtop.sources.recording.record import load, read
 from vtop.ui.app import VtopApp

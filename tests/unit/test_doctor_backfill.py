@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.metrics_server import MetricsServer
+from tests.helpers.metrics_server import MetricsServer
 from vtop.sources.recording.record import read
 from vtop.sources.recording.trace import truth_of
 

@@ -1,5 +1,5 @@
 """The fleet from Prometheus (issue 27), over answers recorded from a real Prometheus 2.42
-(tests/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
+(tools/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
 local server that fails the ways a Prometheus fails. No wall-clock assertions: the clock is the
 recording's."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.prom_replay import PromReplay, clock_at, load
+from tests.helpers.prom_replay import PromReplay, clock_at, load
 from vtop.config import Config, ConfigError, build
 from vtop.faces.headless_fleet import SCHEMA, exit_code, format_text, report_json
 from vtop.monitor.fleet import Fleet

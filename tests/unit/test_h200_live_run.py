@@ -1,5 +1,5 @@
 """What vtop saw live on a real H200 while a real vLLM 0.26.0 started, served a burst and a
-runaway (tests/fixtures/h200-vtop-live/, made by tests/device/h200_vllm_session.py), checked
+runaway (tests/fixtures/h200-vtop-live/, made by tools/device/h200_vllm_session.py), checked
 against the same log replayed offline through the tracker."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}

@@ -20,8 +20,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.faults.badserver import BadServer
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.badserver import BadServer
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 from vtop.cli import main
 from vtop.faces.headless import ONE_ROUND_NOTE
 

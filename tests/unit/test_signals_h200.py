@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.clock import FakeClock
 from vtop.core.rules import Thresholds
 from vtop.core.server import ServerTracker, ServerView, sleep_level

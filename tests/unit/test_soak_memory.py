@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.core.rules import Alert

@@ -54,7 +54,7 @@ the wire, ``engine`` is the data-parallel index (absent in V0 and 0.7), and
 ``num_requests_swapped`` only exists in V0.
 
 The families of issue #29, what vtop reads and where the names come from. "Recorded 0.32": seen on the
-real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tests/real/vllm_cpu/record_signals.py);
+real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tools/record_signals.py);
 "recorded 0.26": seen on a real vLLM 0.26.0 CUDA build on an H200 (tests/fixtures/vllm/signals/h200-0.26.0/,
 2026-12-02: n-gram spec decode + prefix caching, ``--enable-sleep-mode`` at levels 1 and 2,
 ``--kv-offloading-size 8``); "source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``,

@@ -1,7 +1,7 @@
 """Run on the GPU machine: vtop records a real vLLM 0.26.0 on the H200 from before its
 launch through a burst of load and a runaway request, for ``vtop demo`` and the tests.
 
-    python3 tests/device/h200_demo_session.py OUTDIR [--budget-s 520]
+    python3 tools/device/h200_demo_session.py OUTDIR [--budget-s 520]
 
 What happens (one clock, the GPU machine's):
 * ``/tmp/tiny`` (the recipe's tiny random-weight Llama) is given a 131,072-token

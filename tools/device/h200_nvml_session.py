@@ -2,7 +2,7 @@
 Textual) watches a real H200 through idle, a large bf16 matmul loop and a
 tiny-kernel loop, records every sample it read, and saves an SVG per phase.
 
-    python3 tests/device/h200_nvml_session.py OUTDIR
+    python3 tools/device/h200_nvml_session.py OUTDIR
 
 The load runs in a separate process (its PID shows in NVML's process list,
 as a vLLM EngineCore's would). Writes OUTDIR/h200-nvml-session.jsonl (vtop's

@@ -1,6 +1,6 @@
 """Regenerate the screenshots in screenshots/ (deterministic: all from recordings).
 
-    python -m tests.make_screenshots
+    python -m tools.make_screenshots
 
 Every SVG directly under screenshots/ is made here, from vtop's own recordings of
 real runs (the H200 demo, the H200 NVML session, the real vLLM CPU incidents), so
@@ -17,7 +17,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from tests import h200_replay as rp
+from tests.helpers import h200_replay as rp
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 
@@ -44,7 +44,7 @@ async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]
     from vtop.ui.replay import replay_app
 
     ev: dict[str, float] = {}
-    for line in (Path(__file__).parent / "fixtures" / "h200-demo" / "events.jsonl").read_text().splitlines():
+    for line in (Path(__file__).parent.parent / "tests" / "fixtures" / "h200-demo" / "events.jsonl").read_text().splitlines():
         d = json.loads(line)
         ev.setdefault(d["ev"], float(d["t"]))
     for event, plus, name, size, *more in offsets:
@@ -65,7 +65,7 @@ async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]
 
 
 async def nvml_session(phase_end: str, name: str, size: tuple[int, int] = (120, 30)) -> None:
-    """vtop's own NVML recording of a real H200 (tests/device/h200_nvml_session.py): idle,
+    """vtop's own NVML recording of a real H200 (tools/device/h200_nvml_session.py): idle,
     a bf16 matmul loop, a tiny-kernel loop; the screen at the end of ``phase_end``."""
     from tests.ui.test_h200_session import phases
     from vtop.sources.recording.record import ReplayGpuSource
@@ -91,7 +91,7 @@ async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: t
     from vtop.core.rules import Thresholds
     from vtop.ui.replay import replay_app
 
-    path = Path(__file__).parent / "fixtures" / "cpu-incidents" / recording
+    path = Path(__file__).parent.parent / "tests" / "fixtures" / "cpu-incidents" / recording
     app = replay_app(str(path), config=Config(runaway_threshold=30.0), name=recording)
     app.diagnoser.thresholds = Thresholds(runaway_s=30.0, engine_stall_s=8.0)
     async with app.run_test(size=size) as pilot:
@@ -126,7 +126,7 @@ async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: flo
 
     from vtop.ui.replay import replay_app
 
-    path = Path(__file__).parent / "corpus" / "traces" / trace
+    path = Path(__file__).parent.parent / "tests" / "corpus" / "traces" / trace
     at = next(float(e["t"]) for e in map(json.loads, (path / "events.jsonl").read_text().splitlines())
               if e.get("what") == after_event)
     app = replay_app(str(path), config=Config(), name=trace)
@@ -146,7 +146,7 @@ async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...]
     from vtop.ui.replay import replay_app
 
     rec = "spec-prefix-load.jsonl.gz"
-    app = replay_app(str(Path(__file__).parent / "fixtures" / "cpu-incidents" / rec), config=Config(), name=rec)
+    app = replay_app(str(Path(__file__).parent.parent / "tests" / "fixtures" / "cpu-incidents" / rec), config=Config(), name=rec)
     async with app.run_test(size=size) as pilot:
         d = app.replay
         assert d is not None
@@ -176,7 +176,7 @@ async def h200_sleep(name: str, *, size: tuple[int, int]) -> None:
     from vtop.sources.metrics_text import parse_vllm_metrics
     from vtop.sources.vllm import poll_from_body
 
-    src = Path(__file__).parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"
+    src = Path(__file__).parent.parent / "tests" / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"
     clock = FakeClock(start=1000.0, wall_offset=1796199000.0)
     app = VtopApp(Config(history=60), gpu_source=None, autopoll=False, hostname="h200 (recorded payloads)",
                   clock=clock)
@@ -280,14 +280,14 @@ async def main() -> None:
 
 
 FLEET_OUT = OUT / "fleet"
-#: the fleet screen's pictures (``python -m tests.make_screenshots fleet``), from the answers a real
+#: the fleet screen's pictures (``python -m tools.make_screenshots fleet``), from the answers a real
 #: Prometheus 2.42 gave (tests/fixtures/prometheus/fleet-4.json); in a folder of their own, since
 #: their footer is the fleet screen's, not the box's
 FLEET_MADE = ("fleet-160x50.svg", "fleet-80x24.svg", "fleet-drill-160x50.svg", "fleet-drill-80x24.svg")
 
 
 async def fleet() -> None:
-    from tests.prom_replay import PromReplay, clock_at, load
+    from tests.helpers.prom_replay import PromReplay, clock_at, load
     from vtop.monitor.fleet import Fleet
     from vtop.sources.prometheus import PromClient
     from vtop.ui.fleet_app import FleetApp

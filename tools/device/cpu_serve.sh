@@ -1,6 +1,6 @@
 #!/bin/bash
 # cpu_serve.sh [--log PATH] [--wait [S]] [-- ARGS]: a stand-in for the GPU recipe's serve.sh, for the dry run
-# of tests/device/h200_corpus.py on a box without the GPU: starts the vLLM CPU build ($VTOP_VLLM_VENV, default
+# of tools/device/h200_corpus.py on a box without the GPU: starts the vLLM CPU build ($VTOP_VLLM_VENV, default
 # /tmp/vllmcpu) on $VTOP_VLLM_MODEL (/tmp/tinyllama) on a free loopback port, in a process group of its own
 # (not a new session: with sched_autogroup a new session starves the recorder on a 2-core box), and writes
 # $VTOP_H200_RUN_DIR/serve.pid and serve.json {"pid", "t_launch", "log", "port", "cmd"} as serve.sh does.

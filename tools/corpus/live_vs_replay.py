@@ -1,6 +1,6 @@
 """Does the replay of a trace name its incident when a live vtop would? Both, side by side.
 
-    python -m tests.corpus.live_vs_replay TRACE_DIR [--before S] [--after S] [--json]
+    python -m tools.corpus.live_vs_replay TRACE_DIR [--before S] [--after S] [--json]
 
 The scoreboard (``tests/corpus/score.py``) plays a trace through the monitor at once; the
 trace reader cuts each recorded full ``/metrics`` down to what the live scraper would have
@@ -93,7 +93,7 @@ async def live_first(trace: Path, expect: list[str], before: float, after: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.corpus.live_vs_replay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.corpus.live_vs_replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--before", type=float, default=20.0, help="seconds of the trace played before the incident began")
     ap.add_argument("--after", type=float, default=75.0, help="seconds played after it began")

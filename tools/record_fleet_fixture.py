@@ -1,6 +1,6 @@
-"""Record a real Prometheus' answers to the fleet's queries: ``python -m tests.record_fleet_fixture``.
+"""Record a real Prometheus' answers to the fleet's queries: ``python -m tools.record_fleet_fixture``.
 
-A real Prometheus (Debian's 2.42, :mod:`tests.prom_harness`) scrapes, every 2 seconds:
+A real Prometheus (Debian's 2.42, :mod:`tests.helpers.prom_harness`) scrapes, every 2 seconds:
 
 * ``gpu-a:8000`` a replay of the real H200 vLLM 0.26.0 /metrics from the moment a chat request
   without ``max_tokens`` runs alone (tests/fixtures/vllm/h200-0.26.0-metrics-timeline.jsonl.xz,
@@ -17,7 +17,7 @@ A real Prometheus (Debian's 2.42, :mod:`tests.prom_harness`) scrapes, every 2 se
 
 When the runaway's replay reaches payload 108 the answers of every query the fleet sends (the four of a refresh, the two
 of its history, the drill-in's GPU range) are saved with the time they were asked at, to
-``tests/fixtures/prometheus/fleet-4.json``. The fast tier replays them (:mod:`tests.prom_replay`).
+``tests/fixtures/prometheus/fleet-4.json``. The fast tier replays them (:mod:`tests.helpers.prom_replay`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
-from tests.metrics_server import MetricsServer, h200_payloads
-from tests.prom_harness import Prometheus, Target, dcgm_text, free_port
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.prom_harness import Prometheus, Target, dcgm_text, free_port
 from vtop.sources import fleet as q
 
-OUT = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
+OUT = Path(__file__).parent.parent / "tests" / "fixtures" / "prometheus" / "fleet-4.json"
 HISTORY_S = 300.0
 #: what `vtop export` serves on a box whose vLLM is starting (the names another helper's exporter uses)
 VTOP_EXPORT_GPU_E = """# TYPE vtop_startup_phase gauge
@@ -63,7 +63,7 @@ def queries(end: float) -> dict[str, tuple[str, dict[str, str]]]:
 
 
 def main() -> None:
-    fx = Path(__file__).parent / "fixtures" / "vllm"
+    fx = Path(__file__).parent.parent / "tests" / "fixtures" / "vllm"
     cpu_load = (fx / "cpu-0.32.0-metrics-load.txt").read_text()
     cpu_idle = (fx / "cpu-0.32.0-metrics-idle.txt").read_text()
     with MetricsServer(h200_payloads(40, 71), model="Qwen/Qwen3-8B") as a, MetricsServer([cpu_load]) as b, \

@@ -1,6 +1,6 @@
 """Record the signals of issue 29 from the real vLLM 0.26.0 on the H200 (run on the GPU machine).
 
-    python3 -m tests.device.h200_signals --out DIR [--url http://127.0.0.1:8000] [--seconds 40]
+    python3 -m tools.device.h200_signals --out DIR [--url http://127.0.0.1:8000] [--seconds 40]
 
 The server must be running already (the shared recipe's serve.sh), started with the flags whose
 metrics we want, e.g. ``-- --speculative-config '{"method": "ngram", ...}' --enable-prefix-caching``.

@@ -2,7 +2,7 @@
 # h200_s15.sh S|T   (on the GPU machine, from the repo root): session 15's GPU batch.
 #   S  receive the carried parts, install.sh, serve vLLM 0.26.0 with n-gram speculative decoding and
 #      prefix caching (falls back to a plain start, keeping the failed log, if 0.26.0 refuses), then
-#      tests/device/h200_signals.py records /metrics before/during/after a load -> $OUT/h200-signals.tgz
+#      tools/device/h200_signals.py records /metrics before/during/after a load -> $OUT/h200-signals.tgz
 #   T  against that running server: bench/oneshot.py (vtop --once --json beside nvitop's one-shot) when
 #      the tree has it, bench/h200/xid_wait.py (NVML XID event wait) when the tree has it, one
 #      `vtop --once --json` and one `nvitop -1` kept as text; then stop.sh and the serve log -> $OUT
@@ -26,7 +26,7 @@ case $CALL in
       bash /tmp/vllm-gpu/serve.sh --wait 300 -- --enable-prefix-caching > $D/serve-plain.out 2>&1 || { tail -n 25 $D/serve-plain.out; exit 1; }
       echo "served with prefix caching only (speculative decoding refused; log kept)"; MODE=plain
     fi
-    python3 -m tests.device.h200_signals --out $D/signals-$MODE --seconds 40
+    python3 -m tools.device.h200_signals --out $D/signals-$MODE --seconds 40
     cp /tmp/vllm/serve.log $D/signals-$MODE/serve-startup.log
     tar -czf "$OUT/h200-signals.tgz" -C $D . ;;
   T)

@@ -1,6 +1,6 @@
 """Run on the GPU machine: bench/run.py's scenarios on the box vtop is made for.
 
-    python3 tests/device/h200_bench.py OUTDIR [--window 60] [--warmup 10] [--starts 5]
+    python3 tools/device/h200_bench.py OUTDIR [--window 60] [--warmup 10] [--starts 5]
 
 The dev VM has 2 small cores; a GPU box has many fast ones, and vtop's cost
 there is the figure its users live with. Same scenarios as ``bench/run.py``,

@@ -1,7 +1,7 @@
 """A local HTTP server that answers the fleet's queries as a real Prometheus did.
 
 The answers were recorded from Debian's prometheus 2.42 scraping replayed vLLM and DCGM
-exporters (``python -m tests.record_fleet_fixture``); a query is matched by its PromQL text
+exporters (``python -m tools.record_fleet_fixture``); a query is matched by its PromQL text
 (the same functions build it), whatever its time parameters. An instant query made of some of
 a recorded query's tagged parts (``or``-joined, as :func:`vtop.sources.fleet.ts_query` or
 ``gpu_query(parts=...)`` build them) is answered with those parts' recorded series. A query it has no answer for
@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from vtop.clock import FakeClock
 
-FIXTURE = Path(__file__).parent / "fixtures" / "prometheus" / "fleet-4.json"
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "prometheus" / "fleet-4.json"
 
 
 def _parts(rec: dict[str, Any]) -> dict[str, list[Any]]:

@@ -1,7 +1,7 @@
 """Run on the GPU machine: vtop's and nvitop's own cost, side by side, watching a busy real H200.
 
-    python3 tests/device/h200_overhead.py OUTDIR [--window 60] [--warmup 10] [--interval 1]
-    python3 tests/device/h200_overhead.py OUTDIR --dry-run     # rehearsal without a GPU
+    python3 tools/device/h200_overhead.py OUTDIR [--window 60] [--warmup 10] [--interval 1]
+    python3 tools/device/h200_overhead.py OUTDIR --dry-run     # rehearsal without a GPU
 
 1. A GPU load starts in its own process: a torch bf16 8192x8192 matmul loop,
    for warm-up + window + 15 s (it prints the TFLOP/s it reached at the end).

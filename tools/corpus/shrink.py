@@ -1,6 +1,6 @@
 """Keep a trace small: drop the ``/metrics`` samples vtop does not read.
 
-    python -m tests.corpus.shrink TRACE_DIR [...]
+    python -m tools.corpus.shrink TRACE_DIR [...]
 
 Rewrites ``metrics.jsonl.gz`` keeping, in each body, the samples whose names vtop's
 parser reads (:data:`vtop.sources.metrics_text.WANTED_SAMPLE_NAMES`) with their ``# HELP`` and

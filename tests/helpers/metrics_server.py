@@ -77,7 +77,7 @@ def h200_payloads(start: int = 0, count: int = 60) -> list[str]:
     import lzma
     from pathlib import Path
 
-    path = Path(__file__).parent / "fixtures" / "vllm" / "h200-0.26.0-metrics-timeline.jsonl.xz"
+    path = Path(__file__).parent.parent / "fixtures" / "vllm" / "h200-0.26.0-metrics-timeline.jsonl.xz"
     out: list[str] = []
     with lzma.open(path, "rt") as f:
         for line in f:

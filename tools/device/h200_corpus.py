@@ -1,11 +1,11 @@
 """Record incident traces from the real vLLM 0.26.0 on the H200 machine, in the corpus format.
 
-    python3 -m tests.device.h200_corpus SCENARIO[,SCENARIO...] --out DIR [--budget-s N] [--small] [--scale F]
-    python3 -m tests.device.h200_corpus --list
+    python3 -m tools.device.h200_corpus SCENARIO[,SCENARIO...] --out DIR [--budget-s N] [--small] [--scale F]
+    python3 -m tools.device.h200_corpus --list
 
-Runs ON the GPU machine (``tests/device/README-corpus.md`` has the exact ``run`` commands), from the
+Runs ON the GPU machine (``tools/device/README-corpus.md`` has the exact ``run`` commands), from the
 repo root with ``PYTHONPATH=/tmp/vtop-site:$PWD``. Each scenario writes ``DIR/SCENARIO/`` in the format
-of ``tests/corpus/FORMAT.md``, with the pieces of ``tests/corpus/record.py`` (its sampler, log segments,
+of ``tests/corpus/FORMAT.md``, with the pieces of ``tools/corpus/record.py`` (its sampler, log segments,
 traffic and truth) and these differences:
 
 * the server is the shared recipe's: ``serve.sh`` starts ``vllm serve /tmp/tiny --host 127.0.0.1 --port
@@ -17,7 +17,7 @@ traffic and truth) and these differences:
 * every process of ``procs.jsonl.gz`` carries ``"cpu"``: its user+system CPU seconds.
 
 On a box without the GPU recipe (the dry run), ``VTOP_H200_SERVE`` / ``VTOP_H200_STOP`` name stand-ins
-for serve.sh / stop.sh (``tests/device/cpu_serve.sh`` / ``cpu_stop.sh`` start the CPU build) and
+for serve.sh / stop.sh (``tools/device/cpu_serve.sh`` / ``cpu_stop.sh`` start the CPU build) and
 ``VTOP_H200_RUN_DIR`` the folder of serve.pid / serve.json / serve.log (default ``/tmp/vllm``);
 ``--small`` scales the loads down for a CPU server and ``--scale`` the scenario's waits.
 
@@ -52,7 +52,7 @@ import httpx
 
 
 def _pytest_stand_in() -> None:
-    """tests.corpus.record imports tests.real.conftest, which imports pytest for its fixtures only: where
+    """tools.corpus.record imports tests.real.conftest, which imports pytest for its fixtures only: where
     pytest is not installed (the GPU machine, unless /tmp/vtop-site has it) a stand-in with its decorators."""
     try:
         import pytest  # noqa: F401
@@ -69,7 +69,7 @@ def _pytest_stand_in() -> None:
 
 _pytest_stand_in()
 
-from tests.corpus import record as R  # noqa: E402
+from tools.corpus import record as R  # noqa: E402
 
 RUN_DIR = Path(os.environ.get("VTOP_H200_RUN_DIR", "/tmp/vllm"))
 SERVE = os.environ.get("VTOP_H200_SERVE", "/tmp/vllm-gpu/serve.sh")
@@ -818,7 +818,7 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
             truth["began"] = truth["detectable_from"] = st["t"]
             truth["should_alert_by"] = round((lp or st)["t"] + R.BUDGET["startup_stall"], 3)
     truth["server"]["gpu"] = ctx.truth_extra.pop("gpu_name", None)
-    truth["recorder"] = "tests/device/h200_corpus.py"
+    truth["recorder"] = "tools/device/h200_corpus.py"
     return truth
 
 
@@ -905,7 +905,7 @@ def record_one(gs: GpuScenario, out: Path, params: dict[str, Any], scale: float)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m tests.device.h200_corpus", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m tools.device.h200_corpus", description=__doc__.split("\n\n")[0])
     ap.add_argument("scenarios", nargs="?", help="comma-separated: " + ",".join(SCENARIOS))
     ap.add_argument("--out", type=Path, help="the folder the trace folders go into")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip a scenario whose estimate does not fit")

@@ -1,7 +1,7 @@
 """Build what the diagnoser is fed (ServerViews, a GpuHistory, the startup tracker) from the
 real recordings, and realistic synthetic traces where no recording has the fault.
 
-Real: the H200 run of vLLM 0.26.0 (``tests/h200_replay.py``: startup, 200 requests at
+Real: the H200 run of vLLM 0.26.0 (``tests/helpers/h200_replay.py``: startup, 200 requests at
 concurrency 64, a burst of 1500 capped at 1024 running with 708 waiting, then a chat request
 without ``max_tokens`` that ran 71 s to the 32,768-token limit), its log, the CPU 0.32.0
 ``/metrics`` payloads and ``ps`` capture, the failed H200 start, and vtop's own NVML recording
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from tests import h200_replay as R
 from tests.conftest import FIXTURES
+from tests.helpers import h200_replay as R
 from vtop.clock import FakeClock
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import PhaseTracker

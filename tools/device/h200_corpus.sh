@@ -35,7 +35,7 @@ case $CALL in
 esac
 [ -x "${VTOP_H200_VLLM_BIN:-/tmp/site/bin/vllm}" ] || { echo "vLLM is not installed here (a fresh machine?): redo part00, then call A"; exit 2; }
 LEFT=$((565 - SECONDS))
-timeout -s TERM "$LEFT" python3 -m tests.device.h200_corpus "$S" --out "$D/$CALL" --budget-s $((LEFT - 25)) \
+timeout -s TERM "$LEFT" python3 -m tools.device.h200_corpus "$S" --out "$D/$CALL" --budget-s $((LEFT - 25)) \
   ${VTOP_H200_EXTRA:-} > "$D/$CALL.log" 2>&1
 RC=$?
 cp -f "$D/$CALL.log" "$D/$CALL/recorder.log"

@@ -1,6 +1,6 @@
 """Could GPM's engine busy time replace ``utilization.gpu``? On the real GPU, one run.
 
-    python3 tests/device/h200_gpm_util.py [--out gpm-util.json]
+    python3 tools/device/h200_gpm_util.py [--out gpm-util.json]
 
 ``nvmlDeviceGetUtilizationRates`` is an eighth of what a poll of the H200 costs
 vtop (50 us of CPU), and GPM, which vtop samples anyway for SM activity, also

@@ -1,7 +1,7 @@
 """Record an incident trace from the REAL vLLM CPU server, independent of vtop.
 
-    python -m tests.corpus.record SCENARIO --out tests/corpus/traces/NAME [--seconds N]
-    python -m tests.corpus.record --list
+    python -m tools.corpus.record SCENARIO --out tests/corpus/traces/NAME [--seconds N]
+    python -m tools.corpus.record --list
 
 Starts the real ``vllm serve`` (the CPU build, :class:`tests.real.conftest.RealVllm`: venv
 ``$VTOP_VLLM_VENV`` = /tmp/vllmcpu, model ``$VTOP_VLLM_MODEL`` = /tmp/tinyllama, on
@@ -12,7 +12,7 @@ the trace as ``tests/corpus/FORMAT.md`` says:
   families (less the ``vllm:*_created`` gauges: constant creation times) and
   ``process_start_time_seconds``, with their ``# HELP`` / ``# TYPE``; the names of the families
   left out are listed in ``"dropped"`` on the first line that saw them. That is still 3-4 KB
-  gzip a second; ``python -m tests.corpus.shrink TRACE`` then keeps only what vtop reads;
+  gzip a second; ``python -m tools.corpus.shrink TRACE`` then keeps only what vtop reads;
 * ``health.jsonl.gz``: ``GET /health`` every second;
 * ``info.jsonl.gz``: ``/version`` and ``/v1/models``, a line when they change (polled every
   5 s while healthy and at once when /health turns 200);
@@ -59,7 +59,7 @@ import httpx
 from tests.real.conftest import RealVllm, ServerFailed
 
 HERE = Path(__file__).resolve().parent
-TRACES = HERE / "traces"
+TRACES = HERE.parent.parent / "tests" / "corpus" / "traces"
 INDEX = TRACES / "INDEX.md"
 WORK = Path(os.environ.get("VTOP_CORPUS_WORK", "/tmp/vtop-corpus"))
 
@@ -1806,7 +1806,7 @@ def write_index(trace: Path) -> None:
         doc += " Ready after " + ", ".join(f"{e['healthy_after_s']:.0f} s" for e in ready) + "."
     size = sum(p.stat().st_size for p in trace.iterdir())
     TRACES.mkdir(parents=True, exist_ok=True)
-    head = ("# The traces\n\nOne line per trace (written by `tests/corpus/record.py`): name, class, duration "
+    head = ("# The traces\n\nOne line per trace (written by `tools/corpus/record.py`): name, class, duration "
             "(launch to end), what was done, key log lines seen, size on disk.\n\n"
             "| name | class | duration | what | key log lines | size |\n| --- | --- | --- | --- | --- | --- |\n")
     lines = INDEX.read_text().splitlines() if INDEX.exists() else head.rstrip("\n").splitlines()
@@ -1904,7 +1904,7 @@ def record(sc: Scenario, out: Path, seconds: float, wait_other: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.corpus.record", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.corpus.record", description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario", nargs="?", choices=sorted(SCENARIOS))
     ap.add_argument("--out", type=Path, help="the trace folder (default tests/corpus/traces/SCENARIO)")
     ap.add_argument("--seconds", type=float, help="length of the scenario's main phase (default per scenario)")

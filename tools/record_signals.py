@@ -12,7 +12,7 @@ Scenarios: ``spec-prefix`` (n-gram speculative decoding, prefix caching on, repe
 prompts), ``lora`` (a rank-8 q_proj/v_proj adapter of zeros written here), ``sleep``
 (``--enable-sleep-mode``, POST /sleep and /wake_up with VLLM_SERVER_DEV_MODE=1).
 
-Stdlib only; run with any python:  python tests/real/vllm_cpu/record_signals.py spec-prefix --out /tmp/sig
+Stdlib only; run with any python:  python tools/record_signals.py spec-prefix --out /tmp/sig
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run on the GPU machine: vtop watches a real vLLM 0.26.0 start on the H200 from before
 its launch, then a 1500-request burst and a runaway request, and writes down what it saw.
 
-    python3 tests/device/h200_vllm_session.py OUTDIR [--budget-s 420]
+    python3 tools/device/h200_vllm_session.py OUTDIR [--budget-s 420]
 
 vtop runs headless (Textual's run_test) with its real sources: NVML, process
 discovery, the /metrics scraper on http://127.0.0.1:8000 and the log
