@@ -67,7 +67,7 @@ async def demo(offsets: list[tuple[str, float, str, tuple[int, int]]]
 async def nvml_session(phase_end: str, name: str, size: tuple[int, int] = (120, 30)) -> None:
     """vtop's own NVML recording of a real H200 (tools/device/h200_nvml_session.py): idle,
     a bf16 matmul loop, a tiny-kernel loop; the screen at the end of ``phase_end``."""
-    from tests.ui.test_h200_session import phases
+    from tests.helpers.h200_session import phases
     from vtop.sources.recording.record import ReplayGpuSource
 
     ph = phases()

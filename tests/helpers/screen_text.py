@@ -45,3 +45,8 @@ def screen_lines(app: object) -> list[str]:
 
 def screen_text(app: object) -> str:
     return "\n".join(screen_lines(app))
+
+
+def card_text(card, view, now, width: int = 96):  # type: ignore[no-untyped-def]
+    card.show(view, now)
+    return ["".join(run[0] for run in line) for line in card.lines_cached(width)]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.real.test_real_terminal import capture, log_box
+from tests.helpers.real import capture, log_box
 
 pytestmark = pytest.mark.real
 

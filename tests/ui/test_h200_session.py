@@ -10,23 +10,11 @@ from __future__ import annotations
 import re
 import statistics
 
-from tests.conftest import FIXTURES, make_app
+from tests.conftest import make_app
+from tests.helpers.h200_session import phases
 from vtop.model.gpu import GpuPoll
-from vtop.sources.recording.record import ReplayGpuSource, read
+from vtop.sources.recording.record import ReplayGpuSource
 from vtop.ui.widgets.gpu_panel import GpuCard
-
-REC = FIXTURES / "nvml" / "h200-vtop-session-matmul-tiny.jsonl"
-
-
-def phases() -> dict[str, list[GpuPoll]]:
-    out: dict[str, list[GpuPoll]] = {}
-    phase = None
-    for r in read(REC):
-        if r["kind"] == "mark":
-            phase = r["label"]
-        elif r["kind"] == "gpu" and phase:
-            out.setdefault(phase, []).append(GpuPoll.from_json(r))
-    return out
 
 
 def med(polls: list[GpuPoll], key: str) -> float:

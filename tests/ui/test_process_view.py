@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from tests.helpers.demo_h200 import EV, seek_wall
 from tests.helpers.screen_text import screen_text
-from tests.ui.test_demo_h200 import EV, seek_wall
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.faces.demo import demo_path

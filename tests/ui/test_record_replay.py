@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tests.helpers.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.screen_text import card_text
 from vtop.config import Config
 from vtop.sources.recording.record import load, read
 from vtop.ui.app import VtopApp
@@ -26,11 +27,6 @@ from vtop.ui.replay import replay_app
 
 WIDTH = 96
 REQ_LOG = FIXTURES / "logs" / "requests" / "vllm-0.26.0-v1.log"
-
-
-def card_text(card, view, now):  # type: ignore[no-untyped-def]
-    card.show(view, now)
-    return ["".join(run[0] for run in line) for line in card.lines_cached(WIDTH)]
 
 
 async def record_live(tmp_path: Path, suffix: str = ".jsonl") -> tuple[Path, list[tuple[float, str, list[str]]], VtopApp]:
