@@ -144,11 +144,11 @@ def known_flag(sub: str, flag: str) -> bool:
     elif sub == "doctor":
         p = cli.doctor_parser()
     elif sub == "export":
-        from vtop.exporter import parser as export_parser
+        from vtop.faces.exporter import parser as export_parser
 
         p = export_parser()
     elif sub == "web":
-        from vtop.web import parser as web_parser
+        from vtop.faces.web import parser as web_parser
 
         p = web_parser()
     else:
@@ -170,11 +170,11 @@ def parse(cmd: str) -> None:
     elif argv and argv[0] == "doctor":
         cli.doctor_parser().parse_args(argv[1:])
     elif argv and argv[0] == "export":
-        from vtop.exporter import parser as export_parser
+        from vtop.faces.exporter import parser as export_parser
 
         export_parser().parse_args(argv[1:])
     elif argv and argv[0] == "web":
-        from vtop.web import parser as web_parser
+        from vtop.faces.web import parser as web_parser
 
         _, rest = web_parser().parse_known_args(argv[1:])
         cli.parser().parse_args(rest)

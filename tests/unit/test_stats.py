@@ -37,6 +37,6 @@ def test_the_headless_path_does_not_import_statistics() -> None:
     import subprocess
     import sys
 
-    code = "import sys, vtop.headless, vtop.core.rules; print('statistics' in sys.modules)"
+    code = "import sys, vtop.faces.headless, vtop.core.rules; print('statistics' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
