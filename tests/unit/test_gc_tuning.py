@@ -116,10 +116,16 @@ def test_a_one_shot_runs_its_round_without_the_collector_and_freezes_before_exit
     child = f"""
 import contextlib, gc, io, sys
 from vtop.cli import main
+sys.argv = ["vtop", "--once", "--json", "--no-gpu", "http://127.0.0.1:9"] + ({["--window", window]!r} if {window!r} else [])
 with contextlib.redirect_stdout(io.StringIO()):
-    rc = main(["--once", "--json", "--no-gpu", "http://127.0.0.1:9"] + ({["--window", window]!r} if {window!r} else []))
+    rc = main()  # as the program runs it
 print(rc, gc.isenabled(), gc.get_freeze_count() > 1000)
+with contextlib.redirect_stdout(io.StringIO()):
+    gc.unfreeze(); gc.enable()
+    main(sys.argv[1:])  # called with its arguments (a test, a caller): the process's collector is left alone
+print(gc.isenabled(), gc.get_freeze_count())
 """
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    rc, enabled, frozen = out.stdout.split()
+    rc, enabled, frozen, after_enabled, after_frozen = out.stdout.split()
     assert (rc, enabled, frozen) == ("2", str(collector_on), "True"), out.stderr[-2000:]
+    assert (after_enabled, after_frozen) == ("True", "0"), out.stderr[-2000:]
