@@ -1,6 +1,6 @@
 """The test-request key: one small, bounded, streamed request to see the server answer.
 
-Why it works this way (reference §3, §4):
+Why it works this way:
 
 * **Never without max_tokens.** A chat request that omits ``max_tokens`` may
   generate up to ``max_model_len - prompt`` tokens (2030 tokens, 4.7 s on the

@@ -23,7 +23,7 @@ Why this module looks the way it does:
   1. Comment lines are dropped and only the sample names we read are kept
      (a cheap ``startswith`` plus a dict lookup). HELP/TYPE carry nothing we
      need: the vLLM names are known and the ``_bucket/_sum/_count/_total``
-     suffixes are on the wire (reference §1.1). This also keeps the
+     suffixes are on the wire. This also keeps the
      library's quadratic comment splitting (``_split_quoted``) away from
      hostile input.
   2. A line cache: the text left of the value (``name{labels}``) is the same
@@ -46,7 +46,8 @@ Why this module looks the way it does:
      input costs at most about a second instead of the library's quadratic
      corners (long runs of backslashes and escaped quotes).
 
-Metric names follow ``shared/docs/vllm-reference.md`` §1 (0.6 to 0.33):
+Metric names, vLLM 0.6 to 0.33 (the tables below, ``_GAUGES`` to ``_HISTOGRAMS``, say which spelling is
+read where two exist):
 ``kv_cache_usage_perc`` is preferred over ``gpu_cache_usage_perc`` (both are
 0..1 fractions; 0.9.2-0.10 expose both), ``inter_token_latency_seconds``
 over ``time_per_output_token_seconds``, counters always end in ``_total`` on
@@ -58,7 +59,7 @@ real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tools/record_signals.p
 "recorded 0.26": seen on a real vLLM 0.26.0 CUDA build on an H200 (tests/fixtures/vllm/signals/h200-0.26.0/,
 2026-12-02: n-gram spec decode + prefix caching, ``--enable-sleep-mode`` at levels 1 and 2,
 ``--kv-offloading-size 8``); "source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``,
-``vllm/v1/spec_decode/metrics.py``) and, for other versions, shared/docs/vllm-reference.md §1 only.
+``vllm/v1/spec_decode/metrics.py``) and, for other versions, in the vLLM sources of that version.
 
 * Speculative decoding, V1 0.8.5+ (recorded 0.32 and 0.26, n-gram method):
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
