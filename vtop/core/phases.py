@@ -9,7 +9,7 @@ warmup, API server, ready), the facts each one reports, per tensor-parallel
 rank timings, the usual fatal errors with their fix, and when a start has gone
 silent for too long.
 
-Why it is built this way:
+Why it is built this way (see ``docs/vllm-reference.md`` §2 and §7):
 
 * The log's own timestamps (``MM-DD HH:MM:SS``, no year, no zone, local time of
   the vLLM host) are the clock of record, so a log replayed from disk gives the
@@ -86,8 +86,7 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 
 _TAG = r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)"
-# vLLM's record prefix, "LEVEL MM-DD HH:MM:SS[.fff] [file.py:N]" ("file.py:N]" without the opening
-# bracket up to 0.7), after an optional "(Process pid=N)" tag.
+# docs/vllm-reference.md §2.1 master prefix regex (both "file.py:N]" and "[file.py:N]").
 _RECORD_BODY = (
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mon>\d\d)-(?P<day>\d\d) "
     r"(?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:\.\d+)? "
