@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.conns import READ_EVERY_S, ConnTracker
+from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phase_types import Phase
 from vtop.core.server import UNKNOWN, ServerTracker, ServerView
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
+
+#: the phases of a start in which it may be fetching its model from the Hub (the API server reads the
+#: config in process start; the workers fetch the weights in the weights phase)
+DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
@@ -162,6 +167,8 @@ class Monitor:
         """Called with every new view of a server, as it is applied (tests, a recording's checks)."""
         self._changes: set[str] = set()
         self._undiagnosed = False
+        self.download = DownloadTracker()
+        """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
 
     # ------------------------------------------------------------------ reading
     @property
@@ -371,6 +378,38 @@ class Monitor:
         self._changes.add(LOG)
         self._undiagnosed = True
 
+    # ----------------------------------------------------------------- download
+    def download_target(self) -> tuple[int | None, str] | None:
+        """(server pid, Hub repo) while the followed start may be downloading (process start, engine
+        init, weights) and its model is a Hub repo id, not a folder; else None (nothing to scan)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting" or lv.snapshot.current not in DOWNLOAD_PHASES:
+            return None
+        tgt = self.log_target
+        ws = self.servers.get(tgt) if tgt is not None else None
+        proc = ws.process if ws is not None else None
+        model = (proc.model if proc is not None else None) or lv.snapshot.facts.model
+        from vtop.sources.hfcache import is_repo_id
+
+        if model is None or not is_repo_id(model):
+            return None
+        return (proc.pid if proc is not None else None), model
+
+    def apply_download(self, scan: CacheScan | None) -> None:
+        """One scan of the Hub cache (None: nothing to scan now)."""
+        if scan is None:
+            return
+        self.download.add(scan)
+        self._changes.add(LOG)
+        self._undiagnosed = True
+
+    def download_progress(self) -> DownloadProgress | None:
+        """The download of the start being followed, while it starts (None: none seen)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting":
+            return None
+        return self.download.progress(self.clock.monotonic())
+
     def apply_log_error(self, error: BaseException) -> None:
         self._say_log(f"vLLM log: reading failed: {type(error).__name__}: {error}")
 
@@ -467,7 +506,8 @@ class Monitor:
         alerts = self.diagnoser.update_from(
             now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
             log=lv, log_target=self.log_target if lv is not None else None,
-            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None})
+            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+            download=self.download_progress())
         if alerts != self.alerts:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
@@ -501,6 +541,7 @@ class Monitor:
         self.alerts = []
         self.alert_log = []
         self.log_view = None
+        self.download.reset()
         if self.log_watch is not None:
             self.log_watch.reset()
         self._changes.update((GPU, SERVERS, LOG, ALERTS))

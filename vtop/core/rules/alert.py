@@ -137,6 +137,8 @@ class Thresholds:
     startup_still_min_span_s: float = 10.0
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
+    #: startup stall in downloading: a Hub download with a file in flight and no byte more for this long
+    download_stall_s: float = 60.0
     #: spec_decode_low: draft-token acceptance below this percentage ...
     spec_low_acceptance_pct: float = 5.0
     #: ... for this long (minutes: a short dip is normal when the traffic changes) ...

@@ -20,6 +20,7 @@ from vtop.model.gpu import xid_text
 
 if TYPE_CHECKING:
     from vtop.core.conns import ConnTracker
+    from vtop.core.download import DownloadProgress
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
@@ -73,6 +74,8 @@ class Ctx:
     #: per URL of a server on this box, its connections as the kernel counts them
     #: (:class:`vtop.core.conns.ConnTracker`): which answer has streamed longest
     conns: Mapping[str, ConnTracker] = field(default_factory=dict)
+    #: the Hub download of the start at ``log_target`` (:mod:`vtop.core.download`), while one is watched
+    download: DownloadProgress | None = None
 
     def history_of(self, url: str) -> LogHistoryView | None:
         """The log's history, when the log is ``url``'s."""

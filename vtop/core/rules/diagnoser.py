@@ -11,6 +11,7 @@ from vtop.core.rules.alert import RANK, Alert, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Ctx, Memory, Rule
 from vtop.core.rules.death import EngineDied
+from vtop.core.rules.download import DownloadStall
 from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.kv import KvSaturation
@@ -24,6 +25,7 @@ from vtop.core.rules.util import LIVE, is_proc, role_of
 
 if TYPE_CHECKING:
     from vtop.core.conns import ConnTracker
+    from vtop.core.download import DownloadProgress
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
@@ -34,7 +36,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
-    return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
+    return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), DownloadStall(), StartupStall(),
             StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow())
 
 
@@ -58,20 +60,21 @@ class Diagnoser:
 
     def update_from(self, now: float, *, servers: Mapping[str, ServerView] | None, gpus: GpuHistory | None,
                     log: Any = None, log_target: str | None = None,
-                    conns: Mapping[str, ConnTracker] | None = None) -> list[Alert]:
+                    conns: Mapping[str, ConnTracker] | None = None,
+                    download: DownloadProgress | None = None) -> list[Alert]:
         """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
         views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
         ``request_logging``, ``recent``; see :class:`vtop.monitor.logwatch.LogView`)
         of the server at ``log_target``; ``conns`` each local server's connections."""
         if log is None:
-            return self.update(now, servers=servers, gpus=gpus, conns=conns)
+            return self.update(now, servers=servers, gpus=gpus, conns=conns, download=download)
         return self.update(
             now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
             log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
             startup_quiet=getattr(log, "quiet", None),
-            logged_since_start=getattr(log, "logged_since_start", None), conns=conns,
+            logged_since_start=getattr(log, "logged_since_start", None), conns=conns, download=download,
         )
 
 
@@ -91,6 +94,7 @@ class Diagnoser:
         log_history: LogHistoryView | None = None,
         logged_since_start: Sequence[tuple[float, int]] | None = None,
         conns: Mapping[str, ConnTracker] | None = None,
+        download: DownloadProgress | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -123,6 +127,7 @@ class Diagnoser:
         ctx.history = log_history
         ctx.conns = conns or {}
         ctx.logged_since_start = logged_since_start
+        ctx.download = download
         mem = self._mem
 
         for url in [u for u in mem.servers if u not in servers]:
