@@ -120,6 +120,10 @@ class DownloadTracker:
         self._grew_at: float | None = None
         self._prev_incomplete: dict[str, int] = {}
 
+    @property
+    def last_scan(self) -> CacheScan | None:
+        return self._last
+
     def reset(self) -> None:
         self.__init__(self.window_s)  # type: ignore[misc]
 
