@@ -11,7 +11,6 @@ from vtop.core.rules.alert import RANK, Alert, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Ctx, Memory, Rule
 from vtop.core.rules.death import EngineDied
-from vtop.core.rules.download import DownloadStall
 from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.kv import KvSaturation
@@ -36,7 +35,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
-    return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), DownloadStall(), StartupStall(),
+    return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
             StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow())
 
 

@@ -28,31 +28,28 @@ def download_in_flight(ctx: Ctx) -> bool:
     return _starting(ctx) and d is not None and d.active > 0
 
 
-class DownloadStall:
-    """The download-stall rule (see the module's docstring)."""
-
-    ids = ("startup_stall",)
-
-    def check(self, ctx: Ctx) -> list[Alert]:
-        d = ctx.download
-        limit = ctx.th.download_stall_s
-        if d is None or not _starting(ctx) or d.active == 0 or d.quiet_s < limit:
-            return []
-        tgt = ctx.log_target
-        ev = [
-            f"{d.active} file(s) downloading from the Hub (blobs/*.incomplete in {d.cache_dir}, read from the "
-            f"server's {'environment' if d.cache_from == 'environ' else 'default cache path'}) and no byte more "
-            f"for {dur(d.quiet_s)} (a stall past {dur(limit)})",
-            d.text(),
-        ]
-        if d.cut:
-            ev.append("the cache scan stopped at its deadline: the numbers are partial")
-        fix = (
-            "Check the network to the Hub (or HF_ENDPOINT's mirror): a proxy, a firewall, a rate limit; the download "
-            "resumes from the .incomplete file when the server restarts.",
-            "For big models, HF_HUB_ENABLE_HF_TRANSFER=1 (pip install hf_transfer) downloads in parallel.",
-            "Or download once (hf download " + d.repo + ") or copy the model in, and start with HF_HUB_OFFLINE=1 "
-            "or a local path: no start waits on the network.",
-        )
-        title = (f"Startup of {short_url(tgt)} stalled in downloading {d.repo}: no byte for {dur(d.quiet_s)}")
-        return [Alert("startup_stall", "warning", title, tuple(ev), fix, tgt, ctx.now - d.quiet_s)]
+def download_stall(ctx: Ctx) -> list[Alert]:
+    """The stall of this start's download, when a file in flight got no byte for ``download_stall_s``
+    (the startup-stall rule, :class:`vtop.core.rules.startup.StartupStall`, asks while one is in flight)."""
+    d = ctx.download
+    limit = ctx.th.download_stall_s
+    if d is None or not _starting(ctx) or d.active == 0 or d.quiet_s < limit:
+        return []
+    tgt = ctx.log_target
+    ev = [
+        f"{d.active} file(s) downloading from the Hub (blobs/*.incomplete in {d.cache_dir}, read from the "
+        f"server's {'environment' if d.cache_from == 'environ' else 'default cache path'}) and no byte more "
+        f"for {dur(d.quiet_s)} (a stall past {dur(limit)})",
+        d.text(),
+    ]
+    if d.cut:
+        ev.append("the cache scan stopped at its deadline: the numbers are partial")
+    fix = (
+        "Check the network to the Hub (or HF_ENDPOINT's mirror): a proxy, a firewall, a rate limit; the download "
+        "resumes from the .incomplete file when the server restarts.",
+        "For big models, HF_HUB_ENABLE_HF_TRANSFER=1 (pip install hf_transfer) downloads in parallel.",
+        "Or download once (hf download " + d.repo + ") or copy the model in, and start with HF_HUB_OFFLINE=1 "
+        "or a local path: no start waits on the network.",
+    )
+    title = (f"Startup of {short_url(tgt)} stalled in downloading {d.repo}: no byte for {dur(d.quiet_s)}")
+    return [Alert("startup_stall", "warning", title, tuple(ev), fix, tgt, ctx.now - d.quiet_s)]

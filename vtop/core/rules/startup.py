@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from vtop.core.phases import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx
-from vtop.core.rules.download import download_in_flight
+from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.util import dur, short_url
 
@@ -54,8 +54,8 @@ class StartupStall:
     ids = ("startup_stall",)
 
     def check(self, ctx: Ctx) -> list[Alert]:
-        if download_in_flight(ctx):  # bytes moving is no stall; bytes stopped: the download rule names it
-            return []
+        if download_in_flight(ctx):  # bytes moving is no stall; bytes stopped: vtop/core/rules/download.py names it
+            return download_stall(ctx)
         a = startup_stall(ctx)
         return [] if a is None else [a]
 
