@@ -15,8 +15,8 @@ import math
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import RANK, Alert
-from vtop.core.rules.context import Ctx, per_server
-from vtop.core.rules.util import cap_suggestion, flag, gib, is_proc, json_keys, num, short_url, version_tuple
+from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.rules.util import cap_suggestion, flag, gib, json_keys, num, short_url, version_tuple
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
@@ -29,17 +29,17 @@ class RiskyFlags:
 
     ids = ("risky_flags",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, risky_flags)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, risky_flags)
 
 
-def risky_flags(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
-    proc = v.process
-    if not is_proc(proc):
+def risky_flags(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = mem.th
+    proc = ctx.process_of(url)
+    if proc is None:
         return None
     items: list[tuple[str, str, str, str]] = []  # severity, headline, evidence, fix
-    mml = v.max_model_len or getattr(proc, "max_model_len", None)
+    mml = v.max_model_len or proc.max_model_len
     facts = ctx.startup.facts if ctx.startup is not None and ctx.log_target == url else None
     if mml is None and facts is not None:
         mml = facts.max_model_len
@@ -69,7 +69,7 @@ def risky_flags(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | N
             "Drop --mm-processor-cache-gb 0 (default 4 GiB) or use a small cache such as --mm-processor-cache-gb 1 "
             "if host RAM was the reason (it is held once per API server and per engine core).",
         ))
-    seqs = getattr(proc, "max_num_seqs", None)
+    seqs = proc.max_num_seqs
     if seqs and facts is not None and facts.max_concurrency:
         ratio = seqs / facts.max_concurrency
         if ratio >= th.risky_seqs_ratio:
@@ -87,25 +87,25 @@ def risky_flags(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | N
     # --gpu-memory-utilization next to the other processes on the same GPU.
     util = to_float(flag(proc, "--gpu-memory-utilization"))
     if util is None:
-        util = getattr(proc, "gpu_memory_utilization", None)
+        util = proc.gpu_memory_utilization
     default = util is None
     if util is None:
         ver = version_tuple(v.version)
         util = 0.92 if ver is not None and ver >= (0, 20) else 0.9
-    mine = set(getattr(proc, "gpu_pids", ()) or ()) | st.gpu_pids
-    for idx in ctx.gpus_of(url):
-        gs = ctx.mem.gpus.get(idx)
+    mine = set(proc.gpu_pids) | st.gpu_pids
+    for idx in mem.gpus_of(ctx, url):
+        gs = mem.gpus.get(idx)
         p = gs.points[-1] if gs is not None and gs.points else None
         if p is None or not p.mem_total or p.procs is None:
             continue
         others = [q for q in p.procs if int(q.pid) not in mine and q.used_bytes]
-        used = float(sum(q.used_bytes for q in others))
+        used = float(sum(q.used_bytes or 0 for q in others))
         if used > 0 and used + util * p.mem_total > p.mem_total:
             room = max(0.0, (p.mem_total - used) / p.mem_total - 0.02)
             items.append((
                 "warning",
                 f"--gpu-memory-utilization {util:g} leaves no room on gpu{idx}",
-                f"gpu{idx}: other processes hold {gib(used)} ({', '.join(ctx.proc_names(others))}); "
+                f"gpu{idx}: other processes hold {gib(used)} ({', '.join(mem.proc_names(ctx, others))}); "
                 f"--gpu-memory-utilization {util:g}{' (default)' if default else ''} asks for "
                 f"{gib(util * p.mem_total)} of {gib(p.mem_total)}: together {gib(used + util * p.mem_total)}",
                 f"Lower --gpu-memory-utilization to {math.floor(room * 100) / 100:.2f} or less (what is left next "

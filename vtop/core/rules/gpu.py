@@ -15,8 +15,8 @@ import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_gpu
-from vtop.core.rules.util import dur, flag, is_proc, num, short_url
+from vtop.core.rules.context import Evidence, Memory, per_gpu
+from vtop.core.rules.util import dur, flag, num, short_url
 
 if TYPE_CHECKING:
     pass
@@ -27,17 +27,17 @@ class SmIdle:
 
     ids = ("sm_idle",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_gpu(ctx, sm_idle)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_gpu(ctx, mem, sm_idle)
 
 
-def sm_idle(ctx: Ctx, idx: int) -> Alert | None:
-    th = ctx.th
-    gs = ctx.mem.gpus[idx]
+def sm_idle(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
+    th = mem.th
+    gs = mem.gpus[idx]
     p = gs.points[-1] if gs.points else None
     if p is None:
         return None
-    if ctx.starting_on(idx):
+    if mem.starting_on(ctx, idx):
         gs.idle_since = None
         return None
     if p.t != gs.idle_last_t:
@@ -65,17 +65,17 @@ def sm_idle(ctx: Ctx, idx: int) -> Alert | None:
         "GPU-Util counts the time any kernel runs; GPM SM activity says how many SMs work: the GPU is launch-bound "
         "(many tiny kernels) or waiting inside a kernel",
     ]
-    names = ctx.proc_names(p.procs)
+    names = mem.proc_names(ctx, p.procs)
     if names:
         ev.append("processes: " + ", ".join(names))
     owners = ctx.gpu_owner.get(idx, [])
     eager = False
     for url in owners:
-        v = ctx.servers.get(url)
-        if v is not None and is_proc(v.process) and flag(v.process, "--enforce-eager") is not None:
+        proc = ctx.process_of(url)
+        if proc is not None and flag(proc, "--enforce-eager") is not None:
             eager = True
             ev.append(f"{short_url(url)} runs with --enforce-eager: no CUDA graphs, one launch per kernel")
-        st = ctx.mem.servers.get(url)
+        st = mem.servers.get(url)
         if st is not None and st.last is not None and st.last.running:
             r0 = st.at(ctx.now - 30.0)
             if r0 is not None and r0.gen is not None and st.last.gen is not None and st.last.gen <= r0.gen:

@@ -18,8 +18,8 @@ import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_server
-from vtop.core.rules.util import LIVE, dur, is_proc, num, plural, short_url
+from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.rules.util import LIVE, dur, num, plural, short_url
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -31,16 +31,16 @@ class KvSaturation:
 
     ids = ("kv_saturation",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, kv_saturation)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, kv_saturation)
 
 
-def _kv_high_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
+def _kv_high_window(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> float | None:
     """When KV usage began to sit high, judged over the last ``kv_window_s``: at or above
     ``kv_saturation_pct`` most of the time (``kv_window_frac``), the median within 5 points of
     it. Real trace kv-saturation-preemptions: 96-98 % with a dip to 83-94 % every few
     scrapes, 15 s in a row at most."""
-    th = ctx.th
+    th = mem.th
     s = st.last
     if s is None:
         return None
@@ -59,7 +59,7 @@ def _kv_high_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
         return None
     return high[0]
 
-def _preempt_storm_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
+def _preempt_storm_window(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> float | None:
     """When a sustained preemption storm began: over the last ``kv_window_s``, at least
     ``preempt_storm_ps`` preemptions a second, a queue waiting in at least half the samples,
     and KV usage with a median within 10 points of ``kv_saturation_pct``. vLLM preempts a
@@ -72,7 +72,7 @@ def _preempt_storm_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
     Before vtop's first sample (``doctor --window 15``) the log's stats lines give KV usage and
     the queue; the rate itself comes from ``/metrics`` only (the V1 stats line has no
     preemption count), over at least 10 s of it."""
-    th = ctx.th
+    th = mem.th
     s = st.last
     if s is None or s.preempt is None:
         return None
@@ -99,21 +99,21 @@ def _preempt_storm_window(ctx: Ctx, url: str, st: ServerState) -> float | None:
     return min(kvs[0][0], waits[0][0])
 
 
-def kv_saturation(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
+def kv_saturation(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
     """KV cache full with preemptions or a growing queue: usage at or above the threshold
     for ``kv_saturation_s`` in a row, or most of a ``kv_window_s`` window (it dips as
     requests finish). Traces: kv-saturation-many-seqs, kv-saturation-preemptions; quiet on
     normal-bursts-long-queue and normal-bursts-waiting-queue."""
-    th = ctx.th
+    th = mem.th
     s = st.last
     if s is None or v.state not in LIVE or s.kv is None:
         return None
     now = ctx.now
     since = st.kv_high_since if st.kv_high_since is not None and now - st.kv_high_since >= th.kv_saturation_s else None
     if since is None:
-        since = _kv_high_window(ctx, url, st)
+        since = _kv_high_window(ctx, mem, url, st)
     if since is None:
-        since = _preempt_storm_window(ctx, url, st)
+        since = _preempt_storm_window(ctx, mem, url, st)
     if since is None:
         return None
     w0 = st.at(max(since, s.t - th.preempt_window_s)) or s
@@ -132,8 +132,8 @@ def kv_saturation(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert |
         "cache and are recomputed",
         f"waiting {num(wait_then)} -> {num(wait_now)}",
     ]
-    proc = v.process
-    seqs = getattr(proc, "max_num_seqs", None) if is_proc(proc) else None
+    proc = ctx.process_of(url)
+    seqs = proc.max_num_seqs if proc is not None else None
     target = max(1, int((s.running or 0) * 0.75)) if s.running else None
     fix = [
         "Lower --max-num-seqs" + (f" (now {seqs})" if seqs else "")

@@ -20,16 +20,17 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vtop.core.phases import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_gpu
-from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, is_proc, num, plural, short_url
+from vtop.core.rules.context import Evidence, Memory, per_gpu
+from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, num, plural, short_url
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
+    from vtop.core.phase_types import LogLine
     from vtop.core.phases import Failure
 
 _OOM_RE = re.compile(
@@ -85,12 +86,12 @@ class Oom:
         #: the arrival of the newest log line scanned
         self.log_seen: float | None = None
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        self._scan(ctx)
-        return self._alerts(ctx)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        self._scan(ctx, mem)
+        return self._alerts(ctx, mem)
 
-    def _scan(self, ctx: Ctx) -> None:
-        th = ctx.th
+    def _scan(self, ctx: Evidence, mem: Memory) -> None:
+        th = mem.th
         snap = ctx.startup
         starting = snap is not None and snap.state == "starting"
         if snap is not None and snap.state == "failed" and snap.failure is not None and is_oom_failure(snap.failure):
@@ -105,23 +106,23 @@ class Oom:
         log_lines = ctx.log_lines
         if log_lines:
             newest = self.log_seen
-            fresh: list[Any] = []
+            fresh: list[LogLine] = []
             for ln in reversed(log_lines):
-                arr = getattr(ln, "arrival", None)
-                if arr is None or (self.log_seen is not None and arr <= self.log_seen):
+                arr = ln.arrival
+                if self.log_seen is not None and arr <= self.log_seen:
                     break
                 fresh.append(ln)
                 newest = arr if newest is None else max(newest, arr)
             self.log_seen = newest
             # Lines read at attach carry the attach time as arrival: judge their age by the log's own clock.
-            stamps = [t for t in (getattr(ln, "t", None) for ln in fresh) if isinstance(t, (int, float))]
+            stamps = [ln.t for ln in fresh if ln.t is not None]
             log_now = max(stamps) if stamps else None
             for ln in reversed(fresh):
-                text = getattr(ln, "text", "") or ""
+                text = ln.text
                 if "out of memory" not in text or not _OOM_RE.search(text):
                     continue
-                lt = getattr(ln, "t", None)
-                if log_now is not None and isinstance(lt, (int, float)) and log_now - lt > th.oom_hold_s:
+                lt = ln.t
+                if log_now is not None and lt is not None and log_now - lt > th.oom_hold_s:
                     continue
                 key = ("log", float(ln.arrival))
                 # One event per burst: a traceback repeats the line (logger and raw stderr).
@@ -141,22 +142,22 @@ class Oom:
             for k in [k for k, e in self.events.items() if e.from_failure]:
                 del self.events[k]
 
-    def _alerts(self, ctx: Ctx) -> list[Alert]:
+    def _alerts(self, ctx: Evidence, mem: Memory) -> list[Alert]:
         out: dict[tuple[str, str | None], Alert] = {}
         for e in sorted(self.events.values(), key=lambda e: e.arrival):
             if e.alert is None:
-                e.alert = _classify(e, ctx)
+                e.alert = _classify(e, ctx, mem)
             out[e.alert.key] = e.alert  # the newest of a kind per target
         return list(out.values())
 
 
-def _classify(e: OomEvent, ctx: Ctx) -> Alert:
-    th = ctx.th
+def _classify(e: OomEvent, ctx: Evidence, mem: Memory) -> Alert:
+    th = mem.th
     url = e.target
     short = short_url(url)
     v = ctx.servers.get(url) if url else None
-    st = ctx.mem.servers.get(url) if url else None
-    proc = v.process if v is not None and is_proc(v.process) else None
+    st = mem.servers.get(url) if url else None
+    proc = ctx.process_of(url)
     line = e.line.strip()
     m = _OOM_RE.search(line)
     amt = m.group("amt") if m and m.groupdict().get("amt") else None
@@ -176,12 +177,12 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
         phase = e.phase
         where = f" during {phase.label}" if phase is not None else " at startup"
         ev[0] = ev[0] + where
-        other_lines = ctx.other_procs_lines(url, e.arrival)
+        other_lines = mem.other_procs_lines(ctx, url, e.arrival)
         ev += other_lines
         for pid, a in torch_others:
-            ev.append(f"torch saw {ctx.name_pid(pid)} holding {a} on that GPU")
+            ev.append(f"torch saw {mem.name_pid(ctx, pid)} holding {a} on that GPU")
         util = to_float(flag(proc, "--gpu-memory-utilization")) if proc is not None else None
-        mml = (getattr(proc, "max_model_len", None) if proc is not None else None) or (
+        mml = (proc.max_model_len if proc is not None else None) or (
             ctx.startup.facts.max_model_len if ctx.startup is not None else None
         )
         fix: list[str] = []
@@ -228,13 +229,13 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
         if kvs:
             ev.append(f"KV cache peaked at {max(kvs):.1f} % in the {dur(th.transient_window_s)} before")
     spike = None
-    for idx in ctx.gpus_of(url) or sorted(ctx.mem.gpus):
-        gs = ctx.mem.gpus.get(idx)
+    for idx in mem.gpus_of(ctx, url) or sorted(mem.gpus):
+        gs = mem.gpus.get(idx)
         if gs is None:
             continue
         before = [p.mem_pct for p in gs.between(t1 - 300.0, t0) if p.mem_pct is not None]
         peak_pts = [p.mem_pct for p in gs.between(t0, t1) if p.mem_pct is not None]
-        tr = getattr(ctx.gpus, "tracks", {}).get(idx) if ctx.gpus is not None else None
+        tr = ctx.gpus.tracks.get(idx) if ctx.gpus is not None else None
         if tr is not None:
             cell = tr.series["mem"].buckets(t1, 1, th.transient_window_s)
             if cell and cell[0] is not None:
@@ -251,13 +252,13 @@ def _classify(e: OomEvent, ctx: Ctx) -> Alert:
             f"in the {dur(th.transient_window_s)} before"
         )
     uptime = None
-    if proc is not None and v is not None and v.last_ok_t is not None and getattr(proc, "create_time", None):
+    if proc is not None and v is not None and v.last_ok_t is not None and proc.create_time:
         uptime = v.last_ok_t - proc.create_time
     elif st is not None and st.first_up_t is not None:
         uptime = t1 - st.first_up_t
     if kv_full and pre > 0:
         ev.append(f"{plural(pre, 'preemption')} in the minute before: the KV cache was full")
-        seqs = getattr(proc, "max_num_seqs", None) if proc is not None else None
+        seqs = proc.max_num_seqs if proc is not None else None
         fix = [
             "Lower --max-num-seqs" + (f" (now {seqs})" if seqs else "") + " so fewer sequences compete for memory.",
             "Lower --gpu-memory-utilization a little to leave activations headroom, or add GPUs with "
@@ -304,15 +305,15 @@ class OomRisk:
 
     ids = ("oom_risk",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_gpu(ctx, oom_risk)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_gpu(ctx, mem, oom_risk)
 
 
-def oom_risk(ctx: Ctx, idx: int) -> Alert | None:
-    th = ctx.th
-    gs = ctx.mem.gpus[idx]
+def oom_risk(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
+    th = mem.th
+    gs = mem.gpus[idx]
     p = gs.points[-1] if gs.points else None
-    if p is None or p.mem_pct is None or p.mem_pct < th.oom_risk_pct or ctx.starting_on(idx):
+    if p is None or p.mem_pct is None or p.mem_pct < th.oom_risk_pct or mem.starting_on(ctx, idx):
         gs.risk_since = None
         return None
     t0 = p.t - th.oom_risk_window_s
@@ -343,7 +344,7 @@ def oom_risk(ctx: Ctx, idx: int) -> Alert | None:
         key=lambda x: -x[1],
     )
     if grow and grow[0][1] > 0:
-        ev.append(f"growing most: {ctx.name_pid(grow[0][0])}, +{gib(grow[0][1])} in {dur(span)}")
+        ev.append(f"growing most: {mem.name_pid(ctx, grow[0][0])}, +{gib(grow[0][1])} in {dur(span)}")
     fix = [
         "Find what grows (the process above) before it hits an out-of-memory error; for vLLM, set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and lower --gpu-memory-utilization.",

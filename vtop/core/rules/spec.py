@@ -14,7 +14,7 @@ temperature 0 ~94 % (spec-prefix). Quiet while the server sleeps, and while no d
 from __future__ import annotations
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx
+from vtop.core.rules.context import Evidence, Memory
 from vtop.core.rules.util import LIVE, dur, num, short_url
 
 
@@ -27,8 +27,8 @@ class SpecLow:
     def __init__(self) -> None:
         self._low_since: dict[str, float] = {}
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        th = ctx.th
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        th = mem.th
         out = []
         for url in list(self._low_since):
             if url not in ctx.servers:

@@ -21,7 +21,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
 
 if TYPE_CHECKING:
@@ -34,12 +34,12 @@ class EngineStall:
 
     ids = ("engine_stall",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, engine_stall)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, engine_stall)
 
 
-def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
+def engine_stall(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = mem.th
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running <= 0:
         return None
@@ -73,10 +73,10 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
         lat = f", /metrics in {v.latency_s * 1000:.0f} ms" if v.latency_s is not None else ""
         ev.append(f"the server still answers (/health {v.health if v.health is not None else '?'}{lat}): "
                   "the API server is alive, the engine is not moving")
-    for idx in ctx.gpus_of(url):
-        gl = ctx.gpu_line(idx, since, now)
+    for idx in mem.gpus_of(ctx, url):
+        gl = mem.gpu_line(idx, since, now)
         if gl:
-            gs = ctx.mem.gpus[idx]
+            gs = mem.gpus[idx]
             pts = gs.between(since, now)
             utils = [p.util for p in pts if p.util is not None]
             sms = [p.sm for p in pts if p.sm is not None]
@@ -87,7 +87,7 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
             elif mu is not None and mu >= th.sm_idle_util and ms is not None and ms < th.sm_idle_active:
                 gl += ": busy with idle SMs, the signature of a collective (NCCL) waiting for a peer"
             ev.append(gl)
-    xids = ctx.xid_lines(url, since - 60.0, now)
+    xids = mem.xid_lines(ctx, url, since - 60.0, now)
     ev.extend(xids)
     fix = [
         "Press d for a py-spy dump of the EngineCore (the workers for TP>1): it shows where the engine waits.",
@@ -99,5 +99,5 @@ def engine_stall(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | 
     if xids:
         fix.insert(0, "An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "
                       "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid), reset or replace the GPU.")
-        title += f"; {xid_short(ctx.xids_near(url, since - 60.0, now))}"
+        title += f"; {xid_short(mem.xids_near(ctx, url, since - 60.0, now))}"
     return Alert("engine_stall", "critical", title, tuple(ev), tuple(fix), url, since)
