@@ -180,44 +180,52 @@ class ServerState:
             p = None
         if self.first_t is None:
             self.first_t = s.t
-        if p is None:
-            self.last_finish_t = self.last_finish_t or s.t
-            self.last_progress_t = self.last_progress_t or s.t
-        else:
-            finished = (s.done is not None and p.done is not None and s.done > p.done) or (
-                s.running is not None and p.running is not None and s.running < p.running
-            )
-            if finished:
-                self.last_finish_t = s.t
-            moved = any(
-                a is not None and b is not None and b > a
-                for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
-            )
-            if moved or s.sleeping:
-                self.last_progress_t = s.t
-        if s.running is not None:
-            if s.running > 0:
-                if self.busy_since is None:
-                    self.busy_since = s.t
-                    self.busy_known = p is not None and p.running == 0
-                    self.idle_before = p.t if self.busy_known and p is not None else None
-                    self.busy_n0 = s.running
-                    self.busy_done0 = s.done or 0.0
-                    self.busy_drops = 0.0
-                elif p is not None and p.running is not None and s.running < p.running:
-                    self.busy_drops += p.running - s.running
-            else:
-                self.busy_since = None
+        self._note_moves(p, s)
+        self._note_busy(p, s)
         self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:
-            if s.kv >= kv_thr:
-                if self.kv_high_since is None:
-                    self.kv_high_since = s.t
-            else:
+            if s.kv < kv_thr:
                 self.kv_high_since = None
+            elif self.kv_high_since is None:
+                self.kv_high_since = s.t
         keep_recent(self.times, self.samples, s.t, s, keep_s)
+
+    def _note_moves(self, p: Sample | None, s: Sample) -> None:
+        """When a request last finished, when the counters last moved."""
+        if p is None:
+            self.last_finish_t = self.last_finish_t or s.t
+            self.last_progress_t = self.last_progress_t or s.t
+            return
+        finished = (s.done is not None and p.done is not None and s.done > p.done) or (
+            s.running is not None and p.running is not None and s.running < p.running
+        )
+        if finished:
+            self.last_finish_t = s.t
+        moved = any(
+            a is not None and b is not None and b > a
+            for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
+        )
+        if moved or s.sleeping:
+            self.last_progress_t = s.t
+
+    def _note_busy(self, p: Sample | None, s: Sample) -> None:
+        """The current stretch with requests running: since when, from what, and how many left it."""
+        if s.running is None:
+            return
+        if s.running <= 0:
+            self.busy_since = None
+            return
+        if self.busy_since is None:
+            self.busy_since = s.t
+            self.busy_known = p is not None and p.running == 0
+            self.idle_before = p.t if self.busy_known and p is not None else None
+            self.busy_n0 = s.running
+            self.busy_done0 = s.done or 0.0
+            self.busy_drops = 0.0
+        elif p is not None and p.running is not None and s.running < p.running:
+            self.busy_drops += p.running - s.running
 
 
 @dataclass(slots=True)
