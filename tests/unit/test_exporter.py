@@ -25,6 +25,7 @@ from prometheus_client.registry import CollectorRegistry
 from tests.metrics_server import MetricsServer, h200_payloads
 from vtop.clock import FakeClock
 from vtop.config import Config
+from vtop.core.rules import Thresholds
 from vtop.demo import demo_path
 from vtop.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
 from vtop.model.gpu import OK, GpuPoll, GpuSample
@@ -126,7 +127,8 @@ def test_the_runaway_is_an_alert_with_its_title_and_the_request_ages(demo) -> No
     fams2 = families(demo.monitor, state)
     assert title in {s.labels.get("title") for f in fams2 for s in f.samples if s.name == "vtop_alert_info"}
     # the incident ends: the alert reads 0 (not a vanished series) and its title goes
-    demo.feed_until(dict(demo.chapters)["end"] + 5)
+    # (an alert that clears is held alert_clear_hold_s: one incident if it comes back)
+    demo.feed_until(dict(demo.chapters)["end"] + 5 + Thresholds().alert_clear_hold_s)
     fams3 = families(demo.monitor, state)
     assert one(fams3, "vtop_alert", **key) == 0.0
     assert one(fams3, "vtop_alert_info", **key) is None

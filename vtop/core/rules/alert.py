@@ -143,5 +143,11 @@ class Thresholds:
     spec_low_s: float = 180.0
     #: ... judged only on windows with at least this many draft tokens proposed
     spec_min_draft_tokens: float = 100.0
+    #: alert hysteresis: a severity falls (or an alert clears) only after the rules said lower for this
+    #: long in a row (vtop/core/rules/hold.py); it rises at once
+    alert_hold_s: float = 10.0
+    #: ... and an alert the rules stop raising stays this long (a scrape or two under a line is the same
+    #: incident; longer, and an incident that ended would still read as on)
+    alert_clear_hold_s: float = 5.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from vtop.core.evidence import Evidence
 from vtop.core.rules.alert import Alert, Thresholds
+from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
 from vtop.core.server import ServerView
@@ -30,6 +31,13 @@ class Memory:
     gpus: dict[int, GpuState] = field(default_factory=dict)
     #: the monotonic time of the last GPU poll taken in
     gpu_mono: float | None = None
+    #: the incidents going on (what is shown of each alert; the diagnoser applies it after the rules)
+    hold: AlertHold = field(default_factory=lambda: AlertHold(Thresholds().alert_hold_s))
+
+    def started(self, rule: str, target: str | None, since: float) -> float:
+        """When the incident of ``rule`` on ``target`` began, if one is going on (else ``since``):
+        what a title's "for Ns" counts from, so that it does not restart when a severity flips."""
+        return self.hold.started((rule, target), since)
 
     # ------------------------------------------------------------------ reading GPUs and processes
 

@@ -11,6 +11,7 @@ from vtop.core.rules.context import Memory, Rule
 from vtop.core.rules.death import EngineDied
 from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
+from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.kv import KvSaturation
 from vtop.core.rules.oom import Oom, OomRisk
 from vtop.core.rules.runaway import Runaway
@@ -39,10 +40,9 @@ class Diagnoser:
 
     def __init__(self, thresholds: Thresholds = Thresholds()) -> None:
         self.thresholds = thresholds
-        self._mem = Memory(thresholds)
+        self._mem = Memory(thresholds, hold=AlertHold(thresholds.alert_hold_s, thresholds.alert_clear_hold_s))
         #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
         self.rules: tuple[Rule, ...] = default_rules()
-        self._since: dict[tuple[str, str | None], float] = {}
         self.alerts: list[Alert] = []
 
     def update(self, ev: Evidence) -> list[Alert]:
@@ -54,7 +54,8 @@ class Diagnoser:
         alerts: list[Alert] = []
         for rule in self.rules:
             alerts.extend(rule.check(ev, self._mem))
-        out = self._keep_since(alerts)
+        # one incident per alert while it lasts: its start, a severity that falls only after a while
+        out = self._mem.hold.apply(alerts, ev.now)
         out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else ev.now, a.rule,
                                 a.target or ""))
         self.alerts = out
@@ -80,21 +81,6 @@ class Diagnoser:
             if proc is not None:
                 st.note_cpu(ev.now, proc, th.history_s)
                 st.gpu_pids.update(int(pid) for pid in proc.gpu_pids)
-
-    def _keep_since(self, alerts: list[Alert]) -> list[Alert]:
-        """Keep the first "since" of a condition that goes on (rules may only know it roughly)."""
-        seen: dict[tuple[str, str | None], float] = {}
-        out: list[Alert] = []
-        for a in alerts:
-            if a.since is not None:
-                first = self._since.get(a.key)
-                since = a.since if first is None else min(first, a.since)
-                seen[a.key] = since
-                if since != a.since:
-                    a = Alert(a.rule, a.severity, a.title, a.evidence, a.fix, a.target, since)
-            out.append(a)
-        self._since = seen
-        return out
 
     # ------------------------------------------------------------------ GPUs
 

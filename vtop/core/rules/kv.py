@@ -4,8 +4,8 @@ Evidence: KV usage (``kv_cache_usage_perc``) at or above ``kv_saturation_pct`` f
 ``kv_saturation_s`` in a row, or over the last ``kv_window_s`` at or above it ``kv_window_frac``
 of the time with the median within 5 points (usage dips for a scrape as requests finish and
 are preempted, then climbs back); and, over ``preempt_window_s``, preemptions counted
-(``num_preemptions``) or ``waiting`` growing. A preemption storm (``preempt_storm_ps``) with a
-growing queue is critical. The window reaches back before vtop's first sample through the log's
+(``num_preemptions``) or ``waiting`` growing. A preemption storm (``preempt_storm_ps``) with
+requests waiting is critical. The window reaches back before vtop's first sample through the log's
 stats lines (their ``KV cache usage``), so ``doctor --window 15`` judges 30 s. A sustained preemption storm with a queue
 and a KV median within 10 points of the threshold counts too (vLLM preempts only for want of KV
 blocks). Corpus traces: tests/corpus/traces/kv-saturation-many-seqs, kv-saturation-preemptions,
@@ -15,9 +15,10 @@ kv-saturation-few-long-seqs; quiet on normal-bursts-long-queue and normal-bursts
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vtop.core.rules.alert import Alert
+from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, dur, num, plural, short_url
 
@@ -99,11 +100,41 @@ def _preempt_storm_window(ctx: Evidence, mem: Memory, url: str, st: ServerState)
     return min(kvs[0][0], waits[0][0])
 
 
+@dataclass(frozen=True)
+class KvFinding:
+    """A KV cache full: since when (the incident's start), how full, running, and over the window
+    ``window_s`` before now: preemptions and the queue then and now."""
+
+    url: str
+    since: float
+    now: float
+    kv_pct: float
+    running: float | None
+    window_s: float
+    preemptions: float
+    waiting_then: float
+    waiting_now: float
+    max_num_seqs: int | None
+
+    @property
+    def preempt_ps(self) -> float:
+        return self.preemptions / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def queue_growing(self) -> bool:
+        return self.waiting_now > 0 and self.waiting_now > self.waiting_then
+
+
 def kv_saturation(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
     """KV cache full with preemptions or a growing queue: usage at or above the threshold
     for ``kv_saturation_s`` in a row, or most of a ``kv_window_s`` window (it dips as
     requests finish). Traces: kv-saturation-many-seqs, kv-saturation-preemptions; quiet on
     normal-bursts-long-queue and normal-bursts-waiting-queue."""
+    f = kv_finding(ctx, mem, url, v, st)
+    return kv_alert(f, mem.th) if f is not None else None
+
+
+def kv_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> KvFinding | None:
     th = mem.th
     s = st.last
     if s is None or v.state not in LIVE or s.kv is None:
@@ -117,37 +148,39 @@ def kv_saturation(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
     if since is None:
         return None
     w0 = st.at(max(since, s.t - th.preempt_window_s)) or s
-    win = s.t - w0.t
     pre = (s.preempt - w0.preempt) if s.preempt is not None and w0.preempt is not None else 0.0
-    pre_ps = pre / win if win > 0 else 0.0
-    wait_now, wait_then = s.waiting or 0.0, w0.waiting or 0.0
-    growing = wait_now > 0 and wait_now > wait_then
-    if not (pre > 0 or growing):
-        return None
-    short = short_url(url)
-    ev = [
-        f"KV cache at {s.kv:.1f} % (near or above {th.kv_saturation_pct:.0f} % most of the time) for {dur(now - since)}, "
-        f"running {num(s.running)}",
-        f"{plural(pre, 'preemption')} in the last {dur(win)} ({pre_ps:.2f}/s): preempted requests lose their KV "
-        "cache and are recomputed",
-        f"waiting {num(wait_then)} -> {num(wait_now)}",
-    ]
     proc = ctx.process_of(url)
-    seqs = proc.max_num_seqs if proc is not None else None
-    target = max(1, int((s.running or 0) * 0.75)) if s.running else None
-    fix = [
-        "Lower --max-num-seqs" + (f" (now {seqs})" if seqs else "")
+    f = KvFinding(url, mem.started("kv_saturation", url, since), now, s.kv, s.running, s.t - w0.t, pre,
+                  w0.waiting or 0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None)
+    return f if f.preemptions > 0 or f.queue_growing else None
+
+
+def kv_alert(f: KvFinding, th: Thresholds) -> Alert:
+    """The words of a KV saturation."""
+    span = dur(f.now - f.since)
+    ev = [
+        f"KV cache at {f.kv_pct:.1f} % (near or above {th.kv_saturation_pct:.0f} % most of the time) for {span}, "
+        f"running {num(f.running)}",
+        f"{plural(f.preemptions, 'preemption')} in the last {dur(f.window_s)} ({f.preempt_ps:.2f}/s): preempted "
+        "requests lose their KV cache and are recomputed",
+        f"waiting {num(f.waiting_then)} -> {num(f.waiting_now)}",
+    ]
+    target = max(1, int((f.running or 0) * 0.75)) if f.running else None
+    fix = (
+        "Lower --max-num-seqs" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
         + (f", e.g. to {target}, " if target else " ")
         + "so the running sequences fit in the KV cache.",
         "Give the KV cache more room: raise --gpu-memory-utilization if the GPU has headroom, --kv-cache-dtype fp8, "
         "or more GPUs with --tensor-parallel-size.",
         "Limit concurrency upstream and set max_tokens in clients so sequences stay short.",
-    ]
-    sev = "critical" if pre_ps >= th.preempt_storm_ps and growing else "warning"
-    what = "preemption storm" if pre > 0 else "queue growing"
-    title = f"KV cache full on {short}: {s.kv:.0f} % for {dur(now - since)}, {what}"
-    if pre > 0:
-        title += f" ({num(pre)} in {dur(win)})"
-    return Alert("kv_saturation", sev, title, tuple(ev), tuple(fix), url, since)
+    )
+    # a storm with requests waiting: the cache cannot hold the work it is given (a queue that holds
+    # steady at 13 under 3.7 preemptions/s is as bad as one that grows; "growing" flipped every scrape)
+    sev = "critical" if f.preempt_ps >= th.preempt_storm_ps and f.waiting_now > 0 else "warning"
+    what = "preemption storm" if f.preemptions > 0 else "queue growing"
+    title = f"KV cache full on {short_url(f.url)}: {f.kv_pct:.0f} % for {span}, {what}"
+    if f.preemptions > 0:
+        title += f" ({num(f.preemptions)} in {dur(f.window_s)})"
+    return Alert("kv_saturation", sev, title, tuple(ev), fix, f.url, f.since)
 
 # ------------------------------------------------------------------ rule 6: GPU busy, SMs idle
