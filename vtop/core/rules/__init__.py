@@ -38,6 +38,9 @@ Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
 ``spec_decode_low``
     Speculative decoding whose draft tokens are nearly all rejected for minutes: it costs
     throughput instead of adding it (only where the spec-decode counters are exported).
+``queue_wedge``
+    ``running`` 0 with requests waiting and the counters flat for ``queue_wedge_s``: the scheduler
+    admits nothing (``engine_stall`` needs requests running).
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
@@ -49,7 +52,7 @@ monitor) and the diagnoser's :class:`~vtop.core.rules.context.Memory`.
 
 The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (:class:`Memory`, the
 :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
-module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
+module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.queue`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
 :mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
 corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 """

@@ -24,6 +24,7 @@ RULES = (
     "risky_flags",
     "api_unresponsive",
     "spec_decode_low",
+    "queue_wedge",
 )
 
 
@@ -149,5 +150,7 @@ class Thresholds:
     #: ... and an alert the rules stop raising stays this long (a scrape or two under a line is the same
     #: incident; longer, and an incident that ended would still read as on)
     alert_clear_hold_s: float = 5.0
+    #: queue_wedge: running 0, requests waiting and the counters flat for this long
+    queue_wedge_s: float = 30.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

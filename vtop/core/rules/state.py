@@ -126,6 +126,8 @@ class ServerState:
         self.busy_done0 = 0.0
         self.busy_drops = 0.0
         self.kv_high_since: float | None = None
+        #: first sample of the current stretch with running == 0 and requests waiting
+        self.queue_since: float | None = None
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
@@ -216,7 +218,12 @@ class ServerState:
             return
         if s.running <= 0:
             self.busy_since = None
+            if not s.waiting:
+                self.queue_since = None
+            elif self.queue_since is None:
+                self.queue_since = s.t
             return
+        self.queue_since = None
         if self.busy_since is None:
             self.busy_since = s.t
             self.busy_known = p is not None and p.running == 0
