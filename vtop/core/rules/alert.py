@@ -92,6 +92,9 @@ class Thresholds:
     #: 5 points of it (usage dips for a scrape as requests finish and are preempted, then climbs back)
     kv_window_s: float = 30.0
     kv_window_frac: float = 0.6
+    #: ... or, before vtop's first sample, the log's stats lines showing it full with requests waiting in bursts
+    #: this long before now, with the preemption counter above 0 (``doctor --window 15`` between two bursts)
+    kv_burst_lookback_s: float = 180.0
     #: preemptions and queue growth are judged over this window
     preempt_window_s: float = 60.0
     #: preemptions per second that make a KV saturation critical (a preemption storm)

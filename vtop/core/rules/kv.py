@@ -23,6 +23,7 @@ from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, dur, num, plural, short_url
 
 if TYPE_CHECKING:
+    from vtop.core.loghistory import StatsPoint
     from vtop.core.rules.state import ServerState
     from vtop.core.server import ServerView
 
@@ -115,6 +116,10 @@ class KvFinding:
     waiting_then: float
     waiting_now: float
     max_num_seqs: int | None
+    #: before vtop's first sample, the bursts the log's stats lines show (``start``, ``end``, peak KV %,
+    #: most waiting), when that is what names it; and the preemption counter then (since the start)
+    bursts: tuple[tuple[float, float, float, int], ...] = ()
+    preempt_total: float | None = None
 
     @property
     def preempt_ps(self) -> float:
@@ -146,13 +151,67 @@ def kv_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     if since is None:
         since = _preempt_storm_window(ctx, mem, url, st)
     if since is None:
-        return None
+        return _burst_finding(ctx, mem, url, st)
     w0 = st.at(max(since, s.t - th.preempt_window_s)) or s
     pre = (s.preempt - w0.preempt) if s.preempt is not None and w0.preempt is not None else 0.0
     proc = ctx.process_of(url)
     f = KvFinding(url, mem.started("kv_saturation", url, since), now, s.kv, s.running, s.t - w0.t, pre,
                   w0.waiting or 0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None)
     return f if f.preemptions > 0 or f.queue_growing else None
+
+
+def _log_bursts(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> list[tuple[float, float, float, int]]:
+    """The KV bursts the log's stats lines show in the ``kv_burst_lookback_s`` before now and
+    before vtop's first sample: two lines in a row or more (10 s) with KV usage at or above
+    ``kv_saturation_pct`` and requests waiting (or preempted). ``(start, end, peak KV %, most waiting)``."""
+    th = mem.th
+    hist = ctx.history_of(url)
+    if hist is None or st.first_t is None:
+        return []
+    out: list[tuple[float, float, float, int]] = []
+    run: list[StatsPoint] = []
+    for p in [*(p for p in hist.stats if ctx.now - th.kv_burst_lookback_s <= p.mono < st.first_t), None]:
+        full = p is not None and p.kv_pct is not None and p.kv_pct >= th.kv_saturation_pct \
+            and (p.waiting > 0 or bool(p.preemptions))
+        if p is not None and full:
+            run.append(p)
+            continue
+        if len(run) >= 2:
+            out.append((run[0].mono, run[-1].mono, max(q.kv_pct or 0.0 for q in run), max(q.waiting for q in run)))
+        run = []
+    return out
+
+
+def _burst_finding(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> KvFinding | None:
+    """KV pressure that comes in bursts, seen before vtop looked (``doctor --window 15`` between two
+    bursts): the log's stats lines hold the bursts, the preemption counter says requests were
+    preempted (vLLM preempts only for want of KV blocks). No normal trace of the corpus has a
+    single preemption."""
+    s = st.last
+    bursts = _log_bursts(ctx, mem, url, st)
+    hist = ctx.history_of(url)
+    line_pre = sum(p.preemptions or 0 for p in hist.stats) if hist is not None else 0
+    if s is None or not bursts or not ((s.preempt or 0.0) > 0 or line_pre > 0):
+        return None
+    proc = ctx.process_of(url)
+    return KvFinding(url, mem.started("kv_saturation", url, bursts[0][0]), ctx.now, s.kv or 0.0, s.running, 0.0, 0.0,
+                     0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None, tuple(bursts),
+                     s.preempt)
+
+
+def _burst_alert(f: KvFinding, th: Thresholds, fix: tuple[str, ...]) -> Alert:
+    peak = max(b[2] for b in f.bursts)
+    most = max(b[3] for b in f.bursts)
+    n = len(f.bursts)
+    pre = f"{plural(f.preempt_total, 'preemption')} since the server started" if f.preempt_total else "preemptions"
+    ev = [f"the log's stats lines: KV cache at {b[2]:.1f} % with up to {b[3]} waiting for {dur(b[1] - b[0] + 10.0)}, "
+          f"{dur(f.now - b[1])} ago" for b in f.bursts]
+    ev.append(f"{pre} (vllm:num_preemptions): vLLM preempts a request only when the KV cache has no block for it")
+    ev.append(f"now: KV cache at {f.kv_pct:.1f} %, running {num(f.running)}, waiting {num(f.waiting_now)}: "
+              "between bursts")
+    title = (f"KV cache full in bursts on {short_url(f.url)}: {plural(n, 'burst')} in the last "
+             f"{dur(f.now - f.since)} up to {peak:.0f} % with {most} waiting, {pre}")
+    return Alert("kv_saturation", "warning", title, tuple(ev), fix, f.url, f.since)
 
 
 def kv_alert(f: KvFinding, th: Thresholds) -> Alert:
@@ -176,6 +235,8 @@ def kv_alert(f: KvFinding, th: Thresholds) -> Alert:
     )
     # a storm with requests waiting: the cache cannot hold the work it is given (a queue that holds
     # steady at 13 under 3.7 preemptions/s is as bad as one that grows; "growing" flipped every scrape)
+    if f.bursts:
+        return _burst_alert(f, th, fix)
     sev = "critical" if f.preempt_ps >= th.preempt_storm_ps and f.waiting_now > 0 else "warning"
     what = "preemption storm" if f.preemptions > 0 else "queue growing"
     title = f"KV cache full on {short_url(f.url)}: {f.kv_pct:.0f} % for {span}, {what}"
