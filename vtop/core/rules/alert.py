@@ -150,9 +150,9 @@ class Thresholds:
     #: alert hysteresis: a severity falls (or an alert clears) only after the rules said lower for this
     #: long in a row (vtop/core/rules/hold.py); it rises at once
     alert_hold_s: float = 10.0
-    #: ... and an alert the rules stop raising stays this long (a scrape or two under a line is the same
-    #: incident; longer, and an incident that ended would still read as on)
-    alert_clear_hold_s: float = 5.0
+    #: ... and an alert the rules stop raising clears at once, but one of the same rule and target back within
+    #: this long is the same incident (its start, its severity): a scrape or two under a line
+    alert_clear_hold_s: float = 10.0
     #: queue_wedge: running 0, requests waiting and the counters flat for this long
     queue_wedge_s: float = 30.0
     #: how much per-server / per-GPU history the diagnoser keeps
