@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from vtop.core.download import DownloadTracker
+from vtop.core.evidence import Evidence, LogEvidence
 from vtop.core.phase_types import Phase, StallInfo
 from vtop.core.rules import Diagnoser, Thresholds
 from vtop.model.download import CacheScan
@@ -57,10 +58,10 @@ def test_stall_named_past_threshold_and_silence_rules_kept_quiet_while_bytes_mov
     tr.add(_scan(2.0, 5000))
     d = Diagnoser(Thresholds(download_stall_s=60.0))
     tr.add(_scan(50.0, 5000))
-    early = d.update(50.0, servers={}, log_target=URL, download=tr.progress(50.0))
+    early = d.update(Evidence(50.0, log=LogEvidence(URL), download=tr.progress(50.0)))
     assert not [a for a in early if a.rule == "startup_stall"]
     tr.add(_scan(63.0, 5000))
-    late = d.update(63.0, servers={}, log_target=URL, download=tr.progress(63.0))
+    late = d.update(Evidence(63.0, log=LogEvidence(URL), download=tr.progress(63.0)))
     stall = [a for a in late if a.rule == "startup_stall"]
     assert len(stall) == 1 and "downloading acme/tiny" in stall[0].title and "1m 01s" in stall[0].title
     assert any("HF_HUB_ENABLE_HF_TRANSFER" in f for f in stall[0].fix)
@@ -70,9 +71,9 @@ def test_stall_named_past_threshold_and_silence_rules_kept_quiet_while_bytes_mov
     tr2 = DownloadTracker()
     tr2.add(_scan(0.0, 100))
     tr2.add(_scan(2.0, 5000))
-    moving = Diagnoser().update(2.0, servers={}, log_target=URL, startup_stall=ceiling, download=tr2.progress(2.0))
+    moving = Diagnoser().update(Evidence(2.0, log=LogEvidence(URL, stall=ceiling), download=tr2.progress(2.0)))
     assert not [a for a in moving if a.rule == "startup_stall"]
-    alone = Diagnoser().update(2.0, servers={}, log_target=URL, startup_stall=ceiling)
+    alone = Diagnoser().update(Evidence(2.0, log=LogEvidence(URL, stall=ceiling)))
     assert [a.title for a in alone if a.rule == "startup_stall"]
 
 

@@ -38,18 +38,21 @@ Rules (``rule`` ids are stable):
 ``spec_decode_low``
     Speculative decoding whose draft tokens are nearly all rejected for minutes: it costs
     throughput instead of adding it (only where the spec-decode counters are exported).
+``queue_wedge``
+    ``running`` 0 with requests waiting and the counters flat for ``queue_wedge_s``: the scheduler
+    admits nothing (``engine_stall`` needs requests running).
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
     concurrency, ``--gpu-memory-utilization`` that leaves no room next to the
     other processes on the GPU.
 
-``core`` must not import ``sources`` at run time: GPU samples, server
-processes and in-flight requests are read by attribute.
+What a rule is given is typed: the tick's :class:`~vtop.core.evidence.Evidence` (built by the
+monitor) and the diagnoser's :class:`~vtop.core.rules.context.Memory`.
 
-The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (the typed :class:`Ctx` a
-rule is given, the :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
-module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
+The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (:class:`Memory`, the
+:class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
+module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.queue`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
 :mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
 corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 """
@@ -57,15 +60,16 @@ corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 from __future__ import annotations
 
 from vtop.core.rules.alert import RULES, SEVERITIES, Alert, Thresholds
-from vtop.core.rules.context import Ctx, Rule
+from vtop.core.rules.context import Evidence, Memory, Rule
 from vtop.core.rules.diagnoser import Diagnoser, diagnose_once
 
 __all__ = [
     "RULES",
     "SEVERITIES",
     "Alert",
-    "Ctx",
     "Diagnoser",
+    "Evidence",
+    "Memory",
     "Rule",
     "Thresholds",
     "diagnose_once",

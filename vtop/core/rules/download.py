@@ -13,26 +13,26 @@ a throttled local Hub, then the Hub paused mid-file).
 from __future__ import annotations
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx
+from vtop.core.rules.context import Evidence, Memory
 from vtop.core.rules.util import dur, short_url
 
 
-def _starting(ctx: Ctx) -> bool:
+def _starting(ctx: Evidence) -> bool:
     snap = ctx.startup
     return snap is None or snap.state == "starting"
 
 
-def download_in_flight(ctx: Ctx) -> bool:
+def download_in_flight(ctx: Evidence) -> bool:
     """A download of this start has a file in flight (moving, or stalled: this module names that)."""
     d = ctx.download
     return _starting(ctx) and d is not None and d.active > 0
 
 
-def download_stall(ctx: Ctx) -> list[Alert]:
+def download_stall(ctx: Evidence, mem: Memory) -> list[Alert]:
     """The stall of this start's download, when a file in flight got no byte for ``download_stall_s``
     (the startup-stall rule, :class:`vtop.core.rules.startup.StartupStall`, asks while one is in flight)."""
     d = ctx.download
-    limit = ctx.th.download_stall_s
+    limit = mem.th.download_stall_s
     if d is None or not _starting(ctx) or d.active == 0 or d.quiet_s < limit:
         return []
     tgt = ctx.log_target
