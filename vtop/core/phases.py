@@ -631,6 +631,8 @@ class PhaseTracker:
         self._errors = 0
         self._launch_t: float | None = None
         self._launch_arrival: float | None = None
+        self._launch_epoch: float | None = None
+        self._launch_off: float | None = None
         self._reset_startup()
 
     # ------------------------------------------------------------------ public API
@@ -671,6 +673,8 @@ class PhaseTracker:
         """
         if utc_offset_s is None:
             utc_offset_s = float(time.localtime(epoch).tm_gmtoff)
+        self._launch_epoch = epoch
+        self._launch_off = utc_offset_s
         self._launch_t = epoch + utc_offset_s
         self._launch_arrival = arrival
         rec = self._phases[Phase.PROCESS_START]
@@ -680,6 +684,20 @@ class PhaseTracker:
                 self._last_activity = arrival
         elif rec.start is not None and self._launch_t < rec.start:
             rec.start = self._launch_t
+
+    def set_clock_offset(self, offset_s: float) -> None:
+        """The log's clock minus the wall clock as measured (:mod:`vtop.core.logclock`): the launch
+        time marked goes on it (a log stamped 8 h behind, a container in UTC beside a host in UTC+8,
+        made "process start 8 h" or "ready in -8 h" on this box's offset)."""
+        epoch, old = self._launch_epoch, self._launch_t
+        if epoch is None or old is None or offset_s == self._launch_off:
+            return
+        self._launch_off = offset_s
+        new = epoch + offset_s
+        self._launch_t = new
+        rec = self._phases[Phase.PROCESS_START]
+        if rec.start is not None and (rec.start == old or new < rec.start):
+            rec.start = new if rec.end is None else min(new, rec.end)
 
     def mark_ready(self, arrival: float, source: str = "health") -> None:
         """The server answered ``/health`` 200 (or is otherwise known to be up).
@@ -874,6 +892,8 @@ class PhaseTracker:
         if not keep:
             self._launch_t = None
             self._launch_arrival = None
+            self._launch_epoch = None
+            self._launch_off = None
 
     def _classify(self, ev: LogEvent) -> str | None:
         """Level for the log pane; tracebacks and warnings printed raw get one too."""
