@@ -243,6 +243,15 @@ class StartupSnapshot:
             return None
         return self.ready_at - self.started
 
+    @property
+    def died_after_ready_s(self) -> float | None:
+        """A start that was ready and whose engine then died: how long after ready it died (the
+        start itself did not fail: it stays "ready in ..."; the death is its own fact). None otherwise."""
+        f = self.failure
+        if self.state != "failed" or f is None or f.phase is not Phase.READY or self.ready_at is None:
+            return None
+        return max(0.0, f.at - self.ready_at) if f.at is not None else 0.0
+
 
 @dataclass(slots=True)
 class LogLine:

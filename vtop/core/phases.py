@@ -1264,4 +1264,5 @@ def summarize(snapshot: StartupSnapshot) -> Mapping[str, object]:
         ],
         "total_s": snapshot.total_s,
         "failure": snapshot.failure.kind if snapshot.failure else None,
+        "died_after_ready_s": snapshot.died_after_ready_s,
     }

@@ -103,6 +103,41 @@ class EngineRow:
     kv_pct: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class LastSeen:
+    """A server's gauges as last seen, when they are not live (:meth:`ServerView.last_seen`): one
+    wording for every face ("last seen 19 s ago: 4 running, 0 waiting when the engine died")."""
+
+    state: str
+    running: float | None
+    waiting: float | None
+    kv_pct: float | None
+    age_s: float
+    died: bool = False
+    """The log says its engine died (a server down after an engine death)."""
+
+    @property
+    def when(self) -> str:
+        if self.died or self.state == "engine dead":
+            return "when the engine died"
+        return "when it stopped answering" if self.state == "down" else "at the last answer"
+
+    def lost(self) -> str:
+        """``4 running, 0 waiting when the engine died``: the requests that went with it."""
+        def n(x: float | None) -> str:
+            return "?" if x is None else f"{x:.0f}"
+        return f"{n(self.running)} running, {n(self.waiting)} waiting {self.when}"
+
+    def words(self) -> str:
+        kv = "" if self.kv_pct is None else f", KV {self.kv_pct:.0f}%"
+        age = f"{self.age_s:.0f} s" if self.age_s < 60 else dur(self.age_s)
+        return f"last seen {age} ago: {self.lost()}{kv}"
+
+    def to_json(self) -> dict[str, float | str | None]:
+        return {"running": self.running, "waiting": self.waiting, "kv_cache_pct": self.kv_pct,
+                "age_s": round(self.age_s, 1), "when": self.when}
+
+
 @dataclass(frozen=True)
 class ServerView:
     """Everything the UI shows about one server, as of one moment."""
@@ -179,6 +214,24 @@ class ServerView:
     def is_live(self) -> bool:
         """Numbers are current (not stale, not down)."""
         return self.state in ("up", "restarted", "engine dead")
+
+    @property
+    def gauges_live(self) -> bool:
+        """The gauges (running, waiting, KV) are the server's now. Not for a server that is down
+        (the last values seen), whose engine died (its API server still answers ``/metrics``,
+        frozen at the death), or whose polls are late (stale): those show :meth:`last_seen`."""
+        return self.state in ("up", "restarted")
+
+    def last_seen(self, now: float) -> LastSeen | None:
+        """The gauges as last seen, with their age, for a server whose gauges are not live
+        (:attr:`gauges_live`); None while they are, or when none was ever seen."""
+        if self.gauges_live or self.metrics is None or self.last_ok_mono is None:
+            return None
+        # a dead engine's /metrics still answers, frozen: its values are as old as the death
+        at = self.since if self.state == "engine dead" else self.last_ok_mono
+        t = self.total
+        return LastSeen(self.state, t.running if t else None, t.waiting if t else None, t.kv_pct if t else None,
+                        max(0.0, now - at))
 
 
 class ServerTracker:

@@ -157,12 +157,20 @@ class StartupPanel(Static):
             head += f" · {f.model}"
         if snap.world_size and snap.world_size > 1:
             head += f" · TP={snap.world_size}"
-        if snap.state == "ready":
+        died = snap.died_after_ready_s
+        if snap.state == "ready" or died is not None:
+            # A start that was ready stays "ready in 1 min 29 s" when its engine dies later: the
+            # death is its own line (it was redrawn "✗ FAILED ... ✗ ready 0.0 s").
             total = fmt_s(snap.total_s)
             out.append(f"✓ {head}: ready" + (f" in {total}" if total else ""), style="bold")
             slow = sorted((p for p in snap.phases if p.duration_s), key=lambda p: -(p.duration_s or 0))[:3]
             if slow:
                 out.append("  (" + ", ".join(f"{p.label} {fmt_s(p.duration_s)}" for p in slow) + ")")
+            if died is not None and snap.failure is not None:
+                fl = snap.failure
+                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {fl.message}", style="bold red")
+                out.append(f"\n  line: {fl.line[:300]}", style="red")
+                out.append(f"\n  fix:  {fl.fix}", style="bold")
             if not self.unfolded:
                 return out
             out.append("\n")
@@ -183,7 +191,7 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
-        if snap.failure is not None:
+        if snap.failure is not None and died is None:
             fl = snap.failure
             out.append("\n✗ ", style="bold red")
             out.append(fl.message, style="bold red")
@@ -220,7 +228,7 @@ class StartupPanel(Static):
                 out.append("\n")
             pv = done.get(ph)
             current = snap.state == "starting" and ph is snap.current
-            failed_here = snap.failure is not None and snap.failure.phase is ph
+            failed_here = snap.failure is not None and snap.failure.phase is ph and snap.died_after_ready_s is None
             if failed_here:
                 mark, style = "✗", "bold red"
             elif current:
