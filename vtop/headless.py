@@ -236,6 +236,7 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "itl_p50_s": _r(v.itl.p50, 4),
         "finished_in_window": dict(v.finished) if v.finished is not None else None,
         "rate_window_s": v.window_s,
+        "rate_span_s": _r(v.rate_span_s) if rates_from == "metrics" else None,
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
         "last_seen": seen.to_json() | {"text": seen.words()} if seen is not None else None,
@@ -590,7 +591,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
                          f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
-                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else ""))
+                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
+                            f" (over {s['rate_span_s']:.0f} s)" if s.get("rate_span_s") else ""))
         lines += signals_text(s)
         if s["state"] != "up":
             lines.append(f"  {s['message']}")

@@ -209,6 +209,14 @@ class ServerView:
     #: KV offload traffic over the window, bytes a second (None: no offload family or < 2 samples)
     offload_store_bps: float | None = None
     offload_load_bps: float | None = None
+    #: generation and prompt tokens a second over the last ``now_window_s``: the sparklines' rate, and the
+    #: card's headline (a 60 s average beside a 5 s sparkline read 2.5k while the runaway alert said 536)
+    gen_tps_now: float | None = None
+    prompt_tps_now: float | None = None
+    now_window_s: float = 5.0
+    #: seconds the windowed rates (``gen_tps``, ``prompt_tps``, ``preemptions_ps``) span: at most ``window_s``,
+    #: less while vtop has watched less (``doctor --window 15``)
+    rate_span_s: float = 0.0
 
     @property
     def is_live(self) -> bool:
@@ -280,6 +288,7 @@ class ServerTracker:
         self._off_store = CounterWindow(window_s)
         self._off_load = CounterWindow(window_s)
         # short windows for the sparklines: a 60 s average would flatten a burst
+        self.spark_rate_s = spark_rate_s
         self._gen_short = CounterWindow(spark_rate_s)
         self._prompt_short = CounterWindow(spark_rate_s)
         cap = capacity_for(history_s, interval_s)  # the rings are allocated now: flat memory from here
@@ -493,7 +502,8 @@ class ServerTracker:
         live = state in ("up", "restarted", "engine dead", "stale")
         m = self._metrics
         poll = self._last_poll
-        gen = self._gen.rate(now).rate if live else None
+        gen_w = self._gen.rate(now)
+        gen = gen_w.rate if live else None
         prompt = self._prompt.rate(now).rate if live else None
         pre = self._preempt.rate(now).rate if live else None
         hit_rate = None
@@ -555,6 +565,10 @@ class ServerTracker:
             and m.kv_offload_store_bytes_total is not None else None,
             offload_load_bps=self._off_load.rate(now).rate if live and m is not None
             and m.kv_offload_load_bytes_total is not None else None,
+            gen_tps_now=self._gen_short.rate(now).rate if live else None,
+            prompt_tps_now=self._prompt_short.rate(now).rate if live else None,
+            now_window_s=self.spark_rate_s,
+            rate_span_s=gen_w.span_s if live else 0.0,
         )
 
     def _spec_view(self, now: float, m: VllmMetrics | None) -> SpecView | None:

@@ -214,8 +214,8 @@ class ServerCard(_RunsWidget):
         elif t is not None:
             kv = "n/a" if t.kv_pct is None else f"{t.kv_pct:.0f}%"
             out.append((f" · running {fmt_num(t.running)} · waiting {fmt_num(t.waiting)} · KV {kv}", "label"))
-        if v.gen_tps is not None:
-            out.append((f" · {fmt_num(v.gen_tps)} tok/s", "label"))
+        if v.gen_tps_now is not None:
+            out.append((f" · {fmt_num(v.gen_tps_now)} tok/s ({v.now_window_s:.0f} s)", "label"))
         return out
 
     def all_lines(self, width: int) -> list[list[Run]]:
@@ -234,9 +234,11 @@ class ServerCard(_RunsWidget):
             ("running", "running", total.running if total else None),
             ("waiting", "waiting", total.waiting if total else None),
             ("KV cache", "kv_pct", total.kv_pct if total else None),
-            ("gen tok/s", "gen_tps", v.gen_tps),
+            # the sparkline's rate, over its window (the note says which): one number for one rate
+            ("gen tok/s", "gen_tps", v.gen_tps_now),
         ]
         scales = [self._scale(name) for _, name, _ in rows]
+        scales[3] = (scales[3][0], f"{v.now_window_s:.0f}s {scales[3][1]}")
         note_w = max(len(note) for _, note in scales)
         # Down, a dead engine, late polls: the gauges are the last values seen, never shown as live
         # (the DOWN card read "running 4" in full colour): greyed, and a line says their age.
@@ -280,10 +282,12 @@ class ServerCard(_RunsWidget):
 
     @staticmethod
     def _extras(v: ServerView) -> list[str]:
-        pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s"
-        hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%"
+        # every rate says its window: prompt over the sparklines' (as gen tok/s), the rest over the card's
+        win = f" {v.rate_span_s:.0f}s" if v.rate_span_s else ""
+        pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s{win}"
+        hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%{win}"
         return [
-            "prompt -" if v.prompt_tps is None else f"prompt {fmt_num(v.prompt_tps)}/s",
+            "prompt -" if v.prompt_tps_now is None else f"prompt {fmt_num(v.prompt_tps_now)}/s {v.now_window_s:.0f}s",
             f"preempt {pre}",
             f"scrape {fmt_scrape(v.latency_s)}",
             hit,
