@@ -439,7 +439,7 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> lis
 def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None,
            silent: list[str] | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
-    from vtop.core.phases import summarize
+    from vtop.core.phases.tracker import summarize
 
     clock = monitor.clock
     poll = monitor.gpu_history.last_poll

@@ -17,7 +17,8 @@ from typing import Any
 from vtop.clock import Clock, SystemClock
 from vtop.core.logclock import OLD_LOG_S
 from vtop.core.loghistory import LogHistory, LogHistoryView
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
+from vtop.core.phases.tracker import DEFAULT_STALL_S, PhaseTracker
+from vtop.core.phases.types import LogLine, Phase, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -289,7 +290,7 @@ class LogWatch:
         tail = getattr(self.source, "tail_lines", None)
         if tail is None:
             return
-        from vtop.core.phases import parse_line
+        from vtop.core.phases.patterns import parse_line
 
         for line in tail(BACKFILL_NEEDLES):
             self.history.feed(parse_line(line), wall)

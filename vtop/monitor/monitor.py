@@ -31,7 +31,7 @@ from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.conns import READ_EVERY_S, ConnTracker
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.phase_types import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches

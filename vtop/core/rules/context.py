@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from vtop.core.conns import ConnTracker
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
-    from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
+    from vtop.core.phases.types import Quiet, StallInfo, StartupSnapshot
     from vtop.core.server import ServerView
 
 __all__ = ["Ctx", "Memory", "Rule", "per_gpu", "per_server"]

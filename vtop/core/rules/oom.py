@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Ctx, per_gpu
@@ -30,7 +30,7 @@ from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, is_proc, n
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
-    from vtop.core.phases import Failure
+    from vtop.core.phases.types import Failure
 
 _OOM_RE = re.compile(
     r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B|\d+ bytes))?"

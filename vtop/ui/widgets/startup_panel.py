@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widgets import Static
 
-from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
+from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
+    from vtop.core.phases.types import Failure
+    from vtop.core.rules.startup import FailureWords
     from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
@@ -33,6 +35,13 @@ def fmt_s(s: float | None) -> str:
         return f"{m} min {sec:02d} s"
     h, m = divmod(m, 60)
     return f"{h} h {m:02d} min"
+
+
+def _words(f: Failure) -> FailureWords:
+    """A failure's words and fix: the startup rules' (loaded once a failure is drawn, not at the first frame)."""
+    from vtop.core.rules.startup import failure_words
+
+    return failure_words(f)
 
 
 def bar(frac: float, width: int = 12) -> str:
@@ -168,9 +177,11 @@ class StartupPanel(Static):
                 out.append("  (" + ", ".join(f"{p.label} {fmt_s(p.duration_s)}" for p in slow) + ")")
             if died is not None and snap.failure is not None:
                 fl = snap.failure
-                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {fl.message}", style="bold red")
+                words = _words(fl)
+                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {words.message}",
+                           style="bold red")
                 out.append(f"\n  line: {fl.line[:300]}", style="red")
-                out.append(f"\n  fix:  {fl.fix}", style="bold")
+                out.append(f"\n  fix:  {words.fix}", style="bold")
             if not self.unfolded:
                 return out
             out.append("\n")
@@ -193,10 +204,11 @@ class StartupPanel(Static):
         self._timeline(out, v)
         if snap.failure is not None and died is None:
             fl = snap.failure
+            words = _words(fl)
             out.append("\n✗ ", style="bold red")
-            out.append(fl.message, style="bold red")
+            out.append(words.message, style="bold red")
             out.append(f"\n  line: {fl.line[:300]}", style="red")
-            out.append(f"\n  fix:  {fl.fix}", style="bold")
+            out.append(f"\n  fix:  {words.fix}", style="bold")
         if v.stall is not None:
             st = v.stall
             util, sm = self.gpu_activity(v.mono - st.silent_s)

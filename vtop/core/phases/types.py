@@ -1,9 +1,9 @@
 """What the startup tracker reports: phases, their progress, the snapshot.
 
-Kept apart from :mod:`vtop.core.phases` (the log parser, with some sixty
-regular expressions compiled at import) so the dashboard can draw its first
-frame, and the panels can name phases, without paying for the parser until a
-log is actually read. :mod:`vtop.core.phases` re-exports everything here.
+Kept apart from the log's patterns and the tracker (:mod:`vtop.core.phases.patterns`, some sixty
+regular expressions compiled at import; :mod:`vtop.core.phases.tracker`) so the dashboard can draw
+its first frame, and the panels can name phases, without paying for the parser until a log is
+actually read. :mod:`vtop.core.phases` gives all three, the parser only when it is asked for.
 """
 
 from __future__ import annotations
@@ -121,16 +121,20 @@ class PhaseView:
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a start (or a running engine) died: the telling line and the usual fix."""
+    """Why a start (or a running engine) died: its kind and the telling line. What it is called and its
+    usual fix are the startup rules' words (:func:`vtop.core.rules.startup.failure_words`)."""
 
     kind: str  # cuda_oom, kv_no_memory, kv_host_memory, gpu_free_at_start, max_model_len, module_not_found, exception,
-    #            engine_init_failed, engine_died, worker_died
+    #            engine_init_failed, engine_died, worker_died, model_len_too_long
     line: str
-    message: str
-    fix: str
     phase: Phase | None
     at: float | None
     arrival: float
+    detail: tuple[tuple[str, str], ...] = ()
+    """What the telling line says, by name (``amt``, ``req``, ``avail``, ``mod``, ``code``...)."""
+
+    def get(self, name: str) -> str | None:
+        return next((v for k, v in self.detail if k == name), None)
 
 
 @dataclass(frozen=True)
