@@ -12,7 +12,7 @@ wall clock is estimated:
 * before any such line, the backlog alone: its last stamped line against the file's modification
   time (when it was last written, on vtop's clock), else against when it was read (a loose
   bound: a backlog whose last line is old);
-* a bound within ``-SLACK_S .. +SNAP_S`` of a time-zone offset (a whole quarter-hour between
+* a bound within ``-SLACK_S .. +SNAP_S`` (``SNAP_LIVE_S`` for lines seen arriving) of a time-zone offset (a whole quarter-hour between
   UTC-12 and UTC+14: a container in UTC beside a host in UTC+8 is 8 h off) is taken as that
   offset; else, for a backlog, the smallest of this box's own offset and UTC not below the
   bound, else the bound itself: an old backlog can only look more recent than it was (every
@@ -37,6 +37,8 @@ SLACK_S = 2.0
 #: how far above a bound a time-zone offset may be and still be taken for it (a backlog's last
 #: stamped line can precede the file's last write by a few unstamped lines)
 SNAP_S = 60.0
+#: the same for a bound measured from lines seen arriving: within a poll (and the stamp's second) of the truth
+SNAP_LIVE_S = 5.0
 #: how long a measured bound of a line seen arriving counts (a clock that drifts)
 WINDOW_S = 600.0
 #: plausible time-zone offsets: UTC-12 to UTC+14, by quarter-hours
@@ -57,12 +59,12 @@ def local_offset(wall: float) -> float:
         return 0.0
 
 
-def zone_offset_near(bound: float) -> float | None:
+def zone_offset_near(bound: float, above: float = SNAP_S) -> float | None:
     """The time-zone offset (a quarter-hour, UTC-12 to UTC+14) in ``[bound - SLACK_S, bound +
-    SNAP_S]``, the lowest one; None when there is none."""
+    above]``, the lowest one; None when there is none."""
     k = -(-(bound - SLACK_S) // ZONE_STEP_S)  # ceil
     g = k * ZONE_STEP_S
-    if g <= bound + SNAP_S and ZONE_MIN_S <= g <= ZONE_MAX_S:
+    if g <= bound + above and ZONE_MIN_S <= g <= ZONE_MAX_S:
         return float(g)
     return None
 
@@ -141,7 +143,7 @@ class LogClock:
         if got is None:
             return None
         b, kind = got
-        zone = zone_offset_near(b)
+        zone = zone_offset_near(b, SNAP_LIVE_S if kind == "live" else SNAP_S)
         if zone is not None:
             return zone
         if kind == "live":
