@@ -144,7 +144,7 @@ class RequestsLine(Static):
         if view is None or not getattr(view, "request_logging", False):
             return ""
         if down is not None:
-            return f"requests in flight: none known (the server is {down.state.upper()}; {down.words()})"
+            return f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
         reqs = view.inflight
         if not reqs:
             return "requests in flight: none (from the vLLM request log; r: recent)"
