@@ -54,7 +54,7 @@ def _card_lines(m: Any, ws: Any) -> list[list[tuple[str, str]]]:
 
 def down_problems(m: Any, started: float) -> list[str]:
     """What shows a server that is down or whose engine died as live, on each face."""
-    from vtop.headless import report
+    from vtop.faces.headless import report
     from vtop.ui.widgets.alerts_panel import RequestsLine
     from vtop.ui.widgets.startup_panel import StartupPanel
 

@@ -1,6 +1,6 @@
 """The log's clock is measured, not trusted (issue 38 item 6, issue 46 item 4).
 
-The corpus's derived traces (``tests/corpus/derive.py``, INDEX.md says from which real recording):
+The corpus's derived traces (``tools/corpus/derive.py``, INDEX.md says from which real recording):
 the same recording with the vLLM log's stamps 8 h ahead or behind vtop's clock (a container in UTC
 beside a host in UTC+8), and an old log of a start that never finished given with ``--log`` beside a
 running server. Each must be named when its real recording is, with no false alarm, and the start's
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.corpus.score import TRACES, score_trace
-from vtop.sources.trace import truth_of
+from vtop.sources.recording.trace import truth_of
 
 DERIVED = sorted(p for p in TRACES.iterdir() if (p / "truth.json").is_file() and "derived_from" in truth_of(p))
 SHIFTED = [p for p in DERIVED if isinstance(truth_of(p)["derived_from"], str)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.badserver import BadServer
+from tests.helpers.badserver import BadServer
 from vtop.cli import main
 
 START = [

@@ -24,7 +24,8 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 
 _TAG = r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)"
-# docs/vllm-reference.md §2.1 master prefix regex (both "file.py:N]" and "[file.py:N]").
+# vLLM's record prefix, "LEVEL MM-DD HH:MM:SS[.fff] [file.py:N]" ("file.py:N]" without the opening
+# bracket up to 0.7), after an optional "(Process pid=N)" tag.
 _RECORD_BODY = (
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mon>\d\d)-(?P<day>\d\d) "
     r"(?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:\.\d+)? "

@@ -8,7 +8,7 @@ reports, per tensor-parallel rank timings, the fatal errors (their kind: the wor
 fix are the startup rules', :func:`vtop.core.rules.startup.failure_words`), and how long a start
 has been silent.
 
-Why it is built this way (see ``docs/vllm-reference.md`` §2 and §7):
+Why it is built this way:
 
 * The log's own timestamps (``MM-DD HH:MM:SS``, no year, no zone, local time of the vLLM host) say
   how long phases took, so a log replayed from disk gives the same durations as one watched live.

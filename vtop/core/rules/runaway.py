@@ -363,7 +363,8 @@ def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert 
             line += f"; at {per_req:,.0f} tok/s per request that is up to {dur(mml / per_req)}"
         ev.append(line)
     # Histogram of resolved max_tokens over the remembered history: values near
-    # max_model_len betray clients that omit it (§4: the metric records the resolved value).
+    # max_model_len betray clients that omit it (the metric records the resolved value, the server's default
+    # max_model_len - prompt when the client set none).
     old = next((x for x in st.samples if x.max_tokens is not None), None)
     if mml and old is not None and s.max_tokens is not None and old is not s:
         d = histogram_delta(old.max_tokens, s.max_tokens)
