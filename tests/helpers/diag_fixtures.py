@@ -29,8 +29,8 @@ from vtop.core.conns import ConnTracker
 from vtop.core.evidence import Evidence, LogEvidence
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
-from vtop.core.phase_types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.phases import PhaseTracker
+from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import InFlight as RealInFlight
 from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vtop.core.download import DownloadTracker
 from vtop.core.evidence import Evidence, LogEvidence
-from vtop.core.phase_types import Phase, StallInfo
+from vtop.core.phases.types import Phase, StallInfo
 from vtop.core.rules import Diagnoser, Thresholds
 from vtop.model.download import CacheScan
 from vtop.sources.hfcache import HubCacheScanner, hub_cache_dir, is_repo_id, read_environ

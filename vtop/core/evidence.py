@@ -18,7 +18,7 @@ from vtop.core.conns import ConnTracker
 from vtop.core.download import DownloadProgress
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
-from vtop.core.phase_types import LogLine, Quiet, StallInfo, StartupSnapshot
+from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import InFlight
 from vtop.core.server import ServerView
 from vtop.model.gpu import XidEvent

@@ -60,7 +60,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from vtop.core.phases import LogEvent, parse_line
+from vtop.core.phases.patterns import LogEvent, parse_line
 from vtop.model.fmt import to_float as _to_float
 from vtop.model.fmt import to_int as _to_int
 from vtop.model.logtext import BANNER_RES

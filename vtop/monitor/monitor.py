@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
@@ -32,8 +32,8 @@ from vtop.config import Config
 from vtop.core.conns import READ_EVERY_S, ConnTracker
 from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.phase_types import Phase
-from vtop.core.server import UNKNOWN, ServerTracker, ServerView
+from vtop.core.phases.types import Phase
+from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
@@ -204,6 +204,27 @@ class Monitor:
             return self.log_server
         ws = self.action_server()
         return ws.url if ws is not None else None
+
+    def log_target_down(self) -> LastSeen | None:
+        """The gauges of the server the followed log belongs to, as last seen, when they are not
+        live (down, a dead engine, late polls): then the log's requests in flight are not known
+        to be in flight (they went with the engine), and every face says so."""
+        url = self.log_target
+        ws = self.servers.get(url) if url is not None else None
+        if ws is None or ws.last_view is None or ws.last_view.state == "stale":
+            return None
+        return self.last_seen(ws.last_view)
+
+    def last_seen(self, view: ServerView) -> LastSeen | None:
+        """``view``'s gauges as last seen when they are not live (:meth:`ServerView.last_seen`), said
+        "when the engine died" when the log of that server says its engine died after it was ready."""
+        seen = view.last_seen(self.clock.monotonic())
+        lv = self.log_view
+        if seen is not None and lv is not None and view.url == self.log_target:
+            f = lv.snapshot.failure
+            if lv.snapshot.state == "failed" and f is not None and f.phase is Phase.READY:
+                seen = replace(seen, died=True)
+        return seen
 
     def api_key_for(self, url: str) -> str | None:
         """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
@@ -554,6 +575,12 @@ class Monitor:
             ws.version += 1
         self.processes = []
         self.gpu_owner = {}
+        self.discovered_once = False
+        # the log's new tracker needs the launch of its server again: after a seek back the start
+        # read "process start 14 s" instead of 47 s (issue 38 item 1)
+        self._launch_marked = None
+        self.log_server = None
+        self._log_tried_for = None
         from vtop.core.rules import Diagnoser
 
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position

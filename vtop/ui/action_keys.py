@@ -122,7 +122,7 @@ class ActionKeys(App[int]):
             self.update_status()
 
     async def _write_snapshot(self) -> None:
-        from vtop.core.phases import summarize
+        from vtop.core.phases.tracker import summarize
         from vtop.sources.logtail import LogTailer
         from vtop.sources.vllm import MAX_BODY_BYTES
 

@@ -477,7 +477,9 @@ class VtopApp(ActionKeys, ViewKeys):
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
-                self._widget("requests", RequestsLine).show_requests(m.log_view)
+                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
+            elif SERVERS in changes and m.log_view is not None:
+                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
             if SERVERS in changes or self.cards:
                 self._paint_servers()
             if ALERTS in changes:
@@ -512,6 +514,7 @@ class VtopApp(ActionKeys, ViewKeys):
             if p is not None:
                 card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
             if ws.last_view is not None:
+                card.seen = self.monitor.last_seen(ws.last_view)
                 card.show(ws.last_view, now)
 
     def _mount_card(self, ws: WatchedServer) -> ServerCard:

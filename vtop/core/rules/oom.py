@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
@@ -30,8 +30,7 @@ from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, num, plura
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
-    from vtop.core.phase_types import LogLine
-    from vtop.core.phases import Failure
+    from vtop.core.phases.types import Failure, LogLine
     from vtop.core.rules.state import ServerState
 
 _OOM_RE = re.compile(

@@ -228,7 +228,8 @@ def _runaway_by_age(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Ser
             f"the oldest in-flight request has run at least {dur(age)}: {num(running_then)} running "
             f"{dur(age)} ago and running has never dropped below what is left of them, while requests that "
             f"finished since (their end-to-end latency says when they began) cannot all be those"),
-        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s",
+        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s over the last "
+        f"{s.t - r.t:.0f} s",
     ]
     if ordinary is not None:
         ev.append(f"requests that finished here took {dur(ordinary)} or less (p95)")
@@ -255,7 +256,7 @@ def _runaway_by_age(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Ser
         ), url, since)
     fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False, client)
     title = (f"Runaway decode on {short}: a request {'in flight' if pending else 'running'} at least {dur(age)}, "
-             f"{rate:,.0f} tok/s"
+             f"{rate:,.0f} tok/s over {s.t - r.t:.0f} s"
              + (f" (client {client})" if client else "" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
@@ -353,7 +354,8 @@ def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serv
     )
     if age_txt:
         ev.append(age_txt)
-    ev.append(f"decoding {rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
+    ev.append(f"decoding {rate:,.0f} tok/s over the last {s.t - r.t:.0f} s; {num(made)} tokens generated since "
+              "these requests started")
     if s.kv is not None and a.kv is not None and s.kv > a.kv:
         ev.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
     if mml:
@@ -386,9 +388,10 @@ def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serv
 
     fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False)
     dur_txt = f"running {dur(age)}" if age is not None else f"nothing finished for {dur(now - since)}"
-    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s, nothing finished"
+    window = f"{s.t - r.t:.0f} s"
+    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s over {window}, nothing finished"
     if age is None:
-        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s, {dur_txt}"
+        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s over {window}, {dur_txt}"
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 

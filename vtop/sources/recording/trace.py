@@ -222,7 +222,9 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
             lines = split.feed(data[done:size]) if size > done else []
             done = max(done, size)
             if lines:
-                events.append(RecordEvent("log", t, mono, lines))
+                # "mtime" (a derived trace: an old file given with --log): the file's modification time
+                mt = _num(r.get("mtime"))
+                events.append(RecordEvent("log", t, mono, lines, extra=mt))
 
     gpu_name = str((truth.get("server") or {}).get("gpu") or "GPU")
     events.extend(gpu_events(p, gpu_name))
