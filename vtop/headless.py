@@ -146,7 +146,9 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict[str, Any]]:
+def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str],
+             owner: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    owner = owner or {}
     out = []
     for idx in sorted(hist.tracks):
         tr = hist.tracks[idx]
@@ -172,7 +174,8 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict
             "power_limit_w": _r(g.power_limit_w),
             "temp_c": _r(g.temp_c),
             "throttle": list(g.throttle) if g.throttle is not None else None,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid)}
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid),
+                           "owner": owner.get(p.pid)}
                           for p in (g.procs or ())],
         })
     return out
@@ -229,6 +232,9 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "finished_in_window": dict(v.finished) if v.finished is not None else None,
         "rate_window_s": v.window_s,
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
+        "placement": getattr(process, "placement", None) if process not in (None, UNKNOWN) else None,
+        "container_id": getattr(process, "container_id", None) if process not in (None, UNKNOWN) else None,
+        "ns_pid": getattr(process, "ns_pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
     }
     row.update(signal_fields(v, m))
@@ -461,7 +467,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         host=socket.gethostname(),
         gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
         gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
-        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, monitor.gpu_owner),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
                             *(from_log[1:] if from_log is not None and from_log[0] == url else ()))
                  | {"polls": ws.polls}

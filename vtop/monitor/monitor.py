@@ -277,12 +277,13 @@ class Monitor:
         owner: dict[int, str] = {}
         for sp in servers:
             port = f":{sp.port}"
+            where = f" · {sp.placement}" if sp.placement else ""
             for c in sp.children:
                 if c.holds_gpu:
                     name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
-                    owner[c.pid] = f"{name} of {port}"
+                    owner[c.pid] = f"{name} of {port}{where}"
             if not sp.children and sp.pid:
-                owner.setdefault(sp.pid, f"vLLM {port}")
+                owner.setdefault(sp.pid, f"vLLM {port}{where}")
         self.gpu_owner = owner
         self._follow_log(servers)
 
