@@ -136,9 +136,10 @@ class LogWatch:
         if loc.path is not None:
             src = LogTailer(loc.path)
         else:
-            src, where = _runtime_log(server)
+            src, said = _runtime_log(server)
             if src is None:
-                return None, where or loc.message
+                return None, said or loc.message
+            where = said or where
         watch = cls(src, clock=clock, **kw)
         watch.mark_launch_of(server)
         return watch, where

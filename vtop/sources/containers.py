@@ -285,11 +285,11 @@ def pod_info(pod_uid: str, cid: str, root: str = POD_LOG_ROOT) -> RuntimeInfo | 
     pod = rest[: -len(pod_uid) - 1]
     best: tuple[float, str, str] | None = None
     try:
-        for ctr in os.scandir(pod_dir.path):
-            if not ctr.is_dir():
+        for cdir in os.scandir(pod_dir.path):
+            if not cdir.is_dir():
                 continue
             logs = []
-            for f in os.scandir(ctr.path):
+            for f in os.scandir(cdir.path):
                 m = re.fullmatch(r"(\d+)\.log", f.name)
                 if m:
                     logs.append((int(m.group(1)), f.path))
@@ -298,7 +298,7 @@ def pod_info(pod_uid: str, cid: str, root: str = POD_LOG_ROOT) -> RuntimeInfo | 
             path = max(logs)[1]
             mtime = os.stat(path).st_mtime
             if best is None or mtime > best[0]:
-                best = (mtime, ctr.name, path)
+                best = (mtime, cdir.name, path)
     except OSError:
         pass
     if best is None:
@@ -414,6 +414,12 @@ class Enricher:
             if my_net_ns is not None and net is not None and net != my_net_ns:
                 kw.update(self._reach(sp, proxies))
             out.append(dataclasses.replace(sp, **kw) if kw else sp)
+        if my_pid_ns is not None and my_pid_ns != INIT_PID_NS:
+            # vtop in a container: these PIDs are this namespace's, NVML's the host's. No process here
+            # is said to hold a GPU (a host PID of the same number would be another process).
+            out = [dataclasses.replace(sp, gpu_pids=(), gpu_pids_guessed=False,
+                                       children=tuple(dataclasses.replace(c, holds_gpu=False) for c in sp.children))
+                   for sp in out]
         return out
 
     def runtime_info(self, container_id: str | None) -> RuntimeInfo | None:

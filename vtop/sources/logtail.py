@@ -327,6 +327,7 @@ class LogTailer:
         #: what the file is, for the screen ("docker json-file of vllm-0"); None: a plain log file
         self.label = label
         self._times: list[float | None] = []
+        self._rotating = False
         self._jump = jump_to_last_startup
         self._max_read = max_read
         self._max_scan = max_scan
@@ -473,7 +474,10 @@ class LogTailer:
         else:
             self._offset = 0
             self._sig = b""
-            self._reset_decoding()
+            if self._rotating and self.decoder is not None:
+                self.decoder.reset()  # the process's stream goes on in the new file: keep its partial line
+            else:
+                self._reset_decoding()
         f = open(fd, "rb", buffering=0)  # noqa: SIM115 - unbuffered, kept open across polls
         self._file, self._ident = f, ident
         return True
@@ -509,10 +513,8 @@ class LogTailer:
                 lines = self._splitter.feed(payload)
                 out.extend(lines)
                 self._times.extend([t] * len(lines))
-        lines = self._splitter.flush()
-        if self.decoder is not None:
-            self._times.extend([None] * len(lines))
-        return out + lines
+            return out  # a runtime's file: the stream goes on in the next one, partial line and all
+        return self._splitter.flush()
 
     def _read(self, fd: int, budget: int) -> tuple[int, list[str]]:
         total = 0
@@ -552,7 +554,12 @@ class LogTailer:
             self.close()
             self._restarts += 1
             self._from_start = True
-            if not self._open():
+            self._rotating = True
+            try:
+                opened = self._open()
+            finally:
+                self._rotating = False
+            if not opened:
                 return out
             assert self._file is not None
             fd = self._file.fileno()
