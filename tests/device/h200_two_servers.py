@@ -196,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         run.ev("engines", pids={str(p): run.engine_pid(p) for p in PORTS})
         with open(run.out / "nvidia-smi.txt", "w") as f:
-            subprocess.run(["nvidia-smi"], stdout=f, stderr=subprocess.STDOUT, timeout=30, check=False)
+            try:
+                subprocess.run(["nvidia-smi"], stdout=f, stderr=subprocess.STDOUT, timeout=30, check=False)
+            except (OSError, subprocess.SubprocessError) as e:
+                f.write(f"nvidia-smi: {e}\n")
         run.ev("idle_begin")
         time.sleep(a.idle_s)
         run.ev("idle_end")
