@@ -343,6 +343,18 @@ CG_DIRS = (Path("/sys/fs/cgroup/unified/system.slice") / UNIT, Path("/sys/fs/cgr
            Path("/sys/fs/cgroup/system.slice") / UNIT)
 
 
+def _journald_up() -> bool:
+    """Whether a journald listens on the stdout stream socket (a left socket file alone does not)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect("/run/systemd/journal/stdout")
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture
 def journald() -> Iterator[None]:
     exe = next((p for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald")
@@ -352,14 +364,16 @@ def journald() -> Iterator[None]:
     if os.geteuid() != 0:
         pytest.skip("a unit's cgroup is made as root")
     started = None
-    if not Path("/run/systemd/journal/stdout").exists() or subprocess.run(
-            ["pgrep", "-x", "systemd-journal"], capture_output=True).returncode != 0:
+    if not _journald_up():
         Path("/run/systemd/journal").mkdir(parents=True, exist_ok=True)
         started = subprocess.Popen([exe], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
-        while not Path("/run/systemd/journal/stdout").exists() and time.monotonic() < deadline:
+        while not _journald_up() and time.monotonic() < deadline:
             time.sleep(0.2)
+        if not _journald_up():
+            started.kill()
+            pytest.skip("systemd-journald did not start here")
     try:
         yield
     finally:
