@@ -445,6 +445,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
+        # what the log is when a container runtime or journald keeps it ("docker json-file of vllm-0")
+        startup["log_kind"] = getattr(monitor.log_watch.source, "label", None) if monitor.log_watch else None
         startup["log_problem"] = lv.problem
     notes = list(monitor.notes)
     if lv is not None and lv.problem:
@@ -578,6 +580,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             head += f" {s['model']}"
         if s["version"]:
             head += f" v{s['version']}"
+        if s.get("placement"):
+            head += f" ({s['placement']})"
         lines.append(head)
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
@@ -588,7 +592,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             lines.append(f"  {s['message']}")
     st = rep.startup
     if st and st.get("state") == "starting":
-        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log')})"
+        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log_kind') or st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
     if rep.requests_in_flight:
         lines.append(f"requests in flight (request log): {rep.requests_in_flight}")
