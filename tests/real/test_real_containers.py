@@ -193,7 +193,7 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
     model = LONG_MODEL if LONG_MODEL.exists() else MODEL_DIR
     mml = "65536" if model == LONG_MODEL else "2048"
     args = run_args(name, VENV, model, publish=port,
-                    extra=("--log-opt", "max-size=8k", "--log-opt", "max-file=50"),
+                    extra=("--log-opt", "max-size=10k", "--log-opt", "max-file=50"),
                     vllm_args=("--max-model-len", mml))
     docker.cli(*args)
     info = docker.inspect(name)
