@@ -348,3 +348,16 @@ def test_logwatch_lines_arrive_when_their_writer_stamped_them() -> None:
     assert w._arrivals([now - 30.0, now - 10.0, None, now - 50.0], clock.monotonic(), now) == [
         (now - 30.0, clock.monotonic() - 30.0), (now - 10.0, clock.monotonic() - 10.0),
         (now, clock.monotonic()), (now, clock.monotonic())]
+
+
+def test_a_placed_server_survives_a_recording() -> None:
+    """What a recording keeps of a container's server (replays and the snapshot show the same)."""
+    import dataclasses
+
+    from vtop.sources.codec import process_from_json, process_to_json
+
+    eng = VllmChild(27700, 27650, "VLLM::EngineCore", "engine", None, (), 1.0, holds_gpu=True, ns_pid=245)
+    sp = dataclasses.replace(_server(27650, children=(eng,)), placement="pod default/vllm-7d9f", container_id=CID,
+                             ns_pid=1, own_netns=True, listen_port=8000, published=("127.0.0.1:18000",))
+    back = process_from_json(json.loads(json.dumps(process_to_json(sp))))
+    assert back == sp and back.host_pid(245) == 27700
