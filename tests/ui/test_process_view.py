@@ -103,3 +103,24 @@ async def test_a_containers_server_is_named_on_the_gpu_card_and_in_p_at_120x40_a
         assert engine[0] == "27700 (245)" and engine[4] == "56.0 GiB", engine
         assert next(r for r in rows if "API server" in r[1])[0] == "27650 (1)"
         assert "27700 (245)" in text
+
+
+async def test_the_log_pane_names_a_runtimes_log() -> None:
+    """Issue 39: a log vtop found kept by a container runtime is named on the log pane ("log · docker
+    json-file of fx1"); a plain file is just "log"."""
+    from tests.conftest import FIXTURES
+    from vtop.monitor.logwatch import LogWatch
+    from vtop.sources.logformats import DockerJsonDecoder
+    from vtop.sources.logtail import LogTailer
+
+    clock = FakeClock()
+    src = LogTailer(FIXTURES / "containers" / "docker-json-file.log", decoder=DockerJsonDecoder(),
+                    label="docker json-file of fx1")
+    app = VtopApp(Config(no_gpu=True), gpu_source=None, autopoll=False, hostname="t", clock=clock,
+                  log_watch=LogWatch(src, clock=clock))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one("#log")
+        assert str(pane.border_title).startswith("log · docker json-file of fx1"), pane.border_title
+        assert "partial without newline then its end" in screen_text(app)

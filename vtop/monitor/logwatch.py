@@ -54,6 +54,9 @@ class LogView:
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
     binary_lines: int = 0
     """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+    source_label: str | None = None
+    """What keeps the log when vtop found it by itself ("docker json-file of vllm-0", "journal of unit
+    vllm.service"); None for a plain file or a pipe."""
     logged_since_start: tuple[tuple[float, int], ...] | None = None
     """``(since, max_tokens)`` of every request logged since the server's startup, aborted and
     refused ones left out; None when the request lines do not reach back to a startup
@@ -279,6 +282,7 @@ class LogWatch:
                                 backlog_lag_from=self.history.lag_from if lag else None),
                 binary_lines=self._binary_lines,
                 logged_since_start=self.requests.logged_since_start(),
+                source_label=getattr(self.source, "label", None),
             )
 
     def _arrivals(self, stamps: list[float | None], now: float, wall: float) -> list[tuple[float, float]]:
