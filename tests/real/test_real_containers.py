@@ -238,6 +238,7 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
             shot(app, "containers-docker-80x24.svg")
             await pilot.resize_terminal(120, 40)
 
+            sp = ws.process  # the scan since the start found the EngineCore and its Worker
             await _pyspy_engine(app, sp)
 
             # a runaway among short requests, request logging off: named by its connection, read in the
