@@ -361,3 +361,33 @@ def test_a_placed_server_survives_a_recording() -> None:
                              ns_pid=1, own_netns=True, listen_port=8000, published=("127.0.0.1:18000",))
     back = process_from_json(json.loads(json.dumps(process_to_json(sp))))
     assert back == sp and back.host_pid(245) == 27700
+
+
+def test_docker_proxy_closing_a_connection_is_the_containers_port_refusing() -> None:
+    """Behind a published port docker-proxy accepts every connection and closes it, no byte sent, while
+    nothing listens in the container (seen for real: the card said STALE, 'dropped the connection', for
+    the whole start). With the server's process behind a published port, that is a start, not a stale
+    server; a reset mid-answer stays stale, and without a published port nothing changes."""
+    import dataclasses
+
+    from vtop.clock import FakeClock
+    from vtop.core.server import ServerTracker
+    from vtop.sources.vllm import poll_from_error
+
+    url = "http://127.0.0.1:18124"
+    sp = dataclasses.replace(_server(50), port=18124, url=url, own_netns=True, listen_port=8000,
+                             published=("127.0.0.1:18124",), placement="container vllm-0")
+    clock = FakeClock()
+
+    def state(proc: Any, message: str | None = None) -> tuple[str, str]:
+        tr = ServerTracker(url, clock=clock)
+        tr.feed(poll_from_error(url, "reset", t=clock.time(), mono=clock.monotonic(), message=message),
+                process=proc)
+        v = tr.view()
+        return v.state, v.message
+
+    st, msg = state(sp)
+    assert st == "starting" and "refuses connections until it is ready" in msg, msg
+    assert state(dataclasses.replace(sp, published=()))[0] == "stale"
+    assert state(sp, "127.0.0.1:18124 dropped the connection in the middle of /metrics (900 bytes received)")[0] == \
+        "stale"
