@@ -246,6 +246,10 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
             await pilot.resize_terminal(80, 24)
             await pilot.pause(1.0)
             shot(app, "containers-docker-80x24.svg")
+            await pilot.press("P")
+            await pilot.pause(1.5)
+            shot(app, "containers-docker-P-80x24.svg")
+            await pilot.press("escape")
             await pilot.resize_terminal(120, 40)
 
             sp = ws.process  # the scan since the start found the EngineCore and its Worker
