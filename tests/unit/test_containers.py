@@ -391,3 +391,23 @@ def test_docker_proxy_closing_a_connection_is_the_containers_port_refusing() -> 
     assert state(dataclasses.replace(sp, published=()))[0] == "stale"
     assert state(sp, "127.0.0.1:18124 dropped the connection in the middle of /metrics (900 bytes received)")[0] == \
         "stale"
+
+
+def test_attach_after_a_rotation_begins_at_the_start_in_the_rotated_file(tmp_path: Path) -> None:
+    """Seen for real (a pod's CRI log rotated during the start, vtop attached after ready): the banner is in
+    the rotated copy. The start is read from it, then the current file, as one stream."""
+    banner = "(APIServer pid=1) INFO 12-04 20:40:01 [api_server.py:1797] vLLM API server version 0.11.0\n"
+    p = tmp_path / "0.log"
+    rec = "2026-12-04T20:40:0{}.5Z stdout {} {}\n"
+    (tmp_path / "0.log.20261204-204003").write_text(
+        rec.format(1, "F", banner.rstrip("\n")) + rec.format(2, "F", "(EngineCore pid=60) INFO a") + rec.format(3, "P", "cut "))
+    (tmp_path / "0.log.20261204-203000").write_text(rec.format(0, "F", "an older start, not this one"))
+    p.write_text(rec.format(4, "F", "in two") + rec.format(5, "F", "after the rotation"))
+    t = LogTailer(p, decoder=CriDecoder())
+    assert t.rotated_sibling() == str(tmp_path / "0.log.20261204-204003")
+    got = t.poll() + t.poll()
+    assert got == [banner.rstrip("\n"), "(EngineCore pid=60) INFO a", "cut in two", "after the rotation"], got
+    assert t.scan is not None and t.scan.found
+    plain = LogTailer(p, decoder=CriDecoder())
+    os.rename(tmp_path / "0.log.20261204-204003", tmp_path / "0.log.20261204-204003.gz")
+    assert plain.poll() == ["in two", "after the rotation"]  # no rotated copy to read: the file's own lines

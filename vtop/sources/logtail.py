@@ -465,8 +465,14 @@ class LogTailer:
         if ident == self._ident and st.st_size >= self._offset:
             pass  # reopened after an error: resume where we were
         elif self._ident is None and not self._from_start:
+            unwrap = self.decoder.unwrap if self.decoder is not None else None
             self._scan = find_last_startup(fd, st.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes,
-                                           unwrap=self.decoder.unwrap if self.decoder is not None else None)
+                                           unwrap=unwrap)
+            if not self._scan.found and self.decoder is not None:
+                # A runtime's file rotated since the start: begin in the rotated file that holds it, go on in
+                # this one as after any rotation (the next poll sees the path is another file)
+                fd, st = self._from_rotated(fd, st)
+                ident = (st.st_dev, st.st_ino)
             self._offset = self._scan.offset
             self._reset_decoding()
             back = min(_SIG_LEN, self._offset)
@@ -481,6 +487,46 @@ class LogTailer:
         f = open(fd, "rb", buffering=0)  # noqa: SIM115 - unbuffered, kept open across polls
         self._file, self._ident = f, ident
         return True
+
+    def rotated_sibling(self) -> str | None:
+        """The newest rotated copy of the file beside it: docker's ``ID-json.log.1``, the kubelet's
+        ``0.log.20261204-201500`` (compressed ones left out); None when there is none."""
+        folder, base = os.path.split(self.path)
+        numbered: list[tuple[int, str]] = []  # docker: .1 is the newest
+        stamped: list[tuple[str, str]] = []  # the kubelet: the latest time is the newest
+        try:
+            for e in os.scandir(folder or "."):
+                suffix = e.name[len(base) + 1:] if e.name.startswith(base + ".") else ""
+                if suffix.isdigit():
+                    numbered.append((int(suffix), e.path))
+                elif re.fullmatch(r"\d{8}-\d{6}", suffix):
+                    stamped.append((suffix, e.path))
+        except OSError:
+            return None
+        if numbered:
+            return min(numbered)[1]
+        return max(stamped)[1] if stamped else None
+
+    def _from_rotated(self, fd: int, st: os.stat_result) -> tuple[int, os.stat_result]:
+        """``(fd, stat)`` of the rotated copy holding the last startup, positioned by ``self._scan``; the
+        file given back unchanged when none holds it."""
+        sib = self.rotated_sibling()
+        if sib is None:
+            return fd, st
+        try:
+            sfd = os.open(sib, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return fd, st
+        sst = os.fstat(sfd)
+        assert self.decoder is not None
+        scan = find_last_startup(sfd, sst.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes,
+                                 unwrap=self.decoder.unwrap)
+        if not scan.found:
+            os.close(sfd)
+            return fd, st
+        os.close(fd)
+        self._scan = scan
+        return sfd, sst
 
     def _sig_ok(self, fd: int) -> bool:
         if not self._sig:
