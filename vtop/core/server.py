@@ -401,7 +401,7 @@ class ServerTracker:
         connection and closes it, no byte sent, when nothing listens in the container yet. That is the
         container's port refusing (a start, or a dead server), not a server dropping its answer."""
         p = self._process
-        if (poll.error == "reset" and p is not None and not isinstance(p, str) and getattr(p, "published", ())
+        if (poll.error == "reset" and p is not None and not isinstance(p, str) and bool(getattr(p, "published", None))
                 and "before the answer" in (poll.message or "")):
             return replace(poll, error="refused", message=(
                 f"nothing listens in {getattr(p, 'placement', None) or 'the container'} on port "
