@@ -11,7 +11,7 @@
   network namespace; py-spy dumps the EngineCore's host PID.
 * **CRI**: the same server in a container under a kubelet-style cgroup (``--cgroup-parent
   /kubepods/besteffort/pod<uid>``), its stdout and stderr written to
-  ``<pods>/<ns>_<pod>_<uid>/<container>/0.log`` by :mod:`tests.real.containers.crilog` (containerd's CRI
+  ``<pods>/<ns>_<pod>_<uid>/<container>/0.log`` by :mod:`tests.helpers.crilog` (containerd's CRI
   writer redone byte for byte: no kubelet runs here), rotated once during the start. vtop attaches after
   the server is ready: the backlog's lines arrive at the writer's stamps, so the phases keep their
   real spread.
@@ -43,9 +43,9 @@ import httpx
 import psutil
 import pytest
 
+from tests.helpers.crilog import CriWriter
+from tests.helpers.dockerd import Docker, NoDocker, run_args
 from tests.real.conftest import MODEL_DIR, STARTUP_TIMEOUT_S, VENV
-from tests.real.containers.crilog import CriWriter
-from tests.real.containers.docker import Docker, NoDocker, run_args
 from vtop.config import Config
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.ui.app import VtopApp
@@ -185,8 +185,7 @@ async def _pyspy_engine(app: VtopApp, sp: Any) -> None:
 
 
 def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
-    from tests.real.test_real_incidents import Runaway
-    from tests.real.test_real_runaway_default import ShortTraffic
+    from tests.helpers.real import Runaway, ShortTraffic
 
     name = "vtop-vllm-json"
     port = _free_port()

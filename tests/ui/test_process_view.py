@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from tests.screen_text import screen_text
-from tests.ui.test_demo_h200 import EV, seek_wall
+from tests.helpers.demo_h200 import EV, seek_wall
+from tests.helpers.screen_text import screen_text
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app
@@ -74,13 +74,13 @@ async def test_a_containers_server_is_named_on_the_gpu_card_and_in_p_at_120x40_a
     ``P`` gives each process's PID in its container beside the host's; the same at 80x24."""
     import dataclasses
 
-    from tests.unit.test_containers import _server
+    from tests.helpers.containers import server
     from vtop.model.procs import VllmChild
 
     clock = FakeClock()
     url = "http://127.0.0.1:18000"
     eng = VllmChild(27700, 27650, "VLLM::EngineCore", "engine", None, (), 1.0, holds_gpu=True, ns_pid=245)
-    sp = dataclasses.replace(_server(27650, children=(eng,)), port=18000, url=url, placement="container vllm-0",
+    sp = dataclasses.replace(server(27650, children=(eng,)), port=18000, url=url, placement="container vllm-0",
                              ns_pid=1, own_netns=True, listen_port=8000, published=("127.0.0.1:18000",))
     for size in ((120, 40), (80, 24)):
         app = VtopApp(Config(urls=(url,)), gpu_source=None, autopoll=False, hostname="t", clock=clock,

@@ -1,7 +1,7 @@
 """Issue 39: where a vLLM server runs (container, pod, unit), its runtime's log, its PIDs and ports in
 its own namespaces. Real captures from docker 20.10 (runc, cgroupfs driver) on the dev box where they
 exist (tests/fixtures/containers/: the json-file log, cgroup, fib_trie, docker-proxy argv,
-iptables-save); the CRI file is from tests/real/containers/crilog.py (containerd's writer, redone)."""
+iptables-save); the CRI file is from tests/helpers/crilog.py (containerd's writer, redone)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES
-from vtop.model.procs import ServerProcess, VllmChild
+from tests.helpers.containers import server
+from vtop.model.procs import VllmChild
 from vtop.sources import containers as C
 from vtop.sources.journal import JournalTailer, decode_entry, journal_command
 from vtop.sources.logformats import CriDecoder, DockerJsonDecoder, parse_rfc3339
@@ -193,15 +194,6 @@ def test_journal_tailer_says_why_when_journalctl_is_missing() -> None:
 # --------------------------------------------------------------------------- a server's placement
 
 
-def _server(pid: int, port: int = 8000, children: tuple[VllmChild, ...] = ()) -> ServerProcess:
-    return ServerProcess(pid=pid, create_time=1.0, form="serve", host="127.0.0.1", port=port,
-                         url=f"http://127.0.0.1:{port}", bind_host=None, model="m", served_model_names=(),
-                         tensor_parallel_size=None, data_parallel_size=None, pipeline_parallel_size=None,
-                         max_model_len=None, max_num_seqs=None, gpu_memory_utilization=None, headless=False,
-                         children=children, gpu_pids=tuple(c.pid for c in children if c.holds_gpu),
-                         gpu_pids_guessed=False, argv=("vllm", "serve", "m"))
-
-
 class _Rec:
     def __init__(self, argv: list[str]) -> None:
         self.cmdline = tuple(argv)
@@ -234,7 +226,7 @@ def test_a_docker_server_is_placed_named_published_and_its_pids_mapped(tmp_path:
     records = [_Rec(line.split()) for line in (FX / "docker-proxy-argv.txt").read_text().splitlines()]
     records.append(_Rec(["/usr/bin/dockerd", "--data-root", str(droot)]))
     enr = C.Enricher(proc_root=str(proc), env={}, read_dnat=False)
-    (sp,) = enr.enrich([_server(27650, children=(eng,))], records)
+    (sp,) = enr.enrich([server(27650, children=(eng,))], records)
     assert sp.placement == "container vllm-0" and sp.container_id == CID
     assert sp.ns_pid == 1 and sp.children[0].ns_pid == 245
     assert sp.host_pid(245) == 27700 and sp.host_pid(1) == 27650 and sp.host_pid(999) is None
@@ -251,7 +243,7 @@ def test_without_a_published_port_the_container_address_is_used(tmp_path: Path) 
     _fake_proc(proc, 50, cgroup=f"0::/docker/{CID}\n", netns="net:[4026532203]",
                fib=(FX / "fib_trie-docker.txt").read_text())
     (sp,) = C.Enricher(proc_root=str(proc), env={"VTOP_DOCKER_ROOT": str(tmp_path / "none")},
-                       read_dnat=False).enrich([_server(50)], [])
+                       read_dnat=False).enrich([server(50)], [])
     assert sp.url == "http://172.17.0.2:8000" and sp.own_netns and sp.listen_port is None
     assert sp.placement == f"container {CID[:12]}"  # its files not found: its short ID
     found = C.container_log(sp, None, proc_root=str(proc))
@@ -268,7 +260,7 @@ def test_a_pod_finds_its_cri_log_and_a_unit_its_journal(tmp_path: Path) -> None:
     (d / "0.log").write_text("")
     (d / "1.log").write_text("")
     enr = C.Enricher(proc_root=str(proc), env={}, pod_log_root=str(logs), read_dnat=False)
-    pod, unit = enr.enrich([_server(60), _server(70, 8001)], [])
+    pod, unit = enr.enrich([server(60), server(70, 8001)], [])
     assert pod.placement == "pod default/vllm-7d9f" and unit.placement == "unit vllm.service"
     got = C.container_log(pod, enr.runtime_info(pod.container_id), proc_root=str(proc))
     assert got is not None and got.kind == "cri" and got.path == str(d / "1.log")
@@ -287,7 +279,7 @@ def test_vtop_in_a_container_ties_no_gpu_pid_to_its_own_processes(tmp_path: Path
     _fake_proc(proc, "self", pidns="pid:[4026532999]")
     _fake_proc(proc, 80, pidns="pid:[4026532999]")
     eng = VllmChild(81, 80, "VLLM::EngineCore", "engine", None, (), 1.0, holds_gpu=True)
-    (sp,) = C.Enricher(proc_root=str(proc), env={}, read_dnat=False).enrich([_server(80, children=(eng,))], [])
+    (sp,) = C.Enricher(proc_root=str(proc), env={}, read_dnat=False).enrich([server(80, children=(eng,))], [])
     assert sp.gpu_pids == () and not sp.children[0].holds_gpu
     assert ProcNames(foreign_pids=True).names([os.getpid(), 1]) == {os.getpid(): UNMAPPED, 1: UNMAPPED}
     assert ProcNames(foreign_pids=False).name(os.getpid()) != UNMAPPED
@@ -304,7 +296,7 @@ def test_monitor_feeds_a_namespace_read_to_its_server_and_says_a_denial_once() -
     m.add_cli_urls()
     import dataclasses
 
-    sp = dataclasses.replace(_server(50), port=18124, url="http://127.0.0.1:18124", own_netns=True, listen_port=8000,
+    sp = dataclasses.replace(server(50), port=18124, url="http://127.0.0.1:18124", own_netns=True, listen_port=8000,
                              published=("127.0.0.1:18124",))
     m.apply_procs([sp])
     assert m.conn_ports() == frozenset() and m.conn_netns() == [("http://127.0.0.1:18124", 50, 8000)]
@@ -357,7 +349,7 @@ def test_a_placed_server_survives_a_recording() -> None:
     from vtop.sources.codec import process_from_json, process_to_json
 
     eng = VllmChild(27700, 27650, "VLLM::EngineCore", "engine", None, (), 1.0, holds_gpu=True, ns_pid=245)
-    sp = dataclasses.replace(_server(27650, children=(eng,)), placement="pod default/vllm-7d9f", container_id=CID,
+    sp = dataclasses.replace(server(27650, children=(eng,)), placement="pod default/vllm-7d9f", container_id=CID,
                              ns_pid=1, own_netns=True, listen_port=8000, published=("127.0.0.1:18000",))
     back = process_from_json(json.loads(json.dumps(process_to_json(sp))))
     assert back == sp and back.host_pid(245) == 27700
@@ -375,7 +367,7 @@ def test_docker_proxy_closing_a_connection_is_the_containers_port_refusing() -> 
     from vtop.sources.vllm import poll_from_error
 
     url = "http://127.0.0.1:18124"
-    sp = dataclasses.replace(_server(50), port=18124, url=url, own_netns=True, listen_port=8000,
+    sp = dataclasses.replace(server(50), port=18124, url=url, own_netns=True, listen_port=8000,
                              published=("127.0.0.1:18124",), placement="container vllm-0")
     clock = FakeClock()
 

@@ -1,4 +1,4 @@
-"""Issue 39: two real vLLM servers on one H200 (``tests/device/h200_two_servers.sh``), replayed from vtop's own
+"""Issue 39: two real vLLM servers on one H200 (``tools/device/h200_two_servers.sh``), replayed from vtop's own
 recording: the GPU card lists both EngineCores with their memory and their servers, each server maps to GPU 0,
 and the runaway on :8000 is told apart from the stopped EngineCore of :8001.
 
@@ -18,7 +18,7 @@ REC = FIXTURES / "h200-two-servers" / "rec.jsonl.gz"
 URLS = ("http://127.0.0.1:8000", "http://127.0.0.1:8001")
 
 pytestmark = pytest.mark.skipif(not REC.exists(), reason=f"no recording yet at {REC.relative_to(FIXTURES.parent.parent)}"
-                                " (made on the H200 by tests/device/h200_two_servers.sh)")
+                                " (made on the H200 by tools/device/h200_two_servers.sh)")
 
 
 def _play() -> tuple[Any, list[dict[str, Any]]]:

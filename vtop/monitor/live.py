@@ -82,7 +82,7 @@ class LiveFeed:
         #: ``(url, pid, port)`` of the servers whose connections it reads in their own network namespace
         self._conn_netns: tuple[tuple[str, int, int], ...] = ()
         self.scrapers: dict[str, VllmScraper] = {}
-        #: the sources that never answered by the end of a headless window (set by vtop.headless.watch)
+        #: the sources that never answered by the end of a headless window (set by vtop.faces.headless.watch)
         self.silent: list[str] = []
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._client: HttpPool | None = None
