@@ -37,6 +37,7 @@ from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
+    from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
@@ -501,11 +502,7 @@ class Monitor:
         """Run the rules over what is known now; note and record the alerts when they change."""
         self._undiagnosed = False
         now = self.clock.monotonic()
-        lv = self.log_view
-        alerts = self.diagnoser.update_from(
-            now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
-            log=lv, log_target=self.log_target if lv is not None else None,
-            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None})
+        alerts = self.diagnoser.update(self.evidence(now))
         if alerts != self.alerts:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
@@ -517,6 +514,28 @@ class Monitor:
             if self.recorder is not None:
                 self.recorder.alerts(change.t, now, [a.to_json() for a in alerts])
         return alerts
+
+    def evidence(self, now: float | None = None) -> Evidence:
+        """What the rules are given now (:class:`~vtop.core.evidence.Evidence`): the servers' views,
+        the GPU history, the followed log (of the server at :attr:`log_target`) and each local
+        server's connections."""
+        from vtop.core.evidence import Evidence, LogEvidence
+
+        lv = self.log_view
+        log = None
+        if lv is not None:
+            log = LogEvidence(
+                target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
+                inflight=lv.inflight, request_logging=lv.request_logging, history=lv.history,
+                logged_since_start=lv.logged_since_start,
+            )
+        return Evidence(
+            now=self.clock.monotonic() if now is None else now,
+            servers=self.views(),
+            gpus=self.gpu_history if self.gpu_history.tracks else None,
+            log=log,
+            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+        )
 
     def reset(self) -> None:
         """Forget everything seen (a replay seeking back): the servers stay, empty."""
