@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from vtop.config import Config
-from vtop.core.requests import RequestTracker
+from vtop.core.requests.log import RequestTracker
 from vtop.demo import demo_path
 from vtop.ui.replay import replay_app
 

@@ -197,16 +197,23 @@ def runaway_requests(now: float) -> list[Any]:
     start = R.mono_of(RUNAWAY_FIRST_CHUNK_T)
     if not start <= now <= R.mono_of(1796032645.73):
         return []
-    return [InFlight(RUNAWAY_ID, now - start, True, RUNAWAY_MAX_TOKENS, True)]
+    return [InFlight(RUNAWAY_ID, now - start, True, RUNAWAY_MAX_TOKENS, True, since=start)]
 
 
 @dataclass(frozen=True)
 class InFlight:
+    """As :class:`vtop.core.requests.log.InFlight` (its fields the diagnoser reads)."""
+
     request_id: str
     age_s: float
     age_is_upper_bound: bool
     max_tokens: int | None
     no_client_max_tokens: bool
+    since: float = 0.0
+    endpoint: str | None = "chat"
+    temperature: float | None = None
+    n: int | None = None
+    added: bool = True
 
 
 class Session:

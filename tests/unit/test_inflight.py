@@ -1,4 +1,4 @@
-"""The oldest in-flight request's age from /metrics alone (vtop/core/inflight.py), on the real
+"""The oldest in-flight request's age from /metrics alone (vtop/core/requests/metrics_bound.py), on the real
 traces of the incident corpus and on the edge cases the real ones do not reach."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.corpus.score import traces
-from vtop.core.inflight import MaxTokensLedger, OldestInFlight, oldest_logged
+from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight, oldest_logged
 from vtop.sources.trace import load_trace
 
 TRACES = {p.name: p for p in traces()}
@@ -339,7 +339,7 @@ def test_attached_late_a_request_the_first_read_has_not_seen_finish_is_proven_fr
 
 
 def test_the_log_since_start_needs_the_startup_banner_and_leaves_aborts_out() -> None:
-    from vtop.core.requests import RequestTracker
+    from vtop.core.requests.log import RequestTracker
 
     def received(rid: str, mt: int, sec: int) -> str:
         return (f"INFO 12-02 06:00:{sec:02d} [logger.py:43] Received request {rid}: prompt: 'hi', "

@@ -17,7 +17,7 @@ from typing import Any
 from vtop.clock import Clock, SystemClock
 from vtop.core.loghistory import LogHistory, LogHistoryView
 from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
-from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
+from vtop.core.requests.log import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400

@@ -494,7 +494,8 @@ class VtopApp(App[int]):
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
-                self._widget("requests", RequestsLine).show_requests(m.log_view)
+            if changes & {LOG, SERVERS, ALERTS}:
+                self._widget("requests", RequestsLine).show_requests(m.requests_of())
             if SERVERS in changes or self.cards:
                 self._paint_servers()
             if ALERTS in changes:
@@ -889,15 +890,7 @@ class VtopApp(App[int]):
         from vtop.ui.screens import RequestsScreen
 
         m = self.monitor
-
-        def conns() -> list[tuple[str, Any]]:
-            import dataclasses
-
-            now = m.clock.monotonic()  # the ages as of now, not of the latest read
-            return [(url, dataclasses.replace(st, age_s=now - st.since)) for url, ws in m.servers.items()
-                    for st in ws.conns.in_flight(now)]
-
-        self.push_screen(RequestsScreen(lambda: self.log_view, conns))
+        self.push_screen(RequestsScreen(lambda: m.in_flight, lambda: self.log_view))
 
     def action_alert_details(self) -> None:
         from vtop.ui.screens import AlertsScreen

@@ -19,11 +19,12 @@ from vtop.core.rules.util import gib, short_url
 from vtop.model.gpu import xid_text
 
 if TYPE_CHECKING:
-    from vtop.core.conns import ConnTracker
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
+    from vtop.core.requests.conns import ConnTracker
     from vtop.core.server import ServerView
+    from vtop.model.requests import ServerRequests
 
 __all__ = ["Ctx", "Memory", "Rule", "per_gpu", "per_server"]
 
@@ -71,8 +72,11 @@ class Ctx:
     #: startup (None: its request lines do not reach back to one)
     logged_since_start: Sequence[tuple[float, int]] | None = None
     #: per URL of a server on this box, its connections as the kernel counts them
-    #: (:class:`vtop.core.conns.ConnTracker`): which answer has streamed longest
+    #: (:class:`vtop.core.requests.conns.ConnTracker`): which answer has streamed longest
     conns: Mapping[str, ConnTracker] = field(default_factory=dict)
+    #: per server URL, its requests in flight (:func:`vtop.core.requests.requests_in_flight`): the one
+    #: answer the runaway rule and every face read
+    in_flight: Mapping[str, ServerRequests] = field(default_factory=dict)
 
     def history_of(self, url: str) -> LogHistoryView | None:
         """The log's history, when the log is ``url``'s."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vtop.core.requests import LogRequests, requests_in_flight
 from vtop.core.rules.alert import RANK, Alert, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Ctx, Memory, Rule
@@ -23,11 +24,12 @@ from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
 from vtop.core.rules.util import LIVE, is_proc, role_of
 
 if TYPE_CHECKING:
-    from vtop.core.conns import ConnTracker
     from vtop.core.gpu_history import GpuHistory
     from vtop.core.loghistory import LogHistoryView
     from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
+    from vtop.core.requests.conns import ConnTracker
     from vtop.core.server import ServerView
+    from vtop.model.requests import ServerRequests
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 
@@ -53,6 +55,8 @@ class Diagnoser:
         self.rules: tuple[Rule, ...] = default_rules()
         self._since: dict[tuple[str, str | None], float] = {}
         self.alerts: list[Alert] = []
+        #: per server URL, its requests in flight as of the last tick (the one answer every face reads)
+        self.in_flight: dict[str, ServerRequests] = {}
 
     # ------------------------------------------------------------------ feeding
 
@@ -69,6 +73,7 @@ class Diagnoser:
             now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
             requests={log_target: log.inflight} if log_target else None,
             request_logging={log_target: log.request_logging} if log_target else None,
+            finishes_logged={log_target: bool(getattr(log, "finishes_logged", False))} if log_target else None,
             log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
             startup_quiet=getattr(log, "quiet", None),
             logged_since_start=getattr(log, "logged_since_start", None), conns=conns,
@@ -91,6 +96,7 @@ class Diagnoser:
         log_history: LogHistoryView | None = None,
         logged_since_start: Sequence[tuple[float, int]] | None = None,
         conns: Mapping[str, ConnTracker] | None = None,
+        finishes_logged: Mapping[str, bool] | None = None,
     ) -> list[Alert]:
         """Take this tick's state and return the alerts, critical first.
 
@@ -111,7 +117,8 @@ class Diagnoser:
         ``logged_since_start``: ``(since, max_tokens)`` of every request the log at
         ``log_target`` logged since the server's startup (None: not known).
         ``conns``: per URL of a server on this box, its connections as the kernel counts them
-        (:class:`vtop.core.conns.ConnTracker`; the runaway rule's evidence of one request's age).
+        (:class:`vtop.core.requests.conns.ConnTracker`; the runaway rule's evidence of one request's age).
+        ``finishes_logged``: per URL, whether its log has end lines (its open entries are in flight).
         Pass every server on every tick: one missing from ``servers`` is forgotten.
         """
         servers = servers or {}
@@ -144,6 +151,14 @@ class Diagnoser:
                     st.gpu_pids.add(int(pid))
                     ctx.pid_owner[int(pid)] = (url, role_of(proc, int(pid)))
         self._feed_gpus(ctx)
+        ctx.in_flight = self.in_flight = {
+            url: requests_in_flight(
+                now, url, mem.servers[url], conns=ctx.conns.get(url),
+                log=LogRequests(ctx.requests[url], bool(ctx.logging.get(url)), bool((finishes_logged or {}).get(url)))
+                if url in ctx.requests else None,
+                history=ctx.history_of(url), logged_since_start=logged_since_start if url == log_target else None,
+                short_history_s=min(th.runaway_age_s, th.runaway_s))
+            for url in servers}
 
         alerts: list[Alert] = []
         for rule in self.rules:
@@ -169,7 +184,7 @@ class Diagnoser:
 
     def oldest_in_flight_s(self, url: str) -> float | None:
         """Seconds the oldest request in flight on ``url`` has run at least, known from
-        ``/metrics`` alone (:class:`vtop.core.inflight.OldestInFlight`, the runaway rule's
+        ``/metrics`` alone (:class:`vtop.core.requests.metrics_bound.OldestInFlight`, the runaway rule's
         evidence); None when nothing is known (no request in flight, no latency histogram
         yet). For faces that report it (``vtop export``)."""
         st = self._mem.servers.get(url)

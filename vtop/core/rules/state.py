@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from vtop.core.inflight import MaxTokensLedger, OldestInFlight
+from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight
+from vtop.core.requests.occupancy import OccupancyBound
 from vtop.core.server import sleep_level
 
 __all__ = ["KEEP_STEP_S", "CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
@@ -126,8 +127,10 @@ class ServerState:
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
-        #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
+        #: how old the oldest in-flight request is at least (vtop/core/requests/metrics_bound.py)
         self.oldest = OldestInFlight()
+        #: ... and from the time requests spent running against what the finished ones took (a closed loop)
+        self.occupancy = OccupancyBound()
         #: the finishes by their max_tokens bucket (what proves a logged request still runs)
         self.max_tokens_ledger = MaxTokensLedger()
         #: CPU seconds of the server's processes, one sample per process scan seen
@@ -207,6 +210,7 @@ class ServerState:
             else:
                 self.busy_since = None
         self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
+        self.occupancy.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.waiting)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:

@@ -1,0 +1,218 @@
+"""How old the oldest request is at least, from the time requests spent running against the time
+the finished ones took: what still holds under a closed loop of short requests.
+
+:class:`vtop.core.requests.metrics_bound.OldestInFlight` follows the requests running at each sample
+until enough finishes *may* be theirs. Under a closed loop of N short requests (each client sends
+its next request when its last one is answered) beside one runaway, ``running`` never drops below
+N + 1, and within a second or two after any sample N + 1 finishes may be that sample's requests
+(each short one, alone, could have begun before it): every candidate dies, whatever N is, and the
+runaway was never named (issue 38 item 10: 3 at a time, request logging off, no connection counters).
+
+What does hold: the requests running at ``now`` have, together, spent
+``F(Y) = ∫ running dt over [now - Y, now] - (that time spent by requests that ended)`` running in the
+last ``Y`` seconds, and ``F(Y) = Σ min(age_j, Y)`` over them. If no request running now were older
+than ``Y1``, ``F`` would not grow past ``Y1``; so ``F(Y2) > F(Y1)`` for some ``Y2 > Y1`` proves one
+has run longer than ``Y1``. ``F(Y2)`` is bounded below by taking every finish since ``now - Y2`` as
+wholly inside the window (its end-to-end latency, the histogram's ``_sum``), ``F(Y1)`` above by
+taking only the time finishes must have spent after ``now - Y1`` (a finish of a read that began
+after ``now - Y1`` plus its largest latency bucket began after it; in the read across it, a finish
+in the counter's slot ``(a, b]`` with a latency of at least ``lo`` (its bucket's lower edge) spent at
+least ``min(lo, a - (now - Y1))`` after it, paired the way that gives least). Every short request
+then counts on both sides and only the runaway's time is left over: with N short ones at a time, a
+window ``Y2 - Y1`` of about 5 N s (the histograms come every 5 s) proves an age of ``Y1``.
+
+Kept on the side of no claim: ``now`` is the last histogram read (a finish after it is of unknown
+length); the window starts over when ``running`` drops to 0, when a request ends unseen (``running``
+fell by more than the finishes and preemptions of that second: a client abort is in no histogram),
+while requests wait (a queued request's latency is not time running), and when a counter goes back.
+The gauge is read once a second and taken, between two reads, as the lesser of them for the lower
+bound and the greater for the upper one (a closed loop's next request follows a finish within
+milliseconds); ``SLACK_S`` per finish covers the milliseconds of an end-to-end latency that are
+not time running (tokenizing, sending the answer).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OccupancyBound"]
+
+#: seconds of doubt on a read's time, and of an end-to-end latency that is not time running, per finish
+SLACK_S = 0.25
+#: seconds added to the upper side of every comparison
+MARGIN_S = 1.0
+
+
+@dataclass(slots=True)
+class _Read:
+    """One read of the e2e latency histogram: the finishes since the read before."""
+
+    h: float
+    dsum: float = 0.0
+    n: int = 0
+    #: the largest bucket bound holding one of them (inf for +Inf)
+    top: float = 0.0
+    #: the lower edge of each one's bucket, largest first
+    lows: list[float] = field(default_factory=list)
+    #: the counter's slot start of each one, earliest first ([] when the counter does not match)
+    slots: list[float] = field(default_factory=list)
+
+
+class OccupancyBound:
+    """Feed one sample a poll (:meth:`add`); :attr:`age_s` (at :attr:`at`) is the answer, None when
+    nothing is proven."""
+
+    #: seconds of samples kept (the window never needs more than the alert's few minutes)
+    KEEP_S = 600.0
+
+    def __init__(self) -> None:
+        self._t: list[float] = []
+        self._r: list[float] = []
+        self._reads: list[_Read] = []
+        self._cum: dict[float, float] | None = None
+        self._sum: float | None = None
+        self._prev: tuple[float, float, float | None, float | None] | None = None
+        self._slots: list[tuple[float, float, int]] = []
+        self.age_s: float | None = None
+        """Seconds the oldest request running at :attr:`at` has run at least (None: not proven)."""
+        self.at: float | None = None
+        """The histogram read the claim is made at."""
+        self.since: float | None = None
+        """When that request was already running (``at - age_s``)."""
+        self.top_s: float | None = None
+        """The longest latency bucket of the finishes of the window."""
+
+    def _restart(self) -> None:
+        self._t.clear()
+        self._r.clear()
+        self._reads.clear()
+        self._slots.clear()
+        self.age_s = self.at = self.since = self.top_s = None
+
+    def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None,
+            done: float | None = None, preempted: float | None = None, waiting: float | None = None) -> None:
+        """One sample (as :meth:`OldestInFlight.add`, with ``waiting``)."""
+        prev, self._prev = self._prev, (t, running or 0.0, done, preempted)
+        if running is None or done is None or running < 1 or waiting is None or waiting > 0 \
+                or self._ended_unseen(prev, running, done, preempted):
+            self._restart()
+            self._cum = None  # the next read is the new baseline
+            return
+        if prev is not None and prev[2] is not None and done > prev[2]:
+            self._slots.append((prev[0], t, int(round(done - prev[2]))))
+        self._t.append(t)
+        self._r.append(running)
+        buckets = getattr(e2e, "buckets", None)
+        ht = t if hist_t is None else hist_t
+        if buckets and (not self._reads or ht > self._reads[-1].h):
+            self._read(ht, buckets, getattr(e2e, "sum", None))
+        self._trim(t)
+
+    @staticmethod
+    def _ended_unseen(prev: tuple[float, float, float | None, float | None] | None, running: float, done: float,
+                      preempted: float | None) -> bool:
+        if prev is None or prev[2] is None:
+            return False
+        if done < prev[2]:
+            return True  # the counter went back: a restart
+        moved = 0.0 if preempted is None or prev[3] is None else max(0.0, preempted - prev[3])
+        return prev[1] - running - (done - prev[2]) - moved >= 0.5
+
+    def _read(self, ht: float, buckets: Any, total: float | None) -> None:
+        cum = {float(le): float(c) for le, c in buckets}
+        old, old_sum = self._cum, self._sum
+        self._cum, self._sum = cum, total
+        if old is None or old_sum is None or total is None:
+            self._reads = [_Read(ht)]  # the baseline: finishes before it are not known
+            self._slots = [s for s in self._slots if s[1] > ht]
+            return
+        rd = _Read(ht, max(0.0, total - old_sum))
+        below_new = below_old = 0.0
+        lower = 0.0
+        for le in sorted(cum):
+            c = int(round((cum[le] - below_new) - (old.get(le, 0.0) - below_old)))
+            below_new, below_old = cum[le], old.get(le, 0.0)
+            if c < 0:
+                self._restart()
+                return
+            if c:
+                rd.n += c
+                rd.top = le
+                rd.lows[:0] = [lower] * c
+            lower = le
+        mine = [s for s in self._slots if s[1] <= ht + SLACK_S]
+        self._slots = [s for s in self._slots if s[1] > ht + SLACK_S]
+        starts = [a for a, _b, n in mine for _ in range(n)]
+        rd.slots = starts if len(starts) == rd.n else []
+        if len(starts) > rd.n:
+            # the counter saw finishes the histogram has not (read apart, or a finish reason it lacks): of
+            # unknown length, they may be anything's end; the window starts over from this read
+            self._restart()
+            self._reads = [_Read(ht)]
+            return
+        self._reads.append(rd)
+        self._claim()
+
+    def _trim(self, t: float) -> None:
+        cut = bisect_left(self._t, t - self.KEEP_S)
+        if cut > 32:
+            del self._t[:cut]
+            del self._r[:cut]
+            k = 0
+            while k < len(self._reads) - 1 and self._reads[k].h < self._t[0]:
+                k += 1
+            del self._reads[:k]
+            if self._reads:
+                self._reads[0] = _Read(self._reads[0].h)  # the new baseline
+
+    # ------------------------------------------------------------------ the claim
+
+    def _prefix(self) -> list[float]:
+        """``pre[k]``: ∫ running from the first sample to sample ``k``, each interval at the lesser of its
+        two reads."""
+        ts, rs = self._t, self._r
+        pre = [0.0]
+        for k in range(len(ts) - 1):
+            pre.append(pre[-1] + min(rs[k], rs[k + 1]) * (ts[k + 1] - ts[k]))
+        return pre
+
+    def _at(self, pre: list[float], x: float, *, up: bool) -> float:
+        """``pre`` at the first sample at or after ``x`` (``up``), else the last one at or before it."""
+        k = bisect_left(self._t, x) if up else bisect_right(self._t, x) - 1
+        return pre[max(0, min(len(pre) - 1, k))]
+
+    def _after(self, rd: _Read, prev_h: float, h0: float) -> float:
+        """Seconds the finishes of ``rd`` (read after ``prev_h``) spent running after ``h0`` at least."""
+        if prev_h - rd.top - SLACK_S >= h0:
+            return max(0.0, rd.dsum - SLACK_S * rd.n)
+        if not rd.slots or not math.isfinite(rd.top):
+            return 0.0
+        # the latest slots with the shortest latencies: the pairing that gives least
+        gaps = sorted(max(0.0, a - h0 - SLACK_S) for a in rd.slots)
+        return sum(min(g, lo) for g, lo in zip(gaps, rd.lows))
+
+    def _claim(self) -> None:
+        reads = self._reads
+        self.age_s = self.at = self.since = None
+        if len(reads) < 3:
+            return
+        now = reads[-1].h
+        tail = [0.0] * (len(reads) + 1)  # tail[k]: the finishes' latencies of reads k.. summed
+        for k in range(len(reads) - 1, -1, -1):
+            tail[k] = tail[k + 1] + reads[k].dsum + SLACK_S * reads[k].n
+        # F(now - h_i) - F(now - h_j) >= ∫ running over [h_i, h_j] (the lesser reads) - the finishes' latencies
+        # after h_i + the time finishes must have spent after h_j (the time after h_j is in both: it cancels)
+        pre = self._prefix()
+        best = -math.inf
+        for j in range(1, len(reads) - 1):
+            i = j - 1
+            best = max(best, -self._at(pre, reads[i].h, up=True) - tail[i + 1])
+            h0 = reads[j].h
+            inside = sum(self._after(reads[k], reads[k - 1].h, h0) for k in range(j + 1, len(reads)))
+            if best + self._at(pre, h0, up=False) + inside > MARGIN_S:
+                self.age_s, self.at, self.since = now - h0, now, h0
+                self.top_s = max((r.top for r in reads[1:]), default=None)
+                return
