@@ -26,9 +26,10 @@ length); the window starts over when ``running`` drops to 0, when a request ends
 fell by more than the finishes and preemptions of that second: a client abort is in no histogram),
 while requests wait (a queued request's latency is not time running), and when a counter goes back.
 The gauge is read once a second and taken, between two reads, as the lesser of them for the lower
-bound and the greater for the upper one (a closed loop's next request follows a finish within
-milliseconds); ``SLACK_S`` per finish covers the milliseconds of an end-to-end latency that are
-not time running (tokenizing, sending the answer).
+bound (a closed loop's next request follows a finish within milliseconds); ``FINISH_SLACK_S`` per
+finish covers the milliseconds of an end-to-end latency that are
+not time running (tokenizing, sending the answer); an end-to-end latency is never less than the
+time running, so the lower side needs none.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ from typing import Any
 
 __all__ = ["OccupancyBound"]
 
-#: seconds of doubt on a read's time, and of an end-to-end latency that is not time running, per finish
+#: seconds of doubt on a read's time (the poll's clock against the scrape's moment)
 SLACK_S = 0.25
+#: seconds of a finished request's end-to-end latency that may not be time running (the API server's
+#: tokenizing and answering, a scheduler step in ``waiting``): taken off what a finish must have spent
+FINISH_SLACK_S = 0.05
 #: seconds added to the upper side of every comparison
 MARGIN_S = 1.0
+#: a claim holds only while a request is also proven to have run over a window of the last this many
+#: seconds (an end nothing saw, hidden by a request that came in the same second, stops it within this)
+RECENT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -57,6 +64,8 @@ class _Read:
     top: float = 0.0
     #: the lower edge of each one's bucket, largest first
     lows: list[float] = field(default_factory=list)
+    #: the upper bound of each one's bucket, largest first
+    highs: list[float] = field(default_factory=list)
     #: the counter's slot start of each one, earliest first ([] when the counter does not match)
     slots: list[float] = field(default_factory=list)
 
@@ -142,6 +151,7 @@ class OccupancyBound:
                 rd.n += c
                 rd.top = le
                 rd.lows[:0] = [lower] * c
+                rd.highs[:0] = [le] * c
             lower = le
         mine = [s for s in self._slots if s[1] <= ht + SLACK_S]
         self._slots = [s for s in self._slots if s[1] > ht + SLACK_S]
@@ -184,35 +194,66 @@ class OccupancyBound:
         k = bisect_left(self._t, x) if up else bisect_right(self._t, x) - 1
         return pre[max(0, min(len(pre) - 1, k))]
 
-    def _after(self, rd: _Read, prev_h: float, h0: float) -> float:
-        """Seconds the finishes of ``rd`` (read after ``prev_h``) spent running after ``h0`` at least."""
-        if prev_h - rd.top - SLACK_S >= h0:
-            return max(0.0, rd.dsum - SLACK_S * rd.n)
+    def _before(self, rd: _Read, prev_h: float, x: float) -> float:
+        """Seconds the finishes of ``rd`` (read after ``prev_h``) may have spent running before ``x`` at most
+        (a request runs within its end-to-end latency: a finish at ``e`` ran before ``x`` at most its
+        latency less ``e - x``)."""
+        if rd.h <= x - SLACK_S:
+            return rd.dsum  # all ended before x
+        if prev_h - rd.top - SLACK_S >= x:
+            return 0.0  # all began after x
         if not rd.slots or not math.isfinite(rd.top):
-            return 0.0
-        # the latest slots with the shortest latencies: the pairing that gives least
-        gaps = sorted(max(0.0, a - h0 - SLACK_S) for a in rd.slots)
-        return sum(min(g, lo) for g, lo in zip(gaps, rd.lows))
+            return rd.dsum
+        gaps = sorted(max(0.0, a - x - SLACK_S) for a in rd.slots)
+        # all their latencies less what each spent after x at least: the shorter of its latency (its
+        # bucket's lower edge) and the time from x to its slot, the latest slots with the shortest
+        # latencies (the pairing that gives least) ...
+        after = sum(min(g, lo) for g, lo in zip(gaps, rd.lows))
+        # ... or each at most the read's largest bucket bound less the time from x to its slot, and those
+        # that may have run before x at most the largest bounds of the read
+        ups = [rd.top - g for g in gaps if rd.top > g]
+        return max(0.0, min(rd.dsum - after, sum(ups), sum(rd.highs[: len(ups)])))
 
     def _claim(self) -> None:
+        """``F(now - h_i) - F(now - x) = ∫ running over [h_i, x] - the time finished requests ran in
+        [h_i, x]`` (requests that ran only after ``x`` are in both: they cancel); above 0, a request
+        running now has run since before ``x``. ``h_i`` a read (the finishes since are known), ``x`` any
+        sample; the earliest ``x`` that proves it gives the age."""
         reads = self._reads
         self.age_s = self.at = self.since = None
         if len(reads) < 3:
             return
         now = reads[-1].h
-        tail = [0.0] * (len(reads) + 1)  # tail[k]: the finishes' latencies of reads k.. summed
-        for k in range(len(reads) - 1, -1, -1):
-            tail[k] = tail[k + 1] + reads[k].dsum + SLACK_S * reads[k].n
-        # F(now - h_i) - F(now - h_j) >= ∫ running over [h_i, h_j] (the lesser reads) - the finishes' latencies
-        # after h_i + the time finishes must have spent after h_j (the time after h_j is in both: it cancels)
         pre = self._prefix()
-        best = -math.inf
-        for j in range(1, len(reads) - 1):
-            i = j - 1
-            best = max(best, -self._at(pre, reads[i].h, up=True) - tail[i + 1])
-            h0 = reads[j].h
-            inside = sum(self._after(reads[k], reads[k - 1].h, h0) for k in range(j + 1, len(reads)))
-            if best + self._at(pre, h0, up=False) + inside > MARGIN_S:
-                self.age_s, self.at, self.since = now - h0, now, h0
-                self.top_s = max((r.top for r in reads[1:]), default=None)
-                return
+        cum = [0.0]
+        for rd in reads[1:]:
+            cum.append(cum[-1] + rd.dsum)
+        # best[i]: the most cum[i'] - ∫ up to h_i' gives, over the reads i' <= i
+        best: list[float] = []
+        for i, rd in enumerate(reads):
+            v = cum[i] - self._at(pre, rd.h, up=True)
+            best.append(max(best[-1], v) if best else v)
+        hs = [r.h for r in reads]
+        first: float | None = None
+        recent = False
+        for x in self._t:
+            if x >= now:
+                break
+            j = bisect_right(hs, x - SLACK_S) - 1  # the reads all before x
+            if j < 0:
+                continue
+            ran = sum(self._before(reads[k], reads[k - 1].h, x) for k in range(j + 1, len(reads))
+                      if reads[k - 1].h - reads[k].top - SLACK_S < x)
+            base = self._at(pre, x, up=False) - cum[j] - ran
+            if first is None and base + best[j] > MARGIN_S:
+                first = x
+            # ... and proven again over the last RECENT_S: a request that ended unseen in the second
+            # another came (a client's hang-up hidden by a new request) stops counting within it
+            k0 = bisect_left(hs, now - RECENT_S)
+            if first is not None and k0 <= j and base + max(cum[i] - self._at(pre, hs[i], up=True)
+                                                            for i in range(k0, j + 1)) > MARGIN_S:
+                recent = True
+                break
+        if first is not None and recent:
+            self.age_s, self.at, self.since = now - first, now, first
+            self.top_s = max((r.top for r in reads[1:]), default=None)
