@@ -143,8 +143,8 @@ class RequestsLine(Static):
 
     @staticmethod
     def line(answer: ServerRequests | None) -> str:
-        if answer is None or (answer.oldest is None and not answer.request_logging and not answer.count):
-            return ""
+        if answer is None or (answer.oldest is None and not answer.request_logging):
+            return ""  # nothing the server card does not say already
         parts = [f"requests in flight: {'?' if answer.count is None else answer.count}"]
         if answer.running is not None:
             parts[0] += f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)"
