@@ -784,7 +784,8 @@ class VtopApp(App[int]):
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
                      "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
-        "requests": "requests in flight from the vLLM request log, oldest first, and the last finished",
+        "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
+                    "and the last finished",
         "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
         "test_request": "send a test request (max_tokens required)",

@@ -352,9 +352,10 @@ ROWS_HELP = (
     ("vLLM card", "running and waiting requests, KV cache use and generated tokens/s on the GPU cards' time axis; "
                   "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
                   "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished"),
-    ("requests line", "requests in flight from the vLLM request log, the oldest named, with the max_tokens vLLM "
-                      "filled in (r: all, and the answers streaming on a local server's connections: which "
-                      "client, since when, request log or not)"),
+    ("requests line", "requests in flight (vLLM's running + waiting), the oldest named with how long it has run "
+                      "at least and the max_tokens vLLM filled in; without end lines in the log, the requests it "
+                      "received in the last 10 s (r: every request known in flight, by the request log, its "
+                      "connection or /metrics)"),
     ("startup", "the phases of a vllm serve start, how long each took, progress, and a possible hang"),
     ("log", "the vLLM log's last lines (its own time stamps); w: warnings only; /: a filter"),
 )
