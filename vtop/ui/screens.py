@@ -245,7 +245,8 @@ class RequestsScreen(ModalScreen[None]):
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
             yield Label("Recently finished (the vLLM request log)", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
-            yield Label("esc close · running at least: a lower bound, what the evidence proves", id="dialog-keys")
+            yield Label("esc close · running at least: what the evidence proves · took ≤: at most (its end inferred)",
+                        id="dialog-keys")
 
     def on_mount(self) -> None:
         from textual.widgets import DataTable

@@ -8,11 +8,12 @@ N + 1, and within a second or two after any sample N + 1 finishes may be that sa
 (each short one, alone, could have begun before it): every candidate dies, whatever N is, and the
 runaway was never named (issue 38 item 10: 3 at a time, request logging off, no connection counters).
 
-What does hold: the requests running at ``now`` have, together, spent
+What does hold: the requests in flight at ``now`` have, together, spent
 ``F(Y) = ∫ running dt over [now - Y, now] - (that time spent by requests that ended)`` running in the
-last ``Y`` seconds, and ``F(Y) = Σ min(age_j, Y)`` over them. If no request running now were older
-than ``Y1``, ``F`` would not grow past ``Y1``; so ``F(Y2) > F(Y1)`` for some ``Y2 > Y1`` proves one
-has run longer than ``Y1``. ``F(Y2)`` is bounded below by taking every finish since ``now - Y2`` as
+last ``Y`` seconds, a sum over them that stops growing with ``Y`` past each one's age. If no request in
+flight now were older than ``Y1``, ``F`` would not grow past ``Y1``; so ``F(Y2) > F(Y1)`` for some
+``Y2 > Y1`` proves one has been in flight longer than ``Y1``. A request runs within its end-to-end
+latency (queued, preempted or answering, it is not in ``running``), so the latency bounds what it ran. ``F(Y2)`` is bounded below by taking every finish since ``now - Y2`` as
 wholly inside the window (its end-to-end latency, the histogram's ``_sum``), ``F(Y1)`` above by
 taking only the time finishes must have spent after ``now - Y1`` (a finish of a read that began
 after ``now - Y1`` plus its largest latency bucket began after it; in the read across it, a finish
@@ -24,12 +25,11 @@ window ``Y2 - Y1`` of about 5 N s (the histograms come every 5 s) proves an age 
 Kept on the side of no claim: ``now`` is the last histogram read (a finish after it is of unknown
 length); the window starts over when ``running`` drops to 0, when a request ends unseen (``running``
 fell by more than the finishes and preemptions of that second: a client abort is in no histogram),
-while requests wait (a queued request's latency is not time running), and when a counter goes back.
-The gauge is read once a second and taken, between two reads, as the lesser of them for the lower
-bound (a closed loop's next request follows a finish within milliseconds); ``FINISH_SLACK_S`` per
-finish covers the milliseconds of an end-to-end latency that are
-not time running (tokenizing, sending the answer); an end-to-end latency is never less than the
-time running, so the lower side needs none.
+and when a counter goes back; an end hidden by a request that came in the same second (the gauge
+cannot tell it) stops a claim within ``RECENT_S``: a request must also be proven over a window of
+the last ``RECENT_S``. The gauge is read once a second and taken, between two reads, as the lesser
+of them (a closed loop's next request follows a finish within milliseconds; a dip between two reads
+is not seen). Work: per histogram read (every 5 s), the samples kept times the reads near each.
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ __all__ = ["OccupancyBound"]
 
 #: seconds of doubt on a read's time (the poll's clock against the scrape's moment)
 SLACK_S = 0.25
-#: seconds of a finished request's end-to-end latency that may not be time running (the API server's
-#: tokenizing and answering, a scheduler step in ``waiting``): taken off what a finish must have spent
-FINISH_SLACK_S = 0.05
 #: seconds added to the upper side of every comparison
 MARGIN_S = 1.0
 #: a claim holds only while a request is also proven to have run over a window of the last this many
@@ -103,10 +100,10 @@ class OccupancyBound:
 
     def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None,
             done: float | None = None, preempted: float | None = None, waiting: float | None = None) -> None:
-        """One sample (as :meth:`OldestInFlight.add`, with ``waiting``)."""
+        """One sample (as :meth:`OldestInFlight.add`; ``waiting`` is not needed: a request that waits
+        spends that time within its end-to-end latency, not in ``running``)."""
         prev, self._prev = self._prev, (t, running or 0.0, done, preempted)
-        if running is None or done is None or running < 1 or waiting is None or waiting > 0 \
-                or self._ended_unseen(prev, running, done, preempted):
+        if running is None or done is None or running < 1 or self._ended_unseen(prev, running, done, preempted):
             self._restart()
             self._cum = None  # the next read is the new baseline
             return
