@@ -130,12 +130,7 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
         found[0] = oldest
     busy = None if running is None else running + (waiting or 0.0)
     count = _count(busy, log, logged)
-    if busy is not None and len(found) > busy:
-        # never more in flight than vLLM runs and queues: the weakest claims go (an anonymous
-        # /metrics bound that another entry already stands for, first)
-        found = found[: max(0, int(busy))] if busy >= 1 else []
-        if oldest is not None and oldest not in found:
-            oldest = None
+    found, oldest = _cap(found, oldest, busy)
     recent = None
     if log is not None and log.request_logging and not log.finishes_logged:
         recent = sum(1 for r in logged if r.age_max_s is not None and r.age_max_s <= RECENT_S)
@@ -145,6 +140,15 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
         request_logging=None if log is None else log.request_logging,
         finishes_logged=bool(log is not None and log.finishes_logged), received_recent=recent,
         logged_open=len(logged), logged=tuple(logged))
+
+
+def _cap(found: list[InFlightRequest], oldest: InFlightRequest | None,
+         busy: float | None) -> tuple[list[InFlightRequest], InFlightRequest | None]:
+    """Never more in flight than vLLM runs and queues: the weakest claims (last, by age) go."""
+    if busy is None or len(found) <= busy:
+        return found, oldest
+    found = found[: max(0, int(busy))] if busy >= 1 else []
+    return found, oldest if oldest in found else None
 
 
 def _age_key(r: InFlightRequest) -> tuple[float, float]:

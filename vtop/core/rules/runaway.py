@@ -2,37 +2,27 @@
 ``max_tokens``; vLLM then allows ``max_model_len - prompt`` tokens). A busy GPU is *not* required:
 one decode stream on an H200 reads 10-23 % GPU-Util.
 
-Evidence, either of two paths:
+The rule reads one answer: the server's requests in flight (``ctx.in_flight``, made once a tick by
+:func:`vtop.core.requests.requests_in_flight`), whose oldest is the request every face names, with its
+age as a lower bound and what proves it (the request log with the ``max_tokens`` histogram, its
+connection's counters, or ``/metrics`` alone: the per-sample candidates, and the time requests ran
+against the finished ones' latencies, which holds under a closed loop of short requests). It decides
+on that answer (:class:`Finding`), by either of two paths, and words the alert in one place
+(:func:`_alert`):
 
-* quiet (:func:`_runaway_quiet`): requests running, generation tokens rising within ``rising_s``,
-  and no request finished for ``runaway_s`` while ``waiting`` is zero or growing; or, with a short
-  history, the request log names a request sent without ``max_tokens`` that has run that long;
-* by age (:func:`_runaway_by_age`): whatever other traffic comes and goes, the oldest in-flight
-  request is known from ``/metrics`` alone (``running`` never dropped below what is left of the
-  requests running at t0, and fewer finishes of requests that began before t0, by their
-  ``e2e_request_latency``, than were in flight; vtop/core/requests/metrics_bound.py) to have run ``runaway_age_s``
-  or ``runaway_age_ordinary_x`` times what requests ordinarily take here, while tokens flow.
-  With the request log on, the request itself is proven in flight (:func:`_proven_logged`:
-  its effective ``max_tokens`` bucket of ``request_params_max_tokens`` shows fewer finishes
-  since it came than requests of that bucket came before it; vtop/core/requests/metrics_bound.py
-  ``oldest_logged``) and named. Time the generation counter stood still within the age (a
-  frozen engine) does not count: that is the stall rule's.
-  A request whose client set ``max_tokens`` is shown as info ("long request"), not alarmed.
-  On a server on this box, the kernel's counters of its connections prove one request's age
-  whatever else comes and goes, request log or not (vtop/core/requests/conns.py): an answer still
-  streaming on a connection whose request came N s ago is a request that has run N s; the
-  client's address is then named (``runaway-short-traffic-no-request-log``). A non-streamed
-  completion sends nothing until it ends: a connection whose request came N s ago with no byte
-  of its answer since is a request N s in flight, taken only while nothing waits (then it is in
-  the engine, not the queue) (``runaway-nonstreaming-short-traffic-no-request-log``).
-  When what ``/metrics`` showed is too short (``doctor --window 15``, an attach), the log's
-  history stands in (:meth:`vtop.core.loghistory.LogHistoryView.oldest_running`): no request
-  began (no prompt throughput) since a stats line where requests ran, or the request log names a
-  request sent without ``max_tokens``, never aborted, with requests running in every stats line
-  since.
+* by age (:func:`_by_age`): the oldest request has run ``runaway_age_s``, or ``runaway_age_ordinary_x``
+  times what requests ordinarily take here, while tokens flow; time the generation counter stood
+  still within the age (a frozen engine) does not count: that is the stall rule's. A request whose
+  client set ``max_tokens`` is shown as info ("long request"), not alarmed; a connection's client is
+  named (its address and port);
+* quiet (:func:`_quiet`): requests running, generation tokens rising within ``rising_s``, and no
+  request finished for ``runaway_s`` while ``waiting`` is zero or growing; or, with a short history,
+  the request log names a request sent without ``max_tokens`` that came that long ago.
 
 Corpus traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
-runaway-streaming-after-others, h200-runaway-short-traffic (all replayed at the live
+runaway-streaming-after-others, h200-runaway-short-traffic, runaway-closed-loop-3-no-request-log and
+runaway-closed-loop-8-no-request-log (a closed loop of short requests beside it, no request log, no
+connection counters: only the time requests ran tells it) (all replayed at the live
 scraper's cadence, histograms every 5 s); quiet on normal-bursts-waiting-queue,
 normal-idle-3min, normal-long-generation-max-tokens, normal-long-generation-20k, and on
 h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
