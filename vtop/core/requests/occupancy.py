@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,28 +44,66 @@ __all__ = ["OccupancyBound"]
 
 #: seconds of doubt on a read's time (the poll's clock against the scrape's moment)
 SLACK_S = 0.25
-#: seconds added to the upper side of every comparison
+#: seconds (of time running) and tokens added to the upper side of every comparison
 MARGIN_S = 1.0
+MARGIN_TOKENS = 2.0
 #: a claim holds only while a request is also proven to have run over a window of the last this many
 #: seconds (an end nothing saw, hidden by a request that came in the same second, stops it within this)
 RECENT_S = 30.0
 
 
 @dataclass(slots=True)
-class _Read:
-    """One read of the e2e latency histogram: the finishes since the read before."""
+class _Hist:
+    """What one read of a histogram adds: the finishes since the read before."""
 
-    h: float
-    dsum: float = 0.0
+    total: float = 0.0
     n: int = 0
     #: the largest bucket bound holding one of them (inf for +Inf)
     top: float = 0.0
-    #: the lower edge of each one's bucket, largest first
+    #: the lower edge and the upper bound of each one's bucket, largest first
     lows: list[float] = field(default_factory=list)
-    #: the upper bound of each one's bucket, largest first
     highs: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Read:
+    """One read of the histograms: the finishes since the read before, their latencies and tokens."""
+
+    h: float
+    lat: _Hist = field(default_factory=_Hist)
+    #: their generated tokens (None: the histogram is not there, or its count does not match)
+    tok: _Hist | None = None
     #: the counter's slot start of each one, earliest first ([] when the counter does not match)
     slots: list[float] = field(default_factory=list)
+
+
+def _delta(old: dict[float, float] | None, cum: dict[float, float], total: float | None,
+           old_total: float | None) -> _Hist | None:
+    """The finishes between two reads of a cumulative histogram (None: not comparable)."""
+    if old is None or total is None or old_total is None:
+        return None
+    out = _Hist(max(0.0, total - old_total))
+    below_new = below_old = 0.0
+    lower = 0.0
+    for le in sorted(cum):
+        c = int(round((cum[le] - below_new) - (old.get(le, 0.0) - below_old)))
+        below_new, below_old = cum[le], old.get(le, 0.0)
+        if c < 0:
+            return None  # went back: a restart
+        if c:
+            out.n += c
+            out.top = le
+            out.lows[:0] = [lower] * c
+            out.highs[:0] = [le] * c
+        lower = le
+    return out
+
+
+def _cum(h: Any) -> tuple[dict[float, float], float | None] | None:
+    buckets = getattr(h, "buckets", None)
+    if not buckets:
+        return None
+    return {float(le): float(c) for le, c in buckets}, getattr(h, "sum", None)
 
 
 class OccupancyBound:
@@ -77,44 +116,52 @@ class OccupancyBound:
     def __init__(self) -> None:
         self._t: list[float] = []
         self._r: list[float] = []
+        self._g: list[float | None] = []
         self._reads: list[_Read] = []
-        self._cum: dict[float, float] | None = None
-        self._sum: float | None = None
+        self._lat: tuple[dict[float, float], float | None] | None = None
+        self._tok: tuple[dict[float, float], float | None] | None = None
         self._prev: tuple[float, float, float | None, float | None] | None = None
         self._slots: list[tuple[float, float, int]] = []
         self.age_s: float | None = None
-        """Seconds the oldest request running at :attr:`at` has run at least (None: not proven)."""
+        """Seconds the oldest request in flight at :attr:`at` has been in flight at least (None: not proven)."""
         self.at: float | None = None
         """The histogram read the claim is made at."""
         self.since: float | None = None
-        """When that request was already running (``at - age_s``)."""
+        """When that request was already in flight (``at - age_s``)."""
         self.top_s: float | None = None
         """The longest latency bucket of the finishes of the window."""
+        self.by: str | None = None
+        """``"time"`` or ``"tokens"``: which measure proved it."""
 
     def _restart(self) -> None:
         self._t.clear()
         self._r.clear()
+        self._g.clear()
         self._reads.clear()
         self._slots.clear()
-        self.age_s = self.at = self.since = self.top_s = None
+        self._lat = self._tok = None  # the next read is the new baseline
+        self.age_s = self.at = self.since = self.top_s = self.by = None
 
     def add(self, t: float, running: float | None, e2e: Any, hist_t: float | None = None,
-            done: float | None = None, preempted: float | None = None, waiting: float | None = None) -> None:
-        """One sample (as :meth:`OldestInFlight.add`; ``waiting`` is not needed: a request that waits
-        spends that time within its end-to-end latency, not in ``running``)."""
+            done: float | None = None, preempted: float | None = None, waiting: float | None = None,
+            gen: float | None = None, gen_hist: Any = None) -> None:
+        """One sample (as :meth:`OldestInFlight.add`), with the generation tokens counter (``gen``) and
+        the ``request_generation_tokens`` histogram (``gen_hist``, read with the latency); ``waiting`` is
+        not needed: a request that waits spends that time within its end-to-end latency, not in
+        ``running``, and generates nothing."""
         prev, self._prev = self._prev, (t, running or 0.0, done, preempted)
         if running is None or done is None or running < 1 or self._ended_unseen(prev, running, done, preempted):
             self._restart()
-            self._cum = None  # the next read is the new baseline
             return
         if prev is not None and prev[2] is not None and done > prev[2]:
             self._slots.append((prev[0], t, int(round(done - prev[2]))))
         self._t.append(t)
         self._r.append(running)
-        buckets = getattr(e2e, "buckets", None)
+        self._g.append(gen)
+        lat = _cum(e2e)
         ht = t if hist_t is None else hist_t
-        if buckets and (not self._reads or ht > self._reads[-1].h):
-            self._read(ht, buckets, getattr(e2e, "sum", None))
+        if lat is not None and (not self._reads or ht > self._reads[-1].h):
+            self._read(ht, lat, _cum(gen_hist))
         self._trim(t)
 
     @staticmethod
@@ -127,37 +174,26 @@ class OccupancyBound:
         moved = 0.0 if preempted is None or prev[3] is None else max(0.0, preempted - prev[3])
         return prev[1] - running - (done - prev[2]) - moved >= 0.5
 
-    def _read(self, ht: float, buckets: Any, total: float | None) -> None:
-        cum = {float(le): float(c) for le, c in buckets}
-        old, old_sum = self._cum, self._sum
-        self._cum, self._sum = cum, total
-        if old is None or old_sum is None or total is None:
+    def _read(self, ht: float, lat: tuple[dict[float, float], float | None],
+              tok: tuple[dict[float, float], float | None] | None) -> None:
+        old_lat, old_tok = self._lat, self._tok
+        self._lat, self._tok = lat, tok
+        d = _delta(old_lat[0], lat[0], lat[1], old_lat[1]) if old_lat is not None else None
+        if d is None:
             self._reads = [_Read(ht)]  # the baseline: finishes before it are not known
             self._slots = [s for s in self._slots if s[1] > ht]
             return
-        rd = _Read(ht, max(0.0, total - old_sum))
-        below_new = below_old = 0.0
-        lower = 0.0
-        for le in sorted(cum):
-            c = int(round((cum[le] - below_new) - (old.get(le, 0.0) - below_old)))
-            below_new, below_old = cum[le], old.get(le, 0.0)
-            if c < 0:
-                self._restart()
-                return
-            if c:
-                rd.n += c
-                rd.top = le
-                rd.lows[:0] = [lower] * c
-                rd.highs[:0] = [le] * c
-            lower = le
+        dt = _delta(old_tok[0], tok[0], tok[1], old_tok[1]) if old_tok is not None and tok is not None else None
+        rd = _Read(ht, d, dt if dt is not None and dt.n == d.n else None)
         mine = [s for s in self._slots if s[1] <= ht + SLACK_S]
         self._slots = [s for s in self._slots if s[1] > ht + SLACK_S]
         starts = [a for a, _b, n in mine for _ in range(n)]
-        rd.slots = starts if len(starts) == rd.n else []
-        if len(starts) > rd.n:
+        rd.slots = starts if len(starts) == d.n else []
+        if len(starts) > d.n:
             # the counter saw finishes the histogram has not (read apart, or a finish reason it lacks): of
             # unknown length, they may be anything's end; the window starts over from this read
             self._restart()
+            self._lat, self._tok = lat, tok
             self._reads = [_Read(ht)]
             return
         self._reads.append(rd)
@@ -168,6 +204,7 @@ class OccupancyBound:
         if cut > 32:
             del self._t[:cut]
             del self._r[:cut]
+            del self._g[:cut]
             k = 0
             while k < len(self._reads) - 1 and self._reads[k].h < self._t[0]:
                 k += 1
@@ -177,80 +214,94 @@ class OccupancyBound:
 
     # ------------------------------------------------------------------ the claim
 
-    def _prefix(self) -> list[float]:
-        """``pre[k]``: ∫ running from the first sample to sample ``k``, each interval at the lesser of its
-        two reads."""
+    def _time_level(self) -> list[float]:
+        """∫ running from the first sample to each sample, each interval at the lesser of its two reads."""
         ts, rs = self._t, self._r
         pre = [0.0]
         for k in range(len(ts) - 1):
             pre.append(pre[-1] + min(rs[k], rs[k + 1]) * (ts[k + 1] - ts[k]))
         return pre
 
-    def _at(self, pre: list[float], x: float, *, up: bool) -> float:
-        """``pre`` at the first sample at or after ``x`` (``up``), else the last one at or before it."""
+    def _token_level(self) -> list[float] | None:
+        """The generation tokens counter at each sample (None where a sample lacks it)."""
+        g = self._g
+        if any(x is None for x in g) or any(rd.tok is None for rd in self._reads[1:]):
+            return None
+        return [float(x) for x in g if x is not None]
+
+    def _at(self, level: list[float], x: float, *, up: bool) -> float:
+        """``level`` at the first sample at or after ``x`` (``up``), else the last one at or before it."""
         k = bisect_left(self._t, x) if up else bisect_right(self._t, x) - 1
-        return pre[max(0, min(len(pre) - 1, k))]
+        return level[max(0, min(len(level) - 1, k))]
 
-    def _before(self, rd: _Read, prev_h: float, x: float) -> float:
-        """Seconds the finishes of ``rd`` (read after ``prev_h``) may have spent running before ``x`` at most
-        (a request runs within its end-to-end latency: a finish at ``e`` ran before ``x`` at most its
-        latency less ``e - x``)."""
+    @staticmethod
+    def _before(rd: _Read, prev_h: float, x: float, of: _Hist) -> float:
+        """How much of ``of`` (the read's latencies, or tokens) its finishes may have run (made) before
+        ``x`` at most."""
         if rd.h <= x - SLACK_S:
-            return rd.dsum  # all ended before x
-        if prev_h - rd.top - SLACK_S >= x:
-            return 0.0  # all began after x
-        if not rd.slots or not math.isfinite(rd.top):
-            return rd.dsum
+            return of.total  # all ended before x
+        if not rd.slots or not math.isfinite(rd.lat.top):
+            return of.total
         gaps = sorted(max(0.0, a - x - SLACK_S) for a in rd.slots)
-        # all their latencies less what each spent after x at least: the shorter of its latency (its
-        # bucket's lower edge) and the time from x to its slot, the latest slots with the shortest
-        # latencies (the pairing that gives least) ...
-        after = sum(min(g, lo) for g, lo in zip(gaps, rd.lows))
-        # ... or each at most the read's largest bucket bound less the time from x to its slot, and those
-        # that may have run before x at most the largest bounds of the read
-        ups = [rd.top - g for g in gaps if rd.top > g]
-        return max(0.0, min(rd.dsum - after, sum(ups), sum(rd.highs[: len(ups)])))
+        # those that may have begun before x: a latency reaching back from their slot past x
+        maybe = sum(1 for g in gaps if rd.lat.top > g)
+        most = of.total if not math.isfinite(of.top) else min(of.total, sum(of.highs[:maybe]))
+        if of is not rd.lat:
+            return most
+        # a latency: all of them less what each spent after x at least (the shorter of its bucket's lower
+        # edge and the time from x to its slot, the latest slots with the shortest: the pairing that
+        # gives least), or each at most the largest bound less the time from x to its slot
+        after = sum(min(g, lo) for g, lo in zip(gaps, rd.lat.lows))
+        return max(0.0, min(most, rd.lat.total - after, sum(rd.lat.top - g for g in gaps if rd.lat.top > g)))
 
-    def _claim(self) -> None:
-        """``F(now - h_i) - F(now - x) = ∫ running over [h_i, x] - the time finished requests ran in
-        [h_i, x]`` (requests that ran only after ``x`` are in both: they cancel); above 0, a request
-        running now has run since before ``x``. ``h_i`` a read (the finishes since are known), ``x`` any
-        sample; the earliest ``x`` that proves it gives the age."""
+    def _prove(self, level: list[float], amount: Callable[[_Read], _Hist], margin: float) -> float | None:
+        """The earliest sample ``x`` such that the requests in flight now ran (made) more over
+        ``[h_i, x]`` than the finishes can account for, for some read ``h_i`` before it; and the same
+        over a window of the last ``RECENT_S``. None: not proven."""
         reads = self._reads
-        self.age_s = self.at = self.since = None
-        if len(reads) < 3:
-            return
         now = reads[-1].h
-        pre = self._prefix()
+        hs = [r.h for r in reads]
         cum = [0.0]
         for rd in reads[1:]:
-            cum.append(cum[-1] + rd.dsum)
-        # best[i]: the most cum[i'] - ∫ up to h_i' gives, over the reads i' <= i
-        best: list[float] = []
-        for i, rd in enumerate(reads):
-            v = cum[i] - self._at(pre, rd.h, up=True)
-            best.append(max(best[-1], v) if best else v)
-        hs = [r.h for r in reads]
-        first: float | None = None
-        recent = False
+            cum.append(cum[-1] + amount(rd).total)
+        start = [cum[i] - self._at(level, h, up=True) for i, h in enumerate(hs)]
+        best = [max(start[: i + 1]) for i in range(len(start))]
+        first = None
         for x in self._t:
             if x >= now:
                 break
             j = bisect_right(hs, x - SLACK_S) - 1  # the reads all before x
             if j < 0:
                 continue
-            ran = sum(self._before(reads[k], reads[k - 1].h, x) for k in range(j + 1, len(reads))
-                      if reads[k - 1].h - reads[k].top - SLACK_S < x)
-            base = self._at(pre, x, up=False) - cum[j] - ran
-            if first is None and base + best[j] > MARGIN_S:
+            ran = sum(self._before(reads[k], hs[k - 1], x, amount(reads[k])) for k in range(j + 1, len(reads))
+                      if hs[k - 1] - reads[k].lat.top - SLACK_S < x)
+            base = self._at(level, x, up=False) - cum[j] - ran
+            if first is None and base + best[j] > margin:
                 first = x
-            # ... and proven again over the last RECENT_S: a request that ended unseen in the second
-            # another came (a client's hang-up hidden by a new request) stops counting within it
             k0 = bisect_left(hs, now - RECENT_S)
-            if first is not None and k0 <= j and base + max(cum[i] - self._at(pre, hs[i], up=True)
-                                                            for i in range(k0, j + 1)) > MARGIN_S:
-                recent = True
-                break
-        if first is not None and recent:
-            self.age_s, self.at, self.since = now - first, now, first
-            self.top_s = max((r.top for r in reads[1:]), default=None)
+            if first is not None and k0 <= j and base + max(start[k0: j + 1]) > margin:
+                return first
+        return None
+
+    def _claim(self) -> None:
+        """``F(now - h_i) - F(now - x)``: what the requests in flight now ran (made) in ``[h_i, x]``, the
+        level over it less the finishes' share (requests that ran only after ``x`` are in both: they
+        cancel); above 0, a request in flight now was already before ``x``. By time running and by
+        tokens made (the counter is exact at each read: no dip between two reads is missed)."""
+        self.age_s = self.at = self.since = self.by = None
+        if len(self._reads) < 3:
+            return
+        got: list[tuple[float, str]] = []
+        x = self._prove(self._time_level(), lambda rd: rd.lat, MARGIN_S)
+        if x is not None:
+            got.append((x, "time"))
+        tokens = self._token_level()
+        if tokens is not None:
+            x = self._prove(tokens, lambda rd: rd.tok or _Hist(), MARGIN_TOKENS)
+            if x is not None:
+                got.append((x, "tokens"))
+        if got:
+            x, by = min(got)
+            now = self._reads[-1].h
+            self.age_s, self.at, self.since, self.by = now - x, now, x, by
+            self.top_s = max((r.lat.top for r in self._reads[1:]), default=None)

@@ -35,6 +35,8 @@ class Sample:
     #: when the two histograms were read (earlier than ``t`` when carried over)
     hist_t: float
     e2e: Any = None
+    #: the generated tokens of the requests that finished (``request_generation_tokens``), read with ``e2e``
+    gen_hist: Any = None
     #: the engine was put to sleep (``engine_sleep_state``): quiet on purpose, so its quiet time is
     #: no stall time (the stall clock starts again at ``/wake_up``)
     sleeping: bool = False
@@ -57,6 +59,7 @@ def sample_of(t: float, m: Any) -> Sample:
         prompt_hist=getattr(m, "request_prompt_tokens", None),
         hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
         e2e=getattr(m, "e2e_request_latency_seconds", None),
+        gen_hist=getattr(m, "request_generation_tokens", None),
         sleeping=bool(sleep_level(m)),
     )
 
@@ -210,7 +213,7 @@ class ServerState:
             else:
                 self.busy_since = None
         self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
-        self.occupancy.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.waiting)
+        self.occupancy.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.waiting, s.gen, s.gen_hist)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:
