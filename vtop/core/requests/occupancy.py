@@ -49,7 +49,7 @@ MARGIN_S = 1.0
 MARGIN_TOKENS = 2.0
 #: a claim holds only while a request is also proven to have run over a window of the last this many
 #: seconds (an end nothing saw, hidden by a request that came in the same second, stops it within this)
-RECENT_S = 30.0
+RECENT_S = 15.0
 
 
 @dataclass(slots=True)
