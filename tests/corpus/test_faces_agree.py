@@ -68,9 +68,9 @@ def _check_instant(m: Any, url: str, started: float) -> bool:
         assert ages == [(o.evidence[0], o.age_min_s)], (ages, want)
     assert allow == ([] if o.max_tokens is None else [float(o.max_tokens)]), (allow, want)
     # the screen: the requests line and the r table
-    assert o.name[:24] in line and age_words(o) in line, (line, want)
+    assert o.short_name in line and age_words(o) in line, (line, want)
     card = oldest_line(answer)
-    assert o.name[:24] in card and age_words(o) in card, (card, want)
+    assert o.short_name in card and age_words(o) in card, (card, want)
     assert len(rows) == 1 and rows[0][3] == f"at least {dur_text(o.age_min_s)}", (rows, want)
     assert rows[0][1] == (o.request_id or "-") and rows[0][2] == (o.client or "-"), (rows, want)
     # the runaway alert, when on, names that request with that lower bound

@@ -72,6 +72,11 @@ class InFlightRequest:
         return self.client_set_max_tokens is False
 
     @property
+    def short_name(self) -> str:
+        """:attr:`name` with a long request id cut to 24 characters (a line's room)."""
+        return self.request_id[:24] if self.request_id else self.name
+
+    @property
     def name(self) -> str:
         """``chatcmpl-9f…``, ``client 127.0.0.1:50312``, or ``a request`` (known only from /metrics)."""
         if self.request_id:

@@ -274,10 +274,13 @@ def _metrics_bound(url: str, mem: ServerMemory) -> InFlightRequest | None:
     occ = mem.occupancy
     if occ.age_s is not None and occ.since is not None and (got is None or occ.age_s > got[0]):
         top = "?" if occ.top_s is None else dur(occ.top_s)
-        got = (occ.age_s, occ.since, f"the oldest in-flight request has run at least {dur(occ.age_s)}: running never "
-                                     f"dropped to 0 and nothing waited, every request that finished took at most "
-                                     f"{top}, and the time requests spent running since is more than all those "
-                                     "finished ones account for")
+        what = ("the tokens made since (vLLM's generation counter) are more than all the requests that finished "
+                "since made (their generated-tokens histogram)" if occ.by == "tokens" else
+                "the time requests spent running since is more than all the requests that finished since took "
+                "(their end-to-end latencies)")
+        got = (occ.age_s, occ.since, f"the oldest in-flight request has run at least {dur(occ.age_s)}: every "
+                                     f"request that finished took at most {top}, and {what}: one in flight "
+                                     f"now was in flight {dur(occ.age_s)} ago")
     if got is None:
         return None
     return InFlightRequest(url, (METRICS_BOUND,), got[0], None, got[1], detail=got[2])

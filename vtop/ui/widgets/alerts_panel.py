@@ -150,7 +150,7 @@ class RequestsLine(Static):
             parts[0] += f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)"
         o = answer.oldest
         if o is not None:
-            oldest = f"oldest {o.name[:24]} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
+            oldest = f"oldest {o.short_name} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
             if o.max_tokens is not None:
                 oldest += f", max_tokens {o.max_tokens:,}"
             if o.no_client_max_tokens:

@@ -300,7 +300,7 @@ def oldest_line(answer: ServerRequests | None) -> str:
     o = answer.oldest if answer is not None else None
     if o is None:
         return ""
-    out = f"oldest in flight: {o.name[:24]} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
+    out = f"oldest in flight: {o.short_name} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
     if o.max_tokens is not None:
         out += f", max_tokens {o.max_tokens:,}"
     if o.no_client_max_tokens:
