@@ -117,6 +117,8 @@ class OccupancyBound:
         self._t: list[float] = []
         self._r: list[float] = []
         self._g: list[float | None] = []
+        #: running + waiting at each sample (inf where waiting is not known): the requests alive then
+        self._busy: list[float] = []
         self._reads: list[_Read] = []
         self._lat: tuple[dict[float, float], float | None] | None = None
         self._tok: tuple[dict[float, float], float | None] | None = None
@@ -137,6 +139,7 @@ class OccupancyBound:
         self._t.clear()
         self._r.clear()
         self._g.clear()
+        self._busy.clear()
         self._reads.clear()
         self._slots.clear()
         self._lat = self._tok = None  # the next read is the new baseline
@@ -158,6 +161,7 @@ class OccupancyBound:
         self._t.append(t)
         self._r.append(running)
         self._g.append(gen)
+        self._busy.append(running + waiting if waiting is not None else math.inf)
         lat = _cum(e2e)
         ht = t if hist_t is None else hist_t
         if lat is not None and (not self._reads or ht > self._reads[-1].h):
@@ -205,6 +209,7 @@ class OccupancyBound:
             del self._t[:cut]
             del self._r[:cut]
             del self._g[:cut]
+            del self._busy[:cut]
             k = 0
             while k < len(self._reads) - 1 and self._reads[k].h < self._t[0]:
                 k += 1
@@ -235,24 +240,32 @@ class OccupancyBound:
         return level[max(0, min(len(level) - 1, k))]
 
     @staticmethod
-    def _before(rd: _Read, prev_h: float, x: float, of: _Hist) -> float:
+    def _before(rd: _Read, prev_h: float, x: float, of: _Hist, alive: float) -> float:
         """How much of ``of`` (the read's latencies, or tokens) its finishes may have run (made) before
-        ``x`` at most."""
+        ``x`` at most; ``alive``: how many requests were in flight at ``x`` (a finish that began before
+        ``x`` and ended after it is one of them)."""
         if rd.h <= x - SLACK_S:
             return of.total  # all ended before x
         if not rd.slots or not math.isfinite(rd.lat.top):
             return of.total
         gaps = sorted(max(0.0, a - x - SLACK_S) for a in rd.slots)
-        # those that may have begun before x: a latency reaching back from their slot past x
-        maybe = sum(1 for g in gaps if rd.lat.top > g)
-        most = of.total if not math.isfinite(of.top) else min(of.total, sum(of.highs[:maybe]))
+        # those that may have begun before x: a latency reaching back from their slot past x; of them,
+        # those that may have ended by x (their whole share: a slot that began before x), and of the
+        # others, which were in flight at x, no more than were
+        ended = sum(1 for a in rd.slots if a < x + SLACK_S)
+        maybe = min(sum(1 for g in gaps if rd.lat.top > g), int(min(ended + alive, float(of.n))))
+        # at most the largest ``maybe`` of them, and at most the total less the least the others hold
+        rest = of.n - maybe
+        most = min(of.total, of.total - sum(of.lows[of.n - rest:]) if rest > 0 else of.total)
+        if math.isfinite(of.top):
+            most = min(most, sum(of.highs[:maybe]))
         if of is not rd.lat:
             return most
         # a latency: all of them less what each spent after x at least (the shorter of its bucket's lower
         # edge and the time from x to its slot, the latest slots with the shortest: the pairing that
         # gives least), or each at most the largest bound less the time from x to its slot
         after = sum(min(g, lo) for g, lo in zip(gaps, rd.lat.lows))
-        return max(0.0, min(most, rd.lat.total - after, sum(rd.lat.top - g for g in gaps if rd.lat.top > g)))
+        return max(0.0, min(most, rd.lat.total - after, sum(rd.lat.top - g for g in gaps[:maybe] if rd.lat.top > g)))
 
     def _prove(self, level: list[float], amount: Callable[[_Read], _Hist], margin: float) -> float | None:
         """The earliest sample ``x`` such that the requests in flight now ran (made) more over
@@ -273,7 +286,8 @@ class OccupancyBound:
             j = bisect_right(hs, x - SLACK_S) - 1  # the reads all before x
             if j < 0:
                 continue
-            ran = sum(self._before(reads[k], hs[k - 1], x, amount(reads[k])) for k in range(j + 1, len(reads))
+            alive = self._busy[bisect_right(self._t, x) - 1]
+            ran = sum(self._before(reads[k], hs[k - 1], x, amount(reads[k]), alive) for k in range(j + 1, len(reads))
                       if hs[k - 1] - reads[k].lat.top - SLACK_S < x)
             base = self._at(level, x, up=False) - cum[j] - ran
             if first is None and base + best[j] > margin:
