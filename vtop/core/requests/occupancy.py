@@ -248,7 +248,7 @@ class OccupancyBound:
             return of.total  # all ended before x
         if not rd.slots or not math.isfinite(rd.lat.top):
             return of.total
-        gaps = sorted(max(0.0, a - x - SLACK_S) for a in rd.slots)
+        gaps = [max(0.0, a - x - SLACK_S) for a in rd.slots]  # the slots are in time order
         # those that may have begun before x: a latency reaching back from their slot past x; of them,
         # those that may have ended by x (their whole share: a slot that began before x), and of the
         # others, which were in flight at x, no more than were
@@ -279,21 +279,25 @@ class OccupancyBound:
             cum.append(cum[-1] + amount(rd).total)
         start = [cum[i] - self._at(level, h, up=True) for i, h in enumerate(hs)]
         best = [max(start[: i + 1]) for i in range(len(start))]
+        k0 = bisect_left(hs, now - RECENT_S)
         first = None
-        for x in self._t:
-            if x >= now:
-                break
+        i = 0
+        while i < len(self._t) and self._t[i] < now:
+            x = self._t[i]
+            i += 1
             j = bisect_right(hs, x - SLACK_S) - 1  # the reads all before x
-            if j < 0:
+            if j < 0 or (first is not None and j < k0):
                 continue
-            alive = self._busy[bisect_right(self._t, x) - 1]
+            alive = self._busy[i - 1]
             ran = sum(self._before(reads[k], hs[k - 1], x, amount(reads[k]), alive) for k in range(j + 1, len(reads))
                       if hs[k - 1] - reads[k].lat.top - SLACK_S < x)
             base = self._at(level, x, up=False) - cum[j] - ran
             if first is None and base + best[j] > margin:
                 first = x
-            k0 = bisect_left(hs, now - RECENT_S)
-            if first is not None and k0 <= j and base + max(start[k0: j + 1]) > margin:
+                # then only a window of the last RECENT_S is left to find: on from its first read
+                i = max(i - 1, bisect_left(self._t, hs[k0] + SLACK_S) if k0 < len(hs) else i)
+                continue
+            if first is not None and base + max(start[k0: j + 1]) > margin:
                 return first
         return None
 
