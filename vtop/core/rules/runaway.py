@@ -263,9 +263,7 @@ def _quiet_lines(ctx: Ctx, st: ServerState, s: Sample, f: Finding) -> list[str]:
     made = (s.gen or 0.0) - (base.gen if base is not None and base.gen is not None else (a.gen if a else 0.0) or 0.0)
     ev = [f"{plural(s.running or 0.0, 'request')} running, none finished for {dur(f.quiet_s or 0.0)}; "
           f"waiting {num(s.waiting or 0.0)}"]
-    if f.oldest is not None and f.oldest.detail:
-        ev.append(f.oldest.detail)
-    ev += _busy_lines(ctx, st, s)
+    ev += _busy_lines(ctx, st, s)  # (the oldest's own evidence is the age path's first line)
     ev.append(f"decoding {f.rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
     if a is not None and s.kv is not None and a.kv is not None and s.kv > a.kv:
         ev.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
