@@ -209,7 +209,8 @@ class InFlight:
     age_is_upper_bound: bool
     max_tokens: int | None
     no_client_max_tokens: bool
-    since: float = 0.0
+    #: when it came (the monotonic clock of the session): what its age is taken from
+    since: float
     endpoint: str | None = "chat"
     temperature: float | None = None
     n: int | None = None

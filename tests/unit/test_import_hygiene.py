@@ -36,7 +36,7 @@ def test_the_check_itself_can_fail() -> None:
 #: What the dashboard must not import before its first frame (each is 10-60 ms
 #: on a 2-core box; they are imported where first used).
 DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases", "vtop.core.rules",
-            "vtop.core.requests", "vtop.sources.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
+            "vtop.core.requests.log", "vtop.sources.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
             # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
             "vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery",
             # NVML's binding and the simulated GPUs: loaded by the GPU thread's first poll

@@ -10,22 +10,30 @@ import pytest
 
 from tests.corpus.score import traces
 from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight, oldest_logged
+from vtop.core.requests.occupancy import OccupancyBound
 from vtop.sources.trace import load_trace
 
 TRACES = {p.name: p for p in traces()}
 
 
 def lower_bounds(path: Path) -> tuple[dict, list[tuple[float, float]]]:
+    """The /metrics bound over a trace: the larger of the per-sample candidates' (OldestInFlight) and the
+    time and tokens requests ran against the finished ones' (OccupancyBound, what names a runaway beside
+    a closed loop of short requests), as :func:`vtop.core.requests.requests_in_flight` takes it."""
     header, events = load_trace(path)
     o = OldestInFlight()
+    occ = OccupancyBound()
     out = []
     for e in events:
         if e.kind == "server" and e.data.ok and e.data.metrics is not None:
             m = e.data.metrics
             succ = m.request_success_total or {}
-            o.add(e.data.t, m.running, m.e2e_request_latency_seconds, e.data.t - m.histograms_age_s,
-                  float(sum(succ.values())) if succ else None)
-            out.append((e.data.t, o.lower_bound_s))
+            done = float(sum(succ.values())) if succ else None
+            ht = e.data.t - m.histograms_age_s
+            o.add(e.data.t, m.running, m.e2e_request_latency_seconds, ht, done)
+            occ.add(e.data.t, m.running, m.e2e_request_latency_seconds, ht, done, m.preemptions_total, m.waiting,
+                    m.generation_tokens_total, m.request_generation_tokens)
+            out.append((e.data.t, max(o.lower_bound_s, occ.age_s or 0.0)))
     return header["truth"], out
 
 

@@ -116,7 +116,7 @@ class VtopApp(App[int]):
             self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
         self.cards: dict[str, ServerCard] = {}
         """The server cards, by URL."""
-        self._card_versions: dict[str, tuple[Any, ...]] = {}
+        self._card_versions: dict[str, tuple[int, float]] = {}
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
@@ -522,12 +522,9 @@ class VtopApp(App[int]):
                 card = self._mount_card(ws)
             # a new poll, or time moved on: the charts and "down for" follow the clock
             # between polls too (a server that refuses is polled every 5 s)
-            answer = self.monitor.in_flight.get(url)
-            key = (ws.version, now, answer.oldest if answer is not None else None)
-            if self._card_versions.get(url) == key:
+            if self._card_versions.get(url) == (ws.version, now):
                 continue
-            self._card_versions[url] = key
-            card.requests = answer
+            self._card_versions[url] = (ws.version, now)
             p = ws.process
             card.max_num_seqs = p.max_num_seqs if p is not None else card.max_num_seqs
             if p is not None:

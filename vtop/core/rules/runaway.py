@@ -7,8 +7,8 @@ The rule reads one answer: the server's requests in flight (``ctx.in_flight``, m
 age as a lower bound and what proves it (the request log with the ``max_tokens`` histogram, its
 connection's counters, or ``/metrics`` alone: the per-sample candidates, and the time requests ran
 against the finished ones' latencies, which holds under a closed loop of short requests). It decides
-on that answer (:class:`Finding`), by either of two paths, and words the alert in one place
-(:func:`_alert`):
+on that answer (:class:`Finding`), by either of two paths of evidence, and words the alert in one
+place (:func:`_alert`):
 
 * by age (:func:`_by_age`): the oldest request has run ``runaway_age_s``, or ``runaway_age_ordinary_x``
   times what requests ordinarily take here, while tokens flow; time the generation counter stood
@@ -20,9 +20,9 @@ on that answer (:class:`Finding`), by either of two paths, and words the alert i
   the request log names a request sent without ``max_tokens`` that came that long ago.
 
 Corpus traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
-runaway-streaming-after-others, h200-runaway-short-traffic, runaway-closed-loop-3-no-request-log and
-runaway-closed-loop-8-no-request-log (a closed loop of short requests beside it, no request log, no
-connection counters: only the time requests ran tells it) (all replayed at the live
+runaway-streaming-after-others, h200-runaway-short-traffic, runaway-closed-loop-3-no-request-log (a
+closed loop of short requests beside it, no request log, no connection counters: only the tokens made
+against what the finished requests made tell it) (all replayed at the live
 scraper's cadence, histograms every 5 s); quiet on normal-bursts-waiting-queue,
 normal-idle-3min, normal-long-generation-max-tokens, normal-long-generation-20k, and on
 h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).

@@ -19,7 +19,6 @@ from vtop.core.rates import Quantiles
 from vtop.core.server import ServerView
 from vtop.core.spark import SparkLines
 from vtop.model.fmt import dur
-from vtop.model.requests import ServerRequests, age_words
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
 
 STATE_WORDS = {
@@ -115,8 +114,6 @@ class ServerCard(_RunsWidget):
         self.max_gap = max_gap
         self.now = 0.0
         self.max_num_seqs: int | None = None
-        #: its requests in flight (the one answer every face shows; the app sets it before :meth:`show`)
-        self.requests: ServerRequests | None = None
         self.extra_title = ""
         self._nlines: int | None = None
         self._sparks = SparkLines(64)
@@ -254,9 +251,6 @@ class ServerCard(_RunsWidget):
         fin = v.finished or {}
         done = " · ".join(f"{k} {fmt_num(n)}" for k, n in sorted(fin.items()) if n) or "none"
         out.append([(f"finished in the last {v.window_s:.0f} s: {done}", "label")])
-        oldest = oldest_line(self.requests)
-        if oldest:
-            out.append([(_fit(oldest, width), "label")])
         out += signal_lines(v, width, self.detail)
         if len(v.engines) > 1:
             eng = "  ".join(
@@ -292,20 +286,6 @@ class ServerCard(_RunsWidget):
 
 SLEEP_WORDS = {1: "level 1: weights offloaded", 2: "level 2: all discarded"}
 SOURCE_WORDS = (("local_compute", "computed"), ("local_cache_hit", "cached"), ("external_kv_transfer", "transferred"))
-
-
-def oldest_line(answer: ServerRequests | None) -> str:
-    """``oldest in flight: chatcmpl-9f… running at least 1m 05s, max_tokens 65,516 (no max_tokens from
-    client)``, or "" when no request is known in flight."""
-    o = answer.oldest if answer is not None else None
-    if o is None:
-        return ""
-    out = f"oldest in flight: {o.short_name} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
-    if o.max_tokens is not None:
-        out += f", max_tokens {o.max_tokens:,}"
-    if o.no_client_max_tokens:
-        out += " (no max_tokens from client)"
-    return out
 
 
 def _pct(x: float | None) -> str:
