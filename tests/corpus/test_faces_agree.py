@@ -19,11 +19,11 @@ import pytest
 from tests.corpus.score import traces
 from tests.corpus.window import _offset
 from vtop.config import Config
-from vtop.exporter import ExportState, families
-from vtop.headless import format_text, report, request_words
+from vtop.faces.exporter import ExportState, families
+from vtop.faces.headless import format_text, report, request_words
 from vtop.model.requests import age_words, dur_text
 from vtop.monitor.player import open_recording
-from vtop.sources.trace import truth_of
+from vtop.sources.recording.trace import truth_of
 from vtop.ui.screens import request_rows
 from vtop.ui.widgets.alerts_panel import RequestsLine
 

@@ -19,7 +19,7 @@ import pytest
 from tests.corpus.score import traces
 from vtop.config import Config
 from vtop.monitor.player import open_recording
-from vtop.sources.trace import truth_of
+from vtop.sources.recording.trace import truth_of
 from vtop.ui.widgets.alerts_panel import RequestsLine
 
 ALL = traces()

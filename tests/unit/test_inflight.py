@@ -11,7 +11,7 @@ import pytest
 from tests.corpus.score import traces
 from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight, oldest_logged
 from vtop.core.requests.occupancy import OccupancyBound
-from vtop.sources.trace import load_trace
+from vtop.sources.recording.trace import load_trace
 
 TRACES = {p.name: p for p in traces()}
 
