@@ -42,8 +42,11 @@ from typing import Any
 
 __all__ = ["OccupancyBound"]
 
-#: seconds of doubt on a read's time (the poll's clock against the scrape's moment)
+#: seconds of doubt on a read's time against a latency (the poll's clock against the scrape's moment)
 SLACK_S = 0.25
+#: seconds two reads' times may differ by and be one scrape (the counters, gauges and histograms of one
+#: scrape are at one moment; a histogram carried over has its read time worked out again each poll)
+EPS_S = 0.05
 #: seconds (of time running) and tokens added to the upper side of every comparison
 MARGIN_S = 1.0
 MARGIN_TOKENS = 2.0
@@ -164,7 +167,7 @@ class OccupancyBound:
         self._busy.append(running + waiting if waiting is not None else math.inf)
         lat = _cum(e2e)
         ht = t if hist_t is None else hist_t
-        if lat is not None and (not self._reads or ht > self._reads[-1].h):
+        if lat is not None and (not self._reads or ht > self._reads[-1].h + EPS_S):
             self._read(ht, lat, _cum(gen_hist))
         self._trim(t)
 
@@ -244,15 +247,15 @@ class OccupancyBound:
         """How much of ``of`` (the read's latencies, or tokens) its finishes may have run (made) before
         ``x`` at most; ``alive``: how many requests were in flight at ``x`` (a finish that began before
         ``x`` and ended after it is one of them)."""
-        if rd.h <= x - SLACK_S:
-            return of.total  # all ended before x
+        if rd.h <= x + EPS_S:
+            return of.total  # all ended by x
         if not rd.slots or not math.isfinite(rd.lat.top):
             return of.total
         gaps = [max(0.0, a - x - SLACK_S) for a in rd.slots]  # the slots are in time order
         # those that may have begun before x: a latency reaching back from their slot past x; of them,
         # those that may have ended by x (their whole share: a slot that began before x), and of the
         # others, which were in flight at x, no more than were
-        ended = sum(1 for a in rd.slots if a < x + SLACK_S)
+        ended = sum(1 for a in rd.slots if a < x - EPS_S)
         maybe = min(sum(1 for g in gaps if rd.lat.top > g), int(min(ended + alive, float(of.n))))
         # at most the largest ``maybe`` of them, and at most the total less the least the others hold
         rest = of.n - maybe
@@ -285,7 +288,7 @@ class OccupancyBound:
         while i < len(self._t) and self._t[i] < now:
             x = self._t[i]
             i += 1
-            j = bisect_right(hs, x - SLACK_S) - 1  # the reads all before x
+            j = bisect_right(hs, x + EPS_S) - 1  # the reads all by x
             if j < 0 or (first is not None and j < k0):
                 continue
             alive = self._busy[i - 1]

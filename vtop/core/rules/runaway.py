@@ -20,9 +20,10 @@ place (:func:`_alert`):
   the request log names a request sent without ``max_tokens`` that came that long ago.
 
 Corpus traces: tests/corpus/traces/runaway-alone-no-request-log, runaway-with-short-traffic,
-runaway-streaming-after-others, h200-runaway-short-traffic, runaway-closed-loop-3-no-request-log (a
-closed loop of short requests beside it, no request log, no connection counters: only the tokens made
-against what the finished requests made tell it) (all replayed at the live
+runaway-streaming-after-others, h200-runaway-short-traffic, runaway-closed-loop-3-no-request-log and
+runaway-closed-loop-8-no-request-log (a closed loop of short requests beside it, no request log, no
+connection counters: only the tokens made against what the finished requests made tell it) (all
+replayed at the live
 scraper's cadence, histograms every 5 s); quiet on normal-bursts-waiting-queue,
 normal-idle-3min, normal-long-generation-max-tokens, normal-long-generation-20k, and on
 h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
