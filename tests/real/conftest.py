@@ -455,8 +455,14 @@ class RealVllm:
         max_model_len: int | None = None,
         log_requests: bool = True,
         fresh_cache: bool = False,
+        model: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Path:
-        """Start a server (stopping the current one first) and return at once; returns the new log path."""
+        """Start a server (stopping the current one first) and return at once; returns the new log path.
+
+        ``model``: serve this (a Hub repo id, say) instead of the tiny model's folder; ``env``: more
+        environment for the server (``HF_ENDPOINT``, ``HF_HOME``, ...), over the defaults. A start with
+        either is never taken for the defaults' by :meth:`ensure`."""
         with self._lock:
             self.stop()
             if not (self.venv / "bin" / "vllm").exists():
@@ -470,9 +476,13 @@ class RealVllm:
                 self.port = _free_port()
             n = len(self.starts) + 1
             self.config = _config(extra_args, max_model_len, log_requests, fresh_cache)
+            if model is not None or env:
+                self.config["special"] = (model, tuple(sorted((env or {}).items())))
             self.model = self.max_model_len = None
             self.log_path = self.log_dir / f"vllm-{n}.log"
             cmd = self._command(model_dir, extra_args, max_model_len, log_requests)
+            if model is not None:
+                cmd[2] = model
             with open(self.log_path, "wb") as log:
                 log_head = f"# vtop test fixture, start #{n}: {' '.join(cmd)}\n"
                 log.write(log_head.encode())
@@ -485,7 +495,7 @@ class RealVllm:
                 )
                 self.proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=self._env(fresh_cache, n), cwd=str(self.log_dir), **kw,
+                    env={**self._env(fresh_cache, n), **(env or {})}, cwd=str(self.log_dir), **kw,
                 )
             with contextlib.suppress(OSError):
                 PID_DIR.mkdir(parents=True, exist_ok=True)
@@ -586,6 +596,7 @@ class RealVllm:
     def restart(self, wait: bool = True, timeout: float = STARTUP_TIMEOUT_S) -> RealVllm:
         """Stop and start again with the same flags."""
         cfg = dict(self.config)
+        cfg.pop("special", None)  # a start with its own model/env (launch's) restarts as the defaults
         return self.start(**cfg, wait=wait, timeout=timeout)
 
     def cold_restart(self, **cfg: Any) -> Path:

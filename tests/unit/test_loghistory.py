@@ -166,7 +166,7 @@ def _doctor_on_a_busy_server(running: float, finishing: bool) -> list[object]:
                    prompt_tokens_total=base.prompt_tokens_total + 800.0 * i, request_success_total=done)
         ses.metrics(m, mono=t0 + i, max_model_len=32768)
         now = t0 + i
-        stale = F.InFlight("chatcmpl-stale", 70.0, True, 32000, True, since=t0 - 70.0)
+        stale = F.InFlight("chatcmpl-stale", 70.0 + i, True, 32000, True, since=t0 - 70.0)
         alerts = ses.tick(requests={F.URL: [stale]}, request_logging={F.URL: True},
                           log_history=_busy_history(now, int(running)))
     return alerts

@@ -1,6 +1,6 @@
 """The test-request key: one small, bounded, streamed request to see the server answer.
 
-Why it works this way (reference §3, §4):
+Why it works this way:
 
 * **Never without max_tokens.** A chat request that omits ``max_tokens`` may
   generate up to ``max_model_len - prompt`` tokens (2030 tokens, 4.7 s on the
@@ -167,32 +167,10 @@ async def send_test_request(
     ``max_tokens``; bounds it by ``max_model_len`` (see :func:`max_tokens_cap`).
     """
     base: _Common = {"endpoint": endpoint, "model": model}
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-        return ProbeResult(False, f"Not sent: max_tokens={max_tokens!r}; {_WHY_MAX_TOKENS}.", "invalid", **base)
-    if endpoint not in ("chat", "completions"):
-        return ProbeResult(False, f"Not sent: unknown endpoint {endpoint!r} (chat or completions)", "invalid", **base)
-    if not model:
-        return ProbeResult(False, "Not sent: no model name (read it from /v1/models first)", "invalid", **base)
-    capped = False
-    cap = max_tokens_cap(max_model_len, prompt)
-    if cap is not None:
-        if cap < 1:
-            return ProbeResult(False, f"Not sent: the prompt leaves no room for output within max_model_len="
-                                      f"{max_model_len}", "invalid", **base)
-        if max_tokens > cap:
-            max_tokens, capped = cap, True
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-        path = "/v1/chat/completions"
-    else:
-        body["prompt"] = prompt
-        path = "/v1/completions"
-    cap_note = (f" (max_tokens lowered to {max_tokens} to fit max_model_len={max_model_len}; "
-                "an unbounded chat request can run to max_model_len)") if capped else ""
-    base["max_tokens"] = max_tokens
-    base["max_tokens_capped"] = capped
+    req = _request(endpoint, model, prompt, max_tokens, max_model_len, base)
+    if isinstance(req, ProbeResult):
+        return req
+    body, path, cap_note = req
 
     st: dict[str, Any] = {"status": None, "ttft": None, "finish": None, "usage": None, "parts": [], "chars": 0,
                           "chunks": 0, "truncated": False}
@@ -251,30 +229,7 @@ async def send_test_request(
             total = time.monotonic() - t0
             if st["chunks"] == 0:
                 raise _Garbage("the stream held no data chunks" + ("" if saw_done else " (no [DONE])"))
-            usage = st["usage"] or {}
-            completion_tokens = usage.get("completion_tokens")
-            from_usage = isinstance(completion_tokens, int)
-            out_tokens: int = completion_tokens if isinstance(completion_tokens, int) else st.get("counted", 0)
-            ttft = st["ttft"]
-            tps = out_tokens / total if total > 0 else None
-            dtps = ((out_tokens - 1) / (total - ttft)) if ttft is not None and out_tokens > 1 and total > ttft else None
-            finish = st["finish"]
-            ok = finish is not None
-            note = "" if ok else " (stream ended without a finish_reason)"
-            parts = [f"{out_tokens} tokens in {total:.2f} s"]
-            if ttft is not None:
-                parts.append(f"TTFT {ttft:.3f} s")
-            if tps is not None:
-                parts.append(f"{tps:.1f} tok/s")
-            parts.append(f"finish_reason={finish}")
-            msg = ("OK: " if ok else "Incomplete: ") + ", ".join(parts) + note + cap_note
-            return ProbeResult(
-                ok, msg, "ok" if ok else "bad_response", sent=True, status=200, ttft_s=ttft, total_s=total,
-                tokens_per_s=tps, decode_tokens_per_s=dtps, output_tokens=out_tokens,
-                prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
-                tokens_from_usage=from_usage, finish_reason=finish, text="".join(st["parts"]),
-                text_truncated=st["truncated"], chunks=st["chunks"], error=None if ok else "no finish_reason", **base,
-            )
+            return _answered(st, total, cap_note, base)
 
     def partial(kind: str, msg: str, err: str) -> ProbeResult:
         return ProbeResult(False, msg, kind, sent=True, status=st["status"], total_s=time.monotonic() - t0,
@@ -298,6 +253,68 @@ async def send_test_request(
     except Exception as e:  # noqa: BLE001 - never raise to the UI
         res = partial("bad_response", f"Test request failed: {type(e).__name__}: {_short(e)}", _short(e))
     return _scrubbed(res, api_key)
+
+
+def _request(endpoint: Endpoint, model: str, prompt: str, max_tokens: int | None, max_model_len: int | None,
+             base: _Common) -> ProbeResult | tuple[dict[str, Any], str, str]:
+    """The request's body, path and the note on a lowered ``max_tokens``; or why it is not sent
+    (``kind="invalid"``). Fills ``base``'s ``max_tokens`` and ``max_tokens_capped``."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        return ProbeResult(False, f"Not sent: max_tokens={max_tokens!r}; {_WHY_MAX_TOKENS}.", "invalid", **base)
+    if endpoint not in ("chat", "completions"):
+        return ProbeResult(False, f"Not sent: unknown endpoint {endpoint!r} (chat or completions)", "invalid", **base)
+    if not model:
+        return ProbeResult(False, "Not sent: no model name (read it from /v1/models first)", "invalid", **base)
+    capped = False
+    cap = max_tokens_cap(max_model_len, prompt)
+    if cap is not None:
+        if cap < 1:
+            return ProbeResult(False, f"Not sent: the prompt leaves no room for output within max_model_len="
+                                      f"{max_model_len}", "invalid", **base)
+        if max_tokens > cap:
+            max_tokens, capped = cap, True
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = prompt
+        path = "/v1/completions"
+    cap_note = (f" (max_tokens lowered to {max_tokens} to fit max_model_len={max_model_len}; "
+                "an unbounded chat request can run to max_model_len)") if capped else ""
+    base["max_tokens"] = max_tokens
+    base["max_tokens_capped"] = capped
+    return body, path, cap_note
+
+
+def _answered(st: dict[str, Any], total: float, cap_note: str, base: _Common) -> ProbeResult:
+    """The result of a stream that ended (``st``: what it brought): the tokens (the server's ``usage``,
+    else the chunks counted), TTFT, the rates, and whether it finished."""
+    usage = st["usage"] or {}
+    completion_tokens = usage.get("completion_tokens")
+    from_usage = isinstance(completion_tokens, int)
+    out_tokens: int = completion_tokens if isinstance(completion_tokens, int) else st.get("counted", 0)
+    ttft = st["ttft"]
+    tps = out_tokens / total if total > 0 else None
+    dtps = ((out_tokens - 1) / (total - ttft)) if ttft is not None and out_tokens > 1 and total > ttft else None
+    finish = st["finish"]
+    ok = finish is not None
+    note = "" if ok else " (stream ended without a finish_reason)"
+    parts = [f"{out_tokens} tokens in {total:.2f} s"]
+    if ttft is not None:
+        parts.append(f"TTFT {ttft:.3f} s")
+    if tps is not None:
+        parts.append(f"{tps:.1f} tok/s")
+    parts.append(f"finish_reason={finish}")
+    msg = ("OK: " if ok else "Incomplete: ") + ", ".join(parts) + note + cap_note
+    return ProbeResult(
+        ok, msg, "ok" if ok else "bad_response", sent=True, status=200, ttft_s=ttft, total_s=total,
+        tokens_per_s=tps, decode_tokens_per_s=dtps, output_tokens=out_tokens,
+        prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        tokens_from_usage=from_usage, finish_reason=finish, text="".join(st["parts"]),
+        text_truncated=st["truncated"], chunks=st["chunks"], error=None if ok else "no finish_reason", **base,
+    )
 
 
 class _Garbage(Exception):

@@ -4,18 +4,17 @@
 poll (plus what discovery knows about the process) and answers
 :meth:`ServerTracker.view`, a frozen :class:`ServerView` the UI renders.
 
-Why the states are what they are (``shared/docs/vllm-reference.md`` §3, §7;
-``shared/docs/textual-style.md`` §5.2):
+Why the states are what they are:
 
 * ``starting``: the port refuses but a vLLM process exists. vLLM binds its
-  port and does not listen until it is ready, for minutes (§7.1), so
+  port and does not listen until it is ready, for minutes, so
   "refused" alone cannot say dead.
 * ``down``: refused or unreachable and no vLLM process (or vtop cannot see
   the processes, e.g. a remote URL: then the message says so).
 * ``up``: ``/metrics`` answers with vLLM metrics in time.
 * ``stale``: it answers slower than ``stale_after_s``, times out, drops the
   connection, or the last good scrape is older than 3 poll intervals (the
-  monitor itself may be starved, §7.24). Old numbers are kept but marked.
+  monitor itself may be starved). Old numbers are kept but marked.
 * ``restarted``: counters went back (a new process) or the process'
   create_time changed; shown for ``restarted_for_s`` after it comes back,
   then ``up``. Rates re-baseline (:mod:`vtop.core.rates`), never negative.

@@ -461,6 +461,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
         startup["log_problem"] = lv.problem
+        dl = monitor.download_progress()
+        startup["download"] = None if dl is None else dl.to_json()
     notes = list(monitor.notes)
     if lv is not None and lv.problem:
         notes.append(lv.problem)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
+from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phase_types import Phase
 from vtop.core.requests.conns import READ_EVERY_S, ConnTracker
@@ -37,11 +38,16 @@ from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
+    from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
     from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
+
+#: the phases of a start in which it may be fetching its model from the Hub (the API server reads the
+#: config in process start; the workers fetch the weights in the weights phase)
+DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
@@ -163,6 +169,8 @@ class Monitor:
         """Called with every new view of a server, as it is applied (tests, a recording's checks)."""
         self._changes: set[str] = set()
         self._undiagnosed = False
+        self.download = DownloadTracker()
+        """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
 
     # ------------------------------------------------------------------ reading
     @property
@@ -385,6 +393,38 @@ class Monitor:
         self._changes.add(LOG)
         self._undiagnosed = True
 
+    # ----------------------------------------------------------------- download
+    def download_target(self) -> tuple[int | None, str] | None:
+        """(server pid, Hub repo) while the followed start may be downloading (process start, engine
+        init, weights) and its model is a Hub repo id, not a folder; else None (nothing to scan)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting" or lv.snapshot.current not in DOWNLOAD_PHASES:
+            return None
+        tgt = self.log_target
+        ws = self.servers.get(tgt) if tgt is not None else None
+        proc = ws.process if ws is not None else None
+        model = (proc.model if proc is not None else None) or lv.snapshot.facts.model
+        from vtop.sources.hfcache import is_repo_id
+
+        if model is None or not is_repo_id(model):
+            return None
+        return (proc.pid if proc is not None else None), model
+
+    def apply_download(self, scan: CacheScan | None) -> None:
+        """One scan of the Hub cache (None: nothing to scan now)."""
+        if scan is None:
+            return
+        self.download.add(scan)
+        self._changes.add(LOG)
+        self._undiagnosed = True
+
+    def download_progress(self) -> DownloadProgress | None:
+        """The download of the start being followed, while it starts (None: none seen)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting":
+            return None
+        return self.download.progress(self.clock.monotonic())
+
     def apply_log_error(self, error: BaseException) -> None:
         self._say_log(f"vLLM log: reading failed: {type(error).__name__}: {error}")
 
@@ -477,11 +517,7 @@ class Monitor:
         """Run the rules over what is known now; note and record the alerts when they change."""
         self._undiagnosed = False
         now = self.clock.monotonic()
-        lv = self.log_view
-        alerts = self.diagnoser.update_from(
-            now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
-            log=lv, log_target=self.log_target if lv is not None else None,
-            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None})
+        alerts = self.diagnoser.update(self.evidence(now))
         if alerts != self.alerts:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
@@ -493,6 +529,29 @@ class Monitor:
             if self.recorder is not None:
                 self.recorder.alerts(change.t, now, [a.to_json() for a in alerts])
         return alerts
+
+    def evidence(self, now: float | None = None) -> Evidence:
+        """What the rules are given now (:class:`~vtop.core.evidence.Evidence`): the servers' views,
+        the GPU history, the followed log (of the server at :attr:`log_target`) and each local
+        server's connections."""
+        from vtop.core.evidence import Evidence, LogEvidence
+
+        lv = self.log_view
+        log = None
+        if lv is not None:
+            log = LogEvidence(
+                target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
+                inflight=lv.inflight, request_logging=lv.request_logging, finishes_logged=lv.finishes_logged,
+                history=lv.history, logged_since_start=lv.logged_since_start,
+            )
+        return Evidence(
+            now=self.clock.monotonic() if now is None else now,
+            servers=self.views(),
+            gpus=self.gpu_history if self.gpu_history.tracks else None,
+            log=log,
+            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+            download=self.download_progress(),
+        )
 
     def reset(self) -> None:
         """Forget everything seen (a replay seeking back): the servers stay, empty."""
@@ -515,6 +574,7 @@ class Monitor:
         self.alerts = []
         self.alert_log = []
         self.log_view = None
+        self.download.reset()
         if self.log_watch is not None:
             self.log_watch.reset()
         self._changes.update((GPU, SERVERS, LOG, ALERTS))

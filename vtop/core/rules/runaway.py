@@ -2,7 +2,7 @@
 ``max_tokens``; vLLM then allows ``max_model_len - prompt`` tokens). A busy GPU is *not* required:
 one decode stream on an H200 reads 10-23 % GPU-Util.
 
-The rule reads one answer: the server's requests in flight (``ctx.in_flight``, made once a tick by
+The rule reads one answer: the server's requests in flight (``mem.in_flight``, made once a tick by
 :func:`vtop.core.requests.requests_in_flight`), whose oldest is the request every face names, with its
 age as a lower bound and what proves it (the request log with the ``max_tokens`` histogram, its
 connection's counters, or ``/metrics`` alone: the per-sample candidates, and the time requests ran
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, hist_count_at_least, num, plural, short_url
 from vtop.model.requests import METRICS_BOUND, InFlightRequest, age_words
 
@@ -53,8 +53,8 @@ class Runaway:
 
     ids = ("runaway",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, runaway)
+    def check(self, ev: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ev, mem, runaway)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +75,18 @@ class Finding:
     ordinary_s: float | None = None
 
 
-def runaway(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
+def runaway(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
     """Either path (nothing finished for ``runaway_s``, or the oldest request known to be old),
-    read from the one answer of the server's requests in flight (``ctx.in_flight``)."""
+    read from the one answer of the server's requests in flight (``mem.in_flight``)."""
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running < 1:
         return None
-    f = _quiet(ctx, url, st, s) or _by_age(ctx, url, st, s)
-    return _alert(ctx, url, v, st, s, f) if f is not None else None
+    f = _quiet(ev, mem, url, st, s) or _by_age(mem, url, st, s)
+    return _alert(ev, mem, url, v, st, s, f) if f is not None else None
 
 
-def _oldest(ctx: Ctx, url: str) -> InFlightRequest | None:
-    answer = ctx.in_flight.get(url)
+def _oldest(mem: Memory, url: str) -> InFlightRequest | None:
+    answer = mem.in_flight.get(url)
     return answer.oldest if answer is not None else None
 
 
@@ -137,12 +137,12 @@ def _flat_s(st: ServerState, since: float, now: float) -> float:
     return out
 
 
-def _by_age(ctx: Ctx, url: str, st: ServerState, s: Sample) -> Finding | None:
+def _by_age(mem: Memory, url: str, st: ServerState, s: Sample) -> Finding | None:
     """The oldest request in flight (the one answer: the request log with the max_tokens histogram,
     a connection, or /metrics alone) has run ``runaway_age_s``, or ``runaway_age_ordinary_x`` times
     what requests ordinarily take here, while tokens flow; time the engine stood still does not count."""
-    th = ctx.th
-    oldest = _oldest(ctx, url)
+    th = mem.th
+    oldest = _oldest(mem, url)
     if oldest is None or oldest.age_min_s is None or oldest.since is None:
         return None
     age = oldest.age_min_s
@@ -157,65 +157,65 @@ def _by_age(ctx: Ctx, url: str, st: ServerState, s: Sample) -> Finding | None:
     return Finding("age", oldest.since, oldest, rate, ordinary_s=ordinary)
 
 
-def _quiet(ctx: Ctx, url: str, st: ServerState, s: Sample) -> Finding | None:
+def _quiet(ev: Evidence, mem: Memory, url: str, st: ServerState, s: Sample) -> Finding | None:
     """Requests running, tokens rising, and none finished for ``runaway_s`` while ``waiting`` is zero
     or growing; with a short history, the request log names a request sent without ``max_tokens``
     that came that long ago, and nothing finished in what vtop saw."""
     if st.last_finish_t is None or st.busy_since is None:
         return None
-    since = _quiet_since(ctx, url, st)
+    since = _quiet_since(ev, mem, url, st)
     if since is None:
         return None
     a = st.at(since)
-    rate = _rate(st, s, ctx.th.rising_s, fallback=True)
+    rate = _rate(st, s, mem.th.rising_s, fallback=True)
     if a is None or a.gen is None or rate is None:
         return None
     w_now, w_then = s.waiting or 0.0, a.waiting or 0.0
     if not (w_now == 0 or w_now >= w_then):
         return None
-    return Finding("quiet", since, _oldest(ctx, url), rate, quiet_s=ctx.now - since)
+    return Finding("quiet", since, _oldest(mem, url), rate, quiet_s=ev.now - since)
 
 
-def _quiet_since(ctx: Ctx, url: str, st: ServerState) -> float | None:
+def _quiet_since(ev: Evidence, mem: Memory, url: str, st: ServerState) -> float | None:
     """Since when requests have run without one finishing (idle time does not count), or None."""
     assert st.last_finish_t is not None and st.busy_since is not None
     since = max(st.last_finish_t, st.busy_since)
-    if ctx.now - since >= ctx.th.runaway_s:
+    if ev.now - since >= mem.th.runaway_s:
         return since
     # The metrics history is too short (vtop doctor's 15 s window, or vtop just started): the
     # request log can still say how long a request the client sent without max_tokens has been
     # open, while nothing finished in what vtop saw.
-    answer = ctx.in_flight.get(url)
+    answer = mem.in_flight.get(url)
     flagged = [r.age_max_s for r in (answer.logged if answer is not None else ())
                if r.no_client_max_tokens and r.age_max_s is not None]
-    if not flagged or max(flagged) < ctx.th.runaway_s or st.last_finish_t > st.busy_since:
+    if not flagged or max(flagged) < mem.th.runaway_s or st.last_finish_t > st.busy_since:
         return None
-    return min(since, ctx.now - max(flagged))
+    return min(since, ev.now - max(flagged))
 
 
 # ------------------------------------------------------------------ wording
 
 
-def _alert(ctx: Ctx, url: str, v: ServerView, st: ServerState, s: Sample, f: Finding) -> Alert:
+def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, s: Sample, f: Finding) -> Alert:
     """The alert a finding makes: its title, evidence and fixes, in one place for both paths."""
     short = short_url(url)
     o = f.oldest
     legit = f.path == "age" and o is not None and o.client_set_max_tokens is True
-    ev = _request_lines(o) + (_quiet_lines(ctx, st, s, f) if f.path == "quiet" else _age_lines(s, f))
-    ev += _mml_lines(v.max_model_len, f.rate, s.running)
+    lines = _request_lines(o) + (_quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f))
+    lines += _mml_lines(v.max_model_len, f.rate, s.running)
     if f.path == "quiet":
-        ev += _finished_max_tokens_lines(ctx, st, s, v.max_model_len)
-        ev += [gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)"
-               for gl in (ctx.gpu_line(i, f.since, ctx.now) for i in ctx.gpus_of(url)) if gl]
+        lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len)
+        lines += [gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)"
+                  for gl in (mem.gpu_line(i, f.since, ev.now) for i in mem.gpus_of(ev, url)) if gl]
     if legit:
         assert o is not None and o.age_min_s is not None
         return Alert("runaway", "info", f"Long request on {short}: running {age_words(o)} (its client set max_tokens)",
-                     tuple(ev), ("It has a cap: it ends by itself. If it should not take this long, lower max_tokens "
-                                 "in the client.",), url, f.since)
+                     tuple(lines), ("It has a cap: it ends by itself. If it should not take this long, lower "
+                                    "max_tokens in the client.",), url, f.since)
     client = o.client if o is not None and f.path == "age" else None
-    fix = _runaway_fixes(v.max_model_len, ctx.logging.get(url) is False, client)
+    fix = _runaway_fixes(v.max_model_len, ev.request_logging_of(url) is False, client)
     sev = "critical" if (s.waiting or 0.0) > 0 else "warning"
-    return Alert("runaway", sev, _title(short, s, f), tuple(ev), tuple(fix), url, f.since)
+    return Alert("runaway", sev, _title(short, s, f), tuple(lines), tuple(fix), url, f.since)
 
 
 def _title(short: str, s: Sample, f: Finding) -> str:
@@ -257,21 +257,21 @@ def _age_lines(s: Sample, f: Finding) -> list[str]:
     return ev
 
 
-def _quiet_lines(ctx: Ctx, st: ServerState, s: Sample, f: Finding) -> list[str]:
+def _quiet_lines(ev: Evidence, st: ServerState, s: Sample, f: Finding) -> list[str]:
     a = st.at(f.since)
     base = st.at(st.idle_before) if st.busy_known and st.idle_before is not None \
         and st.last_finish_t is not None and st.idle_before >= st.last_finish_t else a
     made = (s.gen or 0.0) - (base.gen if base is not None and base.gen is not None else (a.gen if a else 0.0) or 0.0)
-    ev = [f"{plural(s.running or 0.0, 'request')} running, none finished for {dur(f.quiet_s or 0.0)}; "
-          f"waiting {num(s.waiting or 0.0)}"]
-    ev += _busy_lines(ctx, st, s)  # (the oldest's own evidence is the age path's first line)
-    ev.append(f"decoding {f.rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
+    out = [f"{plural(s.running or 0.0, 'request')} running, none finished for {dur(f.quiet_s or 0.0)}; "
+           f"waiting {num(s.waiting or 0.0)}"]
+    out += _busy_lines(ev, st, s)  # (the oldest's own evidence is the age path's first line)
+    out.append(f"decoding {f.rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
     if a is not None and s.kv is not None and a.kv is not None and s.kv > a.kv:
-        ev.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
-    return ev
+        out.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
+    return out
 
 
-def _busy_lines(ctx: Ctx, st: ServerState, s: Sample) -> list[str]:
+def _busy_lines(ev: Evidence, st: ServerState, s: Sample) -> list[str]:
     """Since when requests have run: fewer of those running when the stretch began have finished
     than there were."""
     if st.busy_since is None:
@@ -279,7 +279,7 @@ def _busy_lines(ctx: Ctx, st: ServerState, s: Sample) -> list[str]:
     finished = max((s.done or 0.0) - st.busy_done0, st.busy_drops)
     if finished >= st.busy_n0:
         return []
-    est = ctx.now - st.busy_since
+    est = ev.now - st.busy_since
     if st.busy_known:
         return [f"running went 0 -> {num(st.busy_n0)} {dur(est)} ago and never back to 0, with {num(finished)} of "
                 f"those finished since: the oldest has run at least {dur(est)}"]
@@ -296,14 +296,14 @@ def _mml_lines(mml: int | None, rate: float, n: float | None) -> list[str]:
     return [line]
 
 
-def _finished_max_tokens_lines(ctx: Ctx, st: ServerState, s: Sample, mml: int | None) -> list[str]:
+def _finished_max_tokens_lines(mem: Memory, st: ServerState, s: Sample, mml: int | None) -> list[str]:
     """The resolved max_tokens of the requests that finished over the history: values near
     max_model_len betray clients that omit it (the metric records the resolved value)."""
     old = next((x for x in st.samples if x.max_tokens is not None), None)
-    if not mml or old is None or s.max_tokens is None or old is s:
+    if not mml or old is None or old.max_tokens is None or s.max_tokens is None or old is s:
         return []
     d = histogram_delta(old.max_tokens, s.max_tokens)
-    cnt, edge = hist_count_at_least(d, ctx.th.runaway_near_len_frac * mml)
+    cnt, edge = hist_count_at_least(d, mem.th.runaway_near_len_frac * mml)
     if cnt <= 0 or d is None:
         return []
     exact = f" (max_tokens {num(d.sum)})" if d.count == 1 and d.sum is not None else ""

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 
 from vtop.core.phases import Phase
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx
+from vtop.core.rules.context import Evidence, Memory
+from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.util import dur, short_url
 
@@ -52,8 +53,10 @@ class StartupStall:
 
     ids = ("startup_stall",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        a = startup_stall(ctx)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        if download_in_flight(ctx):  # bytes moving is no stall; bytes stopped: vtop/core/rules/download.py names it
+            return download_stall(ctx, mem)
+        a = startup_stall(ctx, mem)
         return [] if a is None else [a]
 
 
@@ -62,19 +65,19 @@ class StartupFailure:
 
     ids = ("startup_failure",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        f = tracker_failure(ctx)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        f = tracker_failure(ctx, mem)
         if f is None or f.phase is Phase.READY:
             return []
         where = f" during {f.phase.label}" if f.phase is not None else ""
         # The tracker's message may name the phase already ("ValueError during memory profiling").
         message = f.message.removesuffix(where) if where else f.message
         title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {message}"
-        return [Alert("startup_failure", "critical", title, failure_evidence(ctx, f, where), (f.fix,),
+        return [Alert("startup_failure", "critical", title, failure_evidence(ctx, mem, f, where), (f.fix,),
                       ctx.log_target, f.arrival)]
 
 
-def tracker_failure(ctx: Ctx) -> Failure | None:
+def tracker_failure(ctx: Evidence, mem: Memory) -> Failure | None:
     """The failure of the log's start, unless it is a CUDA OOM (the OOM rules name those)."""
     snap = ctx.startup
     if snap is None or snap.state != "failed" or snap.failure is None or is_oom_failure(snap.failure):
@@ -82,17 +85,17 @@ def tracker_failure(ctx: Ctx) -> Failure | None:
     return snap.failure
 
 
-def failure_evidence(ctx: Ctx, f: Failure, where: str) -> tuple[str, ...]:
+def failure_evidence(ctx: Evidence, mem: Memory, f: Failure, where: str) -> tuple[str, ...]:
     message = f.message.removesuffix(where) if where else f.message
     ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
     if f.kind in ("kv_no_memory", "kv_host_memory", "gpu_free_at_start", "max_model_len"):
-        ev += ctx.other_procs_lines(ctx.log_target, f.arrival)
+        ev += mem.other_procs_lines(ctx, ctx.log_target, f.arrival)
     return tuple(ev)
 
 
-def _progress_stopped(ctx: Ctx) -> list[str] | None:
+def _progress_stopped(ctx: Evidence, mem: Memory) -> list[str] | None:
     """Evidence lines when the current phase's progress bar stopped for several of its steps."""
-    q, th = ctx.quiet, ctx.th
+    q, th = ctx.quiet, mem.th
     if q is None or not q.progressing or q.step_s is None:
         return None
     limit = max(th.startup_progress_floor_s, th.startup_progress_x * q.step_s)
@@ -105,10 +108,10 @@ def _progress_stopped(ctx: Ctx) -> list[str] | None:
     ]
 
 
-def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
+def _cpu_still(ctx: Evidence, mem: Memory, window_s: float) -> list[str] | None:
     """Evidence lines when the server's processes used (almost) no CPU over the last ``window_s``;
     None when they did, or when there is no reading to tell (never a guess)."""
-    st = ctx.mem.servers.get(ctx.log_target) if ctx.log_target else None
+    st = mem.servers.get(ctx.log_target) if ctx.log_target else None
     if st is None or not st.cpu_samples:
         return None
     b = st.cpu_samples[-1]
@@ -117,7 +120,7 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
     if a is None:
         # Attached during the silence (doctor --window 15): the processes over what vtop watched.
         first = st.cpu_samples[0]
-        if b.t - first.t < ctx.th.startup_still_min_span_s:
+        if b.t - first.t < mem.th.startup_still_min_span_s:
             return None
         a = first
         watched = " (all vtop watched)"
@@ -125,7 +128,7 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
     if ctx.now - b.t > max(30.0, window_s):
         return None
     span = b.t - a.t
-    allow = ctx.th.startup_still_cpu_frac * span
+    allow = mem.th.startup_still_cpu_frac * span
     common = [p for p in b.cpu if p in a.cpu]
     if not common:
         return None
@@ -142,37 +145,37 @@ def _cpu_still(ctx: Ctx, window_s: float) -> list[str] | None:
             "start's work does not run (stopped, or blocked)"]
 
 
-def _gpu_idle(ctx: Ctx, window_s: float) -> tuple[bool, list[str]] | None:
+def _gpu_idle(ctx: Evidence, mem: Memory, window_s: float) -> tuple[bool, list[str]] | None:
     """(idle, evidence) of the server's GPUs over the last ``window_s``; None without GPU data."""
-    idxs = ctx.gpus_of(ctx.log_target) or sorted(ctx.mem.gpus)
+    idxs = mem.gpus_of(ctx, ctx.log_target) or sorted(mem.gpus)
     utils: list[float] = []
     for idx in idxs:
-        utils += [p.util for p in ctx.mem.gpus[idx].between(ctx.now - window_s, ctx.now) if p.util is not None]
+        utils += [p.util for p in mem.gpus[idx].between(ctx.now - window_s, ctx.now) if p.util is not None]
     if not utils:
         return None
     mean = statistics.fmean(utils)
-    return mean < ctx.th.startup_still_gpu_util, [f"GPU-Util {mean:.0f} % over the same {dur(window_s)}"]
+    return mean < mem.th.startup_still_gpu_util, [f"GPU-Util {mean:.0f} % over the same {dur(window_s)}"]
 
 
-def _went_still(ctx: Ctx) -> list[str] | None:
+def _went_still(ctx: Evidence, mem: Memory) -> list[str] | None:
     """Evidence lines when a silent phase's log, processes and GPUs all stopped moving."""
-    q, th = ctx.quiet, ctx.th
+    q, th = ctx.quiet, mem.th
     if q is None or q.silent_at(ctx.now) < th.startup_still_s or (q.progressing and q.step_s is not None):
         return None
     if q.phase is Phase.WEIGHTS:
         # Reading weights waits on the disk or the network, not the CPU: a first shard of 5 GB at
         # 100 MB/s is 50 s of a still process. Only its progress (once timed) and the ceiling judge it.
         return None
-    cpu = _cpu_still(ctx, th.startup_still_s)
+    cpu = _cpu_still(ctx, mem, th.startup_still_s)
     if cpu is None:
         return None
-    gpu = _gpu_idle(ctx, th.startup_still_s)
+    gpu = _gpu_idle(ctx, mem, th.startup_still_s)
     if gpu is not None and not gpu[0]:
         return None
     return cpu + (gpu[1] if gpu is not None else [])
 
 
-def startup_stall(ctx: Ctx) -> Alert | None:
+def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
     snap = ctx.startup
     if not (snap is None or snap.state == "starting"):
         return None
@@ -180,9 +183,9 @@ def startup_stall(ctx: Ctx) -> Alert | None:
     why: list[str] = []
     still = False
     if stall is None and ctx.quiet is not None:
-        why = _progress_stopped(ctx) or []
+        why = _progress_stopped(ctx, mem) or []
         if not why:
-            why = _went_still(ctx) or []
+            why = _went_still(ctx, mem) or []
             still = bool(why)
         if why:
             stall = ctx.quiet.as_stall(ctx.now)
@@ -212,13 +215,13 @@ def startup_stall(ctx: Ctx) -> Alert | None:
             f"{snap.facts.shm_broadcast_waits} 'No available shared memory broadcast block' message(s): "
             "a worker is not answering"
         )
-    idxs = ctx.gpus_of(tgt) or sorted(ctx.mem.gpus)
+    idxs = mem.gpus_of(ctx, tgt) or sorted(mem.gpus)
     busy_sm: list[float] = []
     for idx in idxs:
-        gl = ctx.gpu_line(idx, since, ctx.now)
+        gl = mem.gpu_line(idx, since, ctx.now)
         if gl:
             ev.append(gl + " during the silence")
-            busy_sm += [p.sm for p in ctx.mem.gpus[idx].between(since, ctx.now) if p.sm is not None]
+            busy_sm += [p.sm for p in mem.gpus[idx].between(since, ctx.now) if p.sm is not None]
     working = bool(busy_sm) and statistics.fmean(busy_sm) >= 50.0
     if working:
         ev.append("the SMs are busy: the phase may just be slow (a big model's first torch.compile or profiling)")

@@ -17,6 +17,7 @@ from textual.widgets import Static
 from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
+    from vtop.core.download import DownloadProgress
     from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
@@ -76,9 +77,12 @@ def progress_text(v: PhaseView) -> str:
 class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
-    def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]], **kw: object) -> None:
+    def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
+                 download: Callable[[], DownloadProgress | None] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
+        #: the Hub download of this start (vtop.core.download), while one is seen
+        self.download = download
         self.view: LogView | None = None
         self.unfolded = False
         self.message: str | None = None
@@ -183,6 +187,11 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
+        dl = self.download() if self.download is not None and snap.state == "starting" else None
+        if dl is not None:
+            frac = dl.done / dl.total if dl.total else None
+            out.append("\n  ⇣ " + dl.text() + (f"  {bar(frac)}" if frac is not None else ""),
+                       style="bold yellow" if dl.quiet_s >= 30 else "bold")
         if snap.failure is not None:
             fl = snap.failure
             out.append("\n✗ ", style="bold red")
