@@ -1,7 +1,7 @@
 """Issue 24, the last unnamed trace: a runaway among short requests with request logging off,
 seen by ``doctor --window 15``. Nothing in 15 s of ``/metrics`` or in the log's stats lines proves
 one request older than the window (``h200-runaway-short-traffic``'s truth says why); the kernel's
-counters of the server's connections do (vtop/sources/sockets.py, vtop/core/conns.py).
+counters of the server's connections do (vtop/sources/sockets.py, vtop/core/requests/conns.py).
 
 On the real recordings that hold those counters (``conns.jsonl.gz``: one from the vLLM CPU build,
 one from vLLM 0.26.0 on the H200), a window names the runaway and its client; the same trace
@@ -162,7 +162,7 @@ def test_long_answers_not_begun_are_seen_and_stay_under_the_runaway_age() -> Non
     each on the CPU build, request logging off. The tracker sees each as a request with no answer yet (the
     evidence is there, read from the recording), none as old as the runaway rule's 45 s; the window test
     (tests/corpus/test_window.py) has doctor exit 0 on it."""
-    from vtop.core.conns import ConnTracker
+    from vtop.core.requests.conns import ConnTracker
     from vtop.core.rules.alert import Thresholds
     from vtop.sources.sockets import conn_read_from_json
 

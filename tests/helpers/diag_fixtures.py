@@ -25,13 +25,13 @@ from typing import Any
 from tests.conftest import FIXTURES
 from tests.helpers import h200_replay as R
 from vtop.clock import FakeClock
-from vtop.core.conns import ConnTracker
 from vtop.core.evidence import Evidence, LogEvidence
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
 from vtop.core.phases import PhaseTracker
 from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
-from vtop.core.requests import InFlight as RealInFlight
+from vtop.core.requests.conns import ConnTracker
+from vtop.core.requests.log import InFlight as RealInFlight
 from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample

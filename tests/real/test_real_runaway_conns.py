@@ -115,7 +115,7 @@ class NonStreamRunaway:
 @pytest.mark.vllm_server(max_model_len=65536, log_requests=False)
 def test_doctor_window_names_a_non_streaming_runaway_by_its_silent_connection(real_vllm: Any) -> None:
     """The same, for a client that did not ask for a stream: nothing of the answer moves on its connection,
-    only the request sits there with no byte sent since it came (vtop/core/conns.py). Named as a request in
+    only the request sits there with no byte sent since it came (vtop/core/requests/conns.py). Named as a request in
     flight, with its client's address, by the real doctor 40 s in (not named at all before vtop read a
     connection with no answer yet: only streaming answers counted)."""
     srv = real_vllm

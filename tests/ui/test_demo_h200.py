@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.demo_h200 import DEMO, EV, seek_wall
 from vtop.config import Config
-from vtop.core.requests import RequestTracker
+from vtop.core.requests.log import RequestTracker
 from vtop.faces.demo import demo_path
 from vtop.ui.replay import replay_app
 

@@ -1,5 +1,5 @@
 """The kernel's view of a server's connections: the real netlink reader against real loopback
-sockets, and :class:`vtop.core.conns.ConnTracker`'s judgement of which answer has streamed
+sockets, and :class:`vtop.core.requests.conns.ConnTracker`'s judgement of which answer has streamed
 since when (injected clocks)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from vtop.core.conns import FLOWING_S, STALE_S, ConnTracker
+from vtop.core.requests.conns import FLOWING_S, STALE_S, ConnTracker
 from vtop.sources.sockets import Conn, ConnRead, conn_read_from_json, conn_read_to_json, read_conns
 
 
@@ -294,7 +294,7 @@ def test_the_live_feed_reads_connections_only_while_a_local_server_has_a_request
 
 
 def test_reads_come_faster_while_a_long_answer_streams_so_a_hang_up_clears_at_once() -> None:
-    from vtop.core.conns import FAST_AFTER_S, FAST_READ_S, READ_EVERY_S
+    from vtop.core.requests.conns import FAST_AFTER_S, FAST_READ_S, READ_EVERY_S
 
     tr = ConnTracker()
     assert tr.read_every() == READ_EVERY_S
@@ -347,7 +347,7 @@ def test_the_conns_thread_learns_its_next_wait_before_it_resumes() -> None:
     """The PollLoop thread waits for its result to be applied and then for ``interval``: the interval a
     long answer asks for is set while applying, so the next read comes 2 s later (not 10 s, and not at once)."""
     from vtop.config import Config
-    from vtop.core.conns import FAST_READ_S, READ_EVERY_S
+    from vtop.core.requests.conns import FAST_READ_S, READ_EVERY_S
     from vtop.monitor import Monitor
     from vtop.monitor.live import LiveFeed
     from vtop.monitor.polling import PollLoop

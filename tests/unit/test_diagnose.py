@@ -81,7 +81,7 @@ def test_real_h200_runaway_fires_with_its_numbers() -> None:
     end = F.at(ticks, 196.1)
     a = end.rule("runaway")
     assert a is not None and a.severity == "warning" and a.target == URL
-    assert a.title.startswith("Runaway decode on :8000: 1 request running 1m 1")
+    assert a.title.startswith("Runaway decode on :8000: 1 request running, the oldest at least 1m 1")
     assert 440 <= rate_in(a.title) <= 480  # the log's own stats line says 462.9 tokens/s
     ev = "\n".join(a.evidence)
     assert "max_model_len 32,768" in ev
@@ -132,7 +132,7 @@ def test_real_h200_runaway_names_the_request() -> None:
     a = F.at(run_30_named(), 190.1).rule("runaway")
     assert a is not None
     first = a.evidence[0]
-    assert F.RUNAWAY_ID in first and "no max_tokens" in first and "32,628" in first and "at most 1m 0" in first
+    assert F.RUNAWAY_ID in first and "no max_tokens" in first and "32,628" in first and "running at least 1m 0" in first
     assert not any("--enable-log-requests" in f for f in a.fix)
 
 

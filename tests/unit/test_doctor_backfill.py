@@ -95,7 +95,7 @@ def metrics_after(trace: Path, t_start: float, n: int) -> list[str]:
     ("runaway-alone-no-request-log", 58.0, "5", 65536, "runaway", 1, "no prompt was taken"),
     # short requests come and go every 2-5 s; the request log names the one without max_tokens, and
     # proves it unfinished: its max_tokens bucket of the first scrape (cumulative since the start)
-    # has fewer finishes than the log since the startup has requests of it (vtop/core/inflight.py)
+    # has fewer finishes than the log since the startup has requests of it (vtop/core/requests/metrics_bound.py)
     ("runaway-with-short-traffic", 55.0, "5", 65536, "runaway", 1, "has no end or abort line"),
 ], ids=lambda x: x if isinstance(x, str) and "-" in x else None)
 def test_doctor_names_an_incident_that_began_before_its_window(  # type: ignore[no-untyped-def]

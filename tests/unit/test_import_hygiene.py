@@ -37,7 +37,7 @@ def test_the_check_itself_can_fail() -> None:
 #: on a 2-core box; they are imported where first used).
 DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases.tracker", "vtop.core.phases.patterns",
             "vtop.core.rules",
-            "vtop.core.requests", "vtop.sources.recording.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
+            "vtop.core.requests.log", "vtop.sources.recording.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
             # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
             "vtop.sources.vllm", "vtop.sources.metrics_text", "vtop.sources.discovery",
             # NVML's binding and the simulated GPUs: loaded by the GPU thread's first poll

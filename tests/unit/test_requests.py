@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vtop.core.phases import parse_line
-from vtop.core.requests import (
+from vtop.core.requests.log import (
     NEVER_ADDED,
     PY_STR_REPR,
     RUNNING_FELL_TO_ZERO,

@@ -364,6 +364,8 @@ class Sampler:
         self._info_next = 0.0
         self._procs_last: tuple[int, ...] | None = None
         self.counts = {"metrics": 0, "metrics_ok": 0}
+        #: no connection counters in the trace (a server in another network namespace): conns.jsonl.gz left out
+        self.skip_conns = False
 
     def _write(self, key: str, row: dict[str, Any]) -> None:
         self.files[key].write(json.dumps(row, separators=(",", ":")) + "\n")
@@ -481,6 +483,8 @@ class Sampler:
     def _conns(self, client: httpx.Client) -> None:
         from vtop.sources.sockets import conn_read_to_json, read_conns
 
+        if self.skip_conns:
+            return
         port = int(self.srv.url.rsplit(":", 1)[1].split("/")[0])
         row = conn_read_to_json(read_conns({port}))
         row["t"], row["mono"] = round(float(row["t"]), 3), round(float(row["mono"]), 3)  # type: ignore[arg-type]
@@ -612,6 +616,73 @@ class ShortTraffic:
                 self.sent += 1
                 threading.Thread(target=self._one, args=(self.sent,), daemon=True).start()
                 self._stop.wait(self.rng.uniform(*self.period))
+
+
+class ClosedLoop:
+    """``n`` clients in a closed loop: each sends a short request (max_tokens 16-64, completions and chat in
+    turn, not streamed) as soon as its last one is answered, until stopped; bounded in count and time."""
+
+    def __init__(self, ctx: Ctx, n: int, max_tokens: tuple[int, int] = (16, 64), max_count: int = 5000,
+                 time_limit: float = 400.0, seed: int = 13) -> None:
+        self.ctx, self.n, self.max_tokens = ctx, n, max_tokens
+        self.max_count, self.time_limit = max_count, time_limit
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.sent = self.ok = self.failed = 0
+        self.secs: list[float] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._worker, args=(k,), daemon=True, name=f"loop-{k}")
+                         for k in range(n)]
+
+    def start(self) -> ClosedLoop:
+        self.ctx.event("load_begin", kind="closed_loop", concurrency=self.n, max_tokens=list(self.max_tokens))
+        for th in self._threads:
+            th.start()
+        return self
+
+    def _take(self) -> tuple[int, int] | None:
+        with self.lock:
+            if self.sent >= self.max_count:
+                return None
+            self.sent += 1
+            return self.sent, self.rng.randint(*self.max_tokens)
+
+    def _worker(self, k: int) -> None:
+        t0 = time.monotonic()
+        with httpx.Client(base_url=self.ctx.srv.url, timeout=httpx.Timeout(120.0, connect=5.0)) as client:
+            while not self._stop.is_set() and time.monotonic() - t0 < self.time_limit:
+                got = self._take()
+                if got is None:
+                    return
+                i, mt = got
+                t1 = time.monotonic()
+                try:
+                    if i % 2:
+                        r = client.post("/v1/chat/completions", json={
+                            "model": self.ctx.srv.model, "max_tokens": mt, "ignore_eos": True,
+                            "messages": [{"role": "user", "content": f"{PROMPT} #{i}"}]})
+                    else:
+                        r = client.post("/v1/completions", json={
+                            "model": self.ctx.srv.model, "prompt": f"{PROMPT} #{i}", "max_tokens": mt,
+                            "ignore_eos": True})
+                    good = r.status_code == 200
+                except Exception:  # noqa: BLE001 - counted
+                    good = False
+                with self.lock:
+                    if good:
+                        self.ok += 1
+                        self.secs.append(time.monotonic() - t1)
+                    else:
+                        self.failed += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(130)
+        secs = sorted(self.secs)
+        self.ctx.event("load_end", kind="closed_loop", sent=self.sent, ok=self.ok, failed=self.failed,
+                       secs_p50=round(secs[len(secs) // 2], 2) if secs else None,
+                       secs_max=round(secs[-1], 2) if secs else None)
 
 
 class StreamPool:
@@ -1054,6 +1125,39 @@ def runaway_short_traffic_no_request_log(ctx: Ctx) -> None:
     2-5 s over one kept-alive connection, and one streaming chat request without max_tokens (ignore_eos) on its
     own for ~120 s; then the client hangs up; 30 s after. Records the kernel's counters of the connections."""
     _runaway_among_short(ctx, log_requests=False)
+
+
+def _runaway_beside_closed_loop(ctx: Ctx, n: int) -> None:
+    assert ctx.sampler is not None
+    ctx.sampler.skip_conns = True  # a server in another network namespace: no connection counters
+    ctx.start(max_model_len=RUNAWAY_MML, log_requests=False)
+    loop = ClosedLoop(ctx, n, time_limit=ctx.seconds + 90).start()
+    ctx.sleep(20)
+    ra = Stream(ctx, "runaway").start()
+    ctx.sleep(ctx.seconds)
+    ra.hangup()
+    ctx.sleep(30)
+    loop.stop()
+
+
+@scenario("runaway-closed-loop-3-no-request-log", "runaway", 120)
+def runaway_closed_loop_3(ctx: Ctx) -> None:
+    """--max-model-len 65536, request logging off (vLLM's default), and no connection counters (conns.jsonl.gz
+    left out, as for a server in another network namespace); a closed loop of 3 clients, each sending a short
+    request (max_tokens 16-64, non-streamed completions and chat in turn) as soon as its last one is answered,
+    and after 20 s one streaming chat request without max_tokens (ignore_eos) for ~120 s; then the client hangs
+    up; 30 s after."""
+    _runaway_beside_closed_loop(ctx, 3)
+
+
+@scenario("runaway-closed-loop-8-no-request-log", "runaway", 120)
+def runaway_closed_loop_8(ctx: Ctx) -> None:
+    """--max-model-len 65536, request logging off (vLLM's default), and no connection counters (conns.jsonl.gz
+    left out, as for a server in another network namespace); a closed loop of 8 clients, each sending a short
+    request (max_tokens 16-64, non-streamed completions and chat in turn) as soon as its last one is answered,
+    and after 20 s one streaming chat request without max_tokens (ignore_eos) for ~120 s; then the client hangs
+    up; 30 s after."""
+    _runaway_beside_closed_loop(ctx, 8)
 
 
 @scenario("runaway-streaming-after-others", "runaway", 120)
@@ -1875,6 +1979,8 @@ def record(sc: Scenario, out: Path, seconds: float, wait_other: float) -> int:
                 version = json.loads(line).get("version") or version
         ctx.srv.stop()
         atexit.unregister(ctx.srv._emergency_stop)
+    if sampler.skip_conns:
+        (out / "conns.jsonl.gz").unlink(missing_ok=True)
     size_limit = sampler.last_index[2] if sampler.last_index else 0
     log = sampler.log.data(size_limit)
     with gzip.open(out / "log.bin.gz", "wb", compresslevel=9) as f:

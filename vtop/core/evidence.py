@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from vtop.core.conns import ConnTracker
 from vtop.core.download import DownloadProgress
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
 from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
-from vtop.core.requests import InFlight
+from vtop.core.requests.conns import ConnTracker
+from vtop.core.requests.log import InFlight
 from vtop.core.server import ServerView
 from vtop.model.gpu import XidEvent
 from vtop.model.procs import ServerProcess
@@ -45,6 +45,8 @@ class LogEvidence:
     inflight: Sequence[InFlight] = ()
     #: the log has request lines at all (vLLM runs with request logging); None: not known
     request_logging: bool | None = None
+    #: the log says when requests end (V0, or --enable-log-outputs): its open entries are in flight
+    finishes_logged: bool = False
     #: the log's stats lines of the last minutes, on the monitor's clock: what came before vtop looked
     history: LogHistoryView | None = None
     #: ``(since, max_tokens)`` of every request logged since the server's startup (None: the request

@@ -22,14 +22,13 @@ Names (documented in the README; the fleet view reads them):
   ``vtop_startup_phase_seconds{server}`` how long it has been in it (while starting);
   ``vtop_startup_progress_ratio{server}`` its progress bar (CUDA graphs 23/51:
   0.451); ``vtop_startup_duration_seconds{server}`` launch to ready, once ready.
-* ``vtop_oldest_request_age_seconds{server,source}``: ``source="log"`` from the request
-  log (an upper bound where vLLM logs no finish line), ``source="metrics_bound"`` the
-  age known from ``/metrics`` alone (a lower bound: :mod:`vtop.core.inflight`),
-  ``source="connection"`` the request in flight longest on a local server's connections
-  (its answer streaming or not begun), since it arrived (the kernel's counters: :mod:`vtop.core.conns`);
-  ``vtop_request_allowance_tokens{server}`` the ``max_tokens`` vLLM gave the request
-  the log one is about (vLLM fills in ``max_model_len`` minus the prompt when the
-  client sent none).
+* ``vtop_oldest_request_age_seconds{server,source}``: how long the oldest request in flight has run
+  at least (a lower bound), the one request every face names (:mod:`vtop.core.requests`);
+  ``source`` says what proves it: ``log`` (the request log, with vLLM's ``max_tokens`` histogram
+  or its end lines), ``connection`` (its answer streaming or not begun, the kernel's counters) or
+  ``metrics_bound`` (``/metrics`` alone); ``vtop_request_allowance_tokens{server}`` the
+  ``max_tokens`` vLLM gave that request, where known (vLLM fills in ``max_model_len`` minus the
+  prompt when the client sent none).
 * ``vtop_alert{subject,rule,severity}``: 1 while the alert is on, 0 once it cleared
   (kept at 0 so a rule sees the change, not a vanished series);
   ``vtop_alert_info{subject,rule,severity,title}`` 1 while on, with the title as it
@@ -134,30 +133,21 @@ def _startup(monitor: Monitor, now: float) -> list[Metric]:
 
 def _requests(monitor: Monitor, now: float) -> list[Metric]:
     age = _gauge("vtop_oldest_request_age_seconds",
-                 "Age of the oldest request in flight; source=log: the request log (at most, where vLLM logs no "
-                 "finish), source=metrics_bound: known from /metrics alone (at least), source=connection: the "
-                 "request in flight longest on a local server's connections (answer streaming or not begun), since "
-                 "it came", ["server", "source"])
+                 "Seconds the oldest request in flight has run at least (a lower bound; the request every vtop "
+                 "face names); source: what proves it (log: the request log with vLLM's max_tokens histogram, "
+                 "connection: its connection's counters, metrics_bound: /metrics alone)", ["server", "source"])
     allow = _gauge("vtop_request_allowance_tokens",
-                   "max_tokens vLLM gave the oldest logged request in flight (max_model_len minus the prompt when "
-                   "the client sent none)", ["server"])
-    lv = monitor.log_view
-    target = monitor.log_target
-    if lv is not None and target is not None and lv.inflight:
-        oldest = lv.inflight[0]
-        age.add_metric([target, "log"], oldest.age_s + max(0.0, now - lv.mono))
-        if oldest.max_tokens is not None:
-            allow.add_metric([target], float(oldest.max_tokens))
-    for url, ws in monitor.servers.items():
-        v = ws.last_view
-        if v is None or v.state not in ("up", "restarted", "stale"):
+                   "max_tokens vLLM gave that oldest request, where known (max_model_len minus the prompt when the "
+                   "client sent none)", ["server"])
+    for url, answer in monitor.in_flight.items():
+        ws = monitor.servers.get(url)
+        v = ws.last_view if ws is not None else None
+        o = answer.oldest
+        if v is None or v.state not in ("up", "restarted", "stale") or o is None or o.age_min_s is None:
             continue
-        bound = monitor.diagnoser.oldest_in_flight_s(url)
-        if bound is not None:
-            age.add_metric([url, "metrics_bound"], bound)
-        streaming = ws.conns.oldest(now)
-        if streaming is not None:
-            age.add_metric([url, "connection"], now - streaming.since)
+        age.add_metric([url, o.evidence[0]], o.age_min_s)
+        if o.max_tokens is not None:
+            allow.add_metric([url], float(o.max_tokens))
     return [age, allow]
 
 

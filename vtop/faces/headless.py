@@ -52,6 +52,7 @@ from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerView
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
 from vtop.model.fmt import dur
+from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, dur_text
 from vtop.monitor.live import LiveFeed
 from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
@@ -61,7 +62,7 @@ MAX_REQUESTS = 50
 #: Said by ``--once`` without ``--window`` when a server's rates are None.
 ONE_ROUND_NOTE = ("rates (tokens/s, preemptions/s, latency percentiles) need two scrapes: "
                   "vtop --once --window 2s measures them")
-__all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "run_once"]
+__all__ = ["EXIT_CRITICAL", "EXIT_OK", "EXIT_UNKNOWN", "EXIT_WARNING", "Report", "report", "request_words", "requests_text", "run_once"]
 
 
 @dataclass
@@ -80,6 +81,8 @@ class Report:
     alerts: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     requests_in_flight: int | None = None
+    requests_received_recent: int | None = None
+    """The followed log's requests received in the last 10 s, where it logs no end lines."""
     window_asked_s: float | None = None
     """The window the user asked for (``window_s`` is what it took)."""
     looked: bool = True
@@ -129,6 +132,7 @@ class Report:
             "startup": self.startup,
             "requests": self.requests,
             "requests_in_flight": self.requests_in_flight,
+            "requests_received_10s": self.requests_received_recent,
             "alerts": self.alerts,
             "notes": self.notes,
             "silent_sources": list(self.silent),
@@ -442,6 +446,23 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> lis
     return out
 
 
+def _compat(r: InFlightRequest) -> dict[str, Any]:
+    """The fields of a request row before the bounds (report/2): ``age_s`` the lower bound where one is
+    known, else the upper one, then ``age_is_upper_bound``."""
+    lower = r.age_min_s is not None
+    return {"age_s": _r(r.age_min_s if lower else r.age_max_s), "age_is_upper_bound": not lower}
+
+
+def _requests_row(answer: ServerRequests | None) -> dict[str, Any]:
+    """A server's requests in flight in its row: how many (vLLM's running + waiting where known), the
+    oldest (the request every face names), and the log's requests received lately (no end lines)."""
+    if answer is None:
+        return {"requests_in_flight": None, "oldest_request": None, "requests_received_recent": None}
+    return {"requests_in_flight": answer.count,
+            "oldest_request": answer.oldest.to_json() | _compat(answer.oldest) if answer.oldest else None,
+            "requests_received_recent": answer.received_recent}
+
+
 def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None,
            silent: list[str] | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
@@ -465,18 +486,12 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         notes.append(lv.problem)
     if monitor.log_message and monitor.log_watch is None:
         notes.append(monitor.log_message)
-    reqs = []
-    down = monitor.log_target_down()
-    # the server is down or its engine died: what the log had in flight went with it
-    inflight = [] if down is not None else list(getattr(lv, "inflight", None) or ())
-    # The runaway first (a request the client sent without max_tokens), then the
-    # oldest; a burst of 1,500 must not make a 260 KB report.
-    inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
+    # Every server's requests in flight, oldest first (the one answer: vtop.core.requests); a burst of
+    # 1,500 must not make a 260 KB report.
+    answers = monitor.in_flight
+    reqs = [r.to_json() | _compat(r) for a in answers.values() for r in a.requests][:MAX_REQUESTS]
+    mine = monitor.requests_of()
     from_log = log_rates(monitor)
-    for r in inflight[:MAX_REQUESTS]:
-        reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
-                     "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
-                     "no_client_max_tokens": r.no_client_max_tokens})
     return Report(
         t=clock.time(),
         window_s=clock.monotonic() - started,
@@ -489,11 +504,12 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
                             now=clock.monotonic(),
                             seen=None if (ws.last_view or ws.tracker.view()).state == "stale"
                             else monitor.last_seen(ws.last_view or ws.tracker.view()))
-                 | {"polls": ws.polls}
+                 | {"polls": ws.polls} | _requests_row(answers.get(url))
                  for url, ws in monitor.servers.items()],
         startup=_jsonable(startup),
         requests=reqs,
-        requests_in_flight=len(inflight) if lv is not None and lv.request_logging else None,
+        requests_in_flight=mine.count if mine is not None else None,
+        requests_received_recent=mine.received_recent if mine is not None else None,
         alerts=[a.to_json() for a in monitor.alerts],
         notes=list(dict.fromkeys(notes)),
         window_asked_s=window_asked_s,
@@ -614,12 +630,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     if st and st.get("state") == "starting":
         lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log_kind') or st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
-    if rep.requests_in_flight:
-        lines.append(f"requests in flight (request log): {rep.requests_in_flight}")
-    for r in rep.requests[:5]:
-        age = ("<=" if r["age_is_upper_bound"] else "") + f"{r['age_s']:.0f}s"
-        flag = " (no max_tokens from client)" if r["no_client_max_tokens"] else ""
-        lines.append(f"  request {r['id']} {r['endpoint'] or ''} age {age} max_tokens {r['max_tokens']}{flag}")
+    lines += requests_text(rep)
     if rep.alerts:
         lines.append("")
         for a in rep.alerts:
@@ -636,6 +647,42 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
 
 
 # --- entry points ------------------------------------------------------------------
+
+
+def requests_text(rep: Report) -> list[str]:
+    """The requests lines of the text report: per server, how many are in flight and the oldest, its age
+    as a lower bound (the one answer every face shows)."""
+    out = []
+    for s in rep.servers:
+        o = s.get("oldest_request")
+        n = s.get("requests_in_flight")
+        recent = s.get("requests_received_recent")
+        if not n and o is None and recent is None:
+            continue
+        line = f"requests on {s['url']}: {'?' if n is None else n} in flight"
+        if recent is not None:
+            line += f" · {recent} received in the last 10 s (the request log; it logs no end lines)"
+        out.append(line)
+        if o is not None:
+            out.append(f"  oldest: {request_words(o)}")
+    return out
+
+
+def request_words(o: dict[str, Any]) -> str:
+    """``chatcmpl-9f… running at least 1m 05s (came at most 2m 05s ago), max_tokens 65,516 (no max_tokens
+    from client), by the request log`` from a request row."""
+    who = o.get("id") or (f"the request from {o['client']}" if o.get("client") else "a request")
+    age = "for an unknown time" if o.get("age_min_s") is None else f"at least {dur_text(o['age_min_s'])}"
+    if o.get("age_max_s") is not None and (o.get("age_min_s") is None or o["age_max_s"] - o["age_min_s"] >= 1):
+        age += f" (came at most {dur_text(o['age_max_s'])} ago)"
+    out = f"{who} {'in flight' if o.get('answer_pending') else 'running'} {age}"
+    if o.get("max_tokens") is not None:
+        out += f", max_tokens {o['max_tokens']:,}"
+    if o.get("client_set_max_tokens") is False:
+        out += " (no max_tokens from client)"
+    elif o.get("client_set_max_tokens") is True:
+        out += " (set by its client)"
+    return out + ", by " + " and ".join(EVIDENCE_WORDS.get(e, e) for e in o.get("evidence") or ())
 
 
 def run_once(cfg: Config, *, window_s: float | None, as_json: bool, doctor: bool = False, out: Any = None,

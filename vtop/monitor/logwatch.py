@@ -19,7 +19,7 @@ from vtop.core.logclock import OLD_LOG_S
 from vtop.core.loghistory import LogHistory, LogHistoryView
 from vtop.core.phases.tracker import DEFAULT_STALL_S, PhaseTracker
 from vtop.core.phases.types import LogLine, Phase, Quiet, StallInfo, StartupSnapshot
-from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
+from vtop.core.requests.log import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400

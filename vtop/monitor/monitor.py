@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
-from vtop.core.conns import READ_EVERY_S, ConnTracker
 from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases.types import Phase
+from vtop.core.requests.conns import READ_EVERY_S, ConnTracker
 from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
@@ -40,6 +40,7 @@ from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_host
 if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
+    from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
@@ -191,6 +192,19 @@ class Monitor:
         out, self._changes = self._changes, set()
         return out
 
+    @property
+    def in_flight(self) -> dict[str, ServerRequests]:
+        """Per server URL, its requests in flight as of the last diagnosis
+        (:func:`vtop.core.requests.requests_in_flight`): the one answer every face shows."""
+        return self._diagnoser.in_flight if self._diagnoser is not None else {}
+
+    def requests_of(self, url: str | None = None) -> ServerRequests | None:
+        """The answer for ``url`` (default: the server the followed log belongs to, else the first)."""
+        got = self.in_flight
+        if url is None:
+            url = self.log_target if self.log_target in got else next(iter(got), None)
+        return got.get(url) if url is not None else None
+
     def views(self) -> dict[str, ServerView]:
         return {url: ws.last_view for url, ws in self.servers.items() if ws.last_view is not None}
 
@@ -339,7 +353,7 @@ class Monitor:
 
     def conns_read_every(self) -> float:
         """Seconds until the next read of the connections should come (the soonest any server asks:
-        :meth:`vtop.core.conns.ConnTracker.read_every`)."""
+        :meth:`vtop.core.requests.conns.ConnTracker.read_every`)."""
         return min((ws.conns.read_every() for ws in self.servers.values()), default=READ_EVERY_S)
 
     def apply_conns(self, read: Any) -> None:
@@ -586,8 +600,8 @@ class Monitor:
         if lv is not None:
             log = LogEvidence(
                 target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
-                inflight=lv.inflight, request_logging=lv.request_logging, history=lv.history,
-                logged_since_start=lv.logged_since_start,
+                inflight=lv.inflight, request_logging=lv.request_logging, finishes_logged=lv.finishes_logged,
+                history=lv.history, logged_since_start=lv.logged_since_start,
             )
         return Evidence(
             now=self.clock.monotonic() if now is None else now,

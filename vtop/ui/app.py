@@ -481,9 +481,8 @@ class VtopApp(ActionKeys, ViewKeys):
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
-                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
-            elif SERVERS in changes and m.log_view is not None:
-                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
+            if changes & {LOG, SERVERS, ALERTS}:
+                self._widget("requests", RequestsLine).show_requests(m.requests_of(), m.log_target_down())
             if SERVERS in changes or self.cards:
                 self._paint_servers()
             if ALERTS in changes:

@@ -7,7 +7,7 @@ takes its time; each ends in a result or a clear error written on screen.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.text import Text
@@ -20,6 +20,8 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from vtop.actions.probe import ProbeResult, send_test_request
 from vtop.actions.pyspy import PySpyResult, Target, dump
+from vtop.core.rules.util import short_url
+from vtop.model.requests import EVIDENCE_WORDS, ServerRequests, dur_text
 
 DEFAULT_MAX_TOKENS = 64
 WHY_MAX_TOKENS = (
@@ -196,46 +198,63 @@ def probe_text(r: ProbeResult) -> Text:
     return out
 
 
-class RequestsScreen(ModalScreen[None]):
-    """``r``: requests in flight from the vLLM request log, oldest first, and the last finished.
+def request_rows(answers: Mapping[str, ServerRequests]) -> list[tuple[str, ...]]:
+    """The ``r`` table's rows: every server's requests in flight, oldest first (the one answer:
+    :func:`vtop.core.requests.requests_in_flight`), the oldest marked; its age as a lower bound
+    ("running at least"), the upper bound in its own column ("came at most ... ago")."""
+    rows: list[tuple[str, ...]] = []
+    for url, a in answers.items():
+        for r in a.requests:
+            note = "oldest" if r is a.oldest else ""
+            if r.no_client_max_tokens:
+                note = (note + " · " if note else "") + "no max_tokens from client"
+            if r.answer_pending:
+                note = (note + " · " if note else "") + "answer not begun"
+            rows.append((short_url(url), r.request_id or "-", r.client or "-",
+                         "?" if r.age_min_s is None else f"at least {dur_text(r.age_min_s)}",
+                         "-" if r.age_max_s is None else f"at most {dur_text(r.age_max_s)} ago",
+                         "-" if r.max_tokens is None else f"{r.max_tokens:,}",
+                         " + ".join(EVIDENCE_WORDS.get(e, e) for e in r.evidence), note))
+    return rows
 
-    Refreshed from the app's latest log view once a second; prompts are never
-    shown (the log may hold them up to vLLM 0.11; vtop keeps only their length).
+
+class RequestsScreen(ModalScreen[None]):
+    """``r``: every server's requests in flight, oldest first, each with its age as a lower bound and
+    what proves it (the request log, its connection, /metrics), and the request log's last finished.
+
+    Refreshed from the monitor's latest answer once a second; prompts are never shown (the log may
+    hold them up to vLLM 0.11; vtop keeps only their length).
     """
 
     BINDINGS = [Binding("escape,q,r", "dismiss", "Close")]
 
-    def __init__(self, log_view: Callable[[], Any], conns: Callable[[], list[tuple[str, Any]]] | None = None) -> None:
+    def __init__(self, answers: Callable[[], Mapping[str, ServerRequests]],
+                 log_view: Callable[[], Any] | None = None) -> None:
         super().__init__()
-        self.log_view = log_view
-        """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`), or None."""
-        self.conns = conns
-        """``(server URL, Streaming)`` of every request in flight now on a local server's connections
-        (:meth:`vtop.core.conns.ConnTracker.in_flight`: answers streaming, and answers not begun), oldest
-        request first; None: not known here."""
+        self.answers = answers
+        """Per server, its requests in flight (:attr:`vtop.monitor.Monitor.in_flight`)."""
+        self.log_view = log_view or (lambda: None)
+        """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`, for the finished ones), or None."""
 
     def compose(self) -> ComposeResult:
         from textual.widgets import DataTable
 
         with Vertical(id="dialog"):
-            yield Label("Requests in flight (from the vLLM request log)", id="dialog-title")
+            yield Label("Requests in flight", id="dialog-title")
             yield Static("", id="req-note")
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
-            yield Label("Recently finished", id="req-done-title")
+            yield Label("Recently finished (the vLLM request log)", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
-            yield Label("Requests on the connections now (the kernel's counters)", id="req-conns-title")
-            yield DataTable(id="req-conns", cursor_type="row")
-            yield Label("esc close · ages marked ≤ are upper bounds: this vLLM logs no finish line", id="dialog-keys")
+            yield Label("esc close · running at least: what the evidence proves · took ≤: at most (its end inferred)",
+                        id="dialog-keys")
 
     def on_mount(self) -> None:
         from textual.widgets import DataTable
 
         t = self.query_one("#req-table", DataTable)
-        t.add_columns("request id", "kind", "age", "max_tokens", "temp", "n", "note")
+        t.add_columns("server", "request id", "client", "running", "came", "max_tokens", "evidence", "note")
         d = self.query_one("#req-done", DataTable)
         d.add_columns("request id", "kind", "took", "ended by", "max_tokens", "note")
-        c = self.query_one("#req-conns", DataTable)
-        c.add_columns("server", "client", "request came", "answer", "seen", "bytes sent")
         self.refresh_rows()
         self.set_interval(1.0, self.refresh_rows)
 
@@ -244,49 +263,36 @@ class RequestsScreen(ModalScreen[None]):
 
         from vtop.ui.widgets.alerts_panel import age_text
 
-        view = self.log_view()
+        answers = self.answers()
         note = self.query_one("#req-note", Static)
         t = self.query_one("#req-table", DataTable)
         d = self.query_one("#req-done", DataTable)
         t.clear()
         d.clear()
-        self._refresh_conns()
-        if view is None:
-            note.update("No vLLM log is watched: pass --log PATH. vtop reads requests from the log.")
-            return
-        if not view.request_logging:
-            note.update("No request lines in the log yet. vLLM 0.10+ logs requests only with "
-                        "--enable-log-requests (and their ends only with --enable-log-outputs).")
-        else:
-            exact = "exact ages" if view.finishes_logged else "ages are upper bounds (no finish lines logged)"
-            note.update(f"{len(view.inflight)} in flight · {exact}")
-        for r in view.inflight:
-            t.add_row(r.request_id, r.endpoint or "-", age_text(r.age_s, r.age_is_upper_bound),
-                      "-" if r.max_tokens is None else f"{r.max_tokens:,}",
-                      "-" if r.temperature is None else f"{r.temperature:g}", "-" if r.n is None else str(r.n),
-                      "no max_tokens from client" if r.no_client_max_tokens else "")
-        for f in view.recent_finished[:30]:
+        for row in request_rows(answers):
+            t.add_row(*row)
+        note.update(self.note_text(answers))
+        view = self.log_view()
+        for f in (view.recent_finished[:30] if view is not None else ()):
             d.add_row(f.request_id, f.endpoint or "-", age_text(f.duration_s, f.duration_is_upper_bound), f.reason,
                       "-" if f.max_tokens is None else f"{f.max_tokens:,}",
                       "no max_tokens from client" if f.no_client_max_tokens else "")
 
-
-    def _refresh_conns(self) -> None:
-        """One row per request in flight on a local server's connection, oldest first: who asked (the
-        client's address and port), since when, and whether its answer streams or has not begun (a
-        non-streamed completion is sent whole at its end), whether or not the request log is on."""
-        from textual.widgets import DataTable
-
-        from vtop.core.rules.util import dur, short_url
-
-        c = self.query_one("#req-conns", DataTable)
-        c.clear()
-        rows = self.conns() if self.conns is not None else []
-        for url, st in rows:
-            c.add_row(short_url(url), st.remote, f"{dur(st.age_s)} ago", "none yet" if st.pending else "streaming",
-                      dur(st.seen_s), "-" if st.bytes_sent is None or st.pending else f"{st.bytes_sent:,}")
-        if not rows:
-            c.add_row("-", "none in flight", "", "", "", "")
+    @staticmethod
+    def note_text(answers: Mapping[str, ServerRequests]) -> str:
+        """Per server: how many in flight (vLLM's running + waiting), and what the request log says."""
+        out = []
+        for url, a in answers.items():
+            line = f"{short_url(url)}: {'?' if a.count is None else a.count} in flight"
+            if a.request_logging is False or a.request_logging is None:
+                line += " · no request lines in the log (vLLM 0.10+ logs them with --enable-log-requests)"
+            elif a.finishes_logged:
+                line += " · the request log has end lines: its ages are exact"
+            else:
+                line += (f" · {a.received_recent} received in the last 10 s by the request log (it logs no end "
+                         "lines: an entry may have ended unseen, only those proven still running are listed)")
+            out.append(line)
+        return "\n".join(out) or "No server watched."
 
 
 class AlertsScreen(ModalScreen[None]):
@@ -347,9 +353,10 @@ ROWS_HELP = (
     ("vLLM card", "running and waiting requests, KV cache use and generated tokens/s on the GPU cards' time axis; "
                   "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
                   "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished"),
-    ("requests line", "requests in flight from the vLLM request log, the oldest named, with the max_tokens vLLM "
-                      "filled in (r: all, and the answers streaming on a local server's connections: which "
-                      "client, since when, request log or not)"),
+    ("requests line", "requests in flight (vLLM's running + waiting), the oldest named with how long it has run "
+                      "at least and the max_tokens vLLM filled in; without end lines in the log, the requests it "
+                      "received in the last 10 s (r: every request known in flight, by the request log, its "
+                      "connection or /metrics)"),
     ("startup", "the phases of a vllm serve start, how long each took, progress, and a possible hang"),
     ("log", "the vLLM log's last lines (its own time stamps); w: warnings only; /: a filter"),
 )

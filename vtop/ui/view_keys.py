@@ -100,7 +100,8 @@ class ViewKeys(App[int]):
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
                      "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
-        "requests": "requests in flight from the vLLM request log, oldest first, and the last finished",
+        "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
+                    "and the last finished",
         "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
         "test_request": "send a test request (max_tokens required)",
@@ -209,15 +210,7 @@ class ViewKeys(App[int]):
         from vtop.ui.screens import RequestsScreen
 
         m = self.monitor
-
-        def conns() -> list[tuple[str, Any]]:
-            import dataclasses
-
-            now = m.clock.monotonic()  # the ages as of now, not of the latest read
-            return [(url, dataclasses.replace(st, age_s=now - st.since)) for url, ws in m.servers.items()
-                    for st in ws.conns.in_flight(now)]
-
-        self.push_screen(RequestsScreen(lambda: self.log_view, conns))
+        self.push_screen(RequestsScreen(lambda: m.in_flight, lambda: self.log_view))
 
     def action_alert_details(self) -> None:
         from vtop.ui.screens import AlertsScreen

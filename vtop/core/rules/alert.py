@@ -73,7 +73,7 @@ class Thresholds:
     #: of the scraper's 3 s deadlines), and for this long (critical)
     api_silent_s: float = 6.0
     api_silent_critical_s: float = 30.0
-    #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/inflight.py) to have
+    #: runaway: the oldest in-flight request known (from /metrics alone, vtop/core/requests/metrics_bound.py) to have
     #: run this long, while other requests finish around it; raised to ``runaway_age_ordinary_x`` times
     #: what requests ordinarily take on this server (the p95 of those that finished)
     runaway_age_s: float = 45.0

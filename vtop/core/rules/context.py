@@ -17,6 +17,7 @@ from vtop.core.rules.util import gib, short_url
 from vtop.core.server import ServerView
 from vtop.core.stats import fmean
 from vtop.model.gpu import GpuProcess, XidEvent, xid_text
+from vtop.model.requests import ServerRequests
 
 __all__ = ["Evidence", "Memory", "Rule", "per_gpu", "per_server"]
 
@@ -33,6 +34,9 @@ class Memory:
     gpu_mono: float | None = None
     #: the incidents going on (what is shown of each alert; the diagnoser applies it after the rules)
     hold: AlertHold = field(default_factory=lambda: AlertHold(Thresholds().alert_hold_s))
+    #: per server URL, its requests in flight this tick (:func:`vtop.core.requests.requests_in_flight`,
+    #: made by the diagnoser before the rules run): the one answer the runaway rule and every face read
+    in_flight: dict[str, ServerRequests] = field(default_factory=dict)
 
     def started(self, rule: str, target: str | None, since: float) -> float:
         """When the incident of ``rule`` on ``target`` began, if one is going on (else ``since``):

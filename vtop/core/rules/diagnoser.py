@@ -5,6 +5,7 @@ first ``since`` of a condition that goes on, and sorts the alerts, critical firs
 from __future__ import annotations
 
 from vtop.core.evidence import Evidence
+from vtop.core.requests import LogRequests, requests_in_flight
 from vtop.core.rules.alert import RANK, Alert, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Memory, Rule
@@ -21,6 +22,7 @@ from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
 from vtop.core.rules.util import LIVE
+from vtop.model.requests import ServerRequests
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 
@@ -44,6 +46,8 @@ class Diagnoser:
         #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
         self.rules: tuple[Rule, ...] = default_rules()
         self.alerts: list[Alert] = []
+        #: per server URL, its requests in flight as of the last tick (the one answer every face reads)
+        self.in_flight: dict[str, ServerRequests] = {}
 
     @property
     def thresholds(self) -> Thresholds:
@@ -61,6 +65,7 @@ class Diagnoser:
         ``ev.servers`` is forgotten."""
         self._feed_servers(ev)
         self._feed_gpus(ev)
+        self._mem.in_flight = self.in_flight = self._requests_in_flight(ev)
         alerts: list[Alert] = []
         for rule in self.rules:
             alerts.extend(rule.check(ev, self._mem))
@@ -94,9 +99,23 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ GPUs
 
+    def _requests_in_flight(self, ev: Evidence) -> dict[str, ServerRequests]:
+        """Every server's requests in flight this tick: the one answer (vtop.core.requests)."""
+        th = self._mem.th
+        lg = ev.log
+        out = {}
+        for url in ev.servers:
+            mine = lg is not None and url == ev.log_target
+            log = LogRequests(lg.inflight, bool(lg.request_logging), lg.finishes_logged) if mine and lg else None
+            out[url] = requests_in_flight(ev.now, url, self._mem.servers.get(url), log=log, conns=ev.conns.get(url),
+                                          history=ev.history_of(url),
+                                          logged_since_start=ev.logged_since_start if mine else None,
+                                          short_history_s=min(th.runaway_age_s, th.runaway_s))
+        return out
+
     def oldest_in_flight_s(self, url: str) -> float | None:
         """Seconds the oldest request in flight on ``url`` has run at least, known from
-        ``/metrics`` alone (:class:`vtop.core.inflight.OldestInFlight`, the runaway rule's
+        ``/metrics`` alone (:class:`vtop.core.requests.metrics_bound.OldestInFlight`, the runaway rule's
         evidence); None when nothing is known (no request in flight, no latency histogram
         yet). For faces that report it (``vtop export``)."""
         st = self._mem.servers.get(url)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from vtop.core.inflight import MaxTokensLedger, OldestInFlight
+from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight
+from vtop.core.requests.occupancy import OccupancyBound
 from vtop.core.server import sleep_level
 from vtop.model.gpu import GpuProcess
 from vtop.model.metrics import Histogram, VllmMetrics
@@ -37,6 +38,8 @@ class Sample:
     #: when the two histograms were read (earlier than ``t`` when carried over)
     hist_t: float
     e2e: Histogram | None = None
+    #: the generated tokens of the requests that finished (``request_generation_tokens``), read with ``e2e``
+    gen_hist: Histogram | None = None
     #: the engine was put to sleep (``engine_sleep_state``): quiet on purpose, so its quiet time is
     #: no stall time (the stall clock starts again at ``/wake_up``)
     sleeping: bool = False
@@ -59,6 +62,7 @@ def sample_of(t: float, m: VllmMetrics) -> Sample:
         prompt_hist=m.request_prompt_tokens,
         hist_t=t - (m.histograms_age_s or 0.0),
         e2e=m.e2e_request_latency_seconds,
+        gen_hist=m.request_generation_tokens,
         sleeping=bool(sleep_level(m)),
     )
 
@@ -131,8 +135,10 @@ class ServerState:
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
-        #: how old the oldest in-flight request is at least (vtop/core/inflight.py)
+        #: how old the oldest in-flight request is at least (vtop/core/requests/metrics_bound.py)
         self.oldest = OldestInFlight()
+        #: ... and from the time requests spent running against what the finished ones took (a closed loop)
+        self.occupancy = OccupancyBound()
         #: the finishes by their max_tokens bucket (what proves a logged request still runs)
         self.max_tokens_ledger = MaxTokensLedger()
         #: CPU seconds of the server's processes, one sample per process scan seen
@@ -185,6 +191,7 @@ class ServerState:
         self._note_moves(p, s)
         self._note_busy(p, s)
         self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
+        self.occupancy.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.waiting, s.gen, s.gen_hist)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:

@@ -12,9 +12,9 @@ first evidence lines and its first fix, as far as the room allows
 (:mod:`vtop.ui.layout`); ``e`` opens every line of every alert, scrollable
 (:class:`~vtop.ui.screens.AlertsScreen`).
 
-:class:`RequestsLine` is the compact line under the server cards: requests
-in flight from the vLLM request log, the oldest named; ``r`` opens the full
-view (:class:`~vtop.ui.screens.RequestsScreen`).
+:class:`RequestsLine` is the compact line under the server cards: how many
+requests are in flight, the oldest named with its age as a lower bound; ``r``
+opens the full view (:class:`~vtop.ui.screens.RequestsScreen`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
+
+from vtop.model.requests import ServerRequests, age_words
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -120,7 +122,9 @@ class AlertsPanel(Static):
 
 
 class RequestsLine(Static):
-    """``requests: 3 in flight · oldest chatcmpl-9f… 2m 05s, max_tokens 130,944 (no max_tokens from client)``."""
+    """``requests in flight: 4 (vLLM: 4 running, 0 waiting) · oldest chatcmpl-9f… running at least 2m 05s,
+    max_tokens 130,944 (no max_tokens from client) · r: all``: the one answer of the server's requests
+    (:func:`vtop.core.requests.requests_in_flight`), as the alert and every other face name them."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
@@ -131,32 +135,31 @@ class RequestsLine(Static):
         """Something to say (the app's layout plan shows the line when there is room)."""
         return bool(self._text)
 
-    def show_requests(self, view: Any, down: Any = None) -> None:
-        text = self.line(view, down)
+    def show_requests(self, answer: ServerRequests | None, down: Any = None) -> None:
+        text = self.line(answer, down)
         if text != self._text:
             self._text = text
             self.update(text)
 
     @staticmethod
-    def line(view: Any, down: Any = None) -> str:
+    def line(answer: ServerRequests | None, down: Any = None) -> str:
         """``down``: the server's gauges as last seen when it is down or its engine died
-        (:meth:`vtop.monitor.Monitor.log_target_down`): then nothing logged is in flight any more."""
-        if view is None or not getattr(view, "request_logging", False):
-            return ""
+        (:meth:`vtop.monitor.Monitor.log_target_down`): then nothing is in flight any more."""
         if down is not None:
             return f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
-        reqs = view.inflight
-        if not reqs:
-            return "requests in flight: none (from the vLLM request log; r: recent)"
-        oldest = reqs[0]
-        out = (f"requests in flight: {len(reqs)} · oldest {oldest.request_id[:24]} "
-               f"{age_text(oldest.age_s, oldest.age_is_upper_bound)}, max_tokens "
-               f"{oldest.max_tokens:,}" if oldest.max_tokens is not None else
-               f"requests in flight: {len(reqs)} · oldest {oldest.request_id[:24]} "
-               f"{age_text(oldest.age_s, oldest.age_is_upper_bound)}")
-        if oldest.no_client_max_tokens:
-            out += " (no max_tokens from client)"
-        flagged = sum(1 for r in reqs if r.no_client_max_tokens)
-        if flagged > 1:
-            out += f" · {flagged} without max_tokens"
-        return out + " · r: all"
+        if answer is None or (answer.oldest is None and not answer.request_logging):
+            return ""  # nothing the server card does not say already
+        parts = [f"requests in flight: {'?' if answer.count is None else answer.count}"]
+        if answer.running is not None:
+            parts[0] += f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)"
+        o = answer.oldest
+        if o is not None:
+            oldest = f"oldest {o.short_name} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
+            if o.max_tokens is not None:
+                oldest += f", max_tokens {o.max_tokens:,}"
+            if o.no_client_max_tokens:
+                oldest += " (no max_tokens from client)"
+            parts.append(oldest)
+        if answer.received_recent is not None:
+            parts.append(f"{answer.received_recent} received in the last 10 s (request log)")
+        return " · ".join(parts) + " · r: all"

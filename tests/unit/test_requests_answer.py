@@ -1,0 +1,99 @@
+"""The one answer of a server's requests in flight (vtop.core.requests.requests_in_flight): what the
+request log may and may not say, vLLM's running + waiting as the count, the bounds of each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from vtop.core.requests import LogRequests, requests_in_flight
+from vtop.core.requests.conns import ConnTracker
+from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight
+from vtop.core.requests.occupancy import OccupancyBound
+from vtop.model.requests import CONNECTION, LOG
+
+URL = "http://127.0.0.1:8000"
+
+
+@dataclass
+class Mem:
+    """What the diagnoser remembers of a server, at one sample."""
+
+    last: Any
+    samples: list[Any] = field(default_factory=list)
+    first_t: float | None = None
+    busy_since: float | None = None
+    oldest: OldestInFlight = field(default_factory=OldestInFlight)
+    max_tokens_ledger: MaxTokensLedger = field(default_factory=MaxTokensLedger)
+    occupancy: OccupancyBound = field(default_factory=OccupancyBound)
+
+    def at(self, t: float) -> Any:
+        return None
+
+
+def mem(running: float, waiting: float, t: float = 100.0) -> Mem:
+    return Mem(SimpleNamespace(t=t, running=running, waiting=waiting, gen=1000.0, prompt=10.0))
+
+
+def entry(rid: str, since: float, max_tokens: int = 64, no_client: bool = False) -> Any:
+    return SimpleNamespace(request_id=rid, since=since, endpoint="chat", max_tokens=max_tokens, temperature=None,
+                           n=None, no_client_max_tokens=no_client, added=True)
+
+
+def test_without_end_lines_the_log_says_received_not_in_flight() -> None:
+    """V1 logs no end line by default: 30 open entries at running 2 are not 30 in flight. The count is
+    vLLM's own; the entries are "received" (those of the last 10 s counted), none listed as in flight
+    (nothing proves one is)."""
+    log = LogRequests([entry(f"cmpl-{i}", 100.0 - 60 + 2 * i) for i in range(30)], True, False)
+    a = requests_in_flight(100.0, URL, mem(2, 0), log=log)
+    assert a.count == 2 and a.requests == () and a.oldest is None
+    assert a.received_recent == 5  # came 10, 8, 6, 4 and 2 s ago
+    assert a.logged_open == 30 and all(r.age_min_s is None and r.age_max_s is not None for r in a.logged)
+
+
+def test_with_end_lines_the_log_s_entries_are_in_flight_with_both_bounds() -> None:
+    log = LogRequests([entry("chatcmpl-a", 40.0, 65000, no_client=True), entry("chatcmpl-b", 90.0)], True, True)
+    a = requests_in_flight(100.0, URL, mem(2, 0), log=log)
+    assert [r.request_id for r in a.requests] == ["chatcmpl-a", "chatcmpl-b"]
+    o = a.oldest
+    assert o is not None and o.request_id == "chatcmpl-a" and o.age_min_s == o.age_max_s == 60.0
+    assert o.evidence == (LOG,) and o.client_set_max_tokens is False and o.no_client_max_tokens
+    assert a.received_recent is None  # the log's count is exact: no "received" to say
+
+
+def test_never_more_in_flight_than_running_plus_waiting() -> None:
+    log = LogRequests([entry(f"chatcmpl-{i}", 50.0 + i) for i in range(5)], True, True)
+    a = requests_in_flight(100.0, URL, mem(1, 1), log=log)
+    assert a.count == 2 and len(a.requests) == 2 and a.oldest is not None and a.oldest.request_id == "chatcmpl-0"
+
+
+def test_a_connection_with_no_answer_yet_while_requests_wait_is_not_known_running() -> None:
+    """Queued or decoding, the connection does not say: listed from when it came at most, not the oldest."""
+    ct = ConnTracker()
+    conn = SimpleNamespace(local="127.0.0.1:8000", remote="127.0.0.1:50312", last_sent_s=30.0, last_recv_s=30.0,
+                           bytes_acked=0, bytes_received=120, port=8000)
+    ct.feed(99.0, [conn])
+    ct.feed(100.0, [SimpleNamespace(**{**vars(conn), "last_sent_s": 31.0, "last_recv_s": 31.0})])
+    waiting = requests_in_flight(100.0, URL, mem(1, 1), conns=ct)
+    (r,) = waiting.requests
+    assert r.evidence == (CONNECTION,) and r.answer_pending and r.age_min_s is None and r.age_max_s == 31.0
+    assert waiting.oldest is None
+    idle = requests_in_flight(100.0, URL, mem(1, 0), conns=ct)
+    assert idle.oldest is not None and idle.oldest.age_min_s == 31.0 and idle.oldest.client == "127.0.0.1:50312"
+
+
+def test_a_connection_is_named_by_the_logged_request_that_came_with_it() -> None:
+    """The request log and the connection see the same arrival: the oldest is the connection's (its
+    lower bound, its client) with the logged request's id and max_tokens (a capped one: its client set it)."""
+    ct = ConnTracker()
+    c1 = SimpleNamespace(local="127.0.0.1:8000", remote="127.0.0.1:50400", last_sent_s=0.1, last_recv_s=49.0,
+                         bytes_acked=1000, bytes_received=300, port=8000)
+    ct.feed(99.0, [c1])
+    ct.feed(100.0, [SimpleNamespace(**{**vars(c1), "last_sent_s": 0.1, "last_recv_s": 50.0, "bytes_acked": 9000})])
+    log = LogRequests([entry("chatcmpl-early", 20.0), entry("chatcmpl-long", 50.5, 6000)], True, False)
+    a = requests_in_flight(100.0, URL, mem(1, 0), log=log, conns=ct)
+    o = a.oldest
+    assert o is not None and o.evidence == (CONNECTION, LOG) and o.client == "127.0.0.1:50400"
+    assert o.request_id == "chatcmpl-long" and o.max_tokens == 6000 and o.client_set_max_tokens is True
+    assert o.age_min_s == 50.0
