@@ -360,6 +360,7 @@ async def serve(cfg: Config, host: str, port: int, *, out: Any = None, gpu_sourc
 
 
 def parser() -> argparse.ArgumentParser:
+    from vtop.config import add_api_key_flag
     from vtop.exitcodes import EXIT_USAGE
 
     S = argparse.SUPPRESS
@@ -382,8 +383,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gpu", dest="no_gpu", action="store_true", default=S, help="do not use NVML")
     p.add_argument("--simulate-gpus", dest="simulate_gpus", type=int, default=S, metavar="N",
                    help="N simulated GPUs instead of NVML (demos and benchmarks)")
-    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
-                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    add_api_key_flag(p, EXIT_USAGE)
     p.add_argument("--stall-threshold", dest="stall_threshold", default=S, metavar="DURATION",
                    help="flag a start that prints nothing and makes no progress this long (default 10m)")
     p.add_argument("--runaway-threshold", dest="runaway_threshold", default=S, metavar="DURATION",

@@ -109,13 +109,22 @@ def _scrubbed(r: ProbeResult, secret: str | None) -> ProbeResult:
 
 def _base(url: str) -> str:
     u = url.rstrip("/")
+    if "@" in u:  # a URL's user:*** (vtop.config masks the password): sent as a header, not from the URL
+        from urllib.parse import urlsplit, urlunsplit
+
+        p = urlsplit(u)
+        u = urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path, p.query, p.fragment))
     return u[:-3] if u.endswith("/v1") else u
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def _headers(api_key: str | None, userinfo: str | None = None) -> dict[str, str]:
     h = {"Accept": "text/event-stream, application/json"}
     if api_key:
         h["Authorization"] = f"Bearer {api_key}"
+    elif userinfo:
+        from vtop.model.redact import basic_auth
+
+        h["Authorization"] = basic_auth(userinfo)
     return h
 
 
@@ -160,6 +169,7 @@ async def send_test_request(
     api_key: str | None = None,
     client: httpx.AsyncClient,
     timeout_s: float = 120,
+    userinfo: str | None = None,
 ) -> ProbeResult:
     """Send one streamed test request and measure it; never raises.
 
@@ -199,7 +209,7 @@ async def send_test_request(
     t0 = time.monotonic()
 
     async def run() -> ProbeResult:
-        async with client.stream("POST", _base(url) + path, json=body, headers=_headers(api_key),
+        async with client.stream("POST", _base(url) + path, json=body, headers=_headers(api_key, userinfo),
                                  timeout=httpx.Timeout(timeout_s)) as r:
             st["status"] = r.status_code
             if r.status_code != 200:
@@ -329,10 +339,11 @@ class ModelsResult:
 
 
 async def fetch_models(url: str, client: httpx.AsyncClient, api_key: str | None = None,
-                       timeout_s: float = 10) -> ModelsResult:
+                       timeout_s: float = 10, userinfo: str | None = None) -> ModelsResult:
     """``GET /v1/models``; never raises."""
     try:
-        r = await client.get(_base(url) + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
+        r = await client.get(_base(url) + "/v1/models", headers=_headers(api_key, userinfo),
+                             timeout=timeout_s)
     except httpx.TimeoutException:
         return ModelsResult(False, f"/v1/models: no answer within {timeout_s:g} s")
     except httpx.ConnectError as e:
