@@ -13,7 +13,7 @@ loop's thread (the monitor is not thread-safe; the HTTP server's thread asks the
 loop and waits). Missing data is an absent sample, never a 0: a GPU field the
 driver does not give, a server with no request in flight, a start with no progress
 bar. GPU readings older than three poll intervals (a hung NVML call) are left out
-rather than repeated.
+rather than repeated; ``vtop_gpu_readings_age_seconds`` says how old they are.
 
 Names (documented in the README; the fleet view reads them):
 
@@ -66,8 +66,6 @@ from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 PHASES = tuple(p.value for p in Phase) + ("failed",)
 #: ``vtop_alert``'s subject when an alert is about no server or GPU (a start not tied to a server)
 BOX = "box"
-#: NVML readings older than this many poll intervals are left out (a hung NVML call)
-GPU_FRESH_INTERVALS = 3.0
 
 
 class ExportState:
@@ -95,7 +93,7 @@ def families(monitor: Monitor, state: ExportState | None = None) -> list[Metric]
     out += _requests(monitor, now)
     out += _alerts(monitor, state)
     out += _servers(monitor)
-    out += _gpus(monitor, now)
+    out += _gpus(monitor)
     return out
 
 
@@ -211,7 +209,9 @@ GPU_FIELDS: tuple[tuple[str, str, str, float], ...] = (
 )
 
 
-def _gpus(monitor: Monitor, now: float) -> list[Metric]:
+def _gpus(monitor: Monitor) -> list[Metric]:
+    """The NVML fields; none when the readings are stale (Monitor.gpu_stale_for: a hung NVML call),
+    and their age either way."""
     labels = ["gpu", "uuid"]
     fams = {f: _gauge(name, doc, labels) for name, doc, f, _ in GPU_FIELDS}
     info = InfoMetricFamily("vtop_gpu", "The GPU's name", labels=["gpu", "uuid", "name"])
@@ -221,8 +221,15 @@ def _gpus(monitor: Monitor, now: float) -> list[Metric]:
     procs = _gauge("vtop_gpu_process_memory_used_bytes", "GPU memory of each compute process on the GPU",
                    labels + ["pid"])
     poll = monitor.gpu_history.last_poll
-    fresh = max(3.0, GPU_FRESH_INTERVALS * monitor.config.interval)
-    if poll is not None and poll.gpus and now - poll.mono <= fresh:
+    age = monitor.gpu_readings_age()
+    if age is not None:
+        fams["_age"] = _gauge("vtop_gpu_readings_age_seconds", "Seconds since NVML last answered; over "
+                              "vtop_gpu_readings_stale_after_seconds the GPU fields are left out (a hung NVML call)", [])
+        fams["_age"].add_metric([], age)
+        fams["_stale_after"] = _gauge("vtop_gpu_readings_stale_after_seconds", "GPU readings older than this are "
+                                      "stale: three poll intervals, at least 3 s", [])
+        fams["_stale_after"].add_metric([], monitor.gpu_stale_after_s())
+    if poll is not None and poll.gpus and monitor.gpu_stale_for() is None:
         for g in poll.gpus:
             key = [str(g.index), g.uuid or ""]
             info.add_metric(key, {"name": g.name})

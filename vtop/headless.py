@@ -91,6 +91,9 @@ class Report:
     silent: list[str] = field(default_factory=list)
     """The sources that gave no answer at all by the deadline (a hung NVML call, a log read that
     never returned): vtop could not look at them, so with no alert the status is unknown (3)."""
+    stale: list[str] = field(default_factory=list)
+    """The sources that answered, then stopped (NVML hung partway through the window): their last
+    readings are shown with their age, never as current, and with no alert the status is unknown (3)."""
 
     @property
     def exit_code(self) -> int:
@@ -101,7 +104,7 @@ class Report:
             return EXIT_CRITICAL
         if any(a.get("severity") == "warning" for a in self.alerts):
             return EXIT_WARNING
-        if not self.looked or self.silent or self.unread:
+        if not self.looked or self.silent or self.stale or self.unread:
             return EXIT_UNKNOWN
         return EXIT_OK
 
@@ -132,6 +135,7 @@ class Report:
             "alerts": self.alerts,
             "notes": self.notes,
             "silent_sources": list(self.silent),
+            "stale_sources": list(self.stale),
             "exit_code": self.exit_code,
         }
 
@@ -146,7 +150,9 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict[str, Any]]:
+def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str], *, age_s: float | None = None,
+             stale: bool = False) -> list[dict[str, Any]]:
+    """One row a GPU: its last readings, ``age_s`` old (``stale`` past Monitor.gpu_stale_after_s)."""
     out = []
     for idx in sorted(hist.tracks):
         tr = hist.tracks[idx]
@@ -174,6 +180,8 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict
             "throttle": list(g.throttle) if g.throttle is not None else None,
             "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid)}
                           for p in (g.procs or ())],
+            "age_s": _r(age_s),
+            "stale": stale,
         })
     return out
 
@@ -455,13 +463,21 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         reqs.append({"id": r.request_id, "endpoint": r.endpoint, "age_s": _r(r.age_s),
                      "age_is_upper_bound": r.age_is_upper_bound, "max_tokens": r.max_tokens,
                      "no_client_max_tokens": r.no_client_max_tokens})
+    stale_for = monitor.gpu_stale_for()
+    gpu_status = poll.status if poll else ("off" if gpu_off else "none")
+    gpu_message = poll.message if poll else _silent_gpu(silent, clock.monotonic() - started)
+    if stale_for is not None:  # NVML answered, then stopped: its last readings are that old, not current
+        gpu_status = "stale"
+        gpu_message = (f"{GPU_SOURCE}: no answer for the last {stale_for:.0f} s (NVML stopped answering: a hung "
+                       f"call, the driver or a GPU may be stuck); the readings below are {stale_for:.0f} s old")
     return Report(
         t=clock.time(),
         window_s=clock.monotonic() - started,
         host=socket.gethostname(),
-        gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
-        gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
-        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
+        gpu_status=gpu_status,
+        gpu_message=gpu_message,
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, age_s=monitor.gpu_readings_age(),
+                      stale=stale_for is not None),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
                             *(from_log[1:] if from_log is not None and from_log[0] == url else ()))
                  | {"polls": ws.polls}
@@ -475,6 +491,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         looked=_looked(monitor),
         history_s=_history_s(monitor),
         silent=list(silent or ()),
+        stale=[GPU_SOURCE] if stale_for is not None else [],
     )
 
 
@@ -556,6 +573,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             look += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
     lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({look})"]
     if rep.gpus:
+        if rep.gpu_status == "stale":
+            lines.append(f"GPU: STALE: {rep.gpu_message}")
         for g in rep.gpus:
             if g["lost"]:
                 lines.append(f"GPU {g['index']} {g['name']}: LOST (fell off the bus or driver error)")
@@ -563,7 +582,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             sm = f" SM {_v(g['sm_active_pct'], '%')}" if g["sm_active_pct"] is not None else ""
             lines.append(f"GPU {g['index']} {g['name']}: util {_v(g['util_pct'], '%')}{sm} "
                          f"mem {_gib(g['mem_used_bytes'])}/{_gib(g['mem_total_bytes'])} GiB "
-                         f"{_v(g['power_w'], ' W')} {_v(g['temp_c'], ' C')}")
+                         f"{_v(g['power_w'], ' W')} {_v(g['temp_c'], ' C')}"
+                         + (f" (STALE: {g['age_s']:.0f} s old)" if g.get("stale") else ""))
     else:
         lines.append(f"GPU: {rep.gpu_message or rep.gpu_status}")
     for s in rep.servers:

@@ -465,7 +465,8 @@ class VtopApp(App[int]):
             settle_gc()
 
     def _watchdog(self) -> None:
-        hung = self.feed is not None and self.feed.gpu_hung_for() is not None
+        # a call in flight past the hang bound, or readings past the monitor's stale bound (one for every face)
+        hung = (self.feed is not None and self.feed.gpu_hung_for() is not None) or self.monitor.gpu_stale_for() is not None
         if hung or self.gpu_hung:
             self.gpu_hung = hung
             self.w_gpu.set_class(hung, "-stale")
@@ -544,9 +545,10 @@ class VtopApp(App[int]):
     # ------------------------------------------------------------------ status
     def gpu_status_text(self) -> str:
         poll = self.gpu_history.last_poll
-        hung_for = self.feed.gpu_hung_for() if self.feed is not None else None
-        if self.gpu_hung and hung_for is not None:
-            return f"NVML not answering for {hung_for:.0f} s (GPU readings are stale)"
+        if self.gpu_hung:
+            age = self.monitor.gpu_readings_age()
+            return ("NVML not answering: GPU readings " + (f"{age:.0f} s old" if age is not None else "missing")
+                    + " (stale)")
         if poll is None:
             return "GPU: starting NVML…"
         if poll.status == OFF:
