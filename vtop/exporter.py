@@ -419,8 +419,12 @@ def main(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, f"vtop export: error: {e}\n")
     if cfg.log == "-":
         p.exit(EXIT_USAGE, "vtop export: error: export reads the log from a file; pass --log PATH\n")
+    from vtop.sources.record import RecordingBusy
+
     try:
         return asyncio.run(serve(cfg, host, port))
+    except RecordingBusy as e:
+        p.exit(EXIT_USAGE, f"vtop export: error: {e}\n")
     except OSError as e:  # the port is taken, the address is not this box's, the record file
         p.exit(EXIT_USAGE, f"vtop export: error: cannot serve on {listen}: {e.strerror or e}\n")
     except KeyboardInterrupt:
