@@ -109,6 +109,31 @@ class Report:
         return EXIT_OK
 
     @property
+    def exit_reason(self) -> str:
+        """Why :attr:`exit_code` is what it is, in one line (``exit 2: :8000 is down``): the first cause
+        of that status, and how many more there are."""
+        code = self.exit_code
+        causes: list[str] = []
+        if code == EXIT_CRITICAL:
+            causes = [f"[CRITICAL] {a.get('title')}" for a in self.alerts if a.get("severity") == "critical"]
+            causes += [f"{_server_name(s['url'])} {'is down' if s['state'] == 'down' else 'has a dead engine'}"
+                       for s in self.servers if s.get("state") in ("down", "engine dead") and s.get("polls", 1)]
+        elif code == EXIT_WARNING:
+            causes = [f"[WARNING] {a.get('title')}" for a in self.alerts if a.get("severity") == "warning"]
+        elif code == EXIT_UNKNOWN:
+            if not self.looked:
+                causes.append("no source answered: vtop could not look")
+            causes += [f"{w} stopped answering (its readings are old)" for w in self.stale]
+            causes += [f"{w} never answered" for w in self.silent]
+            causes += [f"{_server_name(u)} did not give vLLM's numbers" for u in self.unread]
+        else:
+            up = sum(1 for s in self.servers if s.get("state") == "up")
+            causes = [f"no alert; {up} of {len(self.servers)} server(s) up" if self.servers else "no alert"]
+        first = causes[0] if causes else "unknown"
+        more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+        return f"exit {code}: {first}{more}"
+
+    @property
     def unread(self) -> list[str]:
         """The watched servers vtop could not read vLLM's numbers from: something answers that is
         not vLLM's /metrics (HTML, a 404, a 302, another exporter, over 16 MiB), or it never gave
@@ -137,7 +162,16 @@ class Report:
             "silent_sources": list(self.silent),
             "stale_sources": list(self.stale),
             "exit_code": self.exit_code,
+            "exit_reason": self.exit_reason,
         }
+
+
+def _server_name(url: str) -> str:
+    """``:8000`` for a server on this box, ``host:8000`` for another (as the alerts name them)."""
+    from vtop.sources.urls import LOCAL_HOSTS, url_hostport
+
+    host, port = url_hostport(url)
+    return f":{port}" if host in LOCAL_HOSTS else f"{host}:{port}"
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -618,10 +652,11 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
                 lines.append(f"    - {e}")
             for fx in a.get("fix") or ():
                 lines.append(f"    fix: {fx}")
-    else:
+    elif rep.exit_code == EXIT_OK:  # "no alerts" beside exit 2 (a server down) read as all well
         lines.append("no alerts" if doctor else "alerts: none")
     for n in rep.notes:
         lines.append(f"note: {n}")
+    lines.append(rep.exit_reason)
     return "\n".join(lines) + "\n"
 
 

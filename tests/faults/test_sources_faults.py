@@ -311,6 +311,7 @@ def test_doctor_text_says_the_gpu_readings_are_stale(healthy_server: str, monkey
     assert rc == 3, out
     assert "GPU: STALE: NVML (GPU readings): no answer for the last" in out, out
     assert "(STALE: " in out and " s old)" in out, out
+    assert out.splitlines()[-1] == "exit 3: NVML (GPU readings) stopped answering (its readings are old)", out
 
 
 async def test_stale_gpu_readings_are_said_with_their_age_on_every_face() -> None:
@@ -363,3 +364,26 @@ async def test_stale_gpu_readings_are_said_with_their_age_on_every_face() -> Non
         await pilot.pause()
         assert app.gpu_hung and app.query_one("GpuPanel").has_class("-stale")
         assert "NVML not answering: GPU readings 13 s old (stale)" in app.gpu_status_text()
+
+
+# --- doctor says why it exits (issue #38 item 8) ---------------------------------------------------
+
+def test_doctor_says_why_it_exits_and_never_no_alerts_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # A server DOWN and no alert: doctor exited 2 and printed "no alerts", without saying why.
+    with BadServer("refused") as srv:
+        rc, out = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", srv.url], capsys)
+        rc_json, js = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", "--json", srv.url], capsys)
+    assert rc == rc_json == 2
+    assert out.splitlines()[-1] == f"exit 2: :{srv.port} is down", out
+    assert "no alerts" not in out
+    assert json.loads(js)["exit_reason"] == f"exit 2: :{srv.port} is down"
+    with BadServer("ok") as ok:
+        rc, out = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", ok.url], capsys)
+    assert rc == 0 and "no alerts" in out and out.splitlines()[-1] == "exit 0: no alert; 1 of 1 server(s) up", out
+
+
+def test_demo_doctor_says_why_it_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = once(["demo", "--doctor"], capsys)
+    assert rc == 2
+    assert out.splitlines()[-1] == "exit 2: :8000 is down", out.splitlines()[-6:]
+    assert "no alerts" not in out
