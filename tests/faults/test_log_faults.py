@@ -233,3 +233,45 @@ async def test_nul_bytes_make_no_row_in_the_pane_and_the_text_after_them_is_read
         rows = [ln.text for ln in app.log_view.recent]
         assert rows == ["INFO 12-01 10:00:00 [api_server.py:1] vLLM API server version 0.32.0"], rows
         assert "NUL bytes" not in app.query_one(StartupPanel).build().plain
+
+
+# --- the log's clock 8 h behind (issue #46 item 4, done with issue #38's log-clock item) ------------
+
+@pytest.mark.xfail(strict=True, reason="log clock: issue 38")
+def test_a_log_stamped_8_hours_behind_is_no_stall(tmp_path: Path) -> None:
+    """A server whose clock is 8 h behind the host's (its container in another zone): its lines, written
+    just before and while vtop watches, are stamped 8 h behind vtop's clock. vtop said "stalled in torch.compile: no new log line for
+    8h 00m" (doctor exit 1, POSSIBLE HANG on screen), its evidence "the log was read at attach",
+    although it was attached before the lines were written. What vtop saw arrive is news."""
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    src = (Path(__file__).parent.parent / "fixtures" / "logs" / "vllm-0.26.0-h200-startup.log").read_text()
+    lines = src.splitlines()[:next(i for i, ln in enumerate(src.splitlines()) if "Dynamo bytecode" in ln) + 1]  # up to torch.compile's first line (Dynamo's transform)
+    assert "Dynamo bytecode transform" in lines[-1]
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    half = len(lines) // 2
+
+    def write(part: list[str]) -> None:  # stamped 8 h behind the host's UTC, as they are written
+        for ln in part:
+            stamp = time.strftime("%m-%d %H:%M:%S", time.gmtime(time.time() - 8 * 3600))
+            with open(log, "a") as f:
+                f.write(re.sub(r" \d\d-\d\d \d\d:\d\d:\d\d ", f" {stamp} ", ln, count=1) + "\n")
+            time.sleep(0.05)
+
+    write(lines[:half])  # the start so far, written a moment before vtop looks
+    with BadServer("refused") as srv:  # the server is starting: nothing listens yet
+        env = {**os.environ, "TZ": "UTC", "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
+        proc = subprocess.Popen([sys.executable, "-m", "vtop", "doctor", "--window", "4", "--interval", "0.5",
+                                 "--no-gpu", "--json", "--log", str(log), srv.url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        t = threading.Thread(target=write, args=(lines[half:],))  # the rest while vtop watches
+        t.start()
+        out, err = proc.communicate(timeout=120)
+        t.join()
+    rep = json.loads(out)
+    assert not any(a["rule"] == "startup_stall" for a in rep["alerts"]), rep["alerts"]
+    assert "8h" not in out and "read at attach" not in out, out
