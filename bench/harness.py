@@ -467,11 +467,11 @@ def serve(n: int) -> None:
 
 
 def serve_static(n: int) -> None:
-    """``n`` servers as a fake written from the fault matrix answers (tests/faults/badserver.py, mode
+    """``n`` servers as a fake written from the fault matrix answers (tests/helpers/badserver.py, mode
     ``ok``): one real vLLM 0.32.0 CPU ``/metrics`` text, the same every time (its counters never move
     while it says requests run), the whole of it whatever the query (no ``?name[]=`` restriction)."""
     sys.path.insert(0, str(ROOT))
-    from tests.faults.badserver import BadServer
+    from tests.helpers.badserver import BadServer
 
     servers = [BadServer("ok") for _ in range(n)]
     print(json.dumps([s.url for s in servers]), flush=True)

@@ -328,7 +328,7 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--fake", choices=("replay", "static"), default="replay",
                     help="the servers: the replayed H200 timeline (default), or static: the fault matrix's fake "
-                         "(tests/faults/badserver.py), one vLLM 0.32.0 CPU text, whole whatever the query")
+                         "(tests/helpers/badserver.py), one vLLM 0.32.0 CPU text, whole whatever the query")
     ap.add_argument("--history", default=None, help="vtop's --history (default: vtop's own, 5 min)")
     ap.add_argument("--settle-min", type=float, default=5.0)
     ap.add_argument("--trace", metavar="DIR", help="run vtop under tracemalloc, dumps in DIR (slower)")

@@ -60,7 +60,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     clock = FakeClock(start=10_000.0)
     timeline = MetricsTimeline()
     if args.fake == "static":  # the fault matrix's fake: one real 0.32.0 text, whole, counters frozen
-        from tests.faults.badserver import BadServer
+        from tests.helpers.badserver import BadServer
 
         statics = [BadServer("ok") for _ in range(args.servers)]
         servers: list[Any] = []

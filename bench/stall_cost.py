@@ -3,7 +3,7 @@
     .venv/bin/python bench/stall_cost.py                 # minutes 1, 5, 10, 15, 20, 30 of a stall
     .venv/bin/python bench/stall_cost.py --profile 15    # and cProfile's top at minute 15
 
-Four servers answering the fault matrix's fake (tests/faults/badserver.py: one real vLLM 0.32.0
+Four servers answering the fault matrix's fake (tests/helpers/badserver.py: one real vLLM 0.32.0
 text, ``running 8``, counters that never move: a wedged engine, as a fake written for the fault
 matrix is) and 8 simulated GPUs, at ``--interval 0.25``, fed to the one :class:`~vtop.monitor.Monitor`
 on a fake clock (one real scrape, replayed with its time moved: no HTTP, no Textual). Printed: the CPU
@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tests.faults.badserver import BadServer  # noqa: E402
+from tests.helpers.badserver import BadServer  # noqa: E402
 from vtop.clock import FakeClock, SystemClock  # noqa: E402
 from vtop.config import Config  # noqa: E402
 from vtop.monitor import Monitor  # noqa: E402

@@ -140,8 +140,8 @@ def test_a_second_vtop_recording_to_the_same_file_is_refused_with_one_line(tmp_p
     with one line and writes nothing into it; once the first is done, the file can be recorded to."""
     import gzip
 
-    from tests.faults.badserver import BadServer
-    from vtop.sources.record import Recorder, RecordingBusy, read
+    from tests.helpers.badserver import BadServer
+    from vtop.sources.recording.record import Recorder, RecordingBusy, read
 
     rec = tmp_path / "session.jsonl.gz"
     first = Recorder(rec, meta={"who": "first"})

@@ -324,8 +324,8 @@ async def test_stale_gpu_readings_are_said_with_their_age_on_every_face() -> Non
     from tests.conftest import fake_gpus
     from vtop.clock import FakeClock
     from vtop.config import Config
-    from vtop.exporter import MonitorCollector
-    from vtop.headless import format_text, report
+    from vtop.faces.exporter import MonitorCollector
+    from vtop.faces.headless import format_text, report
     from vtop.monitor import Monitor
     from vtop.ui.app import VtopApp
 

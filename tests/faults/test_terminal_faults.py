@@ -183,8 +183,8 @@ async def test_small_terminals_and_a_resize_draw_and_answer_keys(size: tuple[int
 async def test_the_status_line_drops_driver_and_model_before_any_servers_state(width: int) -> None:
     """The servers' state was cut (``... │ 1 × NVIDIA H200 · driver 580.159.04 │ vLLM:`` at 120 columns,
     ``│ 1 ×`` at 80): the driver version goes first, then the model name, never the servers' state."""
-    from tests.faults.badserver import BadServer
-    from tests.screen_text import screen_lines
+    from tests.helpers.badserver import BadServer
+    from tests.helpers.screen_text import screen_lines
     from vtop.model.gpu import OK, GpuPoll, GpuSample
 
     with BadServer("ok") as a, BadServer("ok") as b, BadServer("refused") as c:
@@ -210,8 +210,8 @@ async def test_the_status_line_drops_driver_and_model_before_any_servers_state(w
 
 
 async def test_a_replay_at_80_columns_keeps_the_servers_state() -> None:
-    from tests.screen_text import screen_lines
-    from vtop.demo import demo_path
+    from tests.helpers.screen_text import screen_lines
+    from vtop.faces.demo import demo_path
     from vtop.ui.replay import replay_app
 
     app = replay_app(str(demo_path()), config=Config(), name="demo", demo=True)

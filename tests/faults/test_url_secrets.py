@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.badserver import BadServer
-from tests.ui.test_action_keys import wait_for
+from tests.helpers.badserver import BadServer
+from tests.helpers.pilot import wait_for
 from vtop.cli import main
 from vtop.config import build
 
@@ -50,7 +50,7 @@ def _pw_url(srv: BadServer) -> str:
 
 async def _exporter_text(cfg_flags: dict[str, object]) -> str:
     """``vtop export`` in-process: its /metrics once the server has been polled."""
-    from vtop.exporter import serve
+    from vtop.faces.exporter import serve
 
     cfg = build(cfg_flags, env={})
     stop = asyncio.Event()

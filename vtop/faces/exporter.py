@@ -419,7 +419,7 @@ def main(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, f"vtop export: error: {e}\n")
     if cfg.log == "-":
         p.exit(EXIT_USAGE, "vtop export: error: export reads the log from a file; pass --log PATH\n")
-    from vtop.sources.record import RecordingBusy
+    from vtop.sources.recording.record import RecordingBusy
 
     try:
         return asyncio.run(serve(cfg, host, port))
