@@ -551,8 +551,10 @@ class VtopApp(App[int]):
         poll = self.gpu_history.last_poll
         if self.gpu_hung:
             age = self.monitor.gpu_readings_age()
-            return ("NVML not answering: GPU readings " + (f"{age:.0f} s old" if age is not None else "missing")
-                    + " (stale)")
+            # an NVML call in flight past the hang bound, or none came (vtop itself starved of CPU)
+            why = "NVML not answering" if self.feed is not None and self.feed.gpu_hung_for() is not None \
+                else "no new GPU readings"
+            return f"{why}: GPU readings " + (f"{age:.0f} s old" if age is not None else "missing") + " (stale)"
         if poll is None:
             return "GPU: starting NVML…"
         if poll.status == OFF:
