@@ -237,7 +237,6 @@ async def test_nul_bytes_make_no_row_in_the_pane_and_the_text_after_them_is_read
 
 # --- the log's clock 8 h behind (issue #46 item 4, done with issue #38's log-clock item) ------------
 
-@pytest.mark.xfail(strict=True, reason="log clock: issue 38")
 def test_a_log_stamped_8_hours_behind_is_no_stall(tmp_path: Path) -> None:
     """A server whose clock is 8 h behind the host's (its container in another zone): its lines, written
     just before and while vtop watches, are stamped 8 h behind vtop's clock. vtop said "stalled in torch.compile: no new log line for

@@ -17,7 +17,7 @@ import calendar
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -25,8 +25,13 @@ from typing import Any
 from tests.conftest import FIXTURES
 from tests.helpers import h200_replay as R
 from vtop.clock import FakeClock
+from vtop.core.conns import ConnTracker
+from vtop.core.evidence import Evidence, LogEvidence
 from vtop.core.gpu_history import GpuHistory
+from vtop.core.loghistory import LogHistoryView
 from vtop.core.phases import PhaseTracker
+from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
+from vtop.core.requests import InFlight as RealInFlight
 from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
@@ -197,16 +202,40 @@ def runaway_requests(now: float) -> list[Any]:
     start = R.mono_of(RUNAWAY_FIRST_CHUNK_T)
     if not start <= now <= R.mono_of(1796032645.73):
         return []
-    return [InFlight(RUNAWAY_ID, now - start, True, RUNAWAY_MAX_TOKENS, True)]
+    return [InFlight(RUNAWAY_ID, now - start, True, RUNAWAY_MAX_TOKENS, True, since=start)]
 
 
-@dataclass(frozen=True)
-class InFlight:
-    request_id: str
-    age_s: float
-    age_is_upper_bound: bool
-    max_tokens: int | None
-    no_client_max_tokens: bool
+def InFlight(request_id: str, age_s: float, age_is_upper_bound: bool, max_tokens: int | None,  # noqa: N802
+             no_client_max_tokens: bool, *, since: float) -> RealInFlight:
+    """A request in flight as the request tracker reports it (its log line came at ``since``)."""
+    return RealInFlight(request_id, "/v1/chat/completions", since, age_s, age_is_upper_bound, max_tokens, None, None,
+                        no_client_max_tokens)
+
+
+def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpus: GpuHistory | None = None,
+             startup: StartupSnapshot | None = None, startup_stall: StallInfo | None = None,
+             startup_quiet: Quiet | None = None, log_lines: Sequence[LogLine] | None = None,
+             requests: Mapping[str, Sequence[RealInFlight]] | None = None,
+             request_logging: Mapping[str, bool] | None = None, log_target: str | None = None,
+             log_history: LogHistoryView | None = None,
+             logged_since_start: Sequence[tuple[float, int]] | None = None,
+             conns: Mapping[str, ConnTracker] | None = None) -> Evidence:
+    """The :class:`Evidence` of one tick from its parts by name (a test's shorthand: the monitor
+    builds it from its own state, ``Monitor.evidence``). The log's parts belong to ``log_target``."""
+    log = None
+    parts = (startup, startup_stall, startup_quiet, log_lines, requests, request_logging, log_history,
+             logged_since_start)
+    if log_target is not None or any(p is not None for p in parts):
+        tgt = log_target
+        if tgt is None and servers and len(servers) == 1:
+            tgt = next(iter(servers))
+        log = LogEvidence(
+            target=tgt, snapshot=startup, stall=startup_stall, quiet=startup_quiet, lines=tuple(log_lines or ()),
+            inflight=tuple((requests or {}).get(tgt, ())) if tgt is not None else (),
+            request_logging=(request_logging or {}).get(tgt) if tgt is not None else None,
+            history=log_history, logged_since_start=logged_since_start,
+        )
+    return Evidence(now, servers or {}, gpus, log, conns or {})
 
 
 class Session:
@@ -269,7 +298,7 @@ class Session:
             kw.setdefault("startup_quiet", self.log.quiet(now))
             kw.setdefault("log_lines", self.log.recent(limit=200))
         kw.setdefault("log_target", self.url)
-        return self.diag.update(now, servers={self.url: self.server_tracker.view()}, gpus=self.hist, **kw)
+        return self.diag.update(evidence(now, servers={self.url: self.server_tracker.view()}, gpus=self.hist, **kw))
 
 
 def replay_h200(
@@ -363,12 +392,12 @@ def replay_live_run(thresholds: Thresholds = Thresholds()) -> list[tuple[float, 
             p = poll_from_error(URL, "refused", t=t, mono=mono)
         st.feed(p, process="unknown")
         v = st.view()
-        out.append((t - t0, tuple(diag.update(clock.monotonic(), servers={URL: v})), v))
+        out.append((t - t0, tuple(diag.update(evidence(clock.monotonic(), servers={URL: v}))), v))
     return out
 
 
 __all__ = [
-    "GIB", "H200_TOTAL", "InFlight", "Session", "Tick", "URL", "at", "cpu_process", "fixture_metrics", "gpu_poll", "grow",
+    "GIB", "H200_TOTAL", "InFlight", "Session", "evidence", "Tick", "URL", "at", "cpu_process", "fixture_metrics", "gpu_poll", "grow",
     "h200_items", "h200_log", "h200_process", "h200_sample", "log_lines", "matmul_tiny_polls", "poll",
     "replay_h200", "replay_live_run", "runaway_requests", "stamped", "tracker_through",
 ]

@@ -12,7 +12,7 @@ from functools import cache
 from tests.helpers import diag_fixtures as F
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import Phase, PhaseTracker
-from vtop.core.rules import RULES, Alert, Diagnoser, Thresholds, diagnose_once
+from vtop.core.rules import RULES, Alert, Diagnoser, Evidence, Thresholds, diagnose_once
 from vtop.sources.metrics_text import Histogram
 
 URL = F.URL
@@ -246,7 +246,7 @@ def test_real_startup_failure_log() -> None:
         tr.feed(ln, 100.0 + i * 0.01)
     snap = tr.snapshot()
     assert snap.state == "failed"
-    alerts = diagnose_once(102.0, startup=snap, log_target=URL)
+    alerts = diagnose_once(F.evidence(102.0, startup=snap, log_target=URL))
     (a,) = alerts
     assert a.rule == "startup_failure" and a.severity == "critical" and a.target == URL
     assert "failed to start" in a.title and "flashinfer" in a.title
@@ -514,7 +514,7 @@ def _gpu_only(polls, th: Thresholds) -> list[list[Alert]]:
     out = []
     for p in polls:
         h.add(p)
-        out.append(d.update(p.mono, gpus=h))
+        out.append(d.update(Evidence(p.mono, gpus=h)))
     return out
 
 
@@ -612,8 +612,8 @@ def test_risky_flags_gpu_memory_utilization_without_room() -> None:
 
 def test_nothing_fed_nothing_said() -> None:
     d = Diagnoser()
-    assert d.update(1.0) == [] and d.alerts == []
-    assert d.update(2.0, servers={}, gpus=GpuHistory(window_s=60.0)) == []
+    assert d.update(Evidence(1.0)) == [] and d.alerts == []
+    assert d.update(Evidence(2.0, {}, GpuHistory(window_s=60.0))) == []
 
 
 def test_restart_resets_the_server_state() -> None:
@@ -633,5 +633,5 @@ def test_restart_resets_the_server_state() -> None:
 def test_diagnose_once_needs_no_history_for_flags_and_fires_no_timed_rule() -> None:
     ses = F.Session(process=F.h200_process())
     ses.metrics(F.fixture_metrics("h200-0.26.0-metrics-runaway.txt"), mono=F.R.BASE, max_model_len=32768)
-    out = diagnose_once(ses.now, servers={URL: ses.server_tracker.view()})
+    out = diagnose_once(Evidence(ses.now, {URL: ses.server_tracker.view()}))
     assert rules(out) == {"risky_flags"}

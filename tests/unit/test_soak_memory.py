@@ -33,7 +33,7 @@ class FlappingDiagnoser:
     def __init__(self) -> None:
         self.n = 0
 
-    def update_from(self, now: float, **kw: Any) -> list[Alert]:
+    def update(self, ev: Any) -> list[Alert]:
         self.n += 1
         return [Alert("kv_saturation", "warning", f"KV cache full ({self.n})", target=URL)] if self.n % 2 else []
 

@@ -11,7 +11,7 @@ Why it works this way:
   bundle on disk (half a bundle beats none when a server just died).
 * **Private by default.** The folder is 0700 and every file 0600, created with
   ``O_EXCL`` (no following a planted symlink). vLLM logs can hold user
-  prompts (request logging, reference §8): with ``redact_prompts`` the prompt
+  prompts (request logging: ``Received request X: prompt: '...'``): with ``redact_prompts`` the prompt
   text, token ids, JSON bodies and generated outputs of request-log lines are
   replaced by ``[redacted]``. Known secrets (API keys given by the caller, the
   servers' ``--api-key``, secret-looking environment values) are scrubbed

@@ -58,6 +58,9 @@ class LiveFeed:
     #: seconds between process scans while every watched server answers; a scan reads
     #: /proc for every process (4 % of vtop's CPU at 5 s with 2 busy servers)
     SETTLED_SCAN_S = 30.0
+    #: seconds between scans of the Hub cache while a start may be downloading, and each scan's deadline
+    DOWNLOAD_EVERY_S = 2.0
+    DOWNLOAD_DEADLINE_S = 1.0
 
     def __init__(
         self,
@@ -77,6 +80,10 @@ class LiveFeed:
         self.log_loop: PollLoop | None = None
         self.disc_loop: PollLoop | None = None
         self.conns_loop: PollLoop | None = None
+        self.download_loop: PollLoop | None = None
+        #: (server pid, Hub repo) the download thread scans (set on the event loop's thread; None: none)
+        self._download_target: tuple[int | None, str] | None = None
+        self._hub_scanner: Any = None
         #: the ports whose connections the conns thread reads (set on the event loop's thread)
         self._conn_ports: frozenset[int] = frozenset()
         self.scrapers: dict[str, VllmScraper] = {}
@@ -108,6 +115,10 @@ class LiveFeed:
         self._conn_ports = self._busy_ports()
         self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
         self.conns_loop.start()
+        self._download_target = self.monitor.download_target()
+        self.download_loop = PollLoop("download", self.DOWNLOAD_EVERY_S, self.download_blocking, self._on_download,
+                                      at_tick=True)
+        self.download_loop.start()
         if self.discover is not None:
             self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery)
             self.disc_loop.start()
@@ -117,7 +128,7 @@ class LiveFeed:
 
     def stop(self) -> None:
         self._stopped = True
-        for loop in (self.gpu_loop, self.log_loop, self.disc_loop, self.conns_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.disc_loop, self.conns_loop, self.download_loop):
             if loop is not None:
                 loop.stop()
         for task in self.tasks.values():
@@ -155,10 +166,11 @@ class LiveFeed:
     def collect(self) -> None:
         """At the face's tick: apply the NVML and log results waiting, and start
         polling what the monitor took on since (a log found, a server discovered)."""
-        for loop in (self.gpu_loop, self.log_loop, self.conns_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.conns_loop, self.download_loop):
             if loop is not None:
                 loop.collect()
         self._conn_ports = self._busy_ports()
+        self._download_target = self.monitor.download_target()
         self._start_log_loop()
         self._start_scrapes()
 
@@ -240,6 +252,23 @@ class LiveFeed:
             # set before the thread resumes (it waits for this result to be applied, then waits this
             # long): a long answer streaming makes the next read come in 2 s, not 10
             self.conns_loop.interval = self._conns_every()
+
+    # -------------------------------------------------------------- download
+    def download_blocking(self) -> Any:
+        """In the download thread: one scan of the Hub cache for the start's repo (a stat per file, cut at
+        :attr:`DOWNLOAD_DEADLINE_S`), or None while no start is in a phase that downloads."""
+        target = self._download_target
+        if target is None:
+            return None
+        if self._hub_scanner is None:
+            from vtop.sources.hfcache import HubCacheScanner
+
+            self._hub_scanner = HubCacheScanner()
+        return self._hub_scanner.scan(target[0], target[1], deadline_s=self.DOWNLOAD_DEADLINE_S)
+
+    def _on_download(self, result: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.monitor.apply_download(result)
 
     # ------------------------------------------------------------------- log
     def _start_log_loop(self) -> None:

@@ -15,8 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
+from vtop.core.logclock import OLD_LOG_S
 from vtop.core.loghistory import LogHistory, LogHistoryView
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
+from vtop.core.phases.tracker import DEFAULT_STALL_S, PhaseTracker
+from vtop.core.phases.types import LogLine, Phase, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -58,13 +60,16 @@ class LogView:
     """``(since, max_tokens)`` of every request logged since the server's startup, aborted and
     refused ones left out; None when the request lines do not reach back to a startup
     (:meth:`vtop.core.requests.RequestTracker.logged_since_start`)."""
+    old_s: float | None = None
+    """How old the log's last line was when vtop read it, when that is an hour or more and no line came
+    since: an old file (``--log`` of a past run), not a start that stalled (no stall is judged from it)."""
 
     @property
     def problem(self) -> str | None:
         """What is wrong with the log as a source, in one line (None: nothing): it is missing, a
         directory, unreadable, not text, or its input ended. Shown where the startup panel is and
         in the notes of ``--once``/``doctor``/JSON."""
-        return log_problem(self.tail, self.lines_total, self.binary_lines)
+        return log_problem(self.tail, self.lines_total, self.binary_lines, self.old_s)
 
     @property
     def state(self) -> str:
@@ -76,7 +81,7 @@ def is_binary_line(line: str) -> bool:
     return "\x00" in line or (len(line) >= 8 and line.count("\ufffd") * 4 >= len(line))
 
 
-def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | None:
+def log_problem(tail: TailState, lines_total: int, binary_lines: int, old_s: float | None = None) -> str | None:
     """See :attr:`LogView.problem`."""
     src = tail.source
     if tail.status == "error":
@@ -93,6 +98,9 @@ def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | N
     if binary_lines >= 3 and binary_lines * 2 >= lines_total:
         return (f"vLLM log: {src} does not look like a text log ({binary_lines} of {lines_total} lines read are "
                 "binary); pass the server's stdout/stderr file")
+    if old_s is not None:
+        return (f"vLLM log: the log's last line is {age_words(old_s)} old ({src} was last written then, nothing "
+                "since): an old file? Its silence is not taken for a stalled start")
     return None
 
 
@@ -101,6 +109,15 @@ def _size(n: int) -> str:
         if n >= k:
             return f"{n / k:.1f} {unit}"
     return f"{n} bytes"
+
+
+def age_words(s: float) -> str:
+    """``75 h``, ``2 h 05 min``: an old log's age."""
+    m = int(round(s / 60.0))
+    h, m = divmod(m, 60)
+    if h >= 10 or m == 0:
+        return f"{h} h"
+    return f"{h} h {m:02d} min"
 
 
 class LogWatch:
@@ -237,22 +254,29 @@ class LogWatch:
                 if kind == "ready":
                     self.tracker.mark_ready(arg[0], arg[1])
                 elif kind == "launch":
-                    self.tracker.mark_process_start(arg[0], arrival=arg[1])
+                    self.tracker.mark_process_start(arg[0], arrival=arg[1], utc_offset_s=self.history.offset(wall))
                 elif kind == "running":
                     self.requests.note_running(arg[0], arg[1], waiting=arg[2])
                 elif kind == "max_len":
                     self.requests.set_max_model_len(arg)
                 elif kind == "reset_requests":
                     self.requests.reset()
-            snap = self.tracker.snapshot()
             # A log read as a backlog (an attach, doctor) arrived all at once: its silence
-            # began when its last line was written, not when vtop read it.
+            # began when its last line was written, not when vtop read it. Its clock is
+            # measured (vtop.core.logclock); the launch of its process goes on that clock.
             lag = self.history.backlog_lag(now, wall, getattr(self.source.state, "mtime", None))
+            off = self.history.offset(wall)
+            if off is not None:
+                self.tracker.set_clock_offset(off)
+            snap = self.tracker.snapshot()
+            # An old file (its last line written an hour or more before vtop read it, nothing since):
+            # said to be old, its silence not judged as a start that stalled.
+            old = lag if lag >= OLD_LOG_S else None
             return LogView(
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                stall=self.tracker.stalled(now + lag, self.stall_threshold_s),
+                stall=None if old is not None else self.tracker.stalled(now + lag, self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
@@ -262,11 +286,12 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
-                quiet=self.tracker.quiet(now + lag),
+                quiet=None if old is not None else self.tracker.quiet(now + lag),
                 history=replace(self.history.snapshot(now, wall), backlog_lag_s=lag,
                                 backlog_lag_from=self.history.lag_from if lag else None),
                 binary_lines=self._binary_lines,
                 logged_since_start=self.requests.logged_since_start(),
+                old_s=old,
             )
 
     def _backfill(self, wall: float) -> None:
@@ -277,7 +302,7 @@ class LogWatch:
         tail = getattr(self.source, "tail_lines", None)
         if tail is None:
             return
-        from vtop.core.phases import parse_line
+        from vtop.core.phases.patterns import parse_line
 
         for line in tail(BACKFILL_NEEDLES):
             self.history.feed(parse_line(line), wall)

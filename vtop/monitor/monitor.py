@@ -24,23 +24,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.conns import READ_EVERY_S, ConnTracker
+from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.phase_types import Phase
-from vtop.core.server import UNKNOWN, ServerTracker, ServerView
+from vtop.core.phases.types import Phase
+from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
+    from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
+
+#: the phases of a start in which it may be fetching its model from the Hub (the API server reads the
+#: config in process start; the workers fetch the weights in the weights phase)
+DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
@@ -162,6 +168,8 @@ class Monitor:
         """Called with every new view of a server, as it is applied (tests, a recording's checks)."""
         self._changes: set[str] = set()
         self._undiagnosed = False
+        self.download = DownloadTracker()
+        """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
 
     # ------------------------------------------------------------------ reading
     @property
@@ -196,6 +204,27 @@ class Monitor:
             return self.log_server
         ws = self.action_server()
         return ws.url if ws is not None else None
+
+    def log_target_down(self) -> LastSeen | None:
+        """The gauges of the server the followed log belongs to, as last seen, when they are not
+        live (down, a dead engine, late polls): then the log's requests in flight are not known
+        to be in flight (they went with the engine), and every face says so."""
+        url = self.log_target
+        ws = self.servers.get(url) if url is not None else None
+        if ws is None or ws.last_view is None or ws.last_view.state == "stale":
+            return None
+        return self.last_seen(ws.last_view)
+
+    def last_seen(self, view: ServerView) -> LastSeen | None:
+        """``view``'s gauges as last seen when they are not live (:meth:`ServerView.last_seen`), said
+        "when the engine died" when the log of that server says its engine died after it was ready."""
+        seen = view.last_seen(self.clock.monotonic())
+        lv = self.log_view
+        if seen is not None and lv is not None and view.url == self.log_target:
+            f = lv.snapshot.failure
+            if lv.snapshot.state == "failed" and f is not None and f.phase is Phase.READY:
+                seen = replace(seen, died=True)
+        return seen
 
     def api_key_for(self, url: str) -> str | None:
         """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
@@ -388,6 +417,38 @@ class Monitor:
         self._changes.add(LOG)
         self._undiagnosed = True
 
+    # ----------------------------------------------------------------- download
+    def download_target(self) -> tuple[int | None, str] | None:
+        """(server pid, Hub repo) while the followed start may be downloading (process start, engine
+        init, weights) and its model is a Hub repo id, not a folder; else None (nothing to scan)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting" or lv.snapshot.current not in DOWNLOAD_PHASES:
+            return None
+        tgt = self.log_target
+        ws = self.servers.get(tgt) if tgt is not None else None
+        proc = ws.process if ws is not None else None
+        model = (proc.model if proc is not None else None) or lv.snapshot.facts.model
+        from vtop.sources.hfcache import is_repo_id
+
+        if model is None or not is_repo_id(model):
+            return None
+        return (proc.pid if proc is not None else None), model
+
+    def apply_download(self, scan: CacheScan | None) -> None:
+        """One scan of the Hub cache (None: nothing to scan now)."""
+        if scan is None:
+            return
+        self.download.add(scan)
+        self._changes.add(LOG)
+        self._undiagnosed = True
+
+    def download_progress(self) -> DownloadProgress | None:
+        """The download of the start being followed, while it starts (None: none seen)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting":
+            return None
+        return self.download.progress(self.clock.monotonic())
+
     def apply_log_error(self, error: BaseException) -> None:
         self._say_log(f"vLLM log: reading failed: {type(error).__name__}: {error}")
 
@@ -480,11 +541,7 @@ class Monitor:
         """Run the rules over what is known now; note and record the alerts when they change."""
         self._undiagnosed = False
         now = self.clock.monotonic()
-        lv = self.log_view
-        alerts = self.diagnoser.update_from(
-            now, servers=self.views(), gpus=self.gpu_history if self.gpu_history.tracks else None,
-            log=lv, log_target=self.log_target if lv is not None else None,
-            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None})
+        alerts = self.diagnoser.update(self.evidence(now))
         if alerts != self.alerts:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
@@ -496,6 +553,29 @@ class Monitor:
             if self.recorder is not None:
                 self.recorder.alerts(change.t, now, [a.to_json() for a in alerts])
         return alerts
+
+    def evidence(self, now: float | None = None) -> Evidence:
+        """What the rules are given now (:class:`~vtop.core.evidence.Evidence`): the servers' views,
+        the GPU history, the followed log (of the server at :attr:`log_target`) and each local
+        server's connections."""
+        from vtop.core.evidence import Evidence, LogEvidence
+
+        lv = self.log_view
+        log = None
+        if lv is not None:
+            log = LogEvidence(
+                target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
+                inflight=lv.inflight, request_logging=lv.request_logging, history=lv.history,
+                logged_since_start=lv.logged_since_start,
+            )
+        return Evidence(
+            now=self.clock.monotonic() if now is None else now,
+            servers=self.views(),
+            gpus=self.gpu_history if self.gpu_history.tracks else None,
+            log=log,
+            conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+            download=self.download_progress(),
+        )
 
     def reset(self) -> None:
         """Forget everything seen (a replay seeking back): the servers stay, empty."""
@@ -512,12 +592,19 @@ class Monitor:
             ws.version += 1
         self.processes = []
         self.gpu_owner = {}
+        self.discovered_once = False
+        # the log's new tracker needs the launch of its server again: after a seek back the start
+        # read "process start 14 s" instead of 47 s (issue 38 item 1)
+        self._launch_marked = None
+        self.log_server = None
+        self._log_tried_for = None
         from vtop.core.rules import Diagnoser
 
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
         self.alerts = []
         self.alert_log = []
         self.log_view = None
+        self.download.reset()
         if self.log_watch is not None:
             self.log_watch.reset()
         self._changes.update((GPU, SERVERS, LOG, ALERTS))

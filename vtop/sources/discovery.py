@@ -1,6 +1,6 @@
 """Find running vLLM servers on this host from the process table.
 
-Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
+Why it works this way:
 
 * **Blocking, run from a thread.** One ``psutil.process_iter`` pass costs
   tens of milliseconds on a busy host; the caller runs
@@ -14,7 +14,7 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
   process can vanish between listing and reading).
 * **A server is a command line, not a title.** Titles like
   ``VLLM::EngineCore`` are set with setproctitle and any process can take
-  one (§7.23), so a server is only a ``vllm serve ...`` or
+  one, so a server is only a ``vllm serve ...`` or
   ``python -m vllm.entrypoints.openai.api_server ...`` command line run by
   Python; titled processes count only as that server's descendants. Titled
   processes with no server above them are reported as ``orphans`` (an
@@ -22,7 +22,7 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
 * **Forked children keep the parent's command line** (V0, <=0.9 fork), so
   a server candidate below another one is that server's child, not a
   second server.
-* **Which PID holds the GPU** (§5, §7.16): the API server never does. The
+* **Which PID holds the GPU**: the API server never does. The
   ``Worker*`` processes if there are any (TP/PP > 1, and 0.32's CPU build
   even at TP=1), else the ``EngineCore`` (V1, TP=1). With no titles at all
   (<=0.9) it is a guess: the non-helper descendants, else the server itself.
@@ -600,7 +600,7 @@ def _walk(root: int, records: Mapping[int, ProcRecord], kids: Mapping[int, list[
 
 
 def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChild, ...], tuple[int, ...], bool]:
-    """Which descendants hold the GPU (§5): workers, else engine cores; with
+    """Which descendants hold the GPU: workers, else engine cores; with
     no vLLM titles at all, the untitled descendants (a guess), else the
     server itself."""
     workers = [c.pid for c in children if c.role == "worker"]

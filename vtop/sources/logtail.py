@@ -4,7 +4,7 @@ No Textual and no threads here: vtop calls ``poll()`` from a thread worker, and
 each call does a bounded amount of work (at most ``max_read`` bytes, 4 MiB by
 default), so one poll never stalls the worker however far behind it is.
 
-Why it is built this way (``docs/textual-style.md`` §1 item 10 and §5.2):
+Why it is built this way:
 
 * Like toolong, the file is opened unbuffered in binary and read with
   ``os.pread``; the last startup of a multi-GB log is found by scanning
@@ -58,8 +58,9 @@ _READ_CHUNK = 1024 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 _SIG_LEN = 32
 
-# Fixed byte strings every banner form contains; candidates are then checked with
-# the banner regexes (docs/vllm-reference.md §2.2 rows 1 and 1b).
+# Fixed byte strings every banner form contains ("vLLM API server version X" up to 0.12, "vLLM server
+# version X, serving model M" or the logo's "version X" line since 0.13); candidates are then checked
+# with the banner regexes (vtop/model/logtext.py, banner_version).
 _BANNER_NEEDLES = (b"API server version ", b"vLLM server version ", b"  version ")
 _TQDM_HINT_RE = re.compile(r"\d/\d+ \[")
 

@@ -7,17 +7,17 @@ critical first. It keeps a little state across ticks: when ``running`` last
 went from 0 to N, when a request last finished, when the token counters last
 moved, how long the KV cache has been full, GPU streaks and memory samples.
 
-Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
+Rules (``rule`` ids are stable):
 
 ``runaway``
     Requests running, generation tokens rising, and no request finished for
     ``runaway_s`` while ``waiting`` is zero or growing. The usual cause: a
     chat client that omits ``max_tokens`` (vLLM then allows
-    ``max_model_len - prompt`` tokens, §4). A busy GPU is *not* required: one
+    ``max_model_len - prompt`` tokens). A busy GPU is *not* required: one
     decode stream on an H200 reads 10-23 % GPU-Util.
 ``engine_stall``
     ``running > 0`` while the token and finish counters stay flat for
-    ``engine_stall_s`` and ``/metrics`` still answers (§7.19: a frozen engine
+    ``engine_stall_s`` and ``/metrics`` still answers (a frozen engine
     keeps ``/health`` at 200 and freezes the gauges).
 ``startup_stall`` / ``startup_failure`` / ``engine_died``
     From the startup tracker: a silent start, a failed start (with the
@@ -38,18 +38,21 @@ Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
 ``spec_decode_low``
     Speculative decoding whose draft tokens are nearly all rejected for minutes: it costs
     throughput instead of adding it (only where the spec-decode counters are exported).
+``queue_wedge``
+    ``running`` 0 with requests waiting and the counters flat for ``queue_wedge_s``: the scheduler
+    admits nothing (``engine_stall`` needs requests running).
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
     concurrency, ``--gpu-memory-utilization`` that leaves no room next to the
     other processes on the GPU.
 
-``core`` must not import ``sources`` at run time: GPU samples, server
-processes and in-flight requests are read by attribute.
+What a rule is given is typed: the tick's :class:`~vtop.core.evidence.Evidence` (built by the
+monitor) and the diagnoser's :class:`~vtop.core.rules.context.Memory`.
 
-The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (the typed :class:`Ctx` a
-rule is given, the :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
-module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
+The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (:class:`Memory`, the
+:class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
+module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.queue`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
 :mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
 corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 """
@@ -57,15 +60,16 @@ corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 from __future__ import annotations
 
 from vtop.core.rules.alert import RULES, SEVERITIES, Alert, Thresholds
-from vtop.core.rules.context import Ctx, Rule
+from vtop.core.rules.context import Evidence, Memory, Rule
 from vtop.core.rules.diagnoser import Diagnoser, diagnose_once
 
 __all__ = [
     "RULES",
     "SEVERITIES",
     "Alert",
-    "Ctx",
     "Diagnoser",
+    "Evidence",
+    "Memory",
     "Rule",
     "Thresholds",
     "diagnose_once",

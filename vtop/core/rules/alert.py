@@ -24,6 +24,7 @@ RULES = (
     "risky_flags",
     "api_unresponsive",
     "spec_decode_low",
+    "queue_wedge",
 )
 
 
@@ -91,6 +92,9 @@ class Thresholds:
     #: 5 points of it (usage dips for a scrape as requests finish and are preempted, then climbs back)
     kv_window_s: float = 30.0
     kv_window_frac: float = 0.6
+    #: ... or, before vtop's first sample, the log's stats lines showing it full with requests waiting in bursts
+    #: this long before now, with the preemption counter above 0 (``doctor --window 15`` between two bursts)
+    kv_burst_lookback_s: float = 180.0
     #: preemptions and queue growth are judged over this window
     preempt_window_s: float = 60.0
     #: preemptions per second that make a KV saturation critical (a preemption storm)
@@ -137,11 +141,21 @@ class Thresholds:
     startup_still_min_span_s: float = 10.0
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
+    #: startup stall in downloading: a Hub download with a file in flight and no byte more for this long
+    download_stall_s: float = 60.0
     #: spec_decode_low: draft-token acceptance below this percentage ...
     spec_low_acceptance_pct: float = 5.0
     #: ... for this long (minutes: a short dip is normal when the traffic changes) ...
     spec_low_s: float = 180.0
     #: ... judged only on windows with at least this many draft tokens proposed
     spec_min_draft_tokens: float = 100.0
+    #: alert hysteresis: a severity falls (or an alert clears) only after the rules said lower for this
+    #: long in a row (vtop/core/rules/hold.py); it rises at once
+    alert_hold_s: float = 10.0
+    #: ... and an alert the rules stop raising clears at once, but one of the same rule and target back within
+    #: this long is the same incident (its start, its severity): a scrape or two under a line
+    alert_clear_hold_s: float = 10.0
+    #: queue_wedge: running 0, requests waiting and the counters flat for this long
+    queue_wedge_s: float = 30.0
     #: how much per-server / per-GPU history the diagnoser keeps
     history_s: float = 900.0

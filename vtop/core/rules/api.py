@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import dur, short_url
 
 if TYPE_CHECKING:
@@ -35,8 +35,8 @@ class ApiUnresponsive:
 
     ids = ("api_unresponsive",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, api_unresponsive)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, api_unresponsive)
 
 
 def silent_for(now: float, v: ServerView) -> float | None:
@@ -47,8 +47,8 @@ def silent_for(now: float, v: ServerView) -> float | None:
     return max(0.0, now - v.failing_since)
 
 
-def api_unresponsive(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
+def api_unresponsive(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = mem.th
     silent = silent_for(ctx.now, v)
     if silent is None or silent < th.api_silent_s:
         return None
@@ -67,7 +67,8 @@ def api_unresponsive(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Aler
     if v.health is not None:
         ev.append(f"/health last answered {v.health}")
     ev.append("the port accepts connections, so a TCP health check still passes")
-    pid = getattr(v.process, "pid", None) if v.process not in (None, "unknown") else None
+    proc = ctx.process_of(url)
+    pid = proc.pid if proc is not None else None
     who = f"the API server (pid {pid})" if pid is not None else "the API server"
     fix = (
         f"py-spy dump --pid {pid if pid is not None else '<API server pid>'} (or press d): where {who}'s event loop "

@@ -11,10 +11,10 @@ clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered
 
 from __future__ import annotations
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx
-from vtop.core.rules.startup import failure_evidence, tracker_failure
+from vtop.core.rules.context import Evidence, Memory
+from vtop.core.rules.startup import failure_evidence, failure_words, tracker_failure
 from vtop.core.rules.util import short_url, xid_short
 
 
@@ -23,19 +23,20 @@ class EngineDied:
 
     ids = ("engine_died",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        f = tracker_failure(ctx)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        f = tracker_failure(ctx, mem)
         if f is None or f.phase is not Phase.READY:
             return []
-        title = f"vLLM engine on {short_url(ctx.log_target)} died: {f.message}"
-        ev = failure_evidence(ctx, f, "")
-        fix: tuple[str, ...] = (f.fix,)
+        words = failure_words(f)
+        title = f"vLLM engine on {short_url(ctx.log_target)} died: {words.message}"
+        ev = failure_evidence(ctx, mem, f, "")
+        fix: tuple[str, ...] = (words.fix,)
         # an XID on its GPUs within a minute of the death: the GPU, not vLLM, is the first suspect
         at = f.arrival if f.arrival is not None else ctx.now
-        near = ctx.xids_near(ctx.log_target, at - 60.0, min(ctx.now, at + 60.0))
+        near = mem.xids_near(ctx, ctx.log_target, at - 60.0, min(ctx.now, at + 60.0))
         if near:
             title += f"; {xid_short(near)}"
-            ev = (*ev, *ctx.xid_lines(ctx.log_target, at - 60.0, min(ctx.now, at + 60.0)))
+            ev = (*ev, *mem.xid_lines(ctx, ctx.log_target, at - 60.0, min(ctx.now, at + 60.0)))
             fix = ("An XID on its GPU came with the death: the GPU faulted (see the XID above); check "
                    "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid) before restarting the server.", *fix)
         return [Alert("engine_died", "critical", title, ev, fix, ctx.log_target, f.arrival)]

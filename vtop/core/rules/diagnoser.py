@@ -1,33 +1,26 @@
 """The diagnoser: feeds what the rules share (:class:`~vtop.core.rules.context.Memory`) once per
-tick, runs every rule family on a typed :class:`~vtop.core.rules.context.Ctx`, keeps the first
-``since`` of a condition that goes on, and sorts the alerts, critical first. Pure: no I/O."""
+tick, runs every rule family on the tick's typed :class:`~vtop.core.evidence.Evidence`, keeps the
+first ``since`` of a condition that goes on, and sorts the alerts, critical first. Pure: no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
+from vtop.core.evidence import Evidence
 from vtop.core.rules.alert import RANK, Alert, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
-from vtop.core.rules.context import Ctx, Memory, Rule
+from vtop.core.rules.context import Memory, Rule
 from vtop.core.rules.death import EngineDied
 from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
+from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.kv import KvSaturation
 from vtop.core.rules.oom import Oom, OomRisk
+from vtop.core.rules.queue import QueueWedge
 from vtop.core.rules.runaway import Runaway
 from vtop.core.rules.spec import SpecLow
 from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
-from vtop.core.rules.util import LIVE, is_proc, role_of
-
-if TYPE_CHECKING:
-    from vtop.core.conns import ConnTracker
-    from vtop.core.gpu_history import GpuHistory
-    from vtop.core.loghistory import LogHistoryView
-    from vtop.core.phases import Quiet, StallInfo, StartupSnapshot
-    from vtop.core.server import ServerView
+from vtop.core.rules.util import LIVE
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 
@@ -35,7 +28,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow(), QueueWedge())
 
 
 class Diagnoser:
@@ -47,87 +40,44 @@ class Diagnoser:
     """
 
     def __init__(self, thresholds: Thresholds = Thresholds()) -> None:
-        self.thresholds = thresholds
-        self._mem = Memory()
+        self._mem = Memory(thresholds, hold=AlertHold(thresholds.alert_hold_s, thresholds.alert_clear_hold_s))
         #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
         self.rules: tuple[Rule, ...] = default_rules()
-        self._since: dict[tuple[str, str | None], float] = {}
         self.alerts: list[Alert] = []
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """Every number the rules compare against (set it to change them from the next tick on)."""
+        return self._mem.th
+
+    @thresholds.setter
+    def thresholds(self, th: Thresholds) -> None:
+        self._mem.th = th
+        self._mem.hold.hold_s, self._mem.hold.clear_hold_s = th.alert_hold_s, th.alert_clear_hold_s
+
+    def update(self, ev: Evidence) -> list[Alert]:
+        """Take this tick's evidence (:class:`~vtop.core.evidence.Evidence`, built by the monitor)
+        and return the alerts, critical first. Pass every server on every tick: one missing from
+        ``ev.servers`` is forgotten."""
+        self._feed_servers(ev)
+        self._feed_gpus(ev)
+        alerts: list[Alert] = []
+        for rule in self.rules:
+            alerts.extend(rule.check(ev, self._mem))
+        # one incident per alert while it lasts: its start, a severity that falls only after a while
+        out = self._mem.hold.apply(alerts, ev.now)
+        out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else ev.now, a.rule,
+                                a.target or ""))
+        self.alerts = out
+        return out
 
     # ------------------------------------------------------------------ feeding
 
-    def update_from(self, now: float, *, servers: Mapping[str, ServerView] | None, gpus: GpuHistory | None,
-                    log: Any = None, log_target: str | None = None,
-                    conns: Mapping[str, ConnTracker] | None = None) -> list[Alert]:
-        """:meth:`update` from what the dashboard and ``vtop doctor`` hold: the servers'
-        views, the GPU history and a log view (``snapshot``, ``stall``, ``inflight``,
-        ``request_logging``, ``recent``; see :class:`vtop.monitor.logwatch.LogView`)
-        of the server at ``log_target``; ``conns`` each local server's connections."""
-        if log is None:
-            return self.update(now, servers=servers, gpus=gpus, conns=conns)
-        return self.update(
-            now, servers=servers, gpus=gpus, startup=log.snapshot, startup_stall=log.stall,
-            requests={log_target: log.inflight} if log_target else None,
-            request_logging={log_target: log.request_logging} if log_target else None,
-            log_lines=log.recent, log_target=log_target, log_history=getattr(log, "history", None),
-            startup_quiet=getattr(log, "quiet", None),
-            logged_since_start=getattr(log, "logged_since_start", None), conns=conns,
-        )
-
-
-    def update(
-        self,
-        now: float,
-        *,
-        servers: Mapping[str, ServerView] | None = None,
-        gpus: GpuHistory | None = None,
-        startup: StartupSnapshot | None = None,
-        startup_stall: StallInfo | None = None,
-        requests: Mapping[str, Sequence[Any]] | None = None,
-        request_logging: Mapping[str, bool] | None = None,
-        log_lines: Sequence[Any] | None = None,
-        log_target: str | None = None,
-        startup_quiet: Quiet | None = None,
-        log_history: LogHistoryView | None = None,
-        logged_since_start: Sequence[tuple[float, int]] | None = None,
-        conns: Mapping[str, ConnTracker] | None = None,
-    ) -> list[Alert]:
-        """Take this tick's state and return the alerts, critical first.
-
-        ``now`` is the monotonic time of the tick (the clock the views and GPU
-        polls use). ``requests`` maps a server URL to its in-flight requests
-        (objects with ``request_id``, ``age_s``, ``age_is_upper_bound``,
-        ``max_tokens``, ``no_client_max_tokens``); ``request_logging`` says per
-        URL whether the log has request lines at all. ``log_lines`` are the
-        startup tracker's recent lines (objects with ``text`` and ``arrival``),
-        scanned once each for CUDA OOMs. ``log_target`` is the URL of the server
-        the log and ``startup`` belong to (default: the only server, if one);
-        ``log_history`` its log's stats lines of the last minutes
-        (:mod:`vtop.core.loghistory`), which the runaway, stall and KV rules judge
-        with what ``/metrics`` showed (``vtop doctor``'s short window, an attach).
-        ``startup_stall`` is the tracker's stall past the ceiling (``--stall-threshold``);
-        ``startup_quiet`` what it says of a start's silence and progress at any moment
-        (the startup-stall rule judges a stall by evidence from it).
-        ``logged_since_start``: ``(since, max_tokens)`` of every request the log at
-        ``log_target`` logged since the server's startup (None: not known).
-        ``conns``: per URL of a server on this box, its connections as the kernel counts them
-        (:class:`vtop.core.conns.ConnTracker`; the runaway rule's evidence of one request's age).
-        Pass every server on every tick: one missing from ``servers`` is forgotten.
-        """
-        servers = servers or {}
-        th = self.thresholds
-        if log_target is None and len(servers) == 1:
-            log_target = next(iter(servers))
-        ctx = Ctx(now, th, self._mem, servers, gpus, startup, startup_stall, requests or {}, request_logging or {},
-                  log_target, log_lines, startup_quiet)
-        ctx.history = log_history
-        ctx.conns = conns or {}
-        ctx.logged_since_start = logged_since_start
-        mem = self._mem
-
-        for url in [u for u in mem.servers if u not in servers]:
+    def _feed_servers(self, ev: Evidence) -> None:
+        mem, th = self._mem, self.thresholds
+        for url in [u for u in mem.servers if u not in ev.servers]:
             del mem.servers[url]
-        for url, v in servers.items():
+        for url, v in ev.servers.items():
             st = mem.servers.get(url)
             if st is None:
                 st = mem.servers[url] = ServerState()
@@ -136,34 +86,11 @@ class Diagnoser:
             if m is not None and t is not None and (st.last is None or t > st.last.t):
                 st.add(sample_of(t, m), th.kv_saturation_pct, th.history_s)
             if v.state in LIVE and st.first_up_t is None:
-                st.first_up_t = now
-            proc = v.process
-            if is_proc(proc):
-                st.note_cpu(now, proc, th.history_s)
-                for pid in getattr(proc, "gpu_pids", ()) or ():
-                    st.gpu_pids.add(int(pid))
-                    ctx.pid_owner[int(pid)] = (url, role_of(proc, int(pid)))
-        self._feed_gpus(ctx)
-
-        alerts: list[Alert] = []
-        for rule in self.rules:
-            alerts.extend(rule.check(ctx))
-
-        # Keep the first "since" of a condition that goes on (rules may only know it roughly).
-        seen: dict[tuple[str, str | None], float] = {}
-        out: list[Alert] = []
-        for a in alerts:
-            if a.since is not None:
-                first = self._since.get(a.key)
-                since = a.since if first is None else min(first, a.since)
-                seen[a.key] = since
-                if since != a.since:
-                    a = Alert(a.rule, a.severity, a.title, a.evidence, a.fix, a.target, since)
-            out.append(a)
-        self._since = seen
-        out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else now, a.rule, a.target or ""))
-        self.alerts = out
-        return out
+                st.first_up_t = ev.now
+            proc = ev.process_of(url)
+            if proc is not None:
+                st.note_cpu(ev.now, proc, th.history_s)
+                st.gpu_pids.update(int(pid) for pid in proc.gpu_pids)
 
     # ------------------------------------------------------------------ GPUs
 
@@ -178,52 +105,32 @@ class Diagnoser:
             return None
         return st.oldest.lower_bound_s
 
-    def _feed_gpus(self, ctx: Ctx) -> None:
-        g = ctx.gpus
+    def _feed_gpus(self, ev: Evidence) -> None:
+        g = ev.gpus
         if g is None:
             return
         mem = self._mem
-        poll = getattr(g, "last_poll", None)
-        mono = getattr(poll, "mono", None)
-        new = mono is not None and (mem.gpu_mono is None or mono > mem.gpu_mono)
-        for idx, tr in getattr(g, "tracks", {}).items():
+        for idx, owners in ev.gpu_owner.items():
+            for url in owners:
+                st = mem.servers.get(url)
+                if st is not None:
+                    st.gpu_idx.add(idx)
+        mono = g.last_poll.mono if g.last_poll is not None else None
+        if mono is None or (mem.gpu_mono is not None and mono <= mem.gpu_mono):
+            return
+        for idx, tr in g.tracks.items():
             last = tr.last
-            if last is None or getattr(last, "lost", False):
-                continue
-            procs = getattr(last, "procs", None)
-            for gp in procs or ():
-                owner = ctx.pid_owner.get(int(gp.pid))
-                if owner is not None:
-                    ctx.gpu_owner.setdefault(idx, [])
-                    if owner[0] not in ctx.gpu_owner[idx]:
-                        ctx.gpu_owner[idx].append(owner[0])
-                    st = mem.servers.get(owner[0])
-                    if st is not None:
-                        st.gpu_idx.add(idx)
-            if not new:
+            if last is None or last.lost:
                 continue
             gs = mem.gpus.get(idx)
             if gs is None:
                 gs = mem.gpus[idx] = GpuState()
-            mt = getattr(last, "mem_total", None)
-            mu = getattr(last, "mem_used", None)
-            gs.add(
-                GpuPoint(
-                    float(mono),  # type: ignore[arg-type]
-                    getattr(last, "util_gpu", None),
-                    getattr(last, "sm_active", None),
-                    100.0 * mu / mt if mu is not None and mt else None,
-                    mu,
-                    mt,
-                    procs,
-                ),
-                self.thresholds.history_s,
-            )
-        if new:
-            mem.gpu_mono = mono
+            gs.add(GpuPoint(mono, last.util_gpu, last.sm_active, last.mem_pct, last.mem_used, last.mem_total,
+                            last.procs), self.thresholds.history_s)
+        mem.gpu_mono = mono
 
 
-def diagnose_once(now: float, *, thresholds: Thresholds = Thresholds(), **inputs: Any) -> list[Alert]:
-    """One look with no memory (the inputs of :meth:`Diagnoser.update`): only what needs no
-    duration fires (failures, stalls the tracker already timed, risky flags, OOM lines)."""
-    return Diagnoser(thresholds).update(now, **inputs)
+def diagnose_once(ev: Evidence, *, thresholds: Thresholds = Thresholds()) -> list[Alert]:
+    """One look with no memory: only what needs no duration fires (failures, stalls the tracker
+    already timed, risky flags, OOM lines)."""
+    return Diagnoser(thresholds).update(ev)

@@ -12,14 +12,17 @@ next to the other processes NVML lists on the server's GPUs. Corpus traces: none
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import RANK, Alert
-from vtop.core.rules.context import Ctx, per_server
-from vtop.core.rules.util import cap_suggestion, flag, gib, is_proc, json_keys, num, short_url, version_tuple
+from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.rules.util import cap_suggestion, flag, gib, json_keys, num, short_url, version_tuple
 from vtop.model.fmt import to_float
+from vtop.model.procs import ServerProcess
 
 if TYPE_CHECKING:
+    from vtop.core.phases.types import StartupFacts
     from vtop.core.rules.state import ServerState
     from vtop.core.server import ServerView
 
@@ -29,96 +32,140 @@ class RiskyFlags:
 
     ids = ("risky_flags",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, risky_flags)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, risky_flags)
 
 
-def risky_flags(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
-    proc = v.process
-    if not is_proc(proc):
+@dataclass(frozen=True)
+class FlagFinding:
+    """One risky flag: which (``kind``), how bad, and the numbers its words need."""
+
+    kind: str  # "no_cap" | "mm_cache_off" | "seqs_over_kv" | "mem_util_no_room"
+    severity: str
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    kv_cache_tokens: int | None = None
+    gpu: int | None = None
+    util: float | None = None
+    util_default: bool = False
+    others_bytes: float = 0.0
+    others: tuple[str, ...] = ()
+    mem_total: float | None = None
+
+
+def risky_flags(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    proc = ctx.process_of(url)
+    if proc is None:
         return None
-    items: list[tuple[str, str, str, str]] = []  # severity, headline, evidence, fix
-    mml = v.max_model_len or getattr(proc, "max_model_len", None)
     facts = ctx.startup.facts if ctx.startup is not None and ctx.log_target == url else None
-    if mml is None and facts is not None:
-        mml = facts.max_model_len
+    found = flag_findings(ctx, mem, v, st, proc, facts)
+    if not found:
+        return None
+    return risky_flags_alert(url, found, st.first_t if st.first_t is not None else ctx.now)
 
+
+def flag_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState, proc: ServerProcess,
+                  facts: StartupFacts | None) -> list[FlagFinding]:
+    """Every risky flag of a server's command line."""
+    th = mem.th
+    mml = v.max_model_len or proc.max_model_len or (facts.max_model_len if facts is not None else None)
+    out: list[FlagFinding] = []
     # A long context with no generation cap: one chat client without max_tokens runs to max_model_len.
     ogc = flag(proc, "--override-generation-config")
-    gen_dir = flag(proc, "--generation-config")
     capped = bool(ogc) and "max_new_tokens" in json_keys(ogc)
-    unknown = gen_dir not in (None, "", "auto", "vllm")
+    unknown = flag(proc, "--generation-config") not in (None, "", "auto", "vllm")
     if mml and mml >= th.long_context_len and not capped and not unknown:
-        items.append((
-            "info",
+        out.append(FlagFinding("no_cap", "info", max_model_len=mml))
+    mm = flag(proc, "--mm-processor-cache-gb")
+    if mm is not None and to_float(mm) == 0.0:
+        out.append(FlagFinding("mm_cache_off", "info"))
+    seqs = proc.max_num_seqs
+    if seqs and facts is not None and facts.max_concurrency and seqs / facts.max_concurrency >= th.risky_seqs_ratio:
+        out.append(FlagFinding("seqs_over_kv", "info", max_num_seqs=seqs, max_concurrency=facts.max_concurrency,
+                               max_concurrency_len=facts.max_concurrency_len, kv_cache_tokens=facts.kv_cache_tokens))
+    out += _mem_util_findings(ctx, mem, v, st, proc)
+    return out
+
+
+def _mem_util_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState,
+                       proc: ServerProcess) -> list[FlagFinding]:
+    """--gpu-memory-utilization next to the other processes on the same GPU."""
+    util = to_float(flag(proc, "--gpu-memory-utilization"))
+    if util is None:
+        util = proc.gpu_memory_utilization
+    default = util is None
+    if util is None:
+        ver = version_tuple(v.version)
+        util = 0.92 if ver is not None and ver >= (0, 20) else 0.9
+    mine = set(proc.gpu_pids) | st.gpu_pids
+    out = []
+    for idx in mem.gpus_of(ctx, v.url):
+        gs = mem.gpus.get(idx)
+        p = gs.points[-1] if gs is not None and gs.points else None
+        if p is None or not p.mem_total or p.procs is None:
+            continue
+        others = [q for q in p.procs if int(q.pid) not in mine and q.used_bytes]
+        used = float(sum(q.used_bytes or 0 for q in others))
+        if used > 0 and used + util * p.mem_total > p.mem_total:
+            out.append(FlagFinding("mem_util_no_room", "warning", gpu=idx, util=util, util_default=default,
+                                   others_bytes=used, others=tuple(mem.proc_names(ctx, others)),
+                                   mem_total=p.mem_total))
+    return out
+
+
+def _flag_words(f: FlagFinding) -> tuple[str, str, str]:
+    """(headline, evidence line, fix) of one risky flag."""
+    if f.kind == "no_cap":
+        mml = f.max_model_len
+        return (
             f"no generation cap with max_model_len {num(mml)}",
             f"max_model_len {num(mml)} and no --override-generation-config max_new_tokens: a chat request without "
             f"max_tokens may generate up to {num(mml)} - prompt tokens",
             "Cap generation: --override-generation-config "
             f"'{{\"max_new_tokens\": {cap_suggestion(mml)}}}' (a hard cap since 0.20, and the default for "
             "requests that omit max_tokens).",
-        ))
-    mm = flag(proc, "--mm-processor-cache-gb")
-    if mm is not None and to_float(mm) == 0.0:
-        items.append((
-            "info",
+        )
+    if f.kind == "mm_cache_off":
+        return (
             "multimodal processor cache off (--mm-processor-cache-gb 0)",
             "--mm-processor-cache-gb 0 turns the multimodal processor cache off: every image or video is "
             "preprocessed again on the CPU, even when clients resend the same one",
             "Drop --mm-processor-cache-gb 0 (default 4 GiB) or use a small cache such as --mm-processor-cache-gb 1 "
             "if host RAM was the reason (it is held once per API server and per engine core).",
-        ))
-    seqs = getattr(proc, "max_num_seqs", None)
-    if seqs and facts is not None and facts.max_concurrency:
-        ratio = seqs / facts.max_concurrency
-        if ratio >= th.risky_seqs_ratio:
-            per = (facts.kv_cache_tokens / seqs) if facts.kv_cache_tokens else None
-            items.append((
-                "info",
-                f"--max-num-seqs {seqs} is {ratio:.0f}x the KV cache's concurrency",
-                f"--max-num-seqs {seqs}, but the KV cache holds {facts.max_concurrency:g} requests of "
-                f"{num(facts.max_concurrency_len)} tokens"
-                + (f" ({num(facts.kv_cache_tokens)} tokens: {num(per)} per sequence when all run)" if per else "")
-                + "; long requests will preempt each other",
-                f"Lower --max-num-seqs towards {max(1, int(facts.max_concurrency * 2))}, or give the KV cache more "
-                "memory (--gpu-memory-utilization, --kv-cache-dtype fp8).",
-            ))
-    # --gpu-memory-utilization next to the other processes on the same GPU.
-    util = to_float(flag(proc, "--gpu-memory-utilization"))
-    if util is None:
-        util = getattr(proc, "gpu_memory_utilization", None)
-    default = util is None
-    if util is None:
-        ver = version_tuple(v.version)
-        util = 0.92 if ver is not None and ver >= (0, 20) else 0.9
-    mine = set(getattr(proc, "gpu_pids", ()) or ()) | st.gpu_pids
-    for idx in ctx.gpus_of(url):
-        gs = ctx.mem.gpus.get(idx)
-        p = gs.points[-1] if gs is not None and gs.points else None
-        if p is None or not p.mem_total or p.procs is None:
-            continue
-        others = [q for q in p.procs if int(q.pid) not in mine and q.used_bytes]
-        used = float(sum(q.used_bytes for q in others))
-        if used > 0 and used + util * p.mem_total > p.mem_total:
-            room = max(0.0, (p.mem_total - used) / p.mem_total - 0.02)
-            items.append((
-                "warning",
-                f"--gpu-memory-utilization {util:g} leaves no room on gpu{idx}",
-                f"gpu{idx}: other processes hold {gib(used)} ({', '.join(ctx.proc_names(others))}); "
-                f"--gpu-memory-utilization {util:g}{' (default)' if default else ''} asks for "
-                f"{gib(util * p.mem_total)} of {gib(p.mem_total)}: together {gib(used + util * p.mem_total)}",
-                f"Lower --gpu-memory-utilization to {math.floor(room * 100) / 100:.2f} or less (what is left next "
-                "to the other processes), or move them to another GPU; as it is, a restart of this server or the "
-                "other process's next allocation fails.",
-            ))
-    if not items:
-        return None
-    items.sort(key=lambda x: RANK[x[0]])
-    sev = items[0][0]
-    head = items[0][1] + (f" (+{len(items) - 1} more)" if len(items) > 1 else "")
-    since = st.first_t if st.first_t is not None else ctx.now
+        )
+    if f.kind == "seqs_over_kv":
+        seqs, conc = f.max_num_seqs or 0, f.max_concurrency or 1.0
+        per = (f.kv_cache_tokens / seqs) if f.kv_cache_tokens else None
+        return (
+            f"--max-num-seqs {seqs} is {seqs / conc:.0f}x the KV cache's concurrency",
+            f"--max-num-seqs {seqs}, but the KV cache holds {conc:g} requests of "
+            f"{num(f.max_concurrency_len)} tokens"
+            + (f" ({num(f.kv_cache_tokens)} tokens: {num(per)} per sequence when all run)" if per else "")
+            + "; long requests will preempt each other",
+            f"Lower --max-num-seqs towards {max(1, int(conc * 2))}, or give the KV cache more "
+            "memory (--gpu-memory-utilization, --kv-cache-dtype fp8).",
+        )
+    util, total, used = f.util or 0.0, f.mem_total or 1.0, f.others_bytes
+    room = max(0.0, (total - used) / total - 0.02)
+    return (
+        f"--gpu-memory-utilization {util:g} leaves no room on gpu{f.gpu}",
+        f"gpu{f.gpu}: other processes hold {gib(used)} ({', '.join(f.others)}); "
+        f"--gpu-memory-utilization {util:g}{' (default)' if f.util_default else ''} asks for "
+        f"{gib(util * total)} of {gib(total)}: together {gib(used + util * total)}",
+        f"Lower --gpu-memory-utilization to {math.floor(room * 100) / 100:.2f} or less (what is left next "
+        "to the other processes), or move them to another GPU; as it is, a restart of this server or the "
+        "other process's next allocation fails.",
+    )
+
+
+def risky_flags_alert(url: str, found: list[FlagFinding], since: float) -> Alert:
+    """The words of a server's risky flags: one alert, the worst first."""
+    found = sorted(found, key=lambda f: RANK[f.severity])
+    words = [_flag_words(f) for f in found]
+    head = words[0][0] + (f" (+{len(words) - 1} more)" if len(words) > 1 else "")
     return Alert(
-        "risky_flags", sev, f"Risky launch flags on {short_url(url)}: {head}",
-        tuple(i[2] for i in items), tuple(i[3] for i in items), url, since,
+        "risky_flags", found[0].severity, f"Risky launch flags on {short_url(url)}: {head}",
+        tuple(w[1] for w in words), tuple(w[2] for w in words), url, since,
     )

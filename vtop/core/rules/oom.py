@@ -18,19 +18,20 @@ tests/helpers/diag_fixtures.py (copied from real torch messages) show them.
 from __future__ import annotations
 
 import re
-import statistics
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
-from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_gpu
-from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, is_proc, num, plural, short_url
+from vtop.core.rules.alert import Alert, Thresholds
+from vtop.core.rules.context import Evidence, Memory, per_gpu
+from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, num, plural, short_url
+from vtop.core.stats import median
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
-    from vtop.core.phases import Failure
+    from vtop.core.phases.types import Failure, LogLine
+    from vtop.core.rules.state import ServerState
 
 _OOM_RE = re.compile(
     r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B|\d+ bytes))?"
@@ -85,218 +86,322 @@ class Oom:
         #: the arrival of the newest log line scanned
         self.log_seen: float | None = None
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        self._scan(ctx)
-        return self._alerts(ctx)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        self._scan_failure(ctx)
+        self._scan_lines(ctx, mem.th)
+        self._forget(ctx, mem.th)
+        return self._alerts(ctx, mem)
 
-    def _scan(self, ctx: Ctx) -> None:
-        th = ctx.th
+    def _scan_failure(self, ctx: Evidence) -> None:
+        """The tracker's failure of a start, when it is a CUDA OOM."""
         snap = ctx.startup
-        starting = snap is not None and snap.state == "starting"
-        if snap is not None and snap.state == "failed" and snap.failure is not None and is_oom_failure(snap.failure):
-            f = snap.failure
-            key = ("failure", f.arrival)
-            # The same OOM already seen as a log line (before the engine's death line came) is one event.
-            dup = any(not e.from_failure and abs(e.arrival - f.arrival) <= 5.0 for e in self.events.values())
-            if key not in self.events and not dup:
-                self.events[key] = OomEvent(
-                    key, f.line, f.arrival, f.phase, f.phase is not Phase.READY, ctx.log_target, True
-                )
-        log_lines = ctx.log_lines
-        if log_lines:
-            newest = self.log_seen
-            fresh: list[Any] = []
-            for ln in reversed(log_lines):
-                arr = getattr(ln, "arrival", None)
-                if arr is None or (self.log_seen is not None and arr <= self.log_seen):
-                    break
-                fresh.append(ln)
-                newest = arr if newest is None else max(newest, arr)
-            self.log_seen = newest
-            # Lines read at attach carry the attach time as arrival: judge their age by the log's own clock.
-            stamps = [t for t in (getattr(ln, "t", None) for ln in fresh) if isinstance(t, (int, float))]
-            log_now = max(stamps) if stamps else None
-            for ln in reversed(fresh):
-                text = getattr(ln, "text", "") or ""
-                if "out of memory" not in text or not _OOM_RE.search(text):
-                    continue
-                lt = getattr(ln, "t", None)
-                if log_now is not None and isinstance(lt, (int, float)) and log_now - lt > th.oom_hold_s:
-                    continue
-                key = ("log", float(ln.arrival))
-                # One event per burst: a traceback repeats the line (logger and raw stderr).
-                if any(abs(e.arrival - ln.arrival) <= 5.0 for e in self.events.values()):
-                    continue
-                self.events[key] = OomEvent(
-                    key, text, float(ln.arrival), snap.current if snap is not None else None, starting,
-                    ctx.log_target, False,
-                )
-        # Forget old ones (a failed start stays while the tracker still says failed).
-        failed_key = (
-            ("failure", snap.failure.arrival) if snap is not None and snap.state == "failed" and snap.failure else None
-        )
+        if snap is None or snap.state != "failed" or snap.failure is None or not is_oom_failure(snap.failure):
+            return
+        f = snap.failure
+        key = ("failure", f.arrival)
+        # The same OOM already seen as a log line (before the engine's death line came) is one event.
+        dup = any(not e.from_failure and abs(e.arrival - f.arrival) <= 5.0 for e in self.events.values())
+        if key not in self.events and not dup:
+            self.events[key] = OomEvent(key, f.line, f.arrival, f.phase, f.phase is not Phase.READY, ctx.log_target,
+                                        True)
+
+    def _fresh_lines(self, ctx: Evidence) -> list[LogLine]:
+        """The log lines that arrived since the last look, oldest first."""
+        fresh: list[LogLine] = []
+        for ln in reversed(ctx.log_lines):
+            if self.log_seen is not None and ln.arrival <= self.log_seen:
+                break
+            fresh.append(ln)
+        if fresh:
+            self.log_seen = max(ln.arrival for ln in fresh) if self.log_seen is None else \
+                max(self.log_seen, *(ln.arrival for ln in fresh))
+        fresh.reverse()
+        return fresh
+
+    def _scan_lines(self, ctx: Evidence, th: Thresholds) -> None:
+        """OOM lines among the lines that arrived since the last look."""
+        fresh = self._fresh_lines(ctx)
+        # Lines read at attach carry the attach time as arrival: judge their age by the log's own clock.
+        stamps = [ln.t for ln in fresh if ln.t is not None]
+        log_now = max(stamps) if stamps else None
+        snap = ctx.startup
+        for ln in fresh:
+            if "out of memory" not in ln.text or not _OOM_RE.search(ln.text):
+                continue
+            if log_now is not None and ln.t is not None and log_now - ln.t > th.oom_hold_s:
+                continue
+            # One event per burst: a traceback repeats the line (logger and raw stderr).
+            if any(abs(e.arrival - ln.arrival) <= 5.0 for e in self.events.values()):
+                continue
+            key = ("log", float(ln.arrival))
+            self.events[key] = OomEvent(key, ln.text, float(ln.arrival), snap.current if snap is not None else None,
+                                        snap is not None and snap.state == "starting", ctx.log_target, False)
+
+    def _forget(self, ctx: Evidence, th: Thresholds) -> None:
+        """Forget old ones (a failed start stays while the tracker still says failed)."""
+        snap = ctx.startup
+        failed = snap is not None and snap.state == "failed" and snap.failure is not None
+        failed_key = ("failure", snap.failure.arrival) if failed and snap is not None and snap.failure else None
         for k in [k for k, e in self.events.items() if k != failed_key and ctx.now - e.arrival > th.oom_hold_s]:
             del self.events[k]
         if failed_key is None:
             for k in [k for k, e in self.events.items() if e.from_failure]:
                 del self.events[k]
 
-    def _alerts(self, ctx: Ctx) -> list[Alert]:
+    def _alerts(self, ctx: Evidence, mem: Memory) -> list[Alert]:
         out: dict[tuple[str, str | None], Alert] = {}
         for e in sorted(self.events.values(), key=lambda e: e.arrival):
             if e.alert is None:
-                e.alert = _classify(e, ctx)
+                e.alert = oom_alert(oom_finding(e, ctx, mem), mem.th)
             out[e.alert.key] = e.alert  # the newest of a kind per target
         return list(out.values())
 
 
-def _classify(e: OomEvent, ctx: Ctx) -> Alert:
-    th = ctx.th
-    url = e.target
-    short = short_url(url)
-    v = ctx.servers.get(url) if url else None
-    st = ctx.mem.servers.get(url) if url else None
-    proc = v.process if v is not None and is_proc(v.process) else None
+# ------------------------------------------------------------------ deciding: what the OOM was
+
+#: the classes of an OOM: its rule id, and what the title says it came after
+OOM_CLASSES: dict[str, str] = {
+    "startup": "oom_startup",  # during a start
+    "kv_pressure": "oom_steady",  # the KV cache full with preemptions before it
+    "spike": "oom_transient",  # a GPU memory spike before it
+    "long_prompt": "oom_transient",  # long prompts before it
+    "fragmentation": "oom_steady",  # memory reserved but unallocated, or up for hours with no trigger
+    "serving": "oom_transient",  # none of these seen
+}
+
+
+@dataclass(frozen=True)
+class OomFinding:
+    """One CUDA OOM: what it was (``cls``, one of :data:`OOM_CLASSES`) and the numbers that say so."""
+
+    cls: str
+    target: str | None
+    since: float
+    #: the OOM line, stripped
+    line: str
+    #: what torch tried to allocate (``20.00 GiB``), and the GPU's free and total as torch saw them
+    amount: str | None = None
+    gpu_free: tuple[str, str, str] | None = None
+    #: a start: the phase it failed in, the other processes on the GPU (evidence lines) and those
+    #: torch named (pid name, amount)
+    phase: Phase | None = None
+    other_procs: tuple[str, ...] = ()
+    torch_others: tuple[tuple[str, str], ...] = ()
+    gpu_mem_util: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    #: at run time, over ``transient_window_s`` before it: the KV peak, preemptions (over a minute),
+    #: prompts of at least ``long_prompt_edge`` tokens, GPU memory spikes ``(gpu, base %, peak %)``
+    kv_peak: float | None = None
+    preemptions: float = 0.0
+    long_prompts: float = 0.0
+    long_prompt_edge: float | None = None
+    spikes: tuple[tuple[int, float, float], ...] = ()
+    #: bytes reserved by PyTorch but unallocated, and the server's uptime
+    fragmented_bytes: float | None = None
+    uptime_s: float | None = None
+
+    @property
+    def rule(self) -> str:
+        return OOM_CLASSES[self.cls]
+
+
+def oom_finding(e: OomEvent, ctx: Evidence, mem: Memory) -> OomFinding:
+    """Decide what an OOM was: during a start, or at run time after what."""
     line = e.line.strip()
     m = _OOM_RE.search(line)
-    amt = m.group("amt") if m and m.groupdict().get("amt") else None
-    ev: list[str] = []
-    detail = f"CUDA out of memory{f' (tried to allocate {amt})' if amt else ''}"
     gm = _OOM_GPU_RE.search(line)
-    if gm:
-        detail += f"; GPU {gm.group('gpu')} had {gm.group('free')} free of {gm.group('total')}"
-    ev.append(detail)
-    ev.append(f"line: {line[:300]}")
-    fm = _OOM_FRAG_RE.search(line)
-    frag = bytes_of(fm.group("amt")) if fm else None
-    need = bytes_of(amt)
-    torch_others = [(int(mm.group("pid")), mm.group("amt")) for mm in _OOM_OTHER_RE.finditer(line)]
-
+    base = OomFinding(
+        "serving", e.target, e.arrival, line,
+        amount=m.group("amt") if m and m.groupdict().get("amt") else None,
+        gpu_free=(gm.group("gpu"), gm.group("free"), gm.group("total")) if gm else None,
+    )
     if e.startup:
-        phase = e.phase
-        where = f" during {phase.label}" if phase is not None else " at startup"
-        ev[0] = ev[0] + where
-        other_lines = ctx.other_procs_lines(url, e.arrival)
-        ev += other_lines
-        for pid, a in torch_others:
-            ev.append(f"torch saw {ctx.name_pid(pid)} holding {a} on that GPU")
-        util = to_float(flag(proc, "--gpu-memory-utilization")) if proc is not None else None
-        mml = (getattr(proc, "max_model_len", None) if proc is not None else None) or (
-            ctx.startup.facts.max_model_len if ctx.startup is not None else None
-        )
-        fix: list[str] = []
-        if other_lines or torch_others:
-            fix.append(
-                "Another process holds memory on this GPU: stop it or move it, or lower --gpu-memory-utilization"
-                + (f" (now {util:g})" if util else "")
-                + " to what is free next to it."
-            )
-        if phase is Phase.WEIGHTS:
-            fix.append(
-                "The weights do not fit: use a quantized model or spread it with --tensor-parallel-size."
-            )
-        elif phase is Phase.CUDA_GRAPHS:
-            fix.append(
-                "CUDA graph capture ran out: --enforce-eager skips it, or lower --max-num-seqs (fewer graph sizes)."
-            )
-        fix.append(
-            "Lower --max-model-len" + (f" (now {num(mml)})" if mml else "") + " or --max-num-batched-tokens so "
-            "the profiling run and the KV cache need less, or lower --gpu-memory-utilization if the GPU is shared."
-        )
-        title = f"CUDA out of memory starting {short}{where}" + (f": tried to allocate {amt}" if amt else "")
-        return Alert("oom_startup", "critical", title, tuple(ev), tuple(fix), url, e.arrival)
+        return _startup_finding(base, e, ctx, mem)
+    return _runtime_finding(base, ctx, mem)
 
-    # Runtime: look at the window before it.
-    t1 = e.arrival
-    t0 = t1 - th.transient_window_s
+
+def _startup_finding(f: OomFinding, e: OomEvent, ctx: Evidence, mem: Memory) -> OomFinding:
+    proc = ctx.process_of(f.target)
+    torch_others = tuple((mem.name_pid(ctx, int(mm.group("pid"))), mm.group("amt"))
+                         for mm in _OOM_OTHER_RE.finditer(f.line))
+    mml = proc.max_model_len if proc is not None else None
+    if mml is None and ctx.startup is not None:
+        mml = ctx.startup.facts.max_model_len
+    return replace(
+        f, cls="startup", phase=e.phase, other_procs=tuple(mem.other_procs_lines(ctx, f.target, e.arrival)),
+        torch_others=torch_others, max_model_len=mml,
+        gpu_mem_util=to_float(flag(proc, "--gpu-memory-utilization")) if proc is not None else None,
+    )
+
+
+def _runtime_finding(f: OomFinding, ctx: Evidence, mem: Memory) -> OomFinding:
+    th = mem.th
+    url = f.target
+    v = ctx.servers.get(url) if url else None
+    st = mem.servers.get(url) if url else None
+    proc = ctx.process_of(url)
     mml = v.max_model_len if v is not None else None
-    kv_full = False
+    t1 = f.since
+    kv_peak, pre, long_prompts, edge = _server_before(st, t1, mml, th)
+    fm = _OOM_FRAG_RE.search(f.line)
+    uptime = None
+    if proc is not None and v is not None and v.last_ok_t is not None and proc.create_time:
+        uptime = v.last_ok_t - proc.create_time
+    elif st is not None and st.first_up_t is not None:
+        uptime = t1 - st.first_up_t
+    f = replace(
+        f, max_model_len=mml, max_num_seqs=proc.max_num_seqs if proc is not None else None, kv_peak=kv_peak,
+        preemptions=pre, long_prompts=long_prompts, long_prompt_edge=edge,
+        spikes=tuple(_mem_spikes(ctx, mem, url, t1)), fragmented_bytes=bytes_of(fm.group("amt")) if fm else None,
+        uptime_s=uptime,
+    )
+    return replace(f, cls=_runtime_class(f, th))
+
+
+def _runtime_class(f: OomFinding, th: Thresholds) -> str:
+    if f.kv_peak is not None and f.kv_peak >= th.kv_saturation_pct and f.preemptions > 0:
+        return "kv_pressure"
+    if f.spikes:
+        return "spike"
+    if f.long_prompts > 0:
+        return "long_prompt"
+    need = bytes_of(f.amount)
+    fragmented = f.fragmented_bytes is not None and need is not None and f.fragmented_bytes >= need
+    if fragmented or (f.uptime_s is not None and f.uptime_s >= th.fragmentation_uptime_s):
+        return "fragmentation"
+    return "serving"
+
+
+def _server_before(st: ServerState | None, t1: float, mml: int | None,
+                   th: Thresholds) -> tuple[float | None, float, float, float | None]:
+    """(KV peak, preemptions, long prompts, their edge) in the window before ``t1``."""
+    if st is None or not st.samples:
+        return None, 0.0, 0.0, None
+    t0 = t1 - th.transient_window_s
+    win = [s for s in st.samples if t0 <= s.t <= t1] or [s for s in (st.at(t1),) if s is not None]
+    kvs = [s.kv for s in win if s.kv is not None]
     pre = 0.0
-    long_prompts = 0.0
-    edge = None
-    if st is not None and st.samples:
-        win = [s for s in st.samples if t0 <= s.t <= t1] or [st.at(t1)]  # type: ignore[list-item]
-        kvs = [s.kv for s in win if s is not None and s.kv is not None]
-        kv_full = bool(kvs) and max(kvs) >= th.kv_saturation_pct
-        a, b = st.at(t1 - max(th.preempt_window_s, th.transient_window_s)), st.at(t1)
-        if a is not None and b is not None and a.preempt is not None and b.preempt is not None:
-            pre = b.preempt - a.preempt
-        a2 = st.at(t0)
-        if mml and a2 is not None and b is not None and a2.prompt_hist is not None and b.prompt_hist is not None:
-            d = histogram_delta(a2.prompt_hist, b.prompt_hist)
-            long_prompts, edge = hist_count_at_least(d, th.long_prompt_frac * mml)
-        if kvs:
-            ev.append(f"KV cache peaked at {max(kvs):.1f} % in the {dur(th.transient_window_s)} before")
-    spike = None
-    for idx in ctx.gpus_of(url) or sorted(ctx.mem.gpus):
-        gs = ctx.mem.gpus.get(idx)
+    a, b = st.at(t1 - max(th.preempt_window_s, th.transient_window_s)), st.at(t1)
+    if a is not None and b is not None and a.preempt is not None and b.preempt is not None:
+        pre = b.preempt - a.preempt
+    long_prompts, edge = 0.0, None
+    a2 = st.at(t0)
+    if mml and a2 is not None and b is not None and a2.prompt_hist is not None and b.prompt_hist is not None:
+        long_prompts, edge = hist_count_at_least(histogram_delta(a2.prompt_hist, b.prompt_hist),
+                                                 th.long_prompt_frac * mml)
+    return (max(kvs) if kvs else None), pre, long_prompts, edge
+
+
+def _mem_spikes(ctx: Evidence, mem: Memory, url: str | None, t1: float) -> list[tuple[int, float, float]]:
+    """The GPUs whose memory jumped ``mem_spike_pct`` points in the window before ``t1``."""
+    th = mem.th
+    t0 = t1 - th.transient_window_s
+    out = []
+    for idx in mem.gpus_of(ctx, url) or sorted(mem.gpus):
+        gs = mem.gpus.get(idx)
         if gs is None:
             continue
         before = [p.mem_pct for p in gs.between(t1 - 300.0, t0) if p.mem_pct is not None]
         peak_pts = [p.mem_pct for p in gs.between(t0, t1) if p.mem_pct is not None]
-        tr = getattr(ctx.gpus, "tracks", {}).get(idx) if ctx.gpus is not None else None
+        tr = ctx.gpus.tracks.get(idx) if ctx.gpus is not None else None
         if tr is not None:
             cell = tr.series["mem"].buckets(t1, 1, th.transient_window_s)
             if cell and cell[0] is not None:
                 peak_pts.append(cell[0])
         if before and peak_pts:
-            base = statistics.median(before)
-            peak = max(peak_pts)
+            base, peak = median(before), max(peak_pts)
             if peak - base >= th.mem_spike_pct:
-                spike = (idx, base, peak)
-                ev.append(f"gpu{idx} memory jumped from {base:.1f} % to {peak:.1f} % in the {dur(th.transient_window_s)} before")
-    if long_prompts > 0:
-        ev.append(
-            f"{plural(long_prompts, 'request')} with prompts above {num(edge)} tokens (max_model_len {num(mml)}) "
-            f"in the {dur(th.transient_window_s)} before"
-        )
-    uptime = None
-    if proc is not None and v is not None and v.last_ok_t is not None and getattr(proc, "create_time", None):
-        uptime = v.last_ok_t - proc.create_time
-    elif st is not None and st.first_up_t is not None:
-        uptime = t1 - st.first_up_t
-    if kv_full and pre > 0:
-        ev.append(f"{plural(pre, 'preemption')} in the minute before: the KV cache was full")
-        seqs = getattr(proc, "max_num_seqs", None) if proc is not None else None
-        fix = [
-            "Lower --max-num-seqs" + (f" (now {seqs})" if seqs else "") + " so fewer sequences compete for memory.",
-            "Lower --gpu-memory-utilization a little to leave activations headroom, or add GPUs with "
-            "--tensor-parallel-size.",
-        ]
-        title = f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(pre)} preemptions"
-        return Alert("oom_steady", "critical", title, tuple(ev), tuple(fix), url, e.arrival)
-    if spike is not None or long_prompts > 0:
-        fix = [
-            "Bound a step's work: --enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, "
-            "e.g. 2048.",
-            "Limit concurrency and prompt length upstream; a lower --max-model-len rejects oversized prompts.",
-            "Leave more headroom: lower --gpu-memory-utilization a little.",
-        ]
-        what = "a memory spike" if spike is not None else "a long prompt"
-        title = f"CUDA out of memory on {short} after {what}" + (f": tried to allocate {amt}" if amt else "")
-        return Alert("oom_transient", "critical", title, tuple(ev), tuple(fix), url, e.arrival)
-    fragmented = frag is not None and need is not None and frag >= need
-    if fragmented or (uptime is not None and uptime >= th.fragmentation_uptime_s):
-        if frag is not None:
-            ev.append(f"{gib(frag)} reserved by PyTorch but unallocated: the free memory is in pieces")
-        if uptime is not None:
-            ev.append(f"server up for {dur(uptime)} with no spike, long prompt or full KV cache before it")
-        fix = [
-            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in vLLM's environment to avoid fragmentation.",
-            "Restart the server to get contiguous memory back; lower --gpu-memory-utilization a little for headroom.",
-        ]
-        title = f"CUDA out of memory on {short} from fragmentation" + (
-            f" after {dur(uptime)} up" if uptime is not None else ""
-        )
-        return Alert("oom_steady", "critical", title, tuple(ev), tuple(fix), url, e.arrival)
-    ev.append(f"no memory spike, long prompt or full KV cache seen in the {dur(th.transient_window_s)} before")
-    fix = [
+                out.append((idx, base, peak))
+    return out
+
+
+# ------------------------------------------------------------------ wording: the alert of a finding
+
+_FIX_RUNTIME: dict[str, tuple[str, ...]] = {
+    "spike": (
+        "Bound a step's work: --enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, "
+        "e.g. 2048.",
+        "Limit concurrency and prompt length upstream; a lower --max-model-len rejects oversized prompts.",
+        "Leave more headroom: lower --gpu-memory-utilization a little.",
+    ),
+    "fragmentation": (
+        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in vLLM's environment to avoid fragmentation.",
+        "Restart the server to get contiguous memory back; lower --gpu-memory-utilization a little for headroom.",
+    ),
+    "serving": (
         "Bound a step's work with a lower --max-num-batched-tokens and limit concurrency upstream.",
         "Lower --gpu-memory-utilization a little for activation headroom; set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
-    ]
-    title = f"CUDA out of memory on {short} while serving" + (f": tried to allocate {amt}" if amt else "")
-    return Alert("oom_transient", "critical", title, tuple(ev), tuple(fix), url, e.arrival)
+    ),
+}
+_FIX_RUNTIME["long_prompt"] = _FIX_RUNTIME["spike"]
+
+
+def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
+    """The words of an OOM finding: its title, evidence lines and fixes (one place for the family)."""
+    tried = f": tried to allocate {f.amount}" if f.amount else ""
+    detail = f"CUDA out of memory{f' (tried to allocate {f.amount})' if f.amount else ''}"
+    if f.gpu_free is not None:
+        detail += f"; GPU {f.gpu_free[0]} had {f.gpu_free[1]} free of {f.gpu_free[2]}"
+    short = short_url(f.target)
+    if f.cls == "startup":
+        where = f" during {f.phase.label}" if f.phase is not None else " at startup"
+        ev = [detail + where, f"line: {f.line[:300]}", *f.other_procs,
+              *(f"torch saw {name} holding {a} on that GPU" for name, a in f.torch_others)]
+        title = f"CUDA out of memory starting {short}{where}{tried}"
+        return Alert(f.rule, "critical", title, tuple(ev), _startup_fix(f), f.target, f.since)
+    win = dur(th.transient_window_s)
+    ev = [detail, f"line: {f.line[:300]}"]
+    if f.kv_peak is not None:
+        ev.append(f"KV cache peaked at {f.kv_peak:.1f} % in the {win} before")
+    ev += [f"gpu{idx} memory jumped from {base:.1f} % to {peak:.1f} % in the {win} before"
+           for idx, base, peak in f.spikes]
+    if f.long_prompts > 0:
+        ev.append(f"{plural(f.long_prompts, 'request')} with prompts above {num(f.long_prompt_edge)} tokens "
+                  f"(max_model_len {num(f.max_model_len)}) in the {win} before")
+    fix = _FIX_RUNTIME.get(f.cls, ())
+    if f.cls == "kv_pressure":
+        ev.append(f"{plural(f.preemptions, 'preemption')} in the minute before: the KV cache was full")
+        fix = (
+            "Lower --max-num-seqs" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
+            + " so fewer sequences compete for memory.",
+            "Lower --gpu-memory-utilization a little to leave activations headroom, or add GPUs with "
+            "--tensor-parallel-size.",
+        )
+        title = f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(f.preemptions)} preemptions"
+    elif f.cls in ("spike", "long_prompt"):
+        title = f"CUDA out of memory on {short} after {'a memory spike' if f.cls == 'spike' else 'a long prompt'}{tried}"
+    elif f.cls == "fragmentation":
+        if f.fragmented_bytes is not None:
+            ev.append(f"{gib(f.fragmented_bytes)} reserved by PyTorch but unallocated: the free memory is in pieces")
+        if f.uptime_s is not None:
+            ev.append(f"server up for {dur(f.uptime_s)} with no spike, long prompt or full KV cache before it")
+        title = f"CUDA out of memory on {short} from fragmentation" + (
+            f" after {dur(f.uptime_s)} up" if f.uptime_s is not None else "")
+    else:
+        ev.append(f"no memory spike, long prompt or full KV cache seen in the {win} before")
+        title = f"CUDA out of memory on {short} while serving{tried}"
+    return Alert(f.rule, "critical", title, tuple(ev), fix, f.target, f.since)
+
+
+def _startup_fix(f: OomFinding) -> tuple[str, ...]:
+    fix: list[str] = []
+    if f.other_procs or f.torch_others:
+        fix.append(
+            "Another process holds memory on this GPU: stop it or move it, or lower --gpu-memory-utilization"
+            + (f" (now {f.gpu_mem_util:g})" if f.gpu_mem_util else "") + " to what is free next to it."
+        )
+    if f.phase is Phase.WEIGHTS:
+        fix.append("The weights do not fit: use a quantized model or spread it with --tensor-parallel-size.")
+    elif f.phase is Phase.CUDA_GRAPHS:
+        fix.append("CUDA graph capture ran out: --enforce-eager skips it, or lower --max-num-seqs (fewer graph sizes).")
+    fix.append(
+        "Lower --max-model-len" + (f" (now {num(f.max_model_len)})" if f.max_model_len else "")
+        + " or --max-num-batched-tokens so the profiling run and the KV cache need less, or lower "
+        "--gpu-memory-utilization if the GPU is shared."
+    )
+    return tuple(fix)
 
 
 class OomRisk:
@@ -304,15 +409,15 @@ class OomRisk:
 
     ids = ("oom_risk",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_gpu(ctx, oom_risk)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_gpu(ctx, mem, oom_risk)
 
 
-def oom_risk(ctx: Ctx, idx: int) -> Alert | None:
-    th = ctx.th
-    gs = ctx.mem.gpus[idx]
+def oom_risk(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
+    th = mem.th
+    gs = mem.gpus[idx]
     p = gs.points[-1] if gs.points else None
-    if p is None or p.mem_pct is None or p.mem_pct < th.oom_risk_pct or ctx.starting_on(idx):
+    if p is None or p.mem_pct is None or p.mem_pct < th.oom_risk_pct or mem.starting_on(ctx, idx):
         gs.risk_since = None
         return None
     t0 = p.t - th.oom_risk_window_s
@@ -343,7 +448,7 @@ def oom_risk(ctx: Ctx, idx: int) -> Alert | None:
         key=lambda x: -x[1],
     )
     if grow and grow[0][1] > 0:
-        ev.append(f"growing most: {ctx.name_pid(grow[0][0])}, +{gib(grow[0][1])} in {dur(span)}")
+        ev.append(f"growing most: {mem.name_pid(ctx, grow[0][0])}, +{gib(grow[0][1])} in {dur(span)}")
     fix = [
         "Find what grows (the process above) before it hits an out-of-memory error; for vLLM, set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and lower --gpu-memory-utilization.",

@@ -41,7 +41,6 @@ h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
 from __future__ import annotations
 
 import math
-import statistics
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,10 +48,12 @@ from typing import TYPE_CHECKING, Any
 from vtop.core.inflight import oldest_logged
 from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Ctx, per_server
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, hist_count_at_least, num, plural, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
+    from vtop.core.requests import InFlight
     from vtop.core.rules.state import ServerState
     from vtop.core.server import ServerView
 
@@ -62,13 +63,13 @@ class Runaway:
 
     ids = ("runaway",)
 
-    def check(self, ctx: Ctx) -> list[Alert]:
-        return per_server(ctx, runaway)
+    def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        return per_server(ctx, mem, runaway)
 
 
-def runaway(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
+def runaway(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
     """Either path: nothing finished for ``runaway_s``, or the oldest request known to be old."""
-    return _runaway_quiet(ctx, url, v, st) or _runaway_by_age(ctx, url, v, st)
+    return _runaway_quiet(ctx, mem, url, v, st) or _runaway_by_age(ctx, mem, url, v, st)
 
 
 def _ordinary_e2e_s(st: ServerState) -> float | None:
@@ -90,21 +91,21 @@ def _ordinary_e2e_s(st: ServerState) -> float | None:
         rate = (s.done - old.done) / (s.t - old.t)
         runs = [x.running for x in st.samples if x.t >= old.t and x.running is not None]
         if runs and rate > 0:
-            out.append(statistics.fmean(runs) / rate)
+            out.append(fmean(runs) / rate)
     return max(out) if out else None
 
-def _proven_logged(ctx: Ctx, url: str, st: ServerState) -> tuple[float, float, Any] | None:
+def _proven_logged(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> tuple[float, float, Any] | None:
     """(age, since, request): the logged request known to be in flight longest (the request
     log with the max_tokens histogram, :func:`vtop.core.inflight.oldest_logged`), or None."""
-    reqs = ctx.requests.get(url)
+    reqs = ctx.requests_of(url)
     s = st.last
     if not reqs or s is None:
         return None
     # where the log has Added lines, one that has none yet was not taken by the engine (refused?)
-    added_logged = any(getattr(r, "added", False) for r in reqs)
+    added_logged = any(r.added for r in reqs)
     rows = [(float(r.since), float(r.max_tokens), r) for r in reqs
-            if isinstance(getattr(r, "since", None), (int, float)) and isinstance(getattr(r, "max_tokens", None), int)
-            and (getattr(r, "added", True) or not added_logged)]
+            if isinstance(r.max_tokens, int)
+            and (r.added or not added_logged)]
     busy = None if s.running is None else s.running + (s.waiting or 0.0)
 
     def generated_since(t: float) -> float | None:
@@ -138,8 +139,8 @@ def _flat_s_scan(st: ServerState, since: float, now: float) -> float:
     return out
 
 
-def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
+def _runaway_by_age(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = mem.th
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running < 1:
         return None
@@ -150,7 +151,7 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
         # no answer yet: queued or decoding, the connection does not say which; with nothing waiting
         # (vLLM's gauge) every request in flight is in the engine. Else only a streaming answer counts.
         conn = ct.oldest(ctx.now, pending=False) if ct is not None else None
-    if age < min(th.runaway_age_s, th.runaway_s) and not ctx.requests.get(url) and ctx.history_of(url) is None \
+    if age < min(th.runaway_age_s, th.runaway_s) and not ctx.requests_of(url) and ctx.history_of(url) is None \
             and conn is None:
         # The limit below is never under that, and only the request log, the log's history or the
         # kernel's connections could raise the age: nothing can be proven here (every server, every
@@ -162,17 +163,17 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
     ordinary = _ordinary_e2e_s(st)
     # --runaway-threshold below 45 s lowers this too: a flag works the same on both paths
     limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
-    named = _named_request(ctx.requests.get(url))
+    named = _named_request(ctx.requests_of(url))
     log_line = None
-    proven = _proven_logged(ctx, url, st)
+    proven = _proven_logged(ctx, mem, url, st)
     if proven is not None:
         p_age, p_since, req = proven
-        mt = getattr(req, "max_tokens", None)
-        no_client = bool(getattr(req, "no_client_max_tokens", False))
+        mt = req.max_tokens
+        no_client = req.no_client_max_tokens
         if p_age >= age or p_age >= limit:
             # proven in flight that long: it, not the log's oldest entry (which may have
             # ended unseen), is the request to name
-            rid = str(getattr(req, "request_id", "?"))
+            rid = req.request_id
             named = (rid, p_age, False, mt, no_client)
             if p_age >= age:
                 age, since, running_then = p_age, p_since, None
@@ -232,7 +233,8 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
             f"the oldest in-flight request has run at least {dur(age)}: {num(running_then)} running "
             f"{dur(age)} ago and running has never dropped below what is left of them, while requests that "
             f"finished since (their end-to-end latency says when they began) cannot all be those"),
-        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s",
+        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s over the last "
+        f"{s.t - r.t:.0f} s",
     ]
     if ordinary is not None:
         ev.append(f"requests that finished here took {dur(ordinary)} or less (p95)")
@@ -257,9 +259,9 @@ def _runaway_by_age(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert
         return Alert("runaway", "info", title, tuple(ev), (
             "It has a cap: it ends by itself. If it should not take this long, lower max_tokens in the client.",
         ), url, since)
-    fix = _runaway_fixes(mml, ctx.logging.get(url) is False, client)
+    fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False, client)
     title = (f"Runaway decode on {short}: a request {'in flight' if pending else 'running'} at least {dur(age)}, "
-             f"{rate:,.0f} tok/s"
+             f"{rate:,.0f} tok/s over {s.t - r.t:.0f} s"
              + (f" (client {client})" if client else "" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
@@ -280,8 +282,8 @@ def _runaway_fixes(mml: int | None, no_request_log: bool, client: str | None = N
         fix.append("Start vLLM with --enable-log-requests to let vtop name the request.")
     return fix
 
-def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert | None:
-    th = ctx.th
+def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    th = mem.th
     s = st.last
     if s is None or v.state not in LIVE or not s.running or s.running < 1:
         return None
@@ -290,7 +292,7 @@ def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert 
     # Requests have run without one finishing since then (idle time does not count).
     since = max(st.last_finish_t, st.busy_since)
     now = ctx.now
-    named = _named_request(ctx.requests.get(url))
+    named = _named_request(ctx.requests_of(url))
     if now - since < th.runaway_s:
         # The metrics history is too short (vtop doctor's 15 s window, or vtop just
         # started): the request log can still say how long the request has run.
@@ -357,7 +359,8 @@ def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert 
     )
     if age_txt:
         ev.append(age_txt)
-    ev.append(f"decoding {rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
+    ev.append(f"decoding {rate:,.0f} tok/s over the last {s.t - r.t:.0f} s; {num(made)} tokens generated since "
+              "these requests started")
     if s.kv is not None and a.kv is not None and s.kv > a.kv:
         ev.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
     if mml:
@@ -366,9 +369,10 @@ def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert 
             line += f"; at {per_req:,.0f} tok/s per request that is up to {dur(mml / per_req)}"
         ev.append(line)
     # Histogram of resolved max_tokens over the remembered history: values near
-    # max_model_len betray clients that omit it (§4: the metric records the resolved value).
+    # max_model_len betray clients that omit it (the metric records the resolved value, the server's default
+    # max_model_len - prompt when the client set none).
     old = next((x for x in st.samples if x.max_tokens is not None), None)
-    if mml and old is not None and s.max_tokens is not None and old is not s:
+    if mml and old is not None and old.max_tokens is not None and s.max_tokens is not None and old is not s:
         d = histogram_delta(old.max_tokens, s.max_tokens)
         cnt, edge = hist_count_at_least(d, th.runaway_near_len_frac * mml)
         if cnt > 0 and d is not None:
@@ -382,38 +386,27 @@ def _runaway_quiet(ctx: Ctx, url: str, v: ServerView, st: ServerState) -> Alert 
             if s.length is not None and old.length is not None and s.length > old.length:
                 line += f"; {num(s.length - old.length)} finished with reason 'length'"
             ev.append(line)
-    for idx in ctx.gpus_of(url):
-        gl = ctx.gpu_line(idx, since, now)
+    for idx in mem.gpus_of(ctx, url):
+        gl = mem.gpu_line(idx, since, now)
         if gl:
             ev.append(gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)")
 
-    fix = _runaway_fixes(mml, ctx.logging.get(url) is False)
+    fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False)
     dur_txt = f"running {dur(age)}" if age is not None else f"nothing finished for {dur(now - since)}"
-    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s, nothing finished"
+    window = f"{s.t - r.t:.0f} s"
+    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s over {window}, nothing finished"
     if age is None:
-        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s, {dur_txt}"
+        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s over {window}, {dur_txt}"
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 
-def _named_request(reqs: Sequence[Any] | None) -> tuple[str, float | None, bool, Any, bool] | None:
+def _named_request(reqs: Sequence[InFlight] | None) -> tuple[str, float | None, bool, int | None, bool] | None:
     """(id, age, age is an upper bound, max_tokens, client omitted it) of the request to name."""
     if not reqs:
         return None
-
-    def age(r: Any) -> float:
-        a = getattr(r, "age_s", None)
-        return float(a) if isinstance(a, (int, float)) else -1.0
-
-    flagged = [r for r in reqs if getattr(r, "no_client_max_tokens", False)]
+    flagged = [r for r in reqs if r.no_client_max_tokens]
     pool = flagged or list(reqs)
-    r = max(pool, key=age)
-    a = getattr(r, "age_s", None)
-    return (
-        str(getattr(r, "request_id", "?")),
-        float(a) if isinstance(a, (int, float)) else None,
-        bool(getattr(r, "age_is_upper_bound", False)),
-        getattr(r, "max_tokens", None),
-        bool(flagged),
-    )
+    r = max(pool, key=lambda r: r.age_s)
+    return (r.request_id, r.age_s, r.age_is_upper_bound, r.max_tokens, bool(flagged))
 
 # ------------------------------------------------------------------ rule 2: engine stall

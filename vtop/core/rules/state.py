@@ -14,6 +14,9 @@ from typing import Any, overload
 
 from vtop.core.inflight import MaxTokensLedger, OldestInFlight
 from vtop.core.server import sleep_level
+from vtop.model.gpu import GpuProcess
+from vtop.model.metrics import Histogram, VllmMetrics
+from vtop.model.procs import ServerProcess
 
 __all__ = ["KEEP_STEP_S", "CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
 
@@ -29,11 +32,11 @@ class Sample:
     preempt: float | None
     done: float | None
     length: float | None
-    max_tokens: Any
-    prompt_hist: Any
+    max_tokens: Histogram | None
+    prompt_hist: Histogram | None
     #: when the two histograms were read (earlier than ``t`` when carried over)
     hist_t: float
-    e2e: Any = None
+    e2e: Histogram | None = None
     #: the engine was put to sleep (``engine_sleep_state``): quiet on purpose, so its quiet time is
     #: no stall time (the stall clock starts again at ``/wake_up``)
     sleeping: bool = False
@@ -42,9 +45,9 @@ class Sample:
     flat_cum: float = 0.0
 
 
-def sample_of(t: float, m: Any) -> Sample:
-    succ = getattr(m, "request_success_total", None) or {}
-    kv = getattr(m, "kv_cache_usage", None)
+def sample_of(t: float, m: VllmMetrics) -> Sample:
+    succ = m.request_success_total
+    kv = m.kv_cache_usage
     return Sample(
         t=t,
         running=m.running,
@@ -55,10 +58,10 @@ def sample_of(t: float, m: Any) -> Sample:
         preempt=m.preemptions_total,
         done=float(sum(succ.values())) if succ else None,
         length=succ.get("length") if succ else None,
-        max_tokens=getattr(m, "request_params_max_tokens", None),
-        prompt_hist=getattr(m, "request_prompt_tokens", None),
-        hist_t=t - (getattr(m, "histograms_age_s", 0.0) or 0.0),
-        e2e=getattr(m, "e2e_request_latency_seconds", None),
+        max_tokens=m.request_params_max_tokens,
+        prompt_hist=m.request_prompt_tokens,
+        hist_t=t - (m.histograms_age_s or 0.0),
+        e2e=m.e2e_request_latency_seconds,
         sleeping=bool(sleep_level(m)),
     )
 
@@ -126,6 +129,8 @@ class ServerState:
         self.busy_done0 = 0.0
         self.busy_drops = 0.0
         self.kv_high_since: float | None = None
+        #: first sample of the current stretch with running == 0 and requests waiting
+        self.queue_since: float | None = None
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
@@ -138,19 +143,18 @@ class ServerState:
         self.cpu_samples: list[CpuSample] = []
         self.cpu_seen: object = None
 
-    def note_cpu(self, t: float, proc: Any, keep_s: float) -> None:
-        """Take the CPU seconds of a server's process scan (a ServerProcess read by attribute),
-        once per scan (the same object on the next tick is the same scan)."""
+    def note_cpu(self, t: float, proc: ServerProcess, keep_s: float) -> None:
+        """Take the CPU seconds of a server's process scan, once per scan (the same object on the
+        next tick is the same scan)."""
         if proc is self.cpu_seen:
             return
         self.cpu_seen = proc
-        by = getattr(proc, "cpu_by_pid", None)
-        cpu = by() if callable(by) else {}
+        cpu = proc.cpu_by_pid()
         if not cpu:
             return  # no reading (an old recording, a process vtop may not read): no sample, never a zero
-        kids = tuple(getattr(proc, "children", ()) or ())
+        kids = proc.children
         working = tuple(c.pid for c in kids if c.role == "worker") or tuple(c.pid for c in kids if c.role == "engine")
-        roles = {int(c.pid): str(getattr(c, "title", "") or c.role) for c in kids}
+        roles = {int(c.pid): str(c.title or c.role) for c in kids}
         roles[int(proc.pid)] = "API server"
         keep_recent(self.cpu_times, self.cpu_samples, t, CpuSample(t, cpu, working or (int(proc.pid),), roles),
                     keep_s)
@@ -181,43 +185,16 @@ class ServerState:
             p = None
         if self.first_t is None:
             self.first_t = s.t
-        if p is None:
-            self.last_finish_t = self.last_finish_t or s.t
-            self.last_progress_t = self.last_progress_t or s.t
-        else:
-            finished = (s.done is not None and p.done is not None and s.done > p.done) or (
-                s.running is not None and p.running is not None and s.running < p.running
-            )
-            if finished:
-                self.last_finish_t = s.t
-            moved = any(
-                a is not None and b is not None and b > a
-                for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
-            )
-            if moved or s.sleeping:
-                self.last_progress_t = s.t
-        if s.running is not None:
-            if s.running > 0:
-                if self.busy_since is None:
-                    self.busy_since = s.t
-                    self.busy_known = p is not None and p.running == 0
-                    self.idle_before = p.t if self.busy_known and p is not None else None
-                    self.busy_n0 = s.running
-                    self.busy_done0 = s.done or 0.0
-                    self.busy_drops = 0.0
-                elif p is not None and p.running is not None and s.running < p.running:
-                    self.busy_drops += p.running - s.running
-            else:
-                self.busy_since = None
+        self._note_moves(p, s)
+        self._note_busy(p, s)
         self.oldest.add(s.t, s.running, s.e2e, s.hist_t, s.done, s.preempt, s.length)
         if s.max_tokens is not None:
             self.max_tokens_ledger.add(s.hist_t, s.max_tokens)
         if s.kv is not None:
-            if s.kv >= kv_thr:
-                if self.kv_high_since is None:
-                    self.kv_high_since = s.t
-            else:
+            if s.kv < kv_thr:
                 self.kv_high_since = None
+            elif self.kv_high_since is None:
+                self.kv_high_since = s.t
         keep_recent(self.times, self.samples, s.t, s, keep_s)
         if len(self.samples) >= 2:  # its predecessor in the list (keep_recent may have replaced the last)
             q = self.samples[-2]
@@ -240,6 +217,46 @@ class ServerState:
             out -= min(first, max(0.0, since - times[j]))
         return out
 
+    def _note_moves(self, p: Sample | None, s: Sample) -> None:
+        """When a request last finished, when the counters last moved."""
+        if p is None:
+            self.last_finish_t = self.last_finish_t or s.t
+            self.last_progress_t = self.last_progress_t or s.t
+            return
+        finished = (s.done is not None and p.done is not None and s.done > p.done) or (
+            s.running is not None and p.running is not None and s.running < p.running
+        )
+        if finished:
+            self.last_finish_t = s.t
+        moved = any(
+            a is not None and b is not None and b > a
+            for a, b in ((p.gen, s.gen), (p.prompt, s.prompt), (p.done, s.done))
+        )
+        if moved or s.sleeping:
+            self.last_progress_t = s.t
+
+    def _note_busy(self, p: Sample | None, s: Sample) -> None:
+        """The current stretch with requests running: since when, from what, and how many left it."""
+        if s.running is None:
+            return
+        if s.running <= 0:
+            self.busy_since = None
+            if not s.waiting:
+                self.queue_since = None
+            elif self.queue_since is None:
+                self.queue_since = s.t
+            return
+        self.queue_since = None
+        if self.busy_since is None:
+            self.busy_since = s.t
+            self.busy_known = p is not None and p.running == 0
+            self.idle_before = p.t if self.busy_known and p is not None else None
+            self.busy_n0 = s.running
+            self.busy_done0 = s.done or 0.0
+            self.busy_drops = 0.0
+        elif p is not None and p.running is not None and s.running < p.running:
+            self.busy_drops += p.running - s.running
+
 
 @dataclass(slots=True)
 class GpuPoint:
@@ -249,7 +266,7 @@ class GpuPoint:
     mem_pct: float | None
     mem_used: float | None
     mem_total: float | None
-    procs: tuple[Any, ...] | None
+    procs: tuple[GpuProcess, ...] | None
 
 
 _GPU_COLS = ("util", "sm", "mem_pct", "mem_used", "mem_total")
@@ -268,7 +285,7 @@ class GpuState:
     def __init__(self) -> None:
         self.times: array[float] = array("d")
         self._cols: tuple[array[float], ...] = tuple(array("d") for _ in _GPU_COLS)
-        self._procs: list[tuple[Any, ...] | None] = []
+        self._procs: list[tuple[GpuProcess, ...] | None] = []
         self.idle_since: float | None = None
         self.idle_util: list[float] = []
         self.idle_sm: list[float] = []

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Iterable
 
+from vtop.core.rates import HistogramDelta
 from vtop.model.fmt import dur
+from vtop.model.gpu import XidEvent
+from vtop.model.procs import ServerProcess
 
-__all__ = ["GIB", "LIVE", "cap_suggestion", "dur", "flag", "gib", "hist_count_at_least", "is_proc", "json_keys",
-           "num", "plural", "role_of", "short_url", "version_tuple", "xid_short"]
+__all__ = ["GIB", "LIVE", "cap_suggestion", "dur", "flag", "gib", "hist_count_at_least", "json_keys",
+           "num", "plural", "short_url", "version_tuple", "xid_short"]
 
 GIB = float(2**30)
 #: server states in which a server serves (the rules that read /metrics judge only these)
@@ -41,19 +44,9 @@ def plural(n: float, word: str) -> str:
     return f"{n:,.0f} {word}" + ("" if round(n) == 1 else "s")
 
 
-def is_proc(p: Any) -> bool:
-    return p is not None and not isinstance(p, str) and hasattr(p, "argv")
-
-
-def flag(proc: Any, name: str) -> str | None:
+def flag(proc: ServerProcess, name: str) -> str | None:
     """Value of ``--name`` on a server's command line (``""`` for a bare flag)."""
-    f = getattr(proc, "flag", None)
-    if callable(f):
-        try:
-            return f(name)
-        except Exception:  # pragma: no cover - a fake without the parser
-            pass
-    argv = tuple(getattr(proc, "argv", ()) or ())
+    argv = proc.argv
     val: str | None = None
     for i, tok in enumerate(argv):
         if tok == name:
@@ -69,7 +62,7 @@ def version_tuple(v: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def hist_count_at_least(delta: Any, limit: float) -> tuple[float, float | None]:
+def hist_count_at_least(delta: HistogramDelta | None, limit: float) -> tuple[float, float | None]:
     """(observations in buckets whose lower edge is >= ``limit``, that edge)."""
     if delta is None or not delta.buckets:
         return 0.0, None
@@ -81,14 +74,6 @@ def hist_count_at_least(delta: Any, limit: float) -> tuple[float, float | None]:
             return max(0.0, total - prev_c), prev_le
         prev_le, prev_c = le, c
     return 0.0, None
-
-
-def role_of(proc: Any, pid: int) -> str:
-    for c in getattr(proc, "children", ()) or ():
-        if getattr(c, "pid", None) == pid:
-            title = (getattr(c, "title", "") or "").replace("VLLM::", "").strip()
-            return title.split()[0] if title else str(getattr(c, "role", "process"))
-    return "vLLM"
 
 
 def json_keys(s: str | None) -> set[str]:
@@ -108,7 +93,7 @@ def cap_suggestion(mml: int | None) -> int:
     return min(4096, max(256, int(mml) // 2))
 
 
-def xid_short(xids: Any) -> str:
+def xid_short(xids: Iterable[XidEvent]) -> str:
     """``XID 79 on gpu0`` (the first; ``+N more``) for a title."""
     xs = list(xids)
     if not xs:

@@ -16,7 +16,7 @@ from textual.widgets import Input, Log
 from vtop.model.redact import redact_prompts, scrub_secrets
 
 if TYPE_CHECKING:
-    from vtop.core.phase_types import LogLine
+    from vtop.core.phases.types import LogLine
     from vtop.monitor.logwatch import LogView
 
 
