@@ -37,7 +37,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -331,8 +331,9 @@ class ServerTracker:
             if mono < self._feeds[-1]:
                 return
         self._feeds.append(mono)
-        self._last_poll = poll
         self._note_process(process)
+        poll = self._through_proxy(poll)
+        self._last_poll = poll
 
         if poll.health is not None:
             self._health = poll.health
@@ -455,6 +456,19 @@ class ServerTracker:
         if kind.startswith("http 5"):
             return "engine dead" if self._health_bad_since is not None else "stale"
         return "not vllm"  # not vllm, garbage, too large, http 4xx
+
+    def _through_proxy(self, poll: ServerPoll) -> ServerPoll:
+        """A server in a container reached at a port published on the host: docker-proxy accepts every
+        connection and closes it, no byte sent, when nothing listens in the container yet. That is the
+        container's port refusing (a start, or a dead server), not a server dropping its answer."""
+        p = self._process
+        if (poll.error == "reset" and p is not None and not isinstance(p, str) and bool(getattr(p, "published", None))
+                and "before the answer" in (poll.message or "")):
+            return replace(poll, error="refused", message=(
+                f"nothing listens in {getattr(p, 'placement', None) or 'the container'} on port "
+                f"{getattr(p, 'inner_port', '?')} (the published port's proxy closed the connection): "
+                "vLLM is starting or not running"))
+        return poll
 
     def _has_process(self) -> bool:
         p = self._process

@@ -184,9 +184,11 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str], *, age_s: float | None = None,
+def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str],
+             owner: dict[int, str] | None = None, *, age_s: float | None = None,
              stale: bool = False) -> list[dict[str, Any]]:
     """One row a GPU: its last readings, ``age_s`` old (``stale`` past Monitor.gpu_stale_after_s)."""
+    owner = owner or {}
     out = []
     for idx in sorted(hist.tracks):
         tr = hist.tracks[idx]
@@ -212,7 +214,8 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str], *, age_s: fl
             "power_limit_w": _r(g.power_limit_w),
             "temp_c": _r(g.temp_c),
             "throttle": list(g.throttle) if g.throttle is not None else None,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid)}
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid),
+                           "owner": owner.get(p.pid)}
                           for p in (g.procs or ())],
             "age_s": _r(age_s),
             "stale": stale,
@@ -280,6 +283,9 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "rate_window_s": v.window_s,
         "rate_span_s": _r(v.rate_span_s) if rates_from == "metrics" else None,
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
+        "placement": getattr(process, "placement", None) if process not in (None, UNKNOWN) else None,
+        "container_id": getattr(process, "container_id", None) if process not in (None, UNKNOWN) else None,
+        "ns_pid": getattr(process, "ns_pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
         "last_seen": seen.to_json() | {"text": seen.words()} if seen is not None else None,
     }
@@ -491,6 +497,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
+        # what the log is when a container runtime or journald keeps it ("docker json-file of vllm-0")
+        startup["log_kind"] = getattr(monitor.log_watch.source, "label", None) if monitor.log_watch else None
         startup["log_problem"] = lv.problem
         dl = monitor.download_progress()
         startup["download"] = None if dl is None else dl.to_json()
@@ -524,8 +532,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         host=socket.gethostname(),
         gpu_status=gpu_status,
         gpu_message=gpu_message,
-        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, age_s=monitor.gpu_readings_age(),
-                      stale=stale_for is not None),
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, monitor.gpu_owner,
+                      age_s=monitor.gpu_readings_age(), stale=stale_for is not None),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
                             *(from_log[1:] if from_log is not None and from_log[0] == url else ()),
                             now=clock.monotonic(),
@@ -643,6 +651,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             head += f" {s['model']}"
         if s["version"]:
             head += f" v{s['version']}"
+        if s.get("placement"):
+            head += f" ({s['placement']})"
         lines.append(head)
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
@@ -656,7 +666,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             lines.append(f"  {s['last_seen']['text']}")
     st = rep.startup
     if st and st.get("state") == "starting":
-        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log')})"
+        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log_kind') or st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
     if rep.requests_in_flight:
         lines.append(f"requests in flight (request log): {rep.requests_in_flight}")

@@ -86,6 +86,8 @@ class LiveFeed:
         self._hub_scanner: Any = None
         #: the ports whose connections the conns thread reads (set on the event loop's thread)
         self._conn_ports: frozenset[int] = frozenset()
+        #: ``(url, pid, port)`` of the servers whose connections it reads in their own network namespace
+        self._conn_netns: tuple[tuple[str, int, int], ...] = ()
         self.scrapers: dict[str, VllmScraper] = {}
         #: the sources that never answered by the end of a headless window (set by vtop.faces.headless.watch)
         self.silent: list[str] = []
@@ -112,7 +114,7 @@ class LiveFeed:
             self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
             self.gpu_loop.start()
         self._start_log_loop()
-        self._conn_ports = self._busy_ports()
+        self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()
         self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
         self.conns_loop.start()
         self._download_target = self.monitor.download_target()
@@ -169,7 +171,7 @@ class LiveFeed:
         for loop in (self.gpu_loop, self.log_loop, self.conns_loop, self.download_loop):
             if loop is not None:
                 loop.collect()
-        self._conn_ports = self._busy_ports()
+        self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()
         self._download_target = self.monitor.download_target()
         self._start_log_loop()
         self._start_scrapes()
@@ -235,19 +237,40 @@ class LiveFeed:
                 out.add(port)
         return frozenset(out)
 
-    def conns_blocking(self) -> Any:
-        """In the conns thread: the kernel's connections to the local servers' ports."""
-        from vtop.sources.sockets import read_conns
+    def _busy_netns(self) -> tuple[tuple[str, int, int], ...]:
+        """The servers in a network namespace of their own worth a read there (as :meth:`_busy_ports`)."""
+        out = []
+        for url, pid, port in self.monitor.conn_netns():
+            ws = self.monitor.servers[url]
+            v = ws.last_view
+            running = v.metrics.running if v is not None and v.metrics is not None else None
+            if v is None or (running is not None and running >= 1):
+                out.append((url, pid, port))
+        return tuple(out)
 
-        return read_conns(self._conn_ports)
+    def conns_blocking(self) -> Any:
+        """In the conns thread: the kernel's connections to the local servers' ports, then those of
+        each server in its own network namespace, read there (a list of reads)."""
+        from vtop.sources.sockets import read_conns, read_conns_in
+
+        reads = [read_conns(self._conn_ports)]
+        for url, pid, port in self._conn_netns:
+            reads.append(read_conns_in(pid, {port}, url=url))
+        return reads
 
     def _on_conns(self, result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            from vtop.sources.sockets import ConnRead
+        from vtop.sources.sockets import ConnRead
 
-            result = ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")
-        if result.conns or result.error or any(ws.conns.last_mono is not None for ws in self.monitor.servers.values()):
-            self.monitor.apply_conns(result)
+        if error is not None:
+            result = [ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")]
+        servers = self.monitor.servers
+        for read in result if isinstance(result, list) else [result]:
+            if read.url is not None:
+                ws = servers.get(read.url)
+                if read.conns or read.error or (ws is not None and ws.conns.last_mono is not None):
+                    self.monitor.apply_conns(read)
+            elif read.conns or read.error or any(ws.conns.last_mono is not None for ws in servers.values()):
+                self.monitor.apply_conns(read)
         if self.conns_loop is not None:
             # set before the thread resumes (it waits for this result to be applied, then waits this
             # long): a long answer streaming makes the next read come in 2 s, not 10

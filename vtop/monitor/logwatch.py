@@ -56,6 +56,9 @@ class LogView:
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
     binary_lines: int = 0
     """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+    source_label: str | None = None
+    """What keeps the log when vtop found it by itself ("docker json-file of vllm-0", "journal of unit
+    vllm.service"); None for a plain file or a pipe."""
     logged_since_start: tuple[tuple[float, int], ...] | None = None
     """``(since, max_tokens)`` of every request logged since the server's startup, aborted and
     refused ones left out; None when the request lines do not reach back to a startup
@@ -145,6 +148,7 @@ class LogWatch:
         self._ready_recorded = False
         self._restarts_seen = 0
         self._max_len_sent: int | None = None
+        self._last_arrival = float("-inf")
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
@@ -153,15 +157,24 @@ class LogWatch:
     @classmethod
     def for_server(cls, server: Any, *, clock: Clock, **kw: Any) -> tuple[LogWatch | None, str]:
         """The log a running server writes (its stdout, found in /proc), with its launch
-        time handed to the tracker; or None and why not (a pipe, a terminal...)."""
+        time handed to the tracker; or None and why not (a pipe, a terminal...). A server in a
+        container, a pod or a systemd unit writes to a pipe its runtime reads: then the file the
+        runtime keeps (docker's json-file, kubelet's CRI log) or the journal is followed."""
         from vtop.sources.logtail import LogTailer, find_log_for_pid
 
         loc = find_log_for_pid(server.pid)
-        if loc.path is None:
-            return None, loc.message
-        watch = cls(LogTailer(loc.path), clock=clock, **kw)
+        src: Any = None
+        where = f"{loc.path} (stdout of pid {server.pid})"
+        if loc.path is not None:
+            src = LogTailer(loc.path)
+        else:
+            src, said = _runtime_log(server)
+            if src is None:
+                return None, said or loc.message
+            where = said or where
+        watch = cls(src, clock=clock, **kw)
         watch.mark_launch_of(server)
-        return watch, f"{loc.path} (stdout of pid {server.pid})"
+        return watch, where
 
     def mark_launch_of(self, server: Any) -> None:
         """Tell the tracker when ``server`` (a ServerProcess) was launched."""
@@ -231,20 +244,34 @@ class LogWatch:
         with self._lock:
             now = self.clock.monotonic()
             wall = self.clock.time()
-            lines = self.source.poll()
+            timed = getattr(self.source, "poll_timed", None)
+            arrivals: list[tuple[float, float]] | None = None
+            if timed is not None:
+                pairs = timed()
+                lines = [line for line, _ in pairs]
+                arrivals = self._arrivals([t for _, t in pairs], now, wall)
+            else:
+                lines = self.source.poll()
             if not self._backfilled and self.source.state.status == "following":
                 self._backfill(wall)
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
                 feed, req, hist = self.tracker.feed, self.requests.feed, self.history.feed
-                for line in lines:
-                    ev = feed(line, now)
-                    req(line, now, event=ev)
-                    hist(ev, wall, now)
+                if arrivals is None:
+                    for line in lines:
+                        ev = feed(line, now)
+                        req(line, now, event=ev)
+                        hist(ev, wall, now)
+                else:
+                    for line, (w, m) in zip(lines, arrivals):
+                        ev = feed(line, m)
+                        req(line, m, event=ev)
+                        hist(ev, w, m)
                 self._lines_total += len(lines)
                 self._binary_lines += sum(1 for line in lines if is_binary_line(line))
                 if self.recorder is not None:
+                    # at the read, as a plain file's lines (a recording's events keep their order)
                     self.recorder.log(self.clock.time(), now, lines)
             while True:
                 try:
@@ -292,7 +319,22 @@ class LogWatch:
                 binary_lines=self._binary_lines,
                 logged_since_start=self.requests.logged_since_start(),
                 old_s=old,
+                source_label=getattr(self.source, "label", None),
             )
+
+    def _arrivals(self, stamps: list[float | None], now: float, wall: float) -> list[tuple[float, float]]:
+        """``(wall, monotonic)`` arrival of each line whose writer stamped when it read it (a container
+        runtime, journald): that moment, on vtop's clocks, never later than now and never before the
+        line ahead of it (stdout and stderr are stamped apart); now for a line with no stamp."""
+        out: list[tuple[float, float]] = []
+        last = self._last_arrival
+        for t in stamps:
+            m = now if t is None else now - max(0.0, wall - t)
+            m = max(m, last)
+            last = m
+            out.append((wall - (now - m), m))
+        self._last_arrival = last
+        return out
 
     def _backfill(self, wall: float) -> None:
         """Once the file is open: the stats lines at its end, ahead of the forward read
@@ -309,6 +351,34 @@ class LogWatch:
 
     def close(self) -> None:
         self.source.close()
+
+
+def _runtime_log(server: Any) -> tuple[Any, str | None]:
+    """The source of the log the runtime around ``server`` keeps, and what it is ("docker json-file
+    of vllm-0 (PATH)"); ``(None, why)`` when it keeps none vtop reads; ``(None, None)`` when
+    ``server`` runs in no container, pod or unit."""
+    from vtop.sources import discovery
+    from vtop.sources.containers import container_log
+
+    enr = discovery.enricher()
+    info = enr.runtime_info(getattr(server, "container_id", None)) if enr is not None else None
+    found = container_log(server, info)
+    if found is None:
+        return None, None
+    if found.kind is None:
+        return None, f"{found.message}"
+    if found.kind == "journal":
+        from vtop.sources.journal import JournalTailer
+
+        assert found.match is not None
+        src: Any = JournalTailer(found.match, since=server.create_time - 1.0, label=found.label)
+        return src, f"{found.label} (journalctl {found.match})"
+    from vtop.sources.logformats import CriDecoder, DockerJsonDecoder
+    from vtop.sources.logtail import LogTailer
+
+    assert found.path is not None
+    dec = DockerJsonDecoder() if found.kind == "docker-json" else CriDecoder()
+    return LogTailer(found.path, decoder=dec, label=found.label), f"{found.label} ({found.path})"
 
 
 __all__ = ["LogView", "LogWatch", "Phase"]

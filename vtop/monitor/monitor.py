@@ -170,6 +170,8 @@ class Monitor:
         self._undiagnosed = False
         self.download = DownloadTracker()
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
+        self._conn_errors_said: set[str] = set()
+        self._unmapped_said = False
 
     # ------------------------------------------------------------------ reading
     @property
@@ -323,24 +325,34 @@ class Monitor:
         owner: dict[int, str] = {}
         for sp in servers:
             port = f":{sp.port}"
+            where = f" · {sp.placement}" if sp.placement else ""
             for c in sp.children:
                 if c.holds_gpu:
                     name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
-                    owner[c.pid] = f"{name} of {port}"
+                    owner[c.pid] = f"{name} of {port}{where}"
             if not sp.children and sp.pid:
-                owner.setdefault(sp.pid, f"vLLM {port}")
+                owner.setdefault(sp.pid, f"vLLM {port}{where}")
         self.gpu_owner = owner
         self._follow_log(servers)
 
     def conn_ports(self) -> frozenset[int]:
-        """The ports of the watched servers whose connections this box's kernel holds: a local
-        URL, or one whose process discovery found here."""
+        """The ports of the watched servers whose connections this box's kernel holds in vtop's
+        network namespace: a local URL, or one whose process discovery found here (not one in a
+        network namespace of its own: :meth:`conn_netns`)."""
         out = set()
         for url, ws in self.servers.items():
             host, port = url_hostport(url)
+            if ws.process is not None and ws.process.own_netns:
+                continue
             if host in LOCAL_HOSTS or ws.process is not None:
                 out.add(port)
         return frozenset(out)
+
+    def conn_netns(self) -> list[tuple[str, int, int]]:
+        """``(url, pid, port inside)`` of each watched server that listens in a network namespace
+        of its own (a container): its connections are read there."""
+        return [(url, ws.process.pid, ws.process.inner_port) for url, ws in self.servers.items()
+                if ws.process is not None and ws.process.own_netns]
 
     def conns_read_every(self) -> float:
         """Seconds until the next read of the connections should come (the soonest any server asks:
@@ -352,6 +364,17 @@ class Monitor:
         recorded): each local server takes those of its port."""
         if self.recorder is not None:
             self.recorder.conns(read)
+        url_of = getattr(read, "url", None)
+        if url_of is not None:
+            ws = self.servers.get(url_of)
+            if ws is None:
+                return
+            inner = ws.process.inner_port if ws.process is not None else url_hostport(url_of)[1]
+            ws.conns.feed(read.mono, [c for c in read.conns if c.port == inner], read.error)
+            if read.error is not None and url_of not in self._conn_errors_said:
+                self._conn_errors_said.add(url_of)  # once: it would be the same every read
+                self.notes.append(f"{url_of}: {read.error}")
+            return
         ports = self.conn_ports()
         for url, ws in self.servers.items():
             port = url_hostport(url)[1]
@@ -397,6 +420,7 @@ class Monitor:
         """One NVML poll (``names``: PID -> process name of its GPU processes)."""
         if names is not None:
             self.proc_names = names
+            self._say_unmapped(poll, names)
         if self.recorder is not None and self.live:
             self.recorder.gpu(poll, names)
         if poll.status in (ABSENT, OFF) or poll.gpus:
@@ -404,6 +428,20 @@ class Monitor:
         self.gpu_error = None
         self._changes.add(GPU)
         self._undiagnosed = True
+
+    def _say_unmapped(self, poll: GpuPoll, names: dict[int, str]) -> None:
+        """Once: the GPU processes vtop cannot tie to a process here (it runs in a container)."""
+        from vtop.sources.procs import UNMAPPED
+
+        if self._unmapped_said or not self.live:
+            return
+        pids = sorted({p.pid for g in poll.gpus for p in (g.procs or ()) if names.get(p.pid) == UNMAPPED})
+        if pids:
+            self._unmapped_said = True
+            self.notes.append(
+                f"vtop runs in a PID namespace of its own (a container without --pid=host): NVML gives the host's "
+                f"PIDs, so the GPU processes {', '.join(map(str, pids))} are not tied to any process or server here; "
+                "run vtop on the host, or in its container with --pid=host, to see whose they are")
 
     def apply_gpu_error(self, error: BaseException) -> None:
         self.gpu_error = f"GPU poll failed: {type(error).__name__}: {error}"

@@ -414,7 +414,9 @@ def read_processes() -> list[ProcRecord]:
 
 # comm (the kernel's 15-character name) of processes that may be vLLM or its children:
 # "vllm" (the launcher), "python3.12", "VLLM::EngineCor", "pt_main_thread", "ray::..".
-_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy")
+_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy",
+               # where a container's server is published and its files are (vtop/sources/containers.py)
+               "docker-pr", "dockerd")
 
 _BOOT: float | None = None
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -504,11 +506,38 @@ def _psutil_cpu(ct: Any) -> float | None:
         return None
 
 
+_ENRICHER: Any = None
+
+
 def discover(procs: Iterable[Any] | None = None) -> Discovery:
     """Servers and orphan vLLM processes in ``procs`` (default: the live
-    table via :func:`read_processes`). Never raises on odd records."""
+    table via :func:`read_processes`, each server then placed in its container,
+    pod or unit with its namespaces' PIDs and ports: :mod:`vtop.sources.containers`).
+    Never raises on odd records."""
+    global _ENRICHER
+    found = _discover(read_processes() if procs is None else procs)
+    if procs is not None or not found[0].servers:
+        return found[0]
+    from vtop.sources.containers import Enricher
+
+    if _ENRICHER is None:
+        _ENRICHER = Enricher()
+    try:
+        servers = _ENRICHER.enrich(found[0].servers, found[1])
+    except (OSError, ValueError):  # best effort: the servers as found
+        servers = list(found[0].servers)
+    return Discovery(tuple(servers), found[0].orphans)
+
+
+def enricher() -> Any:
+    """The live discovery's :class:`~vtop.sources.containers.Enricher` (what it read of the
+    containers' files), or None before the first scan that found a server."""
+    return _ENRICHER
+
+
+def _discover(procs: Iterable[Any]) -> tuple[Discovery, list[ProcRecord]]:
     records: dict[int, ProcRecord] = {}
-    for raw in read_processes() if procs is None else procs:
+    for raw in procs:
         rec = _coerce(raw)
         if rec is not None:
             records[rec.pid] = rec
@@ -568,7 +597,7 @@ def discover(procs: Iterable[Any] | None = None) -> Discovery:
             continue
         orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0, cpu=rec.cpu))
     orphans.sort(key=lambda c: c.pid)
-    return Discovery(tuple(servers), tuple(orphans))
+    return Discovery(tuple(servers), tuple(orphans)), list(records.values())
 
 
 def discover_servers(procs: Iterable[Any] | None = None) -> list[ServerProcess]:
