@@ -466,11 +466,27 @@ def serve(n: int) -> None:
         s.shutdown()
 
 
-class ServerProcess:
-    """:func:`serve` in a child process (its CPU is not vtop's and does not share the bench's GIL)."""
+def serve_static(n: int) -> None:
+    """``n`` servers as a fake written from the fault matrix answers (tests/helpers/badserver.py, mode
+    ``ok``): one real vLLM 0.32.0 CPU ``/metrics`` text, the same every time (its counters never move
+    while it says requests run), the whole of it whatever the query (no ``?name[]=`` restriction)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.badserver import BadServer
 
-    def __init__(self, n: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve", str(n)],
+    servers = [BadServer("ok") for _ in range(n)]
+    print(json.dumps([s.url for s in servers]), flush=True)
+    sys.stdin.read()
+    for s in servers:
+        s.__exit__()
+
+
+class ServerProcess:
+    """:func:`serve` in a child process (its CPU is not vtop's and does not share the bench's GIL).
+    ``kind="static"``: :func:`serve_static` instead (the fault matrix's fakes)."""
+
+    def __init__(self, n: int, kind: str = "replay") -> None:
+        mode = {"replay": "serve", "static": "serve-static"}[kind]
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), mode, str(n)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.urls: list[str] = json.loads(self.proc.stdout.readline())
@@ -587,5 +603,7 @@ def machine_info() -> dict[str, object]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
         serve(int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "serve-static":
+        serve_static(int(sys.argv[2]))
     else:
         sys.exit(__doc__)

@@ -203,7 +203,7 @@ def verdict(samples: list[dict[str, Any]], settle_min: float) -> dict[str, Any]:
 
 # --------------------------------------------------------------------- soak
 def soak(args: argparse.Namespace, tmux: Tmux) -> dict[str, Any]:
-    with ServerProcess(args.servers) as sp:
+    with ServerProcess(args.servers, kind=args.fake) as sp:
         argv = sp.urls + ["--interval", str(args.interval), "--simulate-gpus", str(args.gpus)]
         if args.history:
             argv += ["--history", args.history]
@@ -263,7 +263,7 @@ def soak(args: argparse.Namespace, tmux: Tmux) -> dict[str, Any]:
         tmux.kill("soak")
     cpu_total = samples[-1]["cpu_s"] if samples else 0.0
     return {
-        "gpus": args.gpus, "servers": args.servers, "interval": args.interval, "history": args.history,
+        "gpus": args.gpus, "servers": args.servers, "fake": args.fake, "interval": args.interval, "history": args.history,
         "minutes": args.minutes, "traced": bool(args.trace), "vtop_alive_at_end": alive,
         "cpu_pct_mean": round(100 * cpu_total / (samples[-1]["t_s"] or 1), 2) if samples else None,
         "server_requests": requests,
@@ -326,6 +326,9 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.25)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--fake", choices=("replay", "static"), default="replay",
+                    help="the servers: the replayed H200 timeline (default), or static: the fault matrix's fake "
+                         "(tests/helpers/badserver.py), one vLLM 0.32.0 CPU text, whole whatever the query")
     ap.add_argument("--history", default=None, help="vtop's --history (default: vtop's own, 5 min)")
     ap.add_argument("--settle-min", type=float, default=5.0)
     ap.add_argument("--trace", metavar="DIR", help="run vtop under tracemalloc, dumps in DIR (slower)")

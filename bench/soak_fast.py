@@ -59,10 +59,17 @@ def rss_mb() -> float:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     clock = FakeClock(start=10_000.0)
     timeline = MetricsTimeline()
-    servers = [make_server(timeline, offset_s=i * 37, now=clock.monotonic) for i in range(args.servers)]
-    for srv in servers:
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-    urls = [normalize_url(f"http://127.0.0.1:{s.server_address[1]}") for s in servers]
+    if args.fake == "static":  # the fault matrix's fake: one real 0.32.0 text, whole, counters frozen
+        from tests.helpers.badserver import BadServer
+
+        statics = [BadServer("ok") for _ in range(args.servers)]
+        servers: list[Any] = []
+        urls = [normalize_url(s.url) for s in statics]
+    else:
+        servers = [make_server(timeline, offset_s=i * 37, now=clock.monotonic) for i in range(args.servers)]
+        for srv in servers:
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+        urls = [normalize_url(f"http://127.0.0.1:{s.server_address[1]}") for s in servers]
     config = Config(urls=tuple(urls), interval=args.interval, simulate_gpus=args.gpus)
     mon = Monitor(config, clock=clock, find_logs=False)
     mon.add_cli_urls()
@@ -135,6 +142,8 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--settle-min", type=int, default=5)
+    ap.add_argument("--fake", choices=("replay", "static"), default="replay",
+                    help="the servers: the replayed H200 timeline, or the fault matrix's static 0.32.0 text")
     ap.add_argument("--trace", action="store_true", help="tracemalloc's total and the lines that grew after settling")
     ap.add_argument("--out", help="JSON file (default bench/results/soak-fast-<time>.json)")
     args = ap.parse_args()

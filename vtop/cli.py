@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vtop import __version__
-from vtop.config import MIN_INTERVAL_S, ConfigError, build, parse_duration
+from vtop.config import MIN_INTERVAL_S, ConfigError, add_api_key_flag, build, parse_duration
 from vtop.exitcodes import EXIT_HELP, EXIT_USAGE
 
 S = argparse.SUPPRESS
@@ -123,8 +123,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--record", default=S, metavar="FILE", help="append every sample to FILE (JSONL; .gz compresses)")
     p.add_argument("--log", default=S, metavar="PATH",
                    help="the vLLM log to follow; - reads standard input (docker logs -f C 2>&1 | vtop --log -)")
-    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
-                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    add_api_key_flag(p, EXIT_USAGE)
     p.add_argument("--readonly", action="store_true", default=S,
                    help="disable the action keys (snapshot, py-spy dump, test request)")
     p.add_argument("--snapshot-dir", dest="snapshot_dir", default=S, metavar="DIR",
@@ -219,8 +218,7 @@ def doctor_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_duration("interval"), default=S, metavar="SECONDS",
                    help="seconds between polls (default 1)")
     p.add_argument("--no-gpu", dest="no_gpu", action="store_true", default=S, help="do not use NVML")
-    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
-                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    add_api_key_flag(p, EXIT_USAGE)
     add_threshold_flags(p)
     add_prometheus_flag(p)
     p.add_argument("--record", default=S, metavar="FILE", help="also record the window to FILE")

@@ -71,6 +71,15 @@ class Config:
     """Seconds between refreshes of the fleet from Prometheus."""
     config_path: str | None = field(default=None, compare=False)
     """Which config file was read (for the help screen); not a setting."""
+    url_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """The ``user:password`` of each URL given with one, by the URL as shown (``urls`` holds them with
+    the password as ``***``: every face, file and log gets that form). Only the HTTP client reads
+    this (:meth:`credentials_for`); not a setting. Never shown."""
+
+    def credentials_for(self, url: str) -> str | None:
+        """The ``user:password`` given in ``url`` (as the monitor knows it: normalised, masked), or None."""
+        key = url.strip().rstrip("/")
+        return next((cred for u, cred in self.url_auth if u == key), None)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.I)
@@ -147,6 +156,8 @@ def _check_url(url: str) -> None:
     forever (``--once`` ended in a ValueError traceback)."""
     from urllib.parse import urlsplit
 
+    from vtop.model.redact import redact_url
+
     s = url.strip()
     if s.isdigit() or (s.startswith(":") and s[1:].isdigit()):
         return  # a bare port: localhost (vtop.sources.urls.normalize_url)
@@ -154,16 +165,16 @@ def _check_url(url: str) -> None:
         u = urlsplit(s if "://" in s else "http://" + s)
         port = u.port
     except ValueError as e:
-        raise ConfigError(f"URL {url!r}: not a URL vtop can poll ({e})") from None
+        raise ConfigError(f"URL {redact_url(url)!r}: not a URL vtop can poll ({e})") from None
     if u.scheme not in ("http", "https"):
-        raise ConfigError(f"URL {url!r}: vtop polls http:// or https:// URLs, not {u.scheme}://")
+        raise ConfigError(f"URL {redact_url(url)!r}: vtop polls http:// or https:// URLs, not {u.scheme}://")
     if not u.hostname:
-        raise ConfigError(f"URL {url!r}: no host in it")
+        raise ConfigError(f"URL {redact_url(url)!r}: no host in it")
     if port == 0:
-        raise ConfigError(f"URL {url!r}: port 0 is not a port a server listens on")
+        raise ConfigError(f"URL {redact_url(url)!r}: port 0 is not a port a server listens on")
 
 
-SETTINGS = tuple(f.name for f in fields(Config) if f.name != "config_path")
+SETTINGS = tuple(f.name for f in fields(Config) if f.name not in ("config_path", "url_auth"))
 
 
 def default_config_path(env: Mapping[str, str]) -> Path:
@@ -221,6 +232,8 @@ def build(
         for k, v in layer.items():
             merged[k] = _coerce(k, v)
     cfg = Config(**merged, config_path=str(path) if path.exists() else None)
+    if any("@" in u for u in cfg.urls):
+        cfg = _split_credentials(cfg)
     if cfg.interval < MIN_INTERVAL_S:
         raise ConfigError(f"interval: at least {MIN_INTERVAL_S} s, got {cfg.interval:g}")
     if cfg.no_gpu and cfg.simulate_gpus:
@@ -232,6 +245,46 @@ def build(
     if cfg.history < 10 * cfg.interval:
         raise ConfigError(f"history: at least 10 intervals ({10 * cfg.interval:g} s), got {cfg.history:g}")
     return cfg
+
+
+def _split_credentials(cfg: Config) -> Config:
+    """The one place URLs enter: a password in one (``http://user:pw@host:8000``) is kept aside for
+    the HTTP client and the URL goes on as ``http://user:***@host:8000``, so the report, ``--json``,
+    the recording, the bundle, the screen and the exporter can only show the masked form."""
+    from vtop.model.redact import split_userinfo
+
+    urls, auth = [], []
+    for u in cfg.urls:
+        shown, userinfo = split_userinfo(u.strip())
+        urls.append(shown)
+        if userinfo is not None:
+            auth.append((shown.rstrip("/"), userinfo))  # a URL with a user has a scheme: normalised but for the /
+    return dataclasses.replace(cfg, urls=tuple(urls), url_auth=tuple(auth))
+
+
+def api_key_refusal(prog: str, env: Mapping[str, str] | None = None) -> str:
+    """The one line ``--api-key KEY`` on a command line gets: every user of the box reads a process's
+    arguments in ``ps``, so the key comes from the environment or the config file (0600) only, as
+    ``--prometheus``'s credentials do."""
+    path = default_config_path(os.environ if env is None else env)
+    return (f"{prog}: error: --api-key on the command line is visible to every user of this box in `ps`; "
+            f"set VLLM_API_KEY (or VTOP_API_KEY) in the environment, or api_key = \"...\" in the config "
+            f"file ({path}, or the one --config names)\n")
+
+
+def add_api_key_flag(p: Any, exit_status: int) -> None:
+    """``--api-key`` on an argparse parser: named in ``--help`` so it is found, refused when given
+    (:func:`api_key_refusal`), before anything else runs and without echoing the key."""
+    import argparse
+
+    class Refuse(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any,
+                     option_string: str | None = None) -> None:
+            parser.exit(exit_status, api_key_refusal(parser.prog))
+
+    p.add_argument("--api-key", action=Refuse, default=argparse.SUPPRESS, metavar="KEY",
+                   help="refused: the server's /v1 bearer token comes from $VLLM_API_KEY (or $VTOP_API_KEY) or "
+                        "api_key in the config file, never the command line (ps shows it to every user)")
 
 
 def replace(cfg: Config, **changes: Any) -> Config:

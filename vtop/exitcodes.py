@@ -7,7 +7,7 @@
 * 2 **critical**: a critical alert, or a watched server down or its engine dead;
 * 3 **unknown**: vtop could not look: bad usage, a bad config, a recording it cannot
   read, no source answered in the window, a source that never answered (a hung NVML
-  call), or a watched server that never gave vLLM's numbers (its /metrics answers HTML,
+  call) or stopped answering partway (NVML hung mid-window: its readings are stale), or a watched server that never gave vLLM's numbers (its /metrics answers HTML,
   404, 302, 500, another exporter's names, or over 16 MiB).
 
 A server that accepts connections and does not answer (a blocked API-server event loop)
@@ -24,5 +24,6 @@ EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
 EXIT_USAGE = EXIT_UNKNOWN
 
 EXIT_HELP = ("exit status: 0 OK, 1 warning (a warning alert), 2 critical (a critical alert, or a server "
-             "down / its engine dead), 3 unknown (bad usage or config, no source answered, a source that never answered, "
+             "down / its engine dead), 3 unknown (bad usage or config, no source answered, a source that never answered "
+             "or stopped answering, "
              "or a server whose /metrics is not vLLM's)")

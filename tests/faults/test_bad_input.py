@@ -130,3 +130,37 @@ def test_a_recording_is_0600_whatever_the_umask(tmp_path: Path, name: str) -> No
     path.chmod(0o644)
     Recorder(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+# --- two vtops, one --record file (issue #46 item 5) ----------------------------------------------
+
+def test_a_second_vtop_recording_to_the_same_file_is_refused_with_one_line(tmp_path: Path) -> None:
+    """Two vtops writing one --record file mixed both sessions (the replay played them interleaved).
+    The first holds the file's lock while it records; a second vtop (another process) is refused
+    with one line and writes nothing into it; once the first is done, the file can be recorded to."""
+    import gzip
+
+    from tests.helpers.badserver import BadServer
+    from vtop.sources.recording.record import Recorder, RecordingBusy, read
+
+    rec = tmp_path / "session.jsonl.gz"
+    first = Recorder(rec, meta={"who": "first"})
+    with BadServer("ok") as srv:
+        argv = [sys.executable, "-m", "vtop", "--once", "--no-gpu", srv.url, "--record", str(rec)]
+        env = {**os.environ, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
+        try:
+            second = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+            with pytest.raises(RecordingBusy):  # in one process too (the exporter beside the screen)
+                Recorder(rec)
+        finally:
+            first.close()
+        assert second.returncode == 3 and not second.stdout, (second.stdout, second.stderr)
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "another vtop is recording to this file" in lines[0], second.stderr
+        assert "Traceback" not in second.stderr
+        records = list(read(rec))
+        assert [r.get("who") for r in records if r["kind"] == "header"] == ["first"]
+        assert not [r for r in records if r["kind"] == "server"]  # nothing of the second session
+        third = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert third.returncode == 0, third.stderr  # the first is done: the file is free
+    assert any(r["kind"] == "server" for r in read(rec)) and gzip.decompress(rec.read_bytes())

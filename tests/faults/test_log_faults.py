@@ -172,3 +172,105 @@ async def test_the_startup_panel_says_what_is_wrong_with_the_log_and_keys_still_
             await pilot.press("l")  # the UI answers a key
             await pilot.pause()
             assert pane.display != shown
+
+
+# --- a log of NUL bytes (issue #46 item 3) --------------------------------------------------------
+
+def _nul_log(tmp_path: Path, text: bytes = b"") -> Path:
+    p = tmp_path / "nul.log"
+    with open(p, "wb") as f:  # `truncate -s 2G`: 2 GiB of NUL bytes (sparse), then maybe text
+        f.truncate(2 * 2**30)
+        if text:
+            f.seek(2 * 2**30)
+            f.write(text)
+    return p
+
+
+def test_a_2_gb_log_of_nul_bytes_is_said_once_in_once_and_json(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    log = _nul_log(tmp_path)
+    with BadServer("ok") as srv:
+        argv = ["--once", "--window", "1", "--interval", "0.5", "--no-gpu", "--log", str(log), srv.url]
+        rc = main(argv)
+        text = capsys.readouterr()
+        rc_json = main([*argv, "--json"])
+        js = capsys.readouterr()
+    assert "Traceback" not in text.out + text.err + js.out + js.err
+    said = [ln for ln in text.out.splitlines() if "NUL bytes" in ln]
+    assert len(said) == 1 and said[0].startswith(f"note: vLLM log: {log} holds NUL bytes and no text"), text.out
+    assert "of 2.0 GiB" in said[0] and "\x00" not in text.out and "\ufffd" not in text.out
+    rep = json.loads(js.out)
+    assert sum("NUL bytes" in n for n in rep["notes"]) == 1, rep["notes"]
+    assert "NUL bytes" in rep["startup"]["log_problem"]
+    assert rc == rc_json == 0  # the server is fine: the log's problem is a note
+
+
+async def test_nul_bytes_make_no_row_in_the_pane_and_the_text_after_them_is_read(tmp_path: Path) -> None:
+    """The NUL-only file: the startup panel says it, the log pane holds no row of replacement characters.
+    Then text written after the NULs (the hole logrotate's copytruncate leaves): read, without them."""
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.ui.app import VtopApp
+    from vtop.ui.widgets.log_pane import LogPane
+    from vtop.ui.widgets.startup_panel import StartupPanel
+
+    log = _nul_log(tmp_path)
+    watch = LogWatch(LogTailer(log), clock=FakeClock())
+    app = VtopApp(Config(no_gpu=True), autopoll=False, hostname="t", log_watch=watch)
+    async with app.run_test(size=(100, 30)) as pilot:
+        for _ in range(3):
+            await app.poll_log_once()
+        await pilot.pause()
+        panel = app.query_one(StartupPanel).build().plain
+        assert f"{log} holds NUL bytes and no text" in panel, panel
+        pane = app.query_one(LogPane)
+        assert pane.line_count == 0 and app.log_view is not None and app.log_view.lines_total == 0
+        with open(log, "ab") as f:  # the writer goes on past the hole
+            f.write(b"\x00" * 4096 + b"INFO 12-01 10:00:00 [api_server.py:1] vLLM API server version 0.32.0\n")
+        await app.poll_log_once()
+        await pilot.pause()
+        assert app.log_view.lines_total == 1 and app.log_view.problem is None
+        rows = [ln.text for ln in app.log_view.recent]
+        assert rows == ["INFO 12-01 10:00:00 [api_server.py:1] vLLM API server version 0.32.0"], rows
+        assert "NUL bytes" not in app.query_one(StartupPanel).build().plain
+
+
+# --- the log's clock 8 h behind (issue #46 item 4, done with issue #38's log-clock item) ------------
+
+def test_a_log_stamped_8_hours_behind_is_no_stall(tmp_path: Path) -> None:
+    """A server whose clock is 8 h behind the host's (its container in another zone): its lines, written
+    just before and while vtop watches, are stamped 8 h behind vtop's clock. vtop said "stalled in torch.compile: no new log line for
+    8h 00m" (doctor exit 1, POSSIBLE HANG on screen), its evidence "the log was read at attach",
+    although it was attached before the lines were written. What vtop saw arrive is news."""
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    src = (Path(__file__).parent.parent / "fixtures" / "logs" / "vllm-0.26.0-h200-startup.log").read_text()
+    lines = src.splitlines()[:next(i for i, ln in enumerate(src.splitlines()) if "Dynamo bytecode" in ln) + 1]  # up to torch.compile's first line (Dynamo's transform)
+    assert "Dynamo bytecode transform" in lines[-1]
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    half = len(lines) // 2
+
+    def write(part: list[str]) -> None:  # stamped 8 h behind the host's UTC, as they are written
+        for ln in part:
+            stamp = time.strftime("%m-%d %H:%M:%S", time.gmtime(time.time() - 8 * 3600))
+            with open(log, "a") as f:
+                f.write(re.sub(r" \d\d-\d\d \d\d:\d\d:\d\d ", f" {stamp} ", ln, count=1) + "\n")
+            time.sleep(0.05)
+
+    write(lines[:half])  # the start so far, written a moment before vtop looks
+    with BadServer("refused") as srv:  # the server is starting: nothing listens yet
+        env = {**os.environ, "TZ": "UTC", "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
+        proc = subprocess.Popen([sys.executable, "-m", "vtop", "doctor", "--window", "4", "--interval", "0.5",
+                                 "--no-gpu", "--json", "--log", str(log), srv.url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        t = threading.Thread(target=write, args=(lines[half:],))  # the rest while vtop watches
+        t.start()
+        out, err = proc.communicate(timeout=120)
+        t.join()
+    rep = json.loads(out)
+    assert not any(a["rule"] == "startup_stall" for a in rep["alerts"]), rep["alerts"]
+    assert "8h" not in out and "read at attach" not in out, out

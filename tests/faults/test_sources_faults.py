@@ -250,3 +250,139 @@ async def test_the_screen_names_a_server_that_accepts_and_never_answers() -> Non
             await pilot.press("r")  # a key still answers while the scrapes hang
             await pilot.pause()
             assert len(app.screen_stack) > 1
+
+
+# --- NVML that hangs partway through the window (issue #46 item 2) --------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", ["doctor", "--once"])
+def test_nvml_that_hangs_mid_window_is_stale_with_its_age_and_exits_3(
+        cmd: str, healthy_server: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # NVML answered, then a call never returned: doctor said exit 0, GPU "ok" and 13-second-old readings as
+    # current. The hang begins at the second poll (an event: the fake counts its calls), 7 s before the
+    # window's end at least; the readings' stale bound is 3 s (three 0.5 s intervals, at least 3 s).
+    release, entered = threading.Event(), threading.Event()
+    calls = {"n": 0}
+
+    def util() -> Any:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            entered.set()
+            release.wait()
+        return type("U", (), {"gpu": 42, "memory": 10})()
+
+    guard = threading.Timer(GUARD_S, release.set)
+    guard.daemon = True
+    guard.start()
+    try:
+        _fake(monkeypatch, FakeNvml([FakeGpu(overrides={"utilization": util})]))
+        rc, out = once([cmd, "--window", "8", "--interval", "0.5", "--json", healthy_server], capsys)
+        guard_fired = release.is_set()
+    finally:
+        guard.cancel()
+        release.set()
+    assert entered.is_set() and not guard_fired
+    rep = json.loads(out)
+    assert rc == 3 and rep["exit_code"] == 3, out  # unknown: vtop cannot say the GPUs are fine
+    assert rep["gpu"]["status"] == "stale" and rep["stale_sources"] == ["NVML (GPU readings)"], rep["gpu"]
+    assert "no answer for the last" in rep["gpu"]["message"] and "s old" in rep["gpu"]["message"]
+    (g,) = rep["gpu"]["gpus"]
+    assert g["stale"] is True and g["age_s"] > 3.0 and g["util_pct"] == 42  # the last readings, said as old
+
+
+@pytest.mark.slow
+def test_doctor_text_says_the_gpu_readings_are_stale(healthy_server: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    release = threading.Event()
+    calls = {"n": 0}
+
+    def temp() -> Any:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            release.wait(GUARD_S)
+        return 55
+
+    try:
+        _fake(monkeypatch, FakeNvml([FakeGpu(overrides={"temperature": temp})]))
+        rc, out = once(["doctor", "--window", "8", "--interval", "0.5", healthy_server], capsys)
+    finally:
+        release.set()
+    assert rc == 3, out
+    assert "GPU: STALE: NVML (GPU readings): no answer for the last" in out, out
+    assert "(STALE: " in out and " s old)" in out, out
+    assert out.splitlines()[-1] == "exit 3: NVML (GPU readings) stopped answering (its readings are old)", out
+
+
+async def test_stale_gpu_readings_are_said_with_their_age_on_every_face() -> None:
+    """The same fact by an injected clock: GPU readings, then 13 s with none (NVML stopped answering).
+    The report (--once/doctor, text and JSON), the exporter and the screen each say they are stale and
+    how old; none shows them as current."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from tests.conftest import fake_gpus
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.faces.exporter import MonitorCollector
+    from vtop.faces.headless import format_text, report
+    from vtop.monitor import Monitor
+    from vtop.ui.app import VtopApp
+
+    clock = FakeClock()
+    src, _ = fake_gpus(2, clock)
+    mon = Monitor(Config(interval=1.0), clock=clock)
+    started = clock.monotonic()
+    for _ in range(3):
+        mon.apply_gpu(src.poll())
+        clock.advance(1.0)
+    fresh = report(mon, started)
+    assert fresh.gpu_status == "ok" and not fresh.stale and fresh.exit_code == 0
+    clock.advance(12.0)  # the last readings are 13 s old now
+    rep = report(mon, started)
+    assert rep.gpu_status == "stale" and rep.exit_code == 3 and rep.stale == ["NVML (GPU readings)"]
+    assert all(g["stale"] and g["age_s"] == 13.0 for g in rep.gpus), rep.gpus
+    assert "the readings below are 13 s old" in (rep.gpu_message or "")
+    text = format_text(rep, doctor=True)
+    assert text.count("(STALE: 13 s old)") == 2, text
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MonitorCollector(mon))
+    expo = generate_latest(reg).decode()
+    assert "vtop_gpu_readings_age_seconds 13.0" in expo, expo
+    assert "vtop_gpu_utilization_ratio{" not in expo  # old readings are left out, never repeated as current
+
+    app = VtopApp(Config(interval=1.0), gpu_source=src, autopoll=False, hostname="t", clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(3):
+            await app.poll_gpu_once()
+            clock.advance(1.0)
+        app._tick()
+        assert not app.gpu_hung and "stale" not in app.gpu_status_text()
+        clock.advance(12.0)
+        app._tick()
+        await pilot.pause()
+        assert app.gpu_hung and app.query_one("GpuPanel").has_class("-stale")
+        assert "no new GPU readings: GPU readings 13 s old (stale)" in app.gpu_status_text()  # no call in flight
+
+
+# --- doctor says why it exits (issue #38 item 8) ---------------------------------------------------
+
+def test_doctor_says_why_it_exits_and_never_no_alerts_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # A server DOWN and no alert: doctor exited 2 and printed "no alerts", without saying why.
+    with BadServer("refused") as srv:
+        rc, out = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", srv.url], capsys)
+        rc_json, js = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", "--json", srv.url], capsys)
+    assert rc == rc_json == 2
+    assert out.splitlines()[-1] == f"exit 2: :{srv.port} is down", out
+    assert "no alerts" not in out
+    assert json.loads(js)["exit_reason"] == f"exit 2: :{srv.port} is down"
+    with BadServer("ok") as ok:
+        rc, out = once(["doctor", "--window", "1", "--interval", "0.5", "--no-gpu", ok.url], capsys)
+    assert rc == 0 and "no alerts" in out and out.splitlines()[-1] == "exit 0: no alert; 1 of 1 server(s) up", out
+
+
+def test_demo_doctor_says_why_it_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = once(["demo", "--doctor"], capsys)
+    assert rc == 2
+    assert out.splitlines()[-1] == "exit 2: :8000 is down", out.splitlines()[-6:]
+    assert "no alerts" not in out

@@ -175,3 +175,48 @@ async def test_small_terminals_and_a_resize_draw_and_answer_keys(size: tuple[int
         await pilot.pause()
         assert pane.display == shown
         assert app.is_running
+
+
+# --- the status line at 120 and 80 columns (issue #38 item 9) --------------------------------------
+
+@pytest.mark.parametrize("width", [120, 80])
+async def test_the_status_line_drops_driver_and_model_before_any_servers_state(width: int) -> None:
+    """The servers' state was cut (``... │ 1 × NVIDIA H200 · driver 580.159.04 │ vLLM:`` at 120 columns,
+    ``│ 1 ×`` at 80): the driver version goes first, then the model name, never the servers' state."""
+    from tests.helpers.badserver import BadServer
+    from tests.helpers.screen_text import screen_lines
+    from vtop.model.gpu import OK, GpuPoll, GpuSample
+
+    with BadServer("ok") as a, BadServer("ok") as b, BadServer("refused") as c:
+        app = VtopApp(Config(urls=(a.url, b.url, c.url), no_gpu=True, interval=0.5, readonly=True),
+                      hostname="gpu-node-017.prod.example")
+        async with app.run_test(size=(width, 30)) as pilot:
+            for _ in range(600):  # hang guard only: three servers' first polls are events
+                views = app.monitor.views()
+                if len(views) == 3 and sum(v.state == "up" for v in views.values()) == 2:
+                    break
+                await pilot.pause(0.05)
+            app.apply_gpu(GpuPoll(t=0.0, mono=app.monitor.clock.monotonic(), status=OK, driver="580.159.04",
+                                  gpus=(GpuSample(0, "NVIDIA H200", mem_total=2**37),)))
+            await pilot.pause()
+            line = screen_lines(app)[0].rstrip()
+    want = "vLLM: 2 up, 1 down" if "2 up, 1 down" in line else "vLLM: 1 down, 2 up"
+    assert want in line, line  # every server's state is on screen
+    assert line.endswith("READ-ONLY") and len(line) <= width, line
+    if width == 120:  # room for the model, not for the driver
+        assert "1 × NVIDIA H200" in line and "driver" not in line, line
+    else:
+        assert "1 GPU" in line and "H200" not in line and "driver" not in line, line
+
+
+async def test_a_replay_at_80_columns_keeps_the_servers_state() -> None:
+    from tests.helpers.screen_text import screen_lines
+    from vtop.faces.demo import demo_path
+    from vtop.ui.replay import replay_app
+
+    app = replay_app(str(demo_path()), config=Config(), name="demo", demo=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")  # the runaway chapter, paused with its note
+        await pilot.pause()
+        line = screen_lines(app)[0].rstrip()
+    assert line.endswith("│ vLLM: up") and "runaway 3/4" in line, line

@@ -18,6 +18,7 @@ Raw sockets on a daemon thread per connection: a held connection never blocks th
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -38,9 +39,14 @@ def _zero_counters(text: str) -> str:
 
 
 class BadServer:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, *, basic_auth: str | None = None) -> None:
         assert mode in MODES, mode
         self.mode = mode
+        #: ``user:password``: every request without it as ``Authorization: Basic`` gets a 401 (a proxy in
+        #: front of vLLM); ``authorized``/``refused_auth`` count the requests that had it and did not
+        self.basic_auth = basic_auth
+        self.authorized = 0
+        self.refused_auth = 0
         self.text = FIXTURE.read_text()
         self.scrapes = 0
         self.stop = threading.Event()
@@ -81,9 +87,18 @@ class BadServer:
                 line = f.readline()
                 if not line:
                     return
-                while f.readline().strip():
-                    pass
+                headers = {}
+                while (h := f.readline()).strip():
+                    name, _, value = h.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
                 path = line.split()[1].decode() if len(line.split()) > 1 else "/"
+                if self.basic_auth is not None:
+                    want = "Basic " + base64.b64encode(self.basic_auth.encode()).decode()
+                    if headers.get("authorization") != want:
+                        self.refused_auth += 1
+                        self._send(conn, 401, b"Unauthorized", headers=('WWW-Authenticate: Basic realm="vllm"',))
+                        continue
+                    self.authorized += 1
                 if not self._answer(conn, path.split("?")[0]):
                     return
         except OSError:

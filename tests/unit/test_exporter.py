@@ -161,10 +161,12 @@ def test_gpu_fields_in_base_units_and_gaps_stay_absent() -> None:
     # no server, no log: none of their samples, no zeros
     names = {s.name for f in fams for s in f.samples}
     assert not {n for n in names if n.startswith(("vtop_startup", "vtop_oldest", "vtop_request", "vtop_server"))}
-    # NVML stops answering (a hung call): the old readings are not served as if current
+    # NVML stops answering (a hung call): the old readings are not served as if current; their age is
     clock.advance(10.0)
     fams = families(m)
-    assert {s.name for f in fams for s in f.samples if s.name.startswith("vtop_gpu")} == set()
+    assert {s.name for f in fams for s in f.samples if s.name.startswith("vtop_gpu")} == {
+        "vtop_gpu_readings_age_seconds", "vtop_gpu_readings_stale_after_seconds"}
+    assert one(fams, "vtop_gpu_readings_age_seconds") == 10.0
 
 
 @needs_promtool

@@ -128,3 +128,45 @@ def test_the_line_cache_stays_bounded_as_label_values_change() -> None:
         body = "".join(f'vllm:num_requests_running{{engine="{e}",model_name="m-{i}"}} 1.0\n' for e in range(80))
         assert prom.parse_vllm_metrics(body).running == 80.0
     assert len(prom._LINE_CACHE) <= prom._CACHE_MAX_ENTRIES
+
+
+def test_requests_that_never_finish_keep_a_bounded_list_of_candidates() -> None:
+    """Issue #46's soak: 20 minutes at --interval 0.25 with requests running and nothing finishing (a
+    fake whose counters never move, a wedged engine): each sample added a candidate for the oldest
+    request and only finishes removed them, up to 4,096 a server, each filtered at every sample (the
+    soak's CPU rose to 12-18 % of a core). Bounded now, and the answer still the whole age."""
+    from types import SimpleNamespace
+
+    from vtop.core.inflight import OldestInFlight
+
+    o = OldestInFlight()
+    e2e = SimpleNamespace(buckets=[(1.0, 5.0), (10.0, 9.0), (float("inf"), 10.0)])  # read, never moving
+    t0 = 1000.0
+    n = 20 * 60 * 4
+    for i in range(n + 1):
+        o.add(t0 + i * 0.25, 8.0, e2e, done=10.0)
+    assert len(o._cands) <= o.max_candidates <= 256, len(o._cands)
+    assert o.lower_bound_s == n * 0.25  # the first sample's requests still run: at least 20 minutes
+
+
+def test_the_still_time_of_the_generation_counter_is_the_scan_s_at_every_cut() -> None:
+    """ServerState.flat_s (two bisections over kept cumulative sums) against the pass over the samples it
+    replaced (issue #46's soak: that pass, over up to 15 minutes of samples every tick, grew the CPU with a
+    stall's age), on samples kept as the diagnoser keeps them (about one a second, the oldest dropped)."""
+    from vtop.core.rules.runaway import _flat_s_scan
+    from vtop.core.rules.state import Sample, ServerState
+
+    rng = random.Random(46)
+    for _ in range(20):
+        st = ServerState()
+        t, gen = 0.0, 0.0
+        for _ in range(rng.randint(2, 400)):
+            t += rng.choice((0.25, 0.3, 0.5, 1.0, 1.7))
+            gen += rng.choice((0.0, 0.0, 3.0)) if rng.random() > 0.05 else -gen  # still, moving, a restart
+            st.add(Sample(t=t, running=1.0, waiting=0.0, kv=None, gen=gen if rng.random() > 0.03 else None,
+                          prompt=None, preempt=None, done=None, length=None, max_tokens=None, prompt_hist=None,
+                          hist_t=t), kv_thr=90.0, keep_s=120.0)
+        for _ in range(30):
+            a = rng.uniform(-5.0, t + 2.0)
+            b = rng.uniform(a, t + 2.0)
+            assert abs(st.flat_s(a, b) - _flat_s_scan(st, a, b)) < 1e-6, (a, b)

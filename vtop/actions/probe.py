@@ -112,13 +112,22 @@ def _scrubbed(r: ProbeResult, secret: str | None) -> ProbeResult:
 
 def _base(url: str) -> str:
     u = url.rstrip("/")
+    if "@" in u:  # a URL's user:*** (vtop.config masks the password): sent as a header, not from the URL
+        from urllib.parse import urlsplit, urlunsplit
+
+        p = urlsplit(u)
+        u = urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path, p.query, p.fragment))
     return u[:-3] if u.endswith("/v1") else u
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def _headers(api_key: str | None, userinfo: str | None = None) -> dict[str, str]:
     h = {"Accept": "text/event-stream, application/json"}
     if api_key:
         h["Authorization"] = f"Bearer {api_key}"
+    elif userinfo:
+        from vtop.model.redact import basic_auth
+
+        h["Authorization"] = basic_auth(userinfo)
     return h
 
 
@@ -163,6 +172,7 @@ async def send_test_request(
     api_key: str | None = None,
     client: HttpPool,
     timeout_s: float = 120,
+    userinfo: str | None = None,
 ) -> ProbeResult:
     """Send one streamed test request and measure it; never raises.
 
@@ -180,7 +190,8 @@ async def send_test_request(
     t0 = time.monotonic()
 
     async def run() -> ProbeResult:
-        hdrs = [*_headers(api_key).items(), ("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
+        hdrs = [*_headers(api_key, userinfo).items(), ("Content-Type", "application/json"),
+                ("Accept-Encoding", "identity")]
         async with client.stream("POST", _base(url) + path, headers=hdrs, body=json.dumps(body).encode(),
                                  connect_timeout=min(timeout_s, 10.0)) as r:
             status = r.status or 0

@@ -13,7 +13,7 @@ loop's thread (the monitor is not thread-safe; the HTTP server's thread asks the
 loop and waits). Missing data is an absent sample, never a 0: a GPU field the
 driver does not give, a server with no request in flight, a start with no progress
 bar. GPU readings older than three poll intervals (a hung NVML call) are left out
-rather than repeated.
+rather than repeated; ``vtop_gpu_readings_age_seconds`` says how old they are.
 
 Names (documented in the README; the fleet view reads them):
 
@@ -65,8 +65,6 @@ from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 PHASES = tuple(p.value for p in Phase) + ("failed",)
 #: ``vtop_alert``'s subject when an alert is about no server or GPU (a start not tied to a server)
 BOX = "box"
-#: NVML readings older than this many poll intervals are left out (a hung NVML call)
-GPU_FRESH_INTERVALS = 3.0
 
 
 class ExportState:
@@ -94,7 +92,7 @@ def families(monitor: Monitor, state: ExportState | None = None) -> list[Metric]
     out += _requests(monitor, now)
     out += _alerts(monitor, state)
     out += _servers(monitor)
-    out += _gpus(monitor, now)
+    out += _gpus(monitor)
     return out
 
 
@@ -201,7 +199,9 @@ GPU_FIELDS: tuple[tuple[str, str, str, float], ...] = (
 )
 
 
-def _gpus(monitor: Monitor, now: float) -> list[Metric]:
+def _gpus(monitor: Monitor) -> list[Metric]:
+    """The NVML fields; none when the readings are stale (Monitor.gpu_stale_for: a hung NVML call),
+    and their age either way."""
     labels = ["gpu", "uuid"]
     fams = {f: _gauge(name, doc, labels) for name, doc, f, _ in GPU_FIELDS}
     info = InfoMetricFamily("vtop_gpu", "The GPU's name", labels=["gpu", "uuid", "name"])
@@ -211,8 +211,15 @@ def _gpus(monitor: Monitor, now: float) -> list[Metric]:
     procs = _gauge("vtop_gpu_process_memory_used_bytes", "GPU memory of each compute process on the GPU",
                    labels + ["pid"])
     poll = monitor.gpu_history.last_poll
-    fresh = max(3.0, GPU_FRESH_INTERVALS * monitor.config.interval)
-    if poll is not None and poll.gpus and now - poll.mono <= fresh:
+    age = monitor.gpu_readings_age()
+    if age is not None:
+        fams["_age"] = _gauge("vtop_gpu_readings_age_seconds", "Seconds since NVML last answered; over "
+                              "vtop_gpu_readings_stale_after_seconds the GPU fields are left out (a hung NVML call)", [])
+        fams["_age"].add_metric([], age)
+        fams["_stale_after"] = _gauge("vtop_gpu_readings_stale_after_seconds", "GPU readings older than this are "
+                                      "stale: three poll intervals, at least 3 s", [])
+        fams["_stale_after"].add_metric([], monitor.gpu_stale_after_s())
+    if poll is not None and poll.gpus and monitor.gpu_stale_for() is None:
         for g in poll.gpus:
             key = [str(g.index), g.uuid or ""]
             info.add_metric(key, {"name": g.name})
@@ -350,6 +357,7 @@ async def serve(cfg: Config, host: str, port: int, *, out: Any = None, gpu_sourc
 
 
 def parser() -> argparse.ArgumentParser:
+    from vtop.config import add_api_key_flag
     from vtop.exitcodes import EXIT_USAGE
 
     S = argparse.SUPPRESS
@@ -372,8 +380,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gpu", dest="no_gpu", action="store_true", default=S, help="do not use NVML")
     p.add_argument("--simulate-gpus", dest="simulate_gpus", type=int, default=S, metavar="N",
                    help="N simulated GPUs instead of NVML (demos and benchmarks)")
-    p.add_argument("--api-key", dest="api_key", default=S, metavar="KEY",
-                   help="bearer token for the server's /v1 endpoints (default: $VLLM_API_KEY); never shown")
+    add_api_key_flag(p, EXIT_USAGE)
     p.add_argument("--stall-threshold", dest="stall_threshold", default=S, metavar="DURATION",
                    help="flag a start that prints nothing and makes no progress this long (default 10m)")
     p.add_argument("--runaway-threshold", dest="runaway_threshold", default=S, metavar="DURATION",
@@ -402,8 +409,12 @@ def main(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, f"vtop export: error: {e}\n")
     if cfg.log == "-":
         p.exit(EXIT_USAGE, "vtop export: error: export reads the log from a file; pass --log PATH\n")
+    from vtop.sources.recording.record import RecordingBusy
+
     try:
         return asyncio.run(serve(cfg, host, port))
+    except RecordingBusy as e:
+        p.exit(EXIT_USAGE, f"vtop export: error: {e}\n")
     except OSError as e:  # the port is taken, the address is not this box's, the record file
         p.exit(EXIT_USAGE, f"vtop export: error: cannot serve on {listen}: {e.strerror or e}\n")
     except KeyboardInterrupt:

@@ -94,6 +94,9 @@ class Report:
     silent: list[str] = field(default_factory=list)
     """The sources that gave no answer at all by the deadline (a hung NVML call, a log read that
     never returned): vtop could not look at them, so with no alert the status is unknown (3)."""
+    stale: list[str] = field(default_factory=list)
+    """The sources that answered, then stopped (NVML hung partway through the window): their last
+    readings are shown with their age, never as current, and with no alert the status is unknown (3)."""
 
     @property
     def exit_code(self) -> int:
@@ -104,9 +107,34 @@ class Report:
             return EXIT_CRITICAL
         if any(a.get("severity") == "warning" for a in self.alerts):
             return EXIT_WARNING
-        if not self.looked or self.silent or self.unread:
+        if not self.looked or self.silent or self.stale or self.unread:
             return EXIT_UNKNOWN
         return EXIT_OK
+
+    @property
+    def exit_reason(self) -> str:
+        """Why :attr:`exit_code` is what it is, in one line (``exit 2: :8000 is down``): the first cause
+        of that status, and how many more there are."""
+        code = self.exit_code
+        causes: list[str] = []
+        if code == EXIT_CRITICAL:
+            causes = [f"[CRITICAL] {a.get('title')}" for a in self.alerts if a.get("severity") == "critical"]
+            causes += [f"{_server_name(s['url'])} {'is down' if s['state'] == 'down' else 'has a dead engine'}"
+                       for s in self.servers if s.get("state") in ("down", "engine dead") and s.get("polls", 1)]
+        elif code == EXIT_WARNING:
+            causes = [f"[WARNING] {a.get('title')}" for a in self.alerts if a.get("severity") == "warning"]
+        elif code == EXIT_UNKNOWN:
+            if not self.looked:
+                causes.append("no source answered: vtop could not look")
+            causes += [f"{w} stopped answering (its readings are old)" for w in self.stale]
+            causes += [f"{w} never answered" for w in self.silent]
+            causes += [f"{_server_name(u)} did not give vLLM's numbers" for u in self.unread]
+        else:
+            up = sum(1 for s in self.servers if s.get("state") == "up")
+            causes = [f"no alert; {up} of {len(self.servers)} server(s) up" if self.servers else "no alert"]
+        first = causes[0] if causes else "unknown"
+        more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+        return f"exit {code}: {first}{more}"
 
     @property
     def unread(self) -> list[str]:
@@ -136,8 +164,18 @@ class Report:
             "alerts": self.alerts,
             "notes": self.notes,
             "silent_sources": list(self.silent),
+            "stale_sources": list(self.stale),
             "exit_code": self.exit_code,
+            "exit_reason": self.exit_reason,
         }
+
+
+def _server_name(url: str) -> str:
+    """``:8000`` for a server on this box, ``host:8000`` for another (as the alerts name them)."""
+    from vtop.sources.urls import LOCAL_HOSTS, url_hostport
+
+    host, port = url_hostport(url)
+    return f":{port}" if host in LOCAL_HOSTS else f"{host}:{port}"
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -151,7 +189,9 @@ def _mean(vals: list[float]) -> float | None:
 
 
 def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str],
-             owner: dict[int, str] | None = None) -> list[dict[str, Any]]:
+             owner: dict[int, str] | None = None, *, age_s: float | None = None,
+             stale: bool = False) -> list[dict[str, Any]]:
+    """One row a GPU: its last readings, ``age_s`` old (``stale`` past Monitor.gpu_stale_after_s)."""
     owner = owner or {}
     out = []
     for idx in sorted(hist.tracks):
@@ -181,6 +221,8 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str],
             "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid),
                            "owner": owner.get(p.pid)}
                           for p in (g.procs or ())],
+            "age_s": _r(age_s),
+            "stale": stale,
         })
     return out
 
@@ -492,13 +534,21 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
     reqs = [r.to_json() | _compat(r) for a in answers.values() for r in a.requests][:MAX_REQUESTS]
     mine = monitor.requests_of()
     from_log = log_rates(monitor)
+    stale_for = monitor.gpu_stale_for()
+    gpu_status = poll.status if poll else ("off" if gpu_off else "none")
+    gpu_message = poll.message if poll else _silent_gpu(silent, clock.monotonic() - started)
+    if stale_for is not None:  # NVML answered, then stopped: its last readings are that old, not current
+        gpu_status = "stale"
+        gpu_message = (f"{GPU_SOURCE}: no answer for the last {stale_for:.0f} s (NVML stopped answering: a hung "
+                       f"call, the driver or a GPU may be stuck); the readings below are {stale_for:.0f} s old")
     return Report(
         t=clock.time(),
         window_s=clock.monotonic() - started,
         host=socket.gethostname(),
-        gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
-        gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
-        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, monitor.gpu_owner),
+        gpu_status=gpu_status,
+        gpu_message=gpu_message,
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, monitor.gpu_owner,
+                      age_s=monitor.gpu_readings_age(), stale=stale_for is not None),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
                             *(from_log[1:] if from_log is not None and from_log[0] == url else ()),
                             now=clock.monotonic(),
@@ -516,6 +566,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         looked=_looked(monitor),
         history_s=_history_s(monitor),
         silent=list(silent or ()),
+        stale=[GPU_SOURCE] if stale_for is not None else [],
     )
 
 
@@ -597,6 +648,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             look += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
     lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({look})"]
     if rep.gpus:
+        if rep.gpu_status == "stale":
+            lines.append(f"GPU: STALE: {rep.gpu_message}")
         for g in rep.gpus:
             if g["lost"]:
                 lines.append(f"GPU {g['index']} {g['name']}: LOST (fell off the bus or driver error)")
@@ -604,7 +657,8 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             sm = f" SM {_v(g['sm_active_pct'], '%')}" if g["sm_active_pct"] is not None else ""
             lines.append(f"GPU {g['index']} {g['name']}: util {_v(g['util_pct'], '%')}{sm} "
                          f"mem {_gib(g['mem_used_bytes'])}/{_gib(g['mem_total_bytes'])} GiB "
-                         f"{_v(g['power_w'], ' W')} {_v(g['temp_c'], ' C')}")
+                         f"{_v(g['power_w'], ' W')} {_v(g['temp_c'], ' C')}"
+                         + (f" (STALE: {g['age_s']:.0f} s old)" if g.get("stale") else ""))
     else:
         lines.append(f"GPU: {rep.gpu_message or rep.gpu_status}")
     for s in rep.servers:
@@ -639,10 +693,11 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
                 lines.append(f"    - {e}")
             for fx in a.get("fix") or ():
                 lines.append(f"    fix: {fx}")
-    else:
+    elif rep.exit_code == EXIT_OK:  # "no alerts" beside exit 2 (a server down) read as all well
         lines.append("no alerts" if doctor else "alerts: none")
     for n in rep.notes:
         lines.append(f"note: {n}")
+    lines.append(rep.exit_reason)
     return "\n".join(lines) + "\n"
 
 

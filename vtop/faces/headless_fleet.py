@@ -47,9 +47,27 @@ def exit_code(fleet: Fleet) -> int:
     return EXIT_OK
 
 
+def exit_reason(fleet: Fleet) -> str:
+    """Why :func:`exit_code` is what it is, in one line (``exit 2: gpu-3:8000 is down``)."""
+    code = exit_code(fleet)
+    causes: list[str] = []
+    if code == EXIT_UNKNOWN:
+        causes = [f"Prometheus: {fleet.error}" if fleet.error is not None else "no vLLM instance in Prometheus"]
+    elif code == EXIT_CRITICAL:
+        causes = [f"[CRITICAL] {a.title}" for a in fleet.alerts if a.severity == "critical"]
+        causes += [f"{r.instance} is down" for r in fleet.rows.values() if r.state == "down"]
+    elif code == EXIT_WARNING:
+        causes = [f"[WARNING] {a.title}" for a in fleet.alerts if a.severity == "warning"]
+    else:
+        causes = [f"no alert; {len(fleet.rows)} instance(s)"]
+    more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+    return f"exit {code}: {causes[0] if causes else 'unknown'}{more}"
+
+
 def report_json(fleet: Fleet) -> dict[str, Any]:
     d = fleet.to_json()
-    return {"schema": SCHEMA, "vtop_version": __version__, "exit_code": exit_code(fleet), **d}
+    return {"schema": SCHEMA, "vtop_version": __version__, "exit_code": exit_code(fleet),
+            "exit_reason": exit_reason(fleet), **d}
 
 
 def _v(x: float | None, fmt: str = "{:.0f}", unit: str = "") -> str:
@@ -84,7 +102,7 @@ def format_text(fleet: Fleet, *, doctor: bool = False) -> str:
             if doctor:
                 lines += [f"      {e}" for e in a.evidence]
                 lines += [f"      fix: {f}" for f in a.fix]
-    elif fleet.error is None:
+    elif fleet.error is None and exit_code(fleet) == EXIT_OK:  # never "no alerts" beside exit 2
         lines.append("no alerts")
     lines.append("")
     for r in fleet.sorted_rows():
@@ -109,7 +127,8 @@ def run_fleet_once(cfg: Config, *, window_s: float, as_json: bool, doctor: bool 
         out.write(format_text(fleet, doctor=doctor))
         if fleet.error is None and not fleet.rows:
             out.write("no vLLM instance in Prometheus (no vllm:num_requests_running series)\n")
+        out.write(exit_reason(fleet) + "\n")
     return exit_code(fleet)
 
 
-__all__ = ["SCHEMA", "dur", "exit_code", "format_text", "report_json", "run_fleet_once"]
+__all__ = ["SCHEMA", "dur", "exit_code", "exit_reason", "format_text", "report_json", "run_fleet_once"]

@@ -150,4 +150,34 @@ def scrub_secrets(text: str) -> str:
 
 def redact_url(url: str) -> str:
     """A URL with its password (``user:pw@``) replaced by ``***`` for display."""
-    return _SECRET_PATTERNS[-1][0].sub(_SECRET_PATTERNS[-1][1], url) if "@" in url else url
+    return split_userinfo(url)[0]
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``(url, None)``, or for a URL with a password (``http://user:pw@host:8000``) the URL as every
+    face shows it (``http://user:***@host:8000``) and ``"user:pw"`` (percent-decoded) for the one
+    place that sends it (the HTTP client's ``Authorization: Basic``). A user without a password is
+    no secret and stays. Parsed, not matched: a password holding ``@`` or ``:`` is masked whole."""
+    if "@" not in url:
+        return url, None
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+    except ValueError:  # not a URL: mask by pattern
+        return _SECRET_PATTERNS[-1][0].sub(_SECRET_PATTERNS[-1][1], url), None
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    shown = urlunsplit((parts.scheme, f"{user}:{_REDACTED}@{hostport}", parts.path, parts.query, parts.fragment))
+    if password == _REDACTED:  # already masked (a recording's URL): nothing to send
+        return shown, None
+    return shown, f"{unquote(user)}:{unquote(password)}"
+
+
+def basic_auth(userinfo: str) -> str:
+    """The ``Authorization`` value for ``"user:password"``."""
+    import base64
+
+    return "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")

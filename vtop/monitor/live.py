@@ -347,7 +347,8 @@ class LiveFeed:
         if s is None:
             from vtop.sources.vllm import VllmScraper
 
-            s = self.scrapers[url] = VllmScraper(url, client=self.client, clock=self.monitor.clock)
+            s = self.scrapers[url] = VllmScraper(url, client=self.client, clock=self.monitor.clock,
+                                                 userinfo=self.config.credentials_for(url))
         s.api_key = self.monitor.api_key_for(url)
         return s
 

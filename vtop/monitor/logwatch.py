@@ -93,6 +93,11 @@ def log_problem(tail: TailState, lines_total: int, binary_lines: int, old_s: flo
         return f"vLLM log: {src} does not exist (yet); waiting for it to appear"
     if tail.status == "ended":
         return f"vLLM log: input ended ({'standard input' if src == '-' else src} was closed by its writer)"
+    if tail.nul_bytes and not lines_total:
+        of = f" of {_size(tail.size)}" if tail.size else ""
+        return (f"vLLM log: {src} holds NUL bytes and no text ({_size(tail.nul_bytes)} read{of}: a sparse or "
+                "preallocated file, or one truncated under its writer as logrotate's copytruncate leaves it); "
+                "waiting for text; pass the server's stdout/stderr file")
     if binary_lines >= 3 and binary_lines * 2 >= lines_total:
         return (f"vLLM log: {src} does not look like a text log ({binary_lines} of {lines_total} lines read are "
                 "binary); pass the server's stdout/stderr file")
@@ -100,6 +105,13 @@ def log_problem(tail: TailState, lines_total: int, binary_lines: int, old_s: flo
         return (f"vLLM log: the log's last line is {age_words(old_s)} old ({src} was last written then, nothing "
                 "since): an old file? Its silence is not taken for a stalled start")
     return None
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def age_words(s: float) -> str:

@@ -249,6 +249,23 @@ class Monitor:
         ws = self.servers.get(url)
         return ws.process.api_key if ws is not None and ws.process is not None else None
 
+    def gpu_stale_after_s(self) -> float:
+        """GPU readings older than this are stale (NVML stopped answering: a hung call): three poll
+        intervals, at least 3 s. One bound for every face (the screen, ``--once``/``doctor``, the exporter)."""
+        return max(3.0, 3.0 * self.config.interval)
+
+    def gpu_readings_age(self) -> float | None:
+        """Seconds since the last GPU readings came (None: no GPU read yet, or none to read)."""
+        poll = self.gpu_history.last_poll
+        if poll is None or not poll.gpus:
+            return None
+        return max(0.0, self.clock.monotonic() - poll.mono)
+
+    def gpu_stale_for(self) -> float | None:
+        """The GPU readings' age when they are stale (:meth:`gpu_stale_after_s`), else None."""
+        age = self.gpu_readings_age()
+        return age if age is not None and age > self.gpu_stale_after_s() else None
+
     def gpu_activity(self, since_mono: float) -> tuple[float | None, float | None]:
         """Mean GPU util and SM activity since ``since_mono`` (the busiest GPU), for the stall note."""
         best: tuple[float | None, float | None] = (None, None)

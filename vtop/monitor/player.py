@@ -392,19 +392,22 @@ class Player:
         self.advance(dt * self.speed)
         return True
 
-    def status_text(self) -> str:
+    def status_text(self, stamp: bool = True, note: bool = True) -> str:
+        """The replay's part of the status line; without its wall-clock ``stamp``, then without the pause's
+        ``note``, on a narrow screen."""
         t = self.clock.time()
         try:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
         except (OverflowError, ValueError, OSError):
-            stamp = "?"
+            when = "?"
         state = "END" if self.ended else ("PAUSED" if self.paused else f"▶ {self.speed:g}x")
-        if self.note and self.paused and not self.ended:
+        if note and self.note and self.paused and not self.ended:
             state += f": {self.note}"
         i = self.chapter_index()
         chapter = f" │ {self.chapters[i][0]} {i + 1}/{len(self.chapters)}" if i >= 0 and len(self.chapters) > 1 else ""
         # what the user acts on first (the state, the chapter); the clock last, where a narrow screen cuts
-        return f"REPLAY {self.name} │ {state}{chapter} │ {_mmss(self.elapsed)}/{_mmss(self.duration)} │ {stamp}"
+        return (f"REPLAY {self.name} │ {state}{chapter} │ {_mmss(self.elapsed)}/{_mmss(self.duration)}"
+                + (f" │ {when}" if stamp else ""))
 
 
 def _mmss(s: float) -> str:

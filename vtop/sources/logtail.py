@@ -72,6 +72,10 @@ _TQDM_HINT_RE = re.compile(r"\d/\d+ \[")
 # --------------------------------------------------------------------------- line splitting
 
 
+_NULS = b"\x00" * 8
+_NUL_RUN_RE = re.compile(rb"\x00{8,}")
+
+
 class LineSplitter:
     """Incremental bytes -> lines, for both the file and the pipe tailer.
 
@@ -85,6 +89,9 @@ class LineSplitter:
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
         self._max = max_line
+        #: NUL bytes dropped (runs of 8 or more: a sparse or preallocated file, the hole a writer leaves
+        #: after logrotate's copytruncate); never reset, the log's problem line says it
+        self.nul_bytes = 0
         self._buf = b""
         self._flushed = 0  # bytes at the start of _buf already emitted as a live frame
         self._skipping = False  # dropping the rest of an over-long line
@@ -102,6 +109,10 @@ class LineSplitter:
     def feed(self, data: bytes) -> list[str]:
         out: list[str] = []
         buf = self._buf + data if self._buf else data
+        if _NULS in buf:  # no line of them, no row of replacement characters: counted and dropped
+            n = len(buf)
+            buf = _NUL_RUN_RE.sub(b"", buf)
+            self.nul_bytes += n - len(buf)
         parts = buf.replace(b"\r", b"\n").split(b"\n")
         partial = parts.pop()
         if parts:
@@ -280,6 +291,8 @@ class TailState:
     #: was read; None for a pipe, or while catching up. A backlog's last line may be a tqdm frame,
     #: which carries no time stamp: this says how long ago it was written.
     mtime: float | None = None
+    #: NUL bytes read and dropped (runs of them: a sparse or preallocated file, a copytruncate hole)
+    nul_bytes: int = 0
 
     @property
     def behind(self) -> int:
@@ -428,6 +441,7 @@ class LogTailer:
             self._restarts,
             self._scan.found if self._scan is not None else None,
             mtime,
+            self._splitter.nul_bytes,
         )
 
     def _open(self) -> bool:
@@ -702,7 +716,8 @@ class StreamTailer:
             self._offset += len(data)
             out.extend(self._splitter.feed(data))
         if not self._ended and self._state.status != "error":
-            self._state = TailState("following", self._name, self._state.message, self._offset)
+            self._state = TailState("following", self._name, self._state.message, self._offset,
+                                    nul_bytes=self._splitter.nul_bytes)
         return out
 
 

@@ -66,6 +66,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from vtop.clock import Clock
+from vtop.model.redact import basic_auth
 from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
 from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, within
 from vtop.sources.metrics_text import (
@@ -394,6 +395,7 @@ class VllmScraper:
         *,
         client: HttpPool,
         api_key: str | None = None,
+        userinfo: str | None = None,
         clock: Clock,
         timeout: Timeout | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
@@ -406,6 +408,9 @@ class VllmScraper:
         self._client = client
         self.api_key: str | None = api_key or None
         """The key sent to the `/v1` endpoints (never to `/metrics` or `/health`); settable."""
+        self._basic = basic_auth(userinfo) if userinfo else None
+        """``Authorization: Basic`` for every request when the URL was given with ``user:password@``
+        (a proxy in front of vLLM); ``url`` holds the password masked (vtop.config)."""
         self._clock = clock
         self.timeout = timeout or DEFAULT_TIMEOUT
         self.max_body_bytes = max_body_bytes
@@ -463,6 +468,8 @@ class VllmScraper:
         headers = [("Accept-Encoding", "identity")]
         if auth and self.api_key:
             headers.append(("Authorization", f"Bearer {self.api_key}"))
+        elif self._basic is not None:
+            headers.append(("Authorization", self._basic))
         fetch = self._client.get(self.url + path, headers=headers, limit=limit,
                                  connect_timeout=self.timeout.connect)
         try:

@@ -125,6 +125,7 @@ class ActionKeys(App[int]):
 
     async def _write_snapshot(self) -> None:
         from vtop.core.phases.tracker import summarize
+        from vtop.model.redact import basic_auth
         from vtop.sources.logtail import LogTailer
         from vtop.sources.vllm import MAX_BODY_BYTES
 
@@ -132,9 +133,11 @@ class ActionKeys(App[int]):
         for url in self.monitor.servers:
             try:
                 assert self.feed is not None  # the action keys are off in a replay
+                headers = [("Accept-Encoding", "identity")]
+                if (userinfo := self.config.credentials_for(url)) is not None:
+                    headers.append(("Authorization", basic_auth(userinfo)))
                 _, body = await asyncio.wait_for(
-                    self.feed.client.get(url + "/metrics", headers=[("Accept-Encoding", "identity")],
-                                            limit=MAX_BODY_BYTES), 3.0)
+                    self.feed.client.get(url + "/metrics", headers=headers, limit=MAX_BODY_BYTES), 3.0)
                 metrics[url] = body
             except Exception:  # the bundle says the server gave nothing
                 metrics[url] = None
@@ -142,6 +145,7 @@ class ActionKeys(App[int]):
         log_path = src.path if isinstance(src, LogTailer) else None
         phases = dict(summarize(self.log_view.snapshot)) if self.log_view else None
         secrets = [k for k in (self.config.api_key, os.environ.get("VLLM_API_KEY")) if k]
+        secrets += [cred.partition(":")[2] for _, cred in self.config.url_auth]  # a URL's password
         fut = self.snapshots.start(
             self.config.snapshot_dir,
             log_path=log_path,
@@ -200,4 +204,5 @@ class ActionKeys(App[int]):
         v = e.last_view
         models = [v.model_id] if v is not None and v.model_id else ([e.process.served_name] if e.process and e.process.served_name else [])
         self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
-                                     client=self.action_client, api_key=self.monitor.api_key_for(e.url)))
+                                     client=self.action_client, api_key=self.monitor.api_key_for(e.url),
+                                     userinfo=self.config.credentials_for(e.url)))

@@ -287,6 +287,7 @@ class VtopApp(ActionKeys, ViewKeys):
 
     def on_resize(self) -> None:
         self._size_panels()
+        self.update_status()  # the status line's detail follows the width
         # once more after the screen has its new size (the event can come before it does)
         self.call_after_refresh(self._fit)
 
@@ -452,7 +453,8 @@ class VtopApp(ActionKeys, ViewKeys):
             settle_gc()
 
     def _watchdog(self) -> None:
-        hung = self.feed is not None and self.feed.gpu_hung_for() is not None
+        # a call in flight past the hang bound, or readings past the monitor's stale bound (one for every face)
+        hung = (self.feed is not None and self.feed.gpu_hung_for() is not None) or self.monitor.gpu_stale_for() is not None
         if hung or self.gpu_hung:
             self.gpu_hung = hung
             self.w_gpu.set_class(hung, "-stale")
@@ -531,11 +533,17 @@ class VtopApp(ActionKeys, ViewKeys):
         return card
 
     # ------------------------------------------------------------------ status
-    def gpu_status_text(self) -> str:
+    def gpu_status_text(self, detail: int = 2) -> str:
+        """The GPUs in the status line: ``detail`` 2 names the model and the driver (``1 × NVIDIA H200 ·
+        driver 580.159.04``), 1 the model only, 0 the count only (``1 GPU``): a narrow terminal drops
+        them, in that order, before any server's state (:meth:`update_status`)."""
         poll = self.gpu_history.last_poll
-        hung_for = self.feed.gpu_hung_for() if self.feed is not None else None
-        if self.gpu_hung and hung_for is not None:
-            return f"NVML not answering for {hung_for:.0f} s (GPU readings are stale)"
+        if self.gpu_hung:
+            age = self.monitor.gpu_readings_age()
+            # an NVML call in flight past the hang bound, or none came (vtop itself starved of CPU)
+            why = "NVML not answering" if self.feed is not None and self.feed.gpu_hung_for() is not None \
+                else "no new GPU readings"
+            return f"{why}: GPU readings " + (f"{age:.0f} s old" if age is not None else "missing") + " (stale)"
         if poll is None:
             return "GPU: starting NVML…"
         if poll.status == OFF:
@@ -544,15 +552,39 @@ class VtopApp(ActionKeys, ViewKeys):
             return "GPU: none"
         names = {g.name for g in poll.gpus}
         kind = names.pop() if len(names) == 1 else "mixed"
-        txt = f"{len(poll.gpus)} × {kind}"
+        n = len(poll.gpus)
+        txt = f"{n} × {kind}" if detail >= 1 else f"{n} GPU{'s' if n != 1 else ''}"
         if self.config.simulate_gpus or (poll.driver and "simulated" in poll.driver):
             txt += " SIMULATED"  # --simulate-gpus: made-up readings, said where the GPUs are named
-        elif poll.driver:
+        elif poll.driver and detail >= 2:
             txt += f" · driver {poll.driver.split()[0]}"
         lost = sum(1 for g in poll.gpus if g.lost)
         if lost:
             txt += f" · {lost} LOST"
         return txt
+
+    def status_text(self, width: int) -> str:
+        """The status line for ``width`` columns: the servers' state always; to make room, the GPUs'
+        driver version goes first, then their model name, then vtop's version (a replay's wall clock) and
+        the poll interval (a replay's pause note).
+        At 120 columns the servers' state was cut (``... · driver 580.159.04 │ vLLM:``), at 80 all of it."""
+        servers = self.server_status_text()
+        text = ""
+        for detail, own, every in ((2, True, True), (1, True, True), (0, True, True), (0, False, True),
+                                   (0, False, False)):
+            gpu = self.gpu_status_text(detail)
+            if self.replay is not None:  # its wall clock goes with vtop's own version, its pause note last
+                text = f" {self.replay.status_text(stamp=own, note=every)} │ {gpu} │ {servers}"
+            else:
+                rec = self.recorder
+                rec_text = "" if rec is None else (f" │ {rec.stopped_reason}" if rec.stopped_reason else " │ ● REC")
+                text = ((f" vtop {__version__} │ " if own else " ") + f"{self.hostname} │ {gpu} │ {servers}"
+                        + (f" │ every {self.config.interval:g} s" if every else "") + rec_text
+                        + (" │ READ-ONLY" if self.config.readonly else "")
+                        + (f" │ {self._snap_text}" if self._snap_text else ""))
+            if len(text) + (len(" ❚❚ FROZEN (space: catch up) │") if self.frozen else 0) <= width:
+                break
+        return text
 
     def server_status_text(self) -> str:
         views = list(self.monitor.views().values())
@@ -569,14 +601,7 @@ class VtopApp(ActionKeys, ViewKeys):
         return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
     def update_status(self) -> None:
-        if self.replay is not None:
-            text = f" {self.replay.status_text()} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-        else:
-            rec = self.recorder
-            rec_text = "" if rec is None else (f" │ {rec.stopped_reason}" if rec.stopped_reason else " │ ● REC")
-            text = (f" vtop {__version__} │ {self.hostname} │ {self.gpu_status_text()} │ {self.server_status_text()}"
-                    f" │ every {self.config.interval:g} s" + rec_text + (" │ READ-ONLY" if self.config.readonly else "")
-                    + (f" │ {self._snap_text}" if self._snap_text else ""))
+        text = self.status_text(self.size.width)
         if self.frozen:
             text = " ❚❚ FROZEN (space: catch up) │" + text
         if self._note:

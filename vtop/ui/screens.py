@@ -132,9 +132,10 @@ class ProbeScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "dismiss", "Close")]
 
     def __init__(self, url: str, *, models: list[str], max_model_len: int | None, client: Any,
-                 api_key: str | None) -> None:
+                 api_key: str | None, userinfo: str | None = None) -> None:
         super().__init__()
         self.url = url
+        self.userinfo = userinfo
         self.models = models
         self.max_model_len = max_model_len
         self.client = client
@@ -178,7 +179,7 @@ class ProbeScreen(ModalScreen[None]):
         out.update(Text(f"sending to {self.url} ({endpoint}, max_tokens {raw or '-'}) …", style="dim"))
         r = await send_test_request(self.url, model=model, endpoint=endpoint,  # type: ignore[arg-type]
                                     prompt=prompt, max_tokens=max_tokens, max_model_len=self.max_model_len,
-                                    api_key=self.api_key, client=self.client)
+                                    api_key=self.api_key, client=self.client, userinfo=self.userinfo)
         self.result = r
         out.update(probe_text(r))
 

@@ -128,7 +128,12 @@ def _ordinary_e2e_s(st: ServerState) -> float | None:
 
 def _flat_s(st: ServerState, since: float, now: float) -> float:
     """Seconds of ``[since, now]`` the generation counter stood still between two samples
-    (a frozen engine: its requests grow old without decoding)."""
+    (a frozen engine: its requests grow old without decoding): :meth:`ServerState.flat_s`."""
+    return st.flat_s(since, now)
+
+
+def _flat_s_scan(st: ServerState, since: float, now: float) -> float:
+    """:func:`_flat_s` by a pass over the samples (the tests' reference)."""
     out = 0.0
     prev = None
     for x in st.samples[max(0, bisect_right(st.times, since) - 1):]:

@@ -43,6 +43,9 @@ class Sample:
     #: the engine was put to sleep (``engine_sleep_state``): quiet on purpose, so its quiet time is
     #: no stall time (the stall clock starts again at ``/wake_up``)
     sleeping: bool = False
+    #: seconds the generation counter stood still between the samples kept up to this one, from the
+    #: first (set by :meth:`ServerState.add`): any stretch's still time is a difference of two
+    flat_cum: float = 0.0
 
 
 def sample_of(t: float, m: VllmMetrics) -> Sample:
@@ -200,6 +203,26 @@ class ServerState:
             elif self.kv_high_since is None:
                 self.kv_high_since = s.t
         keep_recent(self.times, self.samples, s.t, s, keep_s)
+        if len(self.samples) >= 2:  # its predecessor in the list (keep_recent may have replaced the last)
+            q = self.samples[-2]
+            still = q.gen is not None and s.gen is not None and s.gen <= q.gen
+            s.flat_cum = q.flat_cum + (s.t - q.t if still else 0.0)
+
+    def flat_s(self, since: float, now: float) -> float:
+        """Seconds of ``[since, now]`` the generation counter stood still between two kept samples
+        (a frozen engine: its requests grow old without decoding). Two bisections: a pass over the
+        samples since ``since`` (up to 15 minutes of them) every tick grew the soak's CPU with the
+        age of a stall."""
+        times, samples = self.times, self.samples
+        j = max(0, bisect_right(times, since) - 1)
+        k = bisect_right(times, now) - 1
+        if k <= j:
+            return 0.0
+        out = samples[k].flat_cum - samples[j].flat_cum
+        first = samples[j + 1].flat_cum - samples[j].flat_cum
+        if first > 0.0:  # the first stretch counts from ``since``, not from the sample before it
+            out -= min(first, max(0.0, since - times[j]))
+        return out
 
     def _note_moves(self, p: Sample | None, s: Sample) -> None:
         """When a request last finished, when the counters last moved."""

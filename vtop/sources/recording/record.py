@@ -54,6 +54,29 @@ VERSION = 2
 KEYFRAME_EVERY = 60
 
 
+class RecordingBusy(OSError):
+    """Another vtop records to this file (it holds the file's lock): two sessions would interleave."""
+
+
+def _claim(path: Path) -> int:
+    """A descriptor of ``path`` (made 0600 if new) holding an exclusive ``flock`` on it, kept for as long
+    as the recording lasts; :class:`RecordingBusy` when another process (or recorder) holds it. Two vtops
+    writing one ``--record`` file mixed both sessions, which the replay then played interleaved."""
+    import fcntl
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RecordingBusy(f"--record {path}: another vtop is recording to this file (it holds the file's "
+                            "lock); give each vtop its own --record file") from None
+    except OSError:  # a file system without flock (some network mounts): record unlocked, as before
+        pass
+    return fd
+
+
 def _open(path: Path, mode: str) -> IO[str]:
     if "a" in mode or "w" in mode:
         # A recording holds log lines and server details: 0600 whatever the umask, as the
@@ -93,8 +116,13 @@ class Recorder:
         self.stopped_reason: str | None = None
         self.records = 0
         self._lock = threading.Lock()
+        self._lock_fd: int | None = _claim(self.path)
         new = not self.path.exists() or self.path.stat().st_size == 0
-        self._f = _open(self.path, "a")
+        try:
+            self._f = _open(self.path, "a")
+        except BaseException:
+            self._release()
+            raise
         self._written = self.path.stat().st_size if self.path.exists() else 0
         self._q: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self._last_m: dict[str, dict[str, Any]] = {}
@@ -156,6 +184,13 @@ class Recorder:
                 self._f.close()
             except OSError:
                 pass
+        self._release()
+
+    def _release(self) -> None:
+        """Let another vtop record to the file (the lock goes with the descriptor)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def _write(self, obj: dict[str, Any]) -> None:
         with self._lock:
