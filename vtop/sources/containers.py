@@ -433,7 +433,7 @@ class Enricher:
     def _reach(self, sp: ServerProcess, proxies: list[Forward]) -> dict[str, Any]:
         """How this box reaches a server in another network namespace: a published port on the host
         (its URL then), else its own address there."""
-        from vtop.sources.discovery import url_for
+        from vtop.sources.urls import url_for
 
         addrs = parse_fib_trie_local(_read(f"{self.proc_root}/{sp.pid}/net/fib_trie") or "")
         fwd = [f for f in proxies if f.to_port == sp.port and f.to_ip in addrs]

@@ -47,6 +47,7 @@ from vtop.model.fmt import to_float as _float
 from vtop.model.fmt import to_int as _int
 from vtop.model.procs import ServerProcess, VllmChild
 from vtop.sources.procs import parse_stat, stat_cpu_s
+from vtop.sources.urls import url_for
 
 __all__ = [
     "ProcRecord",
@@ -258,17 +259,6 @@ def parse_human_int(s: str | None) -> int | None:
     power = "kmgt".index(unit.lower()) + 1
     base = 1000 if unit.islower() else 1024
     return int(float(num) * base**power)
-
-
-def url_for(host: str | None, port: int) -> tuple[str, str]:
-    """``(connect_host, url)`` for a ``--host`` value: all-interfaces
-    addresses (absent, ``0.0.0.0``, ``::``, ``""``) connect to 127.0.0.1;
-    IPv6 literals get brackets."""
-    h = (host or "").strip().strip("[]")
-    if h in ("", "0.0.0.0", "::", "*"):
-        h = "127.0.0.1"
-    shown = f"[{h}]" if ":" in h else h
-    return h, f"http://{shown}:{port}"
 
 
 def _parse_server_argv(form: str, args: list[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vtop.sources.discovery import ServerProcess
+    from vtop.model.procs import ServerProcess
 
 #: watched when no URL is given and no server is found, so a server started
 #: later (or one in a container vtop cannot see into) still shows up
@@ -58,3 +58,14 @@ def url_matches(url: str, sp: ServerProcess) -> bool:
     if sp.own_netns:
         return host == sp.host
     return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")
+
+
+def url_for(host: str | None, port: int) -> tuple[str, str]:
+    """``(connect_host, url)`` for a ``--host`` value: all-interfaces
+    addresses (absent, ``0.0.0.0``, ``::``, ``""``) connect to 127.0.0.1;
+    IPv6 literals get brackets."""
+    h = (host or "").strip().strip("[]")
+    if h in ("", "0.0.0.0", "::", "*"):
+        h = "127.0.0.1"
+    shown = f"[{h}]" if ":" in h else h
+    return h, f"http://{shown}:{port}"
