@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import Tmux, cpu_seconds, descendants, vm_kb, vtop_cmd
-from tests.prom_harness import Prometheus
+from tests.helpers.prom_harness import Prometheus
 
 STEP_S = 30
 TTFT_LE = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5",

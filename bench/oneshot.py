@@ -7,7 +7,7 @@ Each case is a new process, as a user or a check runner starts it, timed from sp
 (``time.perf_counter`` around ``subprocess.run``); the cases take turns run by run, so what
 else the box does falls on all of them alike. Cases:
 
-* ``python -c pass`` and ``python -c "import vtop.headless"``: the interpreter's start and
+* ``python -c pass`` and ``python -c "import vtop.faces.headless"``: the interpreter's start and
   the headless path's imports, the floor under everything else;
 * ``vtop --once --json URL``: the one round (issue #26 item 5: within 0.5 s on the H200
   box), and with ``--no-gpu`` (the difference is NVML: its load, init and first reads);
@@ -134,7 +134,7 @@ def run(a: argparse.Namespace, url: str, server: str) -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached
     cases: list[tuple[str, list[str], int]] = [
         ("python -c pass", [sys.executable, "-c", "pass"], a.runs),
-        ("python -c 'import vtop.headless'", [sys.executable, "-c", "import vtop.headless"], a.runs),
+        ("python -c 'import vtop.faces.headless'", [sys.executable, "-c", "import vtop.faces.headless"], a.runs),
         ("vtop --once --json URL", [*vt, "--once", "--json", url], a.runs),
         ("vtop --once --json --no-gpu URL", [*vt, "--once", "--json", "--no-gpu", url], a.runs),
     ]

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from vtop.sources import prom  # noqa: E402
-from vtop.sources.prom import clear_line_cache, parse_vllm_metrics  # noqa: E402
+from vtop.sources import metrics_text as prom  # noqa: E402
+from vtop.sources.metrics_text import clear_line_cache, parse_vllm_metrics  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "vllm"
 PAYLOADS = [

@@ -78,7 +78,7 @@ def add_prometheus_flag(p: argparse.ArgumentParser) -> None:
 
 def _run_fleet(p: argparse.ArgumentParser, cfg: Any, given: dict[str, Any], *, once: bool, as_json: bool,
                window: float | None, doctor: bool) -> int:
-    """The fleet face (``vtop.headless_fleet``, ``vtop.ui.fleet_app``): a branch, not a copy."""
+    """The fleet face (``vtop.faces.headless_fleet``, ``vtop.ui.fleet_app``): a branch, not a copy."""
     from vtop.config import replace
     from vtop.sources.prometheus import check_prometheus_url
 
@@ -89,7 +89,7 @@ def _run_fleet(p: argparse.ArgumentParser, cfg: Any, given: dict[str, Any], *, o
     if "interval" in given:
         cfg = replace(cfg, fleet_interval=max(1.0, cfg.interval))
     if once or as_json or doctor:
-        from vtop.headless_fleet import run_fleet_once
+        from vtop.faces.headless_fleet import run_fleet_once
 
         return run_fleet_once(cfg, window_s=window if window is not None else 0.0, as_json=as_json, doctor=doctor)
     from vtop.ui.fleet_app import FleetApp
@@ -157,7 +157,7 @@ def _write_csv(path: str, out: str) -> int:
     """``replay FILE --csv [OUT]``; OSError/ValueError go to the caller's plain message."""
     import sys
 
-    from vtop.export_csv import write_csv
+    from vtop.faces.export_csv import write_csv
 
     if out == "-":
         try:
@@ -247,7 +247,7 @@ def _run_doctor(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
     if cfg.prometheus_url:
         return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
-    from vtop.headless import run_once
+    from vtop.faces.headless import run_once
 
     try:
         return run_once(cfg, window_s=window, as_json=as_json, doctor=True)
@@ -261,7 +261,7 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
     if not 1 <= ns.speed <= 60:
         p.exit(EXIT_USAGE, f"{prog}: error: --speed: 1 to 60, got {ns.speed:g}\n")
     if prog.endswith("demo"):
-        from vtop.demo import demo_path
+        from vtop.faces.demo import demo_path
 
         path = str(demo_path())
     else:
@@ -273,7 +273,7 @@ def _run_replay(argv: Sequence[str], prog: str) -> int:
         if ns.csv is not None:
             return _write_csv(path, ns.csv)
         if ns.doctor or ns.json:
-            from vtop.headless import replay_doctor
+            from vtop.faces.headless import replay_doctor
 
             return replay_doctor(path, cfg, as_json=ns.json)
         from vtop.ui.replay import replay_app
@@ -353,11 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "doctor":
         return _run_doctor(argv[1:])
     if argv and argv[0] == "export":
-        from vtop.exporter import main as export_main
+        from vtop.faces.exporter import main as export_main
 
         return export_main(argv[1:])
     if argv and argv[0] == "web":
-        from vtop.web import main as web_main
+        from vtop.faces.web import main as web_main
 
         return web_main(argv[1:], check_vtop_args=parser().parse_args)
     p = parser()
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if once or as_json:
         if cfg.log == "-":
             p.exit(EXIT_USAGE, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
-        from vtop.headless import run_once
+        from vtop.faces.headless import run_once
 
         try:
             # No --window: one round of readings (the gauges at once; rates need a window).

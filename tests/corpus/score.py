@@ -62,7 +62,7 @@ class Score:
 
 
 def traces(root: Path = TRACES) -> list[Path]:
-    from vtop.sources.trace import is_trace
+    from vtop.sources.recording.trace import is_trace
 
     return sorted(p for p in root.iterdir() if is_trace(p)) if root.is_dir() else []
 
@@ -70,7 +70,7 @@ def traces(root: Path = TRACES) -> list[Path]:
 def score_trace(path: Path) -> Score:
     from vtop.config import Config
     from vtop.monitor.player import open_recording
-    from vtop.sources.trace import truth_of
+    from vtop.sources.recording.trace import truth_of
 
     truth = truth_of(path)
     expect = [str(r) for r in truth.get("expect_rules") or []]

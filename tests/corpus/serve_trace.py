@@ -92,8 +92,8 @@ PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a (gzipped or plain) JSONL file; none when it is absent; damaged lines skipped
-    (vtop's own recording reader, as vtop/sources/trace.py reads a trace)."""
-    from vtop.sources.record import read
+    (vtop's own recording reader, as vtop/sources/recording/trace.py reads a trace)."""
+    from vtop.sources.recording.record import read
 
     return list(read(path)) if path.exists() else []
 

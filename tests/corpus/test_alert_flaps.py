@@ -54,7 +54,7 @@ def _for_s(title: str) -> float | None:
 def play(path: Path) -> dict[str, dict[tuple[str, str], list[str | None]]]:
     """Per face, per (rule, target): the severity at every recorded second (None: no alert)."""
     from vtop.config import Config
-    from vtop.exporter import ExportState, families
+    from vtop.faces.exporter import ExportState, families
     from vtop.monitor.player import open_recording
 
     player = open_recording(str(path), config=Config())

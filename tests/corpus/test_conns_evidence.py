@@ -22,8 +22,8 @@ import pytest
 
 from tests.corpus.score import TRACES
 from tests.corpus.window import WINDOW_S, doctor_at
+from vtop.sources.recording.trace import is_trace, truth_of
 from vtop.sources.sockets import read_conns
-from vtop.sources.trace import is_trace, truth_of
 
 WITH_CONNS = sorted(p for p in TRACES.iterdir() if is_trace(p) and (p / "conns.jsonl.gz").exists())
 RUNAWAYS = [p for p in WITH_CONNS if truth_of(p)["class"] == "runaway"]

@@ -19,7 +19,7 @@ from tests.corpus.live_doctor import (
     trace_paths,
 )
 from tests.corpus.serve_trace import TraceTimeline
-from tests.corpus.test_serve_trace import _write_trace
+from tests.helpers.trace_files import write_trace
 
 
 def test_the_plan_covers_every_trace_of_the_corpus() -> None:
@@ -68,10 +68,10 @@ def _prom(running: float, waiting: float) -> str:
 def test_busiest_window_is_the_one_with_most_running_and_waiting(tmp_path: Path) -> None:
     loads = [0, 1, 1, 0, 4, 5, 6, 0, 0, 1] + [0] * 10
     rows = [(float(i), 200, None, _prom(v, 1 if v >= 5 else 0)) for i, v in enumerate(loads)]
-    tl = TraceTimeline(_write_trace(tmp_path / "t", rows, [(0.0, 0)], b""))
+    tl = TraceTimeline(write_trace(tmp_path / "t", rows, [(0.0, 0)], b""))
     tl.end = 20.0
     assert busiest_start(tl, 3.0) == 4.0
-    idle = TraceTimeline(_write_trace(tmp_path / "idle", [(float(i), 200, None, _prom(0, 0)) for i in range(20)],
+    idle = TraceTimeline(write_trace(tmp_path / "idle", [(float(i), 200, None, _prom(0, 0)) for i in range(20)],
                                       [(0.0, 0)], b""))
     assert busiest_start(idle, 3.0) is None
 

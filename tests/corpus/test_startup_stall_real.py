@@ -10,7 +10,7 @@ import pytest
 
 from vtop.config import Config
 from vtop.monitor.player import open_recording
-from vtop.sources.trace import truth_of
+from vtop.sources.recording.trace import truth_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "corpus" / "traces"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.corpus.score import TRACES
 from tests.corpus.window import WINDOW_S, doctor_at, run_trace
-from vtop.sources.trace import is_trace, truth_of
+from vtop.sources.recording.trace import is_trace, truth_of
 
 ALL = sorted(p for p in TRACES.iterdir() if is_trace(p)) if TRACES.is_dir() else []
 INCIDENTS = [p for p in ALL if truth_of(p)["class"] in

@@ -7,7 +7,7 @@ should_alert_by - 15 s``: the player (:func:`vtop.monitor.player.attached_at`) h
 monitor the log written up to ``T`` at once, as the tailer reads the log it attaches to,
 and the process table of ``T``; then it plays only ``[T, should_alert_by]`` of
 ``/metrics``, ``/health`` and the log, as the live window would see them. The report at
-the end of the window gives the exit status (``vtop.headless.report``), and the rule
+the end of the window gives the exit status (``vtop.faces.headless.report``), and the rule
 named. For a normal or clean-shutdown trace, the same is done at several points (every
 ``step`` seconds after the server is ready): each must exit 0.
 """
@@ -53,7 +53,7 @@ def doctor_at(path: Path, t_start: float, window_s: float = WINDOW_S, config: An
     """Exit status and alerts of ``vtop doctor --window window_s`` started at wall time
     ``t_start`` of the trace (default settings, or ``config``)."""
     from vtop.config import Config
-    from vtop.headless import report
+    from vtop.faces.headless import report
     from vtop.monitor.player import open_recording
 
     cfg = config or Config()
@@ -69,7 +69,7 @@ def doctor_at(path: Path, t_start: float, window_s: float = WINDOW_S, config: An
 
 
 def run_trace(path: Path, step_s: float = 30.0) -> list[WindowResult]:
-    from vtop.sources.trace import truth_of
+    from vtop.sources.recording.trace import truth_of
 
     truth = truth_of(path)
     cls = str(truth.get("class"))

@@ -17,7 +17,7 @@ import pytest
 
 from vtop.cli import main
 from vtop.config import ConfigError, build, parse_duration
-from vtop.sources.record import Recorder
+from vtop.sources.recording.record import Recorder
 from vtop.sources.urls import normalize_url, url_hostport
 
 ENV = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vtop.sources.logtail as logtail
-from tests.faults.badserver import BadServer
+from tests.helpers.badserver import BadServer
 from vtop.cli import main
 from vtop.core.phases import PhaseTracker
 from vtop.monitor.logwatch import LogWatch

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.ui.test_action_keys import GUARD_S, log_pane_settled, polled, wait_for
+from tests.helpers.pilot import GUARD_S, log_pane_settled, polled, wait_for
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 from vtop.ui.screens import PySpyScreen

@@ -1,5 +1,5 @@
 """Fault matrix, the sources (issue #25 items 1, 2, 10 and the matrix's server and NVML rows): a server
-that misbehaves in each way :mod:`tests.faults.badserver` knows, and NVML absent, lost, NotSupported
+that misbehaves in each way :mod:`tests.helpers.badserver` knows, and NVML absent, lost, NotSupported
 or hanging, each through the real command line (``vtop --once`` / ``vtop doctor``, in-process).
 
 Each case asserts: no traceback, the clear line vtop says, the exit status the README documents
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import vtop.sources.nvml as nvml_mod
-from tests.faults.badserver import BadServer
+from tests.helpers.badserver import BadServer
 from vtop.cli import main
 from vtop.sources.fake_nvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound, NVMLError_NotSupported
 

@@ -14,7 +14,7 @@ from vtop.actions.probe import fetch_models, send_test_request
 from vtop.actions.pyspy import dump, pick_targets
 from vtop.actions.snapshot import make_bundle
 from vtop.sources.discovery import discover
-from vtop.sources.prom import parse_vllm_metrics
+from vtop.sources.metrics_text import parse_vllm_metrics
 
 pytestmark = pytest.mark.real
 

@@ -33,10 +33,9 @@ from typing import Any
 
 import pytest
 
-from tests.real.test_real_incidents import app_for
-from tests.real.test_real_vtop import Watch, shot
+from tests.helpers.real import Watch, app_for, shot
 from vtop.config import Config
-from vtop.sources.record import load
+from vtop.sources.recording.record import load
 from vtop.ui.replay import replay_app
 
 pytestmark = pytest.mark.real

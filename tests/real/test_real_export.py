@@ -29,7 +29,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vtop.exporter import PHASES
+from vtop.faces.exporter import PHASES
 
 pytestmark = pytest.mark.real
 

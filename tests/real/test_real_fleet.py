@@ -2,7 +2,7 @@
 table shows each, a runaway on one is named on its row, and the other, stopped mid-test,
 turns DOWN.
 
-Debian's ``prometheus`` 2.42 (:mod:`tests.prom_harness`) scrapes both every second (their
+Debian's ``prometheus`` 2.42 (:mod:`tests.helpers.prom_harness`) scrapes both every second (their
 ``instance`` labels rewritten to ``box-a:PORT`` / ``box-b:PORT``, as a fleet names its hosts).
 vtop is the fleet screen itself (:class:`~vtop.ui.fleet_app.FleetApp` in Textual's test
 harness) refreshing every second with ``--runaway-threshold 20s``: the real server decodes
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.prom_harness import Prometheus, Target
+from tests.helpers.prom_harness import Prometheus, Target
 from tests.real.conftest import RealVllm
 from vtop.config import Config
 from vtop.ui.fleet_app import FleetApp

@@ -19,87 +19,21 @@ keeps SVGs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.real.test_real_vtop import SHOTS, Watch, shot
+from tests.helpers.real import SHOTS, Runaway, Watch, app_for, shot
 from vtop.config import Config
 from vtop.core.rules import Thresholds
-from vtop.ui.app import VtopApp
 
 pytestmark = pytest.mark.real
 
-REC = os.environ.get("VTOP_RECORD_DIR")
 SCHEMA = Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json"
-
-
-def app_for(srv: Any, tmp: Path, name: str, **cfg: Any) -> VtopApp:
-    rec = Path(REC) / f"{name}.jsonl.gz" if REC else tmp / f"{name}.jsonl.gz"
-    rec.parent.mkdir(parents=True, exist_ok=True)
-    if rec.exists():
-        rec.unlink()
-    cfg.setdefault("interval", 0.5)
-    return VtopApp(Config(urls=(srv.url,), log=str(srv.log_path), no_gpu=True, record=str(rec), **cfg),
-                   hostname="cpu-box")
-
-
-class Runaway:
-    """One streaming chat request without max_tokens (ignore_eos), in a thread, until stopped."""
-
-    def __init__(self, srv: Any) -> None:
-        self.srv = srv
-        self.id: str | None = None
-        self.chunks = 0
-        self.finish: str | None = None
-        self.error: str | None = None
-        #: ``(host, port)`` of the client's side of its connection (httpcore's ``network_stream`` extension)
-        self.client: tuple[str, int] | None = None
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Runaway:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=30)
-
-    def _run(self) -> None:
-        body = {"model": self.srv.model, "stream": True, "ignore_eos": True, "temperature": 0.8,
-                "messages": [{"role": "user", "content": "Tell me a very long story."}]}
-        try:
-            with httpx.Client(timeout=httpx.Timeout(30.0, read=60.0)) as c, \
-                    c.stream("POST", self.srv.url + "/v1/chat/completions", json=body) as r:
-                ns = r.extensions.get("network_stream")
-                if ns is not None:
-                    addr = ns.get_extra_info("client_addr")
-                    self.client = (str(addr[0]), int(addr[1])) if addr else None
-                for line in r.iter_lines():
-                    if self._stop.is_set():
-                        return  # closing the stream: vLLM aborts the request
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    d = json.loads(line[6:])
-                    self.id = self.id or d.get("id")
-                    self.chunks += 1
-                    fr = (d.get("choices") or [{}])[0].get("finish_reason")
-                    if fr:
-                        self.finish = fr
-                        return
-        except Exception as e:  # noqa: BLE001 - reported by the test
-            self.error = f"{type(e).__name__}: {e}"
 
 
 @pytest.mark.vllm_server(max_model_len=65536)
@@ -224,7 +158,7 @@ def test_once_json_and_doctor_against_the_real_server(real_vllm) -> None:  # typ
 
 
 async def test_recorded_real_session_replays_to_the_same_numbers(real_vllm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.ui.test_record_replay import card_text
+    from tests.helpers.screen_text import card_text
     from vtop.ui.replay import replay_app
 
     srv = real_vllm

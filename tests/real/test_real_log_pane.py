@@ -7,7 +7,7 @@ vtop's own polls, although vLLM's uvicorn writes an access line for every one of
 out of the server's own log).
 
 ``VTOP_SCREENSHOTS=DIR`` keeps the capture (``log-pane-cpu-real-tmux.txt``, and ``.ansi`` with
-its colours, which ``python -m tests.make_screenshots`` turns into an SVG in screenshots/live-runs/).
+its colours, which ``python -m tools.make_screenshots`` turns into an SVG in screenshots/live-runs/).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.real.test_real_terminal import capture, log_box
+from tests.helpers.real import capture, log_box
 
 pytestmark = pytest.mark.real
 

@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.real.test_real_incidents import Runaway
-from tests.real.test_real_runaway_default import ShortTraffic
+from tests.helpers.real import Runaway, ShortTraffic
 
 pytestmark = pytest.mark.real
 

@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.real.test_real_incidents import Runaway
-from tests.real.test_real_vtop import Watch, shot
+from tests.helpers.real import Runaway, ShortTraffic, Watch, shot
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 
@@ -41,46 +37,6 @@ pytestmark = pytest.mark.real
 #: the issue's bar: "a runaway is named within 60 s of the request's start under concurrent traffic, with no flags"
 NAMED_WITHIN_S = 60.0
 RUNAWAY_MAX_S = 100.0
-SHORT_MAX_REQUESTS = 40
-
-
-class ShortTraffic:
-    """Short completions (max_tokens 16-64), one every 2-5 s, in a thread, until stopped."""
-
-    def __init__(self, srv: Any, seed: int = 24) -> None:
-        self.srv = srv
-        self.rng = random.Random(seed)
-        self.finished: list[float] = []  # time.monotonic() of each 200 answer
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True, name="short-traffic")
-
-    def __enter__(self) -> ShortTraffic:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=60)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.srv.url, timeout=httpx.Timeout(60.0, connect=5.0)) as c:
-            for i in range(SHORT_MAX_REQUESTS):
-                if self._stop.wait(self.rng.uniform(2.0, 5.0)):
-                    return
-                body = {"model": self.srv.model, "prompt": f"Say something short #{i}",
-                        "max_tokens": self.rng.randint(16, 64), "ignore_eos": True}
-                try:
-                    r = c.post("/v1/completions", json=body)
-                    if r.status_code == 200:
-                        self.finished.append(time.monotonic())
-                    else:
-                        self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
-                except httpx.HTTPError as e:
-                    self.failed.append(f"{type(e).__name__}: {e}")
 
 
 def _note(row: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from vtop.sources.prom import parse_vllm_metrics
+from vtop.sources.metrics_text import parse_vllm_metrics
 
 pytestmark = pytest.mark.real
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.test_real_incidents import app_for
-from tests.real.test_real_vtop import Watch, shot
+from tests.helpers.real import Watch, app_for, shot
 
 pytestmark = pytest.mark.real
 

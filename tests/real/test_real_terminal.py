@@ -19,24 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.real import capture, log_box
+
 pytestmark = pytest.mark.real
 
 BLOCKS = set("▁▂▃▄▅▆▇█")
-
-
-def capture(sess: str) -> list[str]:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", sess], capture_output=True, text=True,
-                          check=True).stdout.splitlines()
-
-
-def log_box(rows: list[str]) -> tuple[int, int] | None:
-    """First and last row of the log pane's box (the last rounded box on screen), if shown."""
-    tops = [i for i, r in enumerate(rows) if r.startswith("╭")]
-    if not tops:
-        return None
-    top = tops[-1]
-    bottom = next((i for i in range(top + 1, len(rows)) if rows[i].startswith("╰")), None)
-    return None if bottom is None else (top, bottom)
 
 
 def check_frame(rows: list[str], *, log_shown: bool) -> None:

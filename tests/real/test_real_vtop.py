@@ -8,71 +8,22 @@ log tailer) headless beside the session's real server. Set
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.real import Watch, shot
 from vtop.config import Config
 from vtop.core.phases import Phase
 from vtop.ui.app import VtopApp
 
 pytestmark = pytest.mark.real
 
-SHOTS = os.environ.get("VTOP_SCREENSHOTS")
-
-
-def shot(app: VtopApp, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        app.save_screenshot(str(Path(SHOTS) / name))
-
 
 def make(srv: Any, **cfg: Any) -> VtopApp:
     cfg.setdefault("interval", 0.5)
     return VtopApp(Config(urls=(srv.url,), log=str(srv.log_path), no_gpu=True, **cfg), hostname="cpu-box")
-
-
-class Watch:
-    """Samples what the app shows, every 0.25 s, while the test waits for something."""
-
-    def __init__(self, app: VtopApp, url: str) -> None:
-        self.app, self.url = app, url
-        self.server_states: list[str] = []
-        self.phases: list[str] = []
-        self.samples: list[dict[str, Any]] = []
-
-    def view(self) -> Any:
-        e = self.app.monitor.servers.get(self.url)
-        return e.last_view if e else None
-
-    def sample(self) -> None:
-        v = self.view()
-        if v is not None and (not self.server_states or self.server_states[-1] != v.state):
-            self.server_states.append(v.state)
-        lv = self.app.log_view
-        if lv is not None and lv.snapshot.current is not None:
-            name = lv.snapshot.current.value
-            if not self.phases or self.phases[-1] != name:
-                self.phases.append(name)
-        if v is not None and v.total is not None:
-            self.samples.append({"t": time.monotonic(), "state": v.state, "running": v.total.running,
-                                 "waiting": v.total.waiting, "gen_tps": v.gen_tps, "prompt_tps": v.prompt_tps,
-                                 "finished": dict(v.finished or {})})
-
-    async def until(self, pilot: Any, cond: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.sample()
-            if cond():
-                return
-            await pilot.pause(0.25)
-        self.sample()
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; states {self.server_states}, "
-                             f"phases {self.phases}")
 
 
 async def test_startup_walks_to_ready_and_the_panel_goes_starting_then_up_under_load(real_vllm_fresh_start) -> None:  # type: ignore[no-untyped-def]

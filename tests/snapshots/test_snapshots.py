@@ -9,7 +9,7 @@ from tests.conftest import FIXTURES, fake_gpus, make_app
 from vtop.clock import FakeClock
 from vtop.sources.fake_nvml import FakeNvml
 from vtop.sources.nvml import NvmlSource
-from vtop.sources.record import ReplayGpuSource, polls_from_sampler
+from vtop.sources.recording.record import ReplayGpuSource, polls_from_sampler
 
 
 def _fed(app, clock: FakeClock | None, n: int):  # type: ignore[no-untyped-def]

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
+from tests.helpers.pilot import GUARD_S, log_pane_settled, polled, wait_for
 from vtop.config import Config
 from vtop.sources.discovery import ProcRecord, discover
 from vtop.ui.app import VtopApp
 from vtop.ui.screens import ProbeScreen, PySpyScreen
 
 SHOTS = os.environ.get("VTOP_SCREENSHOTS")
-GUARD_S = 30.0  # hang guard only: a healthy run, however loaded the box, never gets near it
 METRICS = (FIXTURES / "vllm" / "cpu-0.32.0-metrics-load.txt").read_bytes()
 
 
@@ -83,32 +83,6 @@ async def vllm_like() -> AsyncIterator[dict]:  # type: ignore[type-arg]
 def app_for(url: str, tmp_path: Path, autopoll: bool = True, **cfg: object) -> VtopApp:
     return VtopApp(Config(urls=(url,), no_gpu=True, interval=0.5, snapshot_dir=str(tmp_path), **cfg),  # type: ignore[arg-type]
                    autopoll=autopoll, hostname="t")
-
-
-async def wait_for(pilot, cond, timeout: float = GUARD_S) -> None:  # type: ignore[no-untyped-def]
-    """Wait for ``cond()`` (an event, not a duration); ``timeout`` is a hang guard only."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"hang guard: still waiting after {timeout:.0f} s")
-        await pilot.pause(0.05)
-
-
-def polled(app: VtopApp, url: str) -> bool:
-    """The dashboard has read the server once (its model name and max_model_len with it)."""
-    e = app.monitor.servers.get(url)
-    return e is not None and e.last_view is not None and bool(e.last_view.model_id)
-
-
-async def log_pane_settled(pilot, app: VtopApp) -> None:  # type: ignore[no-untyped-def]
-    """Before the app closes: the log pane shows the log and its line-width thread worker
-    (Textual's Log) is done. Closing the app under that worker fails the app with
-    NoActiveAppError, a race on exit that a loaded box hits when a test ends quickly."""
-    from textual.widgets import Log
-
-    await wait_for(pilot, lambda: app.w_log.line_count > 0
-                   and not any(isinstance(w.node, Log) and not w.is_finished for w in app.workers))
 
 
 async def test_snapshot_key_writes_a_bundle_and_refuses_a_second(vllm_like, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

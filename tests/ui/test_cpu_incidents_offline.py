@@ -74,7 +74,7 @@ async def test_normal_load_recording_raises_nothing_and_requests_come_and_go() -
 
 
 def test_the_recordings_are_vtops_own_and_hold_every_kind() -> None:
-    from vtop.sources.record import load
+    from vtop.sources.recording.record import load
 
     for name in ("runaway.jsonl.gz", "engine-stall.jsonl.gz", "normal-load.jsonl.gz"):
         header, events = load(INC / name)

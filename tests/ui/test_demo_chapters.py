@@ -4,9 +4,9 @@ end on the incident rather than on the recorded shutdown with the server DOWN.""
 
 from __future__ import annotations
 
-from tests.screen_text import screen_lines
+from tests.helpers.screen_text import screen_lines
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.monitor.player import open_recording
 from vtop.ui.replay import replay_app
 

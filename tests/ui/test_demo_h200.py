@@ -12,31 +12,13 @@ import lzma
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.helpers.demo_h200 import DEMO, EV, seek_wall
 from vtop.config import Config
 from vtop.core.requests import RequestTracker
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.ui.replay import replay_app
 
-DEMO = FIXTURES / "h200-demo"
 RUNAWAY_ID = "chatcmpl-9de525035798bf8b"
-
-
-def events() -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in (DEMO / "events.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        out.setdefault(d["ev"], float(d["t"]))
-    return out
-
-
-EV = events()
-
-
-def seek_wall(app, t: float) -> None:  # type: ignore[no-untyped-def]
-    """Seek the replay to wall time ``t`` of the recording."""
-    d = app.replay
-    d.seek(t - d.clock.offset)
 
 
 @pytest.fixture

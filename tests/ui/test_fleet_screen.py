@@ -4,7 +4,7 @@ GPU cards, from history), and a failing Prometheus said in words, with stale row
 
 from __future__ import annotations
 
-from tests.prom_replay import PromReplay, clock_at, load
+from tests.helpers.prom_replay import PromReplay, clock_at, load
 from vtop.config import Config
 from vtop.monitor.fleet import Fleet
 from vtop.sources.prometheus import PromClient

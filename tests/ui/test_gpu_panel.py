@@ -13,7 +13,7 @@ from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 from vtop.sources.nvml import NvmlSource
-from vtop.sources.record import ReplayGpuSource, polls_from_sampler
+from vtop.sources.recording.record import ReplayGpuSource, polls_from_sampler
 from vtop.ui.app import VtopApp
 from vtop.ui.widgets.gpu_panel import GpuCard, GpuLines, GpuPanel, layout_for
 

@@ -1,4 +1,4 @@
-"""vtop's own recording of a real H200 (tests/device/h200_nvml_session.py ran it on the
+"""vtop's own recording of a real H200 (tools/device/h200_nvml_session.py ran it on the
 GPU machine): idle, a bf16 8192^2 matmul loop, a tiny-kernel loop, idle.
 
 "GPU-Util 100 %" only says a kernel was running; SM activity (GPM) says how
@@ -10,23 +10,11 @@ from __future__ import annotations
 import re
 import statistics
 
-from tests.conftest import FIXTURES, make_app
+from tests.conftest import make_app
+from tests.helpers.h200_session import phases
 from vtop.model.gpu import GpuPoll
-from vtop.sources.record import ReplayGpuSource, read
+from vtop.sources.recording.record import ReplayGpuSource
 from vtop.ui.widgets.gpu_panel import GpuCard
-
-REC = FIXTURES / "nvml" / "h200-vtop-session-matmul-tiny.jsonl"
-
-
-def phases() -> dict[str, list[GpuPoll]]:
-    out: dict[str, list[GpuPoll]] = {}
-    phase = None
-    for r in read(REC):
-        if r["kind"] == "mark":
-            phase = r["label"]
-        elif r["kind"] == "gpu" and phase:
-            out.setdefault(phase, []).append(GpuPoll.from_json(r))
-    return out
 
 
 def med(polls: list[GpuPoll], key: str) -> float:

@@ -5,7 +5,7 @@ the screen shows."""
 from __future__ import annotations
 
 from tests.conftest import FIXTURES, fake_gpus
-from tests.screen_text import screen_text
+from tests.helpers.screen_text import screen_text
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.monitor.logwatch import LogWatch

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.screen_text import screen_lines
-from tests.ui.test_demo_h200 import EV, seek_wall
+from tests.helpers.demo_h200 import EV, seek_wall
+from tests.helpers.screen_text import screen_lines
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.ui.replay import replay_app
 from vtop.ui.widgets.keys_bar import KeysBar
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 
 from tests.conftest import fake_gpus
-from tests.screen_text import screen_lines
-from tests.ui.test_demo_h200 import EV, seek_wall
+from tests.helpers.demo_h200 import EV, seek_wall
+from tests.helpers.screen_text import screen_lines
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.sources.vllm import poll_from_error
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app

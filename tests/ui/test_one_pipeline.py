@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.ui.replay import replay_app
 
 RECORDINGS = {

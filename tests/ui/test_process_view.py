@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from tests.screen_text import screen_text
-from tests.ui.test_demo_h200 import EV, seek_wall
+from tests.helpers.demo_h200 import EV, seek_wall
+from tests.helpers.screen_text import screen_text
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app

@@ -18,19 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.screen_text import card_text
 from vtop.config import Config
-from vtop.sources.record import load, read
+from vtop.sources.recording.record import load, read
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app
 
 WIDTH = 96
 REQ_LOG = FIXTURES / "logs" / "requests" / "vllm-0.26.0-v1.log"
-
-
-def card_text(card, view, now):  # type: ignore[no-untyped-def]
-    card.show(view, now)
-    return ["".join(run[0] for run in line) for line in card.lines_cached(WIDTH)]
 
 
 async def record_live(tmp_path: Path, suffix: str = ".jsonl") -> tuple[Path, list[tuple[float, str, list[str]]], VtopApp]:
@@ -180,7 +176,7 @@ async def test_recorder_never_blocks_the_caller(tmp_path: Path) -> None:
 
     from vtop.sources.fake_nvml import simulated
     from vtop.sources.nvml import NvmlSource
-    from vtop.sources.record import Recorder, gpu_polls
+    from vtop.sources.recording.record import Recorder, gpu_polls
 
     poll = NvmlSource(simulated(2)).poll()
     r = Recorder(tmp_path / "x.jsonl")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from tests import h200_replay as rp
 from tests.conftest import make_app
+from tests.helpers import h200_replay as rp
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 from vtop.ui.widgets.server_panel import ServerCard

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.config import Config
 from vtop.core.server import ServerTracker
 from vtop.ui.replay import replay_app
@@ -76,7 +76,7 @@ def test_absent_families_show_nothing() -> None:
 
 def _view_of(text: str):  # type: ignore[no-untyped-def]
     from vtop.clock import FakeClock
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
 
     clock = FakeClock()
     tr = ServerTracker("http://127.0.0.1:8000", clock=clock)
@@ -113,7 +113,7 @@ async def test_live_card_says_sleeping_from_the_recorded_h200_sleep() -> None:
     POST /sleep?level=1 (a request running, as one held while asleep would be): the card's title and
     its one-line form say SLEEPING, its row says what that means, and no alert calls it stalled. Woken
     (the recorded payload after /wake_up), the card says UP again."""
-    from tests.metrics_server import MetricsServer
+    from tests.helpers.metrics_server import MetricsServer
     from vtop.ui.app import VtopApp
 
     h200 = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "signals" / "h200-0.26.0" / "sleep"

@@ -32,7 +32,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import pytest
 from harness import MetricsTimeline, restrict_lines, restricted, thread_cpu_ns, thread_ms_per_s
 
-from vtop.sources.prom import WANTED_SAMPLE_NAMES, parse_vllm_metrics
+from vtop.sources.metrics_text import WANTED_SAMPLE_NAMES, parse_vllm_metrics
 from vtop.sources.vllm import coverage
 
 

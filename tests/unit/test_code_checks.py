@@ -52,5 +52,5 @@ def test_mypy_is_clean() -> None:
 
 
 def test_ruff_is_clean() -> None:
-    r = run(tool("ruff"), "check", "vtop", "tests", "bench")
+    r = run(tool("ruff"), "check", "vtop", "tests", "bench", "tools")
     assert r.returncode == 0, r.stdout[-4000:]

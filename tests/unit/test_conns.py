@@ -199,7 +199,7 @@ def test_the_oldest_of_several_and_what_goes_stale_or_fails() -> None:
 def test_the_monitor_gives_each_local_server_its_port_and_a_recording_keeps_the_reads(tmp_path) -> None:
     from vtop.config import Config
     from vtop.monitor import Monitor
-    from vtop.sources.record import Recorder, load
+    from vtop.sources.recording.record import Recorder, load
 
     f = tmp_path / "r.jsonl"
     rec = Recorder(f)
@@ -230,7 +230,7 @@ def test_the_monitor_gives_each_local_server_its_port_and_a_recording_keeps_the_
 
 
 def test_a_recorder_writes_no_conns_line_while_there_are_none(tmp_path) -> None:
-    from vtop.sources.record import Recorder, read
+    from vtop.sources.recording.record import Recorder, read
 
     f = tmp_path / "r.jsonl"
     rec = Recorder(f)

@@ -9,11 +9,11 @@ import subprocess
 import sys
 from functools import cache
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases import Phase, PhaseTracker
 from vtop.core.rules import RULES, Alert, Diagnoser, Evidence, Thresholds, diagnose_once
-from vtop.sources.prom import Histogram
+from vtop.sources.metrics_text import Histogram
 
 URL = F.URL
 OTHER_PID = 4242

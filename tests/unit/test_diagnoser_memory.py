@@ -3,11 +3,11 @@
 It keeps 15 minutes (``Thresholds.history_s``) of every server's samples and every GPU's
 points. At ``--interval 0.25`` that was 3600 of each: with 8 GPUs and 4 servers about 15 MB
 that filled for 15 minutes, most of the soak's growth after minute 5 (bench/soak.py). Counted
-here, not measured as RSS: the diagnoser fed as the app feeds it (tests/unit/diag_fixtures.py)."""
+here, not measured as RSS: the diagnoser fed as the app feeds it (tests/helpers/diag_fixtures.py)."""
 
 from __future__ import annotations
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.core.history import Series, capacity_for
 from vtop.core.rules.state import GpuState, ServerState, keep_recent
 

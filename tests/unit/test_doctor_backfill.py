@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.metrics_server import MetricsServer
-from vtop.sources.record import read
-from vtop.sources.trace import truth_of
+from tests.helpers.metrics_server import MetricsServer
+from vtop.sources.recording.record import read
+from vtop.sources.recording.trace import truth_of
 
 TRACES = Path(__file__).parents[1] / "corpus" / "traces"
 _STAMP = re.compile(rb"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")

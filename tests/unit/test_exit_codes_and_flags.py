@@ -10,7 +10,7 @@ import pytest
 
 from vtop import cli
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
-from vtop.headless import Report, format_text
+from vtop.faces.headless import Report, format_text
 
 
 def _report(alerts: list[dict[str, str]], states: tuple[str, ...] = ("up",), *, looked: bool = True,
@@ -38,7 +38,7 @@ def test_exit_status_follows_the_monitoring_plugin_convention() -> None:
 
 def test_no_source_answered_is_unknown() -> None:
     from vtop.config import Config
-    from vtop.headless import report
+    from vtop.faces.headless import report
     from vtop.monitor.monitor import Monitor
 
     m = Monitor(Config(urls=("http://127.0.0.1:9",)))
@@ -85,7 +85,7 @@ def test_doctor_passes_the_thresholds_to_its_config(monkeypatch: pytest.MonkeyPa
         return 0
 
     monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
-    monkeypatch.setattr("vtop.headless.run_once", fake_run_once)
+    monkeypatch.setattr("vtop.faces.headless.run_once", fake_run_once)
     rc = cli.main(["doctor", "http://127.0.0.1:9", "--stall-threshold", "60s", "--runaway-threshold", "45s",
                    "--window", "5", "--no-gpu"])
     assert rc == 0
@@ -106,6 +106,6 @@ def test_replay_doctor_takes_the_thresholds(monkeypatch: pytest.MonkeyPatch) -> 
         seen["cfg"] = cfg
         return 0
 
-    monkeypatch.setattr("vtop.headless.replay_doctor", fake)
+    monkeypatch.setattr("vtop.faces.headless.replay_doctor", fake)
     assert cli.main(["replay", "x.jsonl", "--doctor", "--runaway-threshold", "30s", "--stall-threshold", "90s"]) == 0
     assert seen["cfg"].runaway_threshold == 30.0 and seen["cfg"].stall_threshold == 90.0

@@ -7,9 +7,9 @@ import io
 from pathlib import Path
 
 from vtop.cli import main
-from vtop.demo import demo_path
-from vtop.export_csv import COLUMNS, write_csv
-from vtop.sources.record import load
+from vtop.faces.demo import demo_path
+from vtop.faces.export_csv import COLUMNS, write_csv
+from vtop.sources.recording.record import load
 
 
 def test_demo_as_csv_has_every_sample_and_gaps_stay_empty() -> None:

@@ -22,12 +22,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.core.rules import Thresholds
-from vtop.demo import demo_path
-from vtop.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
+from vtop.faces.demo import demo_path
+from vtop.faces.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
 from vtop.model.gpu import OK, GpuPoll, GpuSample
 from vtop.monitor.monitor import Monitor
 from vtop.monitor.player import open_recording

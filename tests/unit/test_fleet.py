@@ -1,5 +1,5 @@
 """The fleet from Prometheus (issue 27), over answers recorded from a real Prometheus 2.42
-(tests/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
+(tools/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
 local server that fails the ways a Prometheus fails. No wall-clock assertions: the clock is the
 recording's."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.prom_replay import PromReplay, clock_at, load
+from tests.helpers.prom_replay import PromReplay, clock_at, load
 from vtop.config import Config, ConfigError, build
-from vtop.headless_fleet import SCHEMA, exit_code, format_text, report_json
+from vtop.faces.headless_fleet import SCHEMA, exit_code, format_text, report_json
 from vtop.monitor.fleet import Fleet
 from vtop.sources import fleet as q
 from vtop.sources.prometheus import PromClient, PromError, check_prometheus_url
@@ -267,7 +267,7 @@ async def test_tls_is_verified_by_default() -> None:
 
 
 def test_fleet_headless_never_imports_textual() -> None:
-    code = ("import sys, vtop.headless_fleet, vtop.monitor.fleet; "
+    code = ("import sys, vtop.faces.headless_fleet, vtop.monitor.fleet; "
             "sys.exit(1 if [m for m in sys.modules if m.startswith(('textual', 'rich'))] else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

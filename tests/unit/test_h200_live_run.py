@@ -1,5 +1,5 @@
 """What vtop saw live on a real H200 while a real vLLM 0.26.0 started, served a burst and a
-runaway (tests/fixtures/h200-vtop-live/, made by tests/device/h200_vllm_session.py), checked
+runaway (tests/fixtures/h200-vtop-live/, made by tools/device/h200_vllm_session.py), checked
 against the same log replayed offline through the tracker."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_live_numbers_match_an_offline_replay_of_the_same_log() -> None:
 
 
 def test_vtop_recorded_the_gpu_through_the_run() -> None:
-    from vtop.sources.record import gpu_polls
+    from vtop.sources.recording.record import gpu_polls
 
     polls = gpu_polls(D / "vtop-record.jsonl")
     assert len(polls) > 150

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
@@ -113,7 +113,7 @@ def test_doctor_bad_input_is_one_line_exit_3_unknown() -> None:
 
 
 def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from vtop.sources.record import load
+    from vtop.sources.recording.record import load
 
     rec = tmp_path / "once.jsonl"
     r = run("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))

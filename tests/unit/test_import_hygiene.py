@@ -36,9 +36,9 @@ def test_the_check_itself_can_fail() -> None:
 #: What the dashboard must not import before its first frame (each is 10-60 ms
 #: on a 2-core box; they are imported where first used).
 DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases", "vtop.core.rules",
-            "vtop.core.requests", "vtop.sources.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
+            "vtop.core.requests", "vtop.sources.recording.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
             # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
-            "vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery",
+            "vtop.sources.vllm", "vtop.sources.metrics_text", "vtop.sources.discovery",
             # NVML's binding and the simulated GPUs: loaded by the GPU thread's first poll
             "pynvml", "vtop.sources.fake_nvml")
 
@@ -60,7 +60,7 @@ def test_server_cards_are_drawn_before_the_scraper_is_imported_and_polling_impor
 import asyncio, json, sys
 from vtop.config import Config
 from vtop.ui.app import VtopApp
-MODS = ("vtop.sources.vllm", "vtop.sources.prom", "vtop.sources.discovery", "pynvml")
+MODS = ("vtop.sources.vllm", "vtop.sources.metrics_text", "vtop.sources.discovery", "pynvml")
 async def main():
     app = VtopApp(Config(urls=("http://127.0.0.1:9",), simulate_gpus=2), autopoll=False, hostname="t")
     async with app.run_test(size=(100, 30)) as pilot:

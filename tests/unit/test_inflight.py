@@ -10,7 +10,7 @@ import pytest
 
 from tests.corpus.score import traces
 from vtop.core.inflight import MaxTokensLedger, OldestInFlight, oldest_logged
-from vtop.sources.trace import load_trace
+from vtop.sources.recording.trace import load_trace
 
 TRACES = {p.name: p for p in traces()}
 

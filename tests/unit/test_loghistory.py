@@ -152,7 +152,7 @@ def _doctor_on_a_busy_server(running: float, finishing: bool) -> list[object]:
     """15 s of /metrics (a real H200 payload grown by hand), the log's stats lines showing
     requests running for 90 s, and the request log holding a chat request without
     max_tokens received 70 s ago with no end line (V1 logs none: it may have ended)."""
-    from tests.unit import diag_fixtures as F
+    from tests.helpers import diag_fixtures as F
 
     ses = F.Session()
     base = F.fixture_metrics("h200-0.26.0-metrics-burst-running1024.txt")

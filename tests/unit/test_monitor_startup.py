@@ -5,9 +5,9 @@ recording of a cold start (vLLM 0.26.0), with the process table taken out of it.
 from __future__ import annotations
 
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.monitor.player import Player
-from vtop.sources.record import load
+from vtop.sources.recording.record import load
 
 
 def test_a_start_without_a_visible_process_is_starting_from_the_log() -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.faults.badserver import BadServer
-from tests.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.badserver import BadServer
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
 from vtop.cli import main
-from vtop.headless import ONE_ROUND_NOTE
+from vtop.faces.headless import ONE_ROUND_NOTE
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "HOME": "/nonexistent"}
@@ -46,7 +46,7 @@ def once(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 
 def test_once_answers_from_one_scrape_with_rates_null(capsys: pytest.CaptureFixture[str]) -> None:
     # seconds 19-24 of the H200 run: the burst begins
-    from vtop.sources.prom import parse_vllm_metrics
+    from vtop.sources.metrics_text import parse_vllm_metrics
 
     payloads = h200_payloads(19, 6)
     first = parse_vllm_metrics(payloads[0])

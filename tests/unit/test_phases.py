@@ -675,7 +675,7 @@ def test_a_ready_queued_before_an_engine_death_does_not_undo_it() -> None:
     from tests.conftest import FIXTURES
     from vtop.config import Config
     from vtop.monitor.player import Player
-    from vtop.sources.record import load
+    from vtop.sources.recording.record import load
 
     header, events = load(FIXTURES / "cpu-incidents" / "engine-death-enginecore-load.jsonl.gz")
     events = [e for e in events if e.kind != "logmark"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.core.rules import Thresholds
 from vtop.core.rules.alert import RULES
 

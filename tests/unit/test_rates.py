@@ -25,7 +25,7 @@ from vtop.core.rates import (
     histogram_quantile,
     histogram_quantiles,
 )
-from vtop.sources.prom import Histogram, VllmMetrics, parse_vllm_metrics
+from vtop.sources.metrics_text import Histogram, VllmMetrics, parse_vllm_metrics
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 LAUNCH_T = 1796032448.9186  # events.jsonl "vllm_launch"

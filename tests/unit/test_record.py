@@ -5,7 +5,7 @@ from pathlib import Path
 
 from vtop.sources.fake_nvml import simulated
 from vtop.sources.nvml import NvmlSource
-from vtop.sources.record import Recorder, ReplayGpuSource, gpu_polls, polls_from_sampler, read
+from vtop.sources.recording.record import Recorder, ReplayGpuSource, gpu_polls, polls_from_sampler, read
 
 FIX = Path(__file__).parent.parent / "fixtures" / "nvml"
 

@@ -1,6 +1,6 @@
 """The screenshots in screenshots/ show the app as it is (issue 26, item 9).
 
-Every SVG directly under screenshots/ is written by ``python -m tests.make_screenshots``
+Every SVG directly under screenshots/ is written by ``python -m tools.make_screenshots``
 (from recordings); this fails when one is older than the code it shows: its footer is not
 the footer the app draws now at that width (live or replay), or a panel title has another
 form than the app's. Regenerate them with that one command and look at them.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import make_screenshots
-from tests.screen_text import svg_lines
+from tests.helpers.screen_text import svg_lines
+from tools import make_screenshots
 from vtop.config import Config
-from vtop.demo import demo_path
+from vtop.faces.demo import demo_path
 from vtop.ui.app import VtopApp
 from vtop.ui.replay import replay_app
 from vtop.ui.widgets.keys_bar import KeysBar
@@ -57,7 +57,7 @@ async def test_screenshots_show_todays_footer_and_titles() -> None:
             footers[key] = await footer_of(replay, width)
         if footer != footers[key]:
             stale.append(f"{name}: footer {footer!r}, the app now draws {footers[key]!r}")
-    assert not stale, "screenshots older than the code (python -m tests.make_screenshots):\n" + "\n".join(stale)
+    assert not stale, "screenshots older than the code (python -m tools.make_screenshots):\n" + "\n".join(stale)
 
 
 @pytest.mark.parametrize("name,title", [("demo-h200-help.svg", "vtop help"), ("help-live.svg", "vtop help"),

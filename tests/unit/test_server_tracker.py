@@ -281,7 +281,7 @@ def test_histograms_carried_over_count_once_at_the_time_they_were_read() -> None
     (vtop.sources.vllm.with_histograms, with their age). Fed that, the tracker must give the
     latencies of a tracker that got the histograms only when they were read: each filed
     once, at its read time (span, count and quantiles), never the copy at the poll's time."""
-    from vtop.sources.prom import HIST_ATTRS
+    from vtop.sources.metrics_text import HIST_ATTRS
     from vtop.sources.vllm import with_histograms
 
     clock_a, clock_b = FakeClock(), FakeClock()

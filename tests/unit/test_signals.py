@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.clock import FakeClock
 from vtop.core.rules import Alert, Thresholds
 from vtop.core.server import ServerTracker, sleep_level
 from vtop.model.gpu import XID_MEANINGS, xid_text
 from vtop.sources.codec import metrics_from_json, metrics_to_json
 from vtop.sources.fake_nvml import FakeGpu, FakeNvml
+from vtop.sources.metrics_text import parse_vllm_metrics
 from vtop.sources.nvml import NvmlSource
-from vtop.sources.prom import parse_vllm_metrics
 from vtop.sources.vllm import poll_from_body
 
 SIG = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "signals"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.clock import FakeClock
 from vtop.core.rules import Thresholds
 from vtop.core.server import ServerTracker, ServerView, sleep_level
-from vtop.headless import format_text, server_row, signals_text
+from vtop.faces.headless import format_text, server_row, signals_text
 from vtop.sources.codec import metrics_from_json, metrics_to_json
-from vtop.sources.prom import parse_vllm_metrics
+from vtop.sources.metrics_text import parse_vllm_metrics
 from vtop.sources.vllm import poll_from_body
 
 H200 = Path(__file__).resolve().parent.parent / "fixtures" / "vllm" / "signals" / "h200-0.26.0"
@@ -167,7 +167,7 @@ def test_once_reports_carry_the_recorded_sleep() -> None:
     """``vtop --once --json`` and its text on the recorded level-2 payload: the schema's fields, SLEEPING."""
     import jsonschema
 
-    from vtop.headless import Report
+    from vtop.faces.headless import Report
 
     v = windowed([text("sleep", "3-sleep2")] * 2)
     row = server_row(v, None)

@@ -14,13 +14,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.clock import FakeClock
 from vtop.config import Config
 from vtop.core.rules import Alert
 from vtop.monitor import monitor as monitor_module
 from vtop.monitor.monitor import Monitor
-from vtop.sources import prom
+from vtop.sources import metrics_text as prom
 from vtop.sources.vllm import poll_from_error
 
 URL = "http://127.0.0.1:8000"

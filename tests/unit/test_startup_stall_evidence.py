@@ -14,7 +14,7 @@ import gzip
 from dataclasses import replace
 from pathlib import Path
 
-from tests.unit import diag_fixtures as F
+from tests.helpers import diag_fixtures as F
 from vtop.core.phases import Phase
 from vtop.core.rules import Alert, Thresholds
 from vtop.sources.discovery import ServerProcess, discover_servers

@@ -9,7 +9,7 @@ from typing import Any
 
 from vtop.config import Config
 from vtop.monitor.player import open_recording
-from vtop.sources.trace import load_trace
+from vtop.sources.recording.trace import load_trace
 
 T0, M0 = 1_796_000_000.0, 1000.0
 GIB = 2**30
@@ -57,7 +57,7 @@ def test_gpu_rows_become_gpu_polls_with_their_processes_names(tmp_path: Path) ->
         {"t": T0 + 1, "mono": M0 + 1},  # no "gpus": skipped
         _gpu_row(2, util=None, used=None, sm=0.125, procs=[[4242, None]]),
     ]
-    from vtop.sources.trace import gpu_events
+    from vtop.sources.recording.trace import gpu_events
 
     trace = make_trace(tmp_path / "t", 3, rows)
     evs = gpu_events(trace, "NVIDIA H200")

@@ -624,7 +624,7 @@ async def test_histograms_are_read_every_HIST_EVERY_S_and_carried_over_between(
     """Between two reads of the histograms a poll asks for the other samples only (a
     fraction of the bytes) and carries the last histograms over with their age; the next
     read comes HIST_EVERY_S after the last."""
-    from vtop.sources.prom import HISTOGRAM_SAMPLE_NAMES
+    from vtop.sources.metrics_text import HISTOGRAM_SAMPLE_NAMES
     from vtop.sources.vllm import FAST_METRICS_PATH, RESTRICTED_METRICS_PATH
 
     restricting_routes(server)

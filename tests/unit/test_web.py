@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from vtop.config import Config
-from vtop.web import app_command
+from vtop.faces.web import app_command
 
 ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
 

@@ -48,7 +48,7 @@ Buckets = tuple[tuple[float, float], ...]
 
 
 class HistogramLike(Protocol):
-    """What :class:`vtop.sources.prom.Histogram` offers (kept structural so
+    """What :class:`vtop.sources.metrics_text.Histogram` offers (kept structural so
     that ``core`` does not import ``sources``)."""
 
     @property

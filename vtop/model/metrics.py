@@ -1,5 +1,5 @@
 """What one ``/metrics`` scrape says, as plain frozen dataclasses (parsed by
-:mod:`vtop.sources.prom`, read by the core's rates and trackers)."""
+:mod:`vtop.sources.metrics_text`, read by the core's rates and trackers)."""
 
 from __future__ import annotations
 

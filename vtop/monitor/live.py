@@ -80,7 +80,7 @@ class LiveFeed:
         #: the ports whose connections the conns thread reads (set on the event loop's thread)
         self._conn_ports: frozenset[int] = frozenset()
         self.scrapers: dict[str, VllmScraper] = {}
-        #: the sources that never answered by the end of a headless window (set by vtop.headless.watch)
+        #: the sources that never answered by the end of a headless window (set by vtop.faces.headless.watch)
         self.silent: list[str] = []
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._client: HttpPool | None = None

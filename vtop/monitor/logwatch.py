@@ -111,7 +111,7 @@ class LogWatch:
         self._lines_total = 0
         self._binary_lines = 0
         self._lock = threading.Lock()
-        #: a :class:`~vtop.sources.record.Recorder` (or anything with ``log``/``logmark``)
+        #: a :class:`~vtop.sources.recording.record.Recorder` (or anything with ``log``/``logmark``)
         self.recorder: Any = None
         self._ready_recorded = False
         self._restarts_seen = 0

@@ -93,7 +93,7 @@ def make_recorder(config: Config, **meta: Any) -> Any:
     """The recorder ``--record`` asks for, or None."""
     if not config.record:
         return None
-    from vtop.sources.record import Recorder
+    from vtop.sources.recording.record import Recorder
 
     return Recorder(config.record, max_bytes=config.record_max_mb * 2**20, redact_prompts=config.redact_prompts,
                     meta={"interval": config.interval, "history": config.history, **meta})

@@ -28,7 +28,7 @@ from typing import Any
 from vtop.config import Config
 from vtop.monitor.monitor import Monitor
 from vtop.sources.logtail import TailState
-from vtop.sources.record import RecordEvent
+from vtop.sources.recording.record import RecordEvent
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
 #: a chapter starts this long before what it is named after (the queue filling, an alert)
@@ -154,7 +154,7 @@ class Player:
         self.config = config
         self.log = FedLog(name) if self.has_log else None
         self.raw = bool(header.get("raw"))
-        """A raw trace (:mod:`vtop.sources.trace`): no recorded launch/ready marks, so the
+        """A raw trace (:mod:`vtop.sources.recording.trace`): no recorded launch/ready marks, so the
         monitor works them out from the process table and the health answers, as live."""
         self.monitor = self._new_monitor()
         self.on_paused: Callable[[bool], None] | None = None
@@ -420,8 +420,8 @@ def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str |
     import dataclasses
     import os
 
-    from vtop.sources.record import load
-    from vtop.sources.trace import is_trace, load_trace
+    from vtop.sources.recording.record import load
+    from vtop.sources.recording.trace import is_trace, load_trace
 
     header, events = load_trace(path) if is_trace(path) else load(path)
     if header.get("schema") not in (None, "vtop-record") and not events:

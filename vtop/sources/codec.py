@@ -19,7 +19,7 @@ from typing import Any
 
 from vtop.model.redact import redact_argv
 from vtop.sources.discovery import ServerProcess, VllmChild
-from vtop.sources.prom import HIST_ATTRS, EngineMetrics, Histogram, VllmMetrics
+from vtop.sources.metrics_text import HIST_ATTRS, EngineMetrics, Histogram, VllmMetrics
 from vtop.sources.vllm import ModelsInfo, ServerPoll
 
 __all__ = [

@@ -681,7 +681,7 @@ class NvmlSource:
 #: The GPM metrics vtop reads, in order: SM activity, SM occupancy, DRAM bandwidth.
 #: Not GRAPHICS_UTIL (the busy share utilization.gpu estimates): asked with these, it
 #: made the metrics-get cost 1.4-1.9 ms of CPU on the H200 instead of 8-14 us, far more
-#: than the utilization call it would have replaced (tests/device/h200_gpm_util.py,
+#: than the utilization call it would have replaced (tools/device/h200_gpm_util.py,
 #: bench/h200/gpm-util-2026-12-01*.json).
 GPM_METRICS = ("NVML_GPM_METRIC_SM_UTIL", "NVML_GPM_METRIC_SM_OCCUPANCY", "NVML_GPM_METRIC_DRAM_BW_UTIL")
 

@@ -39,7 +39,7 @@ Why it is built this way (``shared/docs/vllm-reference.md`` §3, §7;
   are (``VllmMetrics.histograms_age_s``); the tracker files them at the time
   they were read, so no window counts one twice.
 * **Parsing stays off the event loop when it could hurt.** A real 50 KB
-  payload parses in under 1 ms warm (``vtop.sources.prom``), so it is
+  payload parses in under 1 ms warm (``vtop.sources.metrics_text``), so it is
   parsed inline; bodies over ``thread_parse_bytes`` (256 KiB) go through
   ``asyncio.to_thread``.
 * **``/health``, ``/v1/models``, ``/version`` are polled less often**
@@ -69,7 +69,7 @@ from urllib.parse import urlencode
 from vtop.clock import Clock
 from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
 from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, within
-from vtop.sources.prom import (
+from vtop.sources.metrics_text import (
     HIST_ATTRS,
     HISTOGRAM_FAMILIES,
     SLOW_SAMPLE_NAMES,
@@ -201,7 +201,7 @@ def restrict_exposition(text: str, names: frozenset[str] | set[str] | tuple[str,
 
 class ScrapePlan:
     """Which ``/metrics`` a poll asks for, and what a restricted answer is worth: the
-    scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.trace`,
+    scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.recording.trace`,
     full scrapes recorded once a second) gives the rules what a live vtop would have read,
     histograms only at the live cadence, carried over in between with their age.
 

@@ -12,7 +12,7 @@ least the request, or after ``fragmentation_uptime_s`` up -> ``oom_steady`` (fra
 less than desired GPU memory utilization``) is no CUDA OOM: the startup failure rule names it, as in
 tests/corpus/traces/h200-startup-failure-cuda-oom. Corpus traces with a CUDA OOM: none yet;
 the real H200 logs in tests/fixtures/logs/vllm-0.26.0-h200-failure.log and the lines in
-tests/unit/diag_fixtures.py (copied from real torch messages) show them.
+tests/helpers/diag_fixtures.py (copied from real torch messages) show them.
 """
 
 from __future__ import annotations
