@@ -62,6 +62,8 @@ class Evidence:
     log: LogEvidence | None = None
     #: per URL of a server on this box, its connections as the kernel counts them
     conns: Mapping[str, ConnTracker] = field(default_factory=dict)
+    #: the wall clock of the tick (what a process's ``create_time`` is on); None: not known
+    wall: float | None = None
 
     # ------------------------------------------------------------------ the log
 

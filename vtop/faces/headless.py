@@ -91,6 +91,10 @@ class Report:
     silent: list[str] = field(default_factory=list)
     """The sources that gave no answer at all by the deadline (a hung NVML call, a log read that
     never returned): vtop could not look at them, so with no alert the status is unknown (3)."""
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Findings pending at the end of the window: a rule's condition held for the whole window but
+    not yet for its threshold (:class:`vtop.core.rules.Pending`); each says the window that would
+    decide. Not "no alerts": the status is a warning (1)."""
 
     @property
     def exit_code(self) -> int:
@@ -99,7 +103,7 @@ class Report:
             return EXIT_CRITICAL
         if any(s.get("state") in ("down", "engine dead") and s.get("polls", 1) for s in self.servers):
             return EXIT_CRITICAL
-        if any(a.get("severity") == "warning" for a in self.alerts):
+        if any(a.get("severity") == "warning" for a in self.alerts) or self.pending:
             return EXIT_WARNING
         if not self.looked or self.silent or self.unread:
             return EXIT_UNKNOWN
@@ -132,6 +136,7 @@ class Report:
             "alerts": self.alerts,
             "notes": self.notes,
             "silent_sources": list(self.silent),
+            "pending": self.pending,
             "exit_code": self.exit_code,
         }
 
@@ -475,7 +480,33 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         looked=_looked(monitor),
         history_s=_history_s(monitor),
         silent=list(silent or ()),
+        pending=pending_rows(monitor, started, window_asked_s),
     )
+
+
+#: a condition that began this close after the window's start held for the whole of it (the first
+#: samples come a round or two after the start)
+PENDING_SLACK_S = 3.0
+
+
+def pending_rows(monitor: Monitor, started: float, window_asked_s: float | None) -> list[dict[str, Any]]:
+    """The findings pending at the end of the window (see :attr:`Report.pending`): conditions that
+    held from the window's start (give or take its first samples) to its end, with the window
+    that would decide (``--window N``: the window's length plus what the threshold still needs)."""
+    if window_asked_s is None:
+        return []  # one round: no window held anything
+    now = monitor.clock.monotonic()
+    slack = max(PENDING_SLACK_S, 2 * monitor.config.interval)
+    out = []
+    for p in monitor.diagnoser.pending:
+        if p.since > started + slack:
+            continue
+        row = p.to_json(now)
+        left = max(0.0, p.threshold_s - p.held_s(now))
+        row["since"] = None  # monotonic: meaningless to a reader; held_s says it
+        row["decides_with_window_s"] = math.ceil(window_asked_s + left + 2 * monitor.config.interval)
+        out.append(row)
+    return out
 
 
 def _silent_gpu(silent: list[str] | None, waited: float) -> str | None:
@@ -598,11 +629,27 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
                 lines.append(f"    - {e}")
             for fx in a.get("fix") or ():
                 lines.append(f"    fix: {fx}")
-    else:
+    for p in rep.pending:
+        lines.append("")
+        lines.append(pending_text(p, rep.window_asked_s))
+        for e in p.get("evidence") or ():
+            lines.append(f"    - {e}")
+    if not rep.alerts and not rep.pending:
         lines.append("no alerts" if doctor else "alerts: none")
     for n in rep.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
+
+
+def pending_text(p: dict[str, Any], window_s: float | None) -> str:
+    """``[PENDING] engine_stall on :8000: running 3, ... for the whole 15 s window (held 16 s); an
+    engine stall is named at 20 s: --window 25 would decide``."""
+    from vtop.core.rules.util import short_url
+
+    where = f" on {short_url(p['target'])}" if p.get("target") else ""
+    win = f"the whole {_secs(window_s)} window" if window_s is not None else "the window"
+    return (f"[PENDING] {p['rule']}{where}: {p['condition']} for {win} (held {_secs(p['held_s'])}); "
+            f"{p['names']} is named at {_secs(p['threshold_s'])}: --window {p['decides_with_window_s']} would decide")
 
 
 # --- entry points ------------------------------------------------------------------

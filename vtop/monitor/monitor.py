@@ -170,7 +170,8 @@ class Monitor:
         if self._diagnoser is None:
             from vtop.core.rules import Diagnoser, Thresholds
 
-            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
+            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold,
+                                                 startup_ceiling_s=self.config.stall_threshold))
         return self._diagnoser
 
     @diagnoser.setter
@@ -497,6 +498,7 @@ class Monitor:
             gpus=self.gpu_history if self.gpu_history.tracks else None,
             log=log,
             conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+            wall=self.clock.time(),
         )
 
     def reset(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vtop.core.evidence import Evidence
-from vtop.core.rules.alert import Alert, Thresholds
+from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
@@ -33,6 +33,8 @@ class Memory:
     gpu_mono: float | None = None
     #: the incidents going on (what is shown of each alert; the diagnoser applies it after the rules)
     hold: AlertHold = field(default_factory=lambda: AlertHold(Thresholds().alert_hold_s))
+    #: this tick's conditions that hold but not yet for their threshold (emptied before the rules run)
+    pending: list[Pending] = field(default_factory=list)
 
     def started(self, rule: str, target: str | None, since: float) -> float:
         """When the incident of ``rule`` on ``target`` began, if one is going on (else ``since``):

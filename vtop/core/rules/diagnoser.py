@@ -5,7 +5,7 @@ first ``since`` of a condition that goes on, and sorts the alerts, critical firs
 from __future__ import annotations
 
 from vtop.core.evidence import Evidence
-from vtop.core.rules.alert import RANK, Alert, Thresholds
+from vtop.core.rules.alert import RANK, Alert, Pending, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Memory, Rule
 from vtop.core.rules.death import EngineDied
@@ -45,6 +45,9 @@ class Diagnoser:
         #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
         self.rules: tuple[Rule, ...] = default_rules()
         self.alerts: list[Alert] = []
+        #: the conditions that hold but not yet for their threshold, at the last update (none of a
+        #: rule and target that has an alert out)
+        self.pending: list[Pending] = []
 
     def update(self, ev: Evidence) -> list[Alert]:
         """Take this tick's evidence (:class:`~vtop.core.evidence.Evidence`, built by the monitor)
@@ -53,6 +56,7 @@ class Diagnoser:
         self._feed_servers(ev)
         self._feed_gpus(ev)
         alerts: list[Alert] = []
+        self._mem.pending = []
         for rule in self.rules:
             alerts.extend(rule.check(ev, self._mem))
         # one incident per alert while it lasts: its start, a severity that falls only after a while
@@ -60,6 +64,8 @@ class Diagnoser:
         out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else ev.now, a.rule,
                                 a.target or ""))
         self.alerts = out
+        keys = {a.key for a in out}
+        self.pending = [p for p in self._mem.pending if (p.rule, p.target) not in keys]
         return out
 
     # ------------------------------------------------------------------ feeding

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING
 
 from vtop.core.phases import Phase
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Evidence, Memory
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.oom import is_oom_failure
+from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, short_url
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ class StartupStall:
 
     def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
         a = startup_stall(ctx, mem)
-        return [] if a is None else [a]
+        # a start vtop has no log of, judged by its processes (vtop/core/rules/stillness.py)
+        return ([] if a is None else [a]) + per_server(ctx, mem, still_start)
 
 
 class StartupFailure:
