@@ -125,6 +125,9 @@ class ConnTracker:
         self.last_mono: float | None = None
         self.error: str | None = None
         self.reads = 0
+        #: reads in a row that found no connection at all to the port (vtop's own scrapes hold one
+        #: when the server's sockets are in this network namespace: several in a row say they are not)
+        self.empty_reads = 0
 
     def feed(self, mono: float, conns: Iterable[Any], error: str | None = None) -> None:
         """One read at ``mono``; ``error`` when it failed (what was known is forgotten)."""
@@ -134,6 +137,8 @@ class ConnTracker:
             self.last_mono = None
             return
         self.reads += 1
+        conns = list(conns)
+        self.empty_reads = 0 if conns else self.empty_reads + 1
         now: dict[tuple[str, str], _Seen] = {}
         for c in conns:
             sent, recv = c.last_sent_s, c.last_recv_s

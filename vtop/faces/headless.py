@@ -450,6 +450,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         notes.append(lv.problem)
     if monitor.log_message and monitor.log_watch is None:
         notes.append(monitor.log_message)
+    notes += monitor.missing_evidence()
     reqs = []
     inflight = list(getattr(lv, "inflight", None) or ())
     # The runaway first (a request the client sent without max_tokens), then the

@@ -33,6 +33,8 @@ class VllmChild:
     depth: int = 1
     #: user + system CPU seconds so far (None: not read, or not readable)
     cpu: float | None = None
+    #: the state letter of /proc/PID/stat (T: stopped by a signal); None: not read
+    state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class ServerProcess:
     api_key: str | None = field(default=None, repr=False)
     #: user + system CPU seconds of this process so far (None: not read, or not readable)
     cpu: float | None = None
+    #: the state letter of /proc/PID/stat of this process (T: stopped by a signal); None: not read
+    state: str | None = None
 
     @property
     def key(self) -> tuple[int, float]:
@@ -98,6 +102,13 @@ class ServerProcess:
         out = {c.pid: c.cpu for c in self.children if c.cpu is not None}
         if self.cpu is not None:
             out[self.pid] = self.cpu
+        return out
+
+    def state_by_pid(self) -> dict[int, str]:
+        """The state letter of each process of the tree that has one (``T``: stopped by a signal)."""
+        out = {c.pid: c.state for c in self.children if c.state is not None}
+        if self.state is not None:
+            out[self.pid] = self.state
         return out
 
     def display_argv(self) -> str:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.rules.stillness import tree_cpu
+from vtop.core.rules.stillness import STOPPED, stopped_since, tree_cpu
 from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
 
 if TYPE_CHECKING:
@@ -142,7 +142,8 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
     got = _stall_since(ctx, url, st)
     if got is None:
         return None
-    if ctx.now - got.since < mem.th.engine_stall_s:
+    stopped = _engine_stopped(ctx, mem, url, st, got.since)
+    if ctx.now - got.since < mem.th.engine_stall_s and stopped is None:
         if ctx.now - got.since >= 1.0:
             mem.pending.append(Pending(
                 "engine_stall", url, got.since, mem.th.engine_stall_s,
@@ -168,23 +169,46 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
     )
 
 
+def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
+    """Since when an engine process (the EngineCore or a worker) has been stopped (state T) at every
+    process scan, when vtop has watched it so for ``startup_still_min_span_s`` of the stall: a
+    stopped engine makes no token until a SIGCONT, so the stall needs no longer to be sure."""
+    proc = ctx.process_of(url)
+    if proc is None:
+        return None
+    engine = set(proc.engine_pids()) | set(proc.worker_pids())
+    if not engine:
+        return None
+    t = stopped_since(st, lambda s: engine, any_of=True)
+    if t is None or ctx.now - max(t, since) < mem.th.startup_still_min_span_s:
+        return None
+    return t
+
+
 def _process_lines(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> list[str]:
     """The engine's processes over the silence (what vtop watched of it): CPU seconds from the
     process scans; a stopped or blocked engine adds none."""
-    use = tree_cpu(st, since)
-    if use is None or use.span_s < 2.0:
-        return []
     proc = ctx.process_of(url)
     engine = set(proc.engine_pids()) | set(proc.worker_pids()) if proc is not None else set()
+    out = []
+    states = proc.state_by_pid() if proc is not None else {}
+    stopped = [p for p in engine if states.get(p) in STOPPED]
+    if stopped:
+        names = {c.pid: (c.title or c.role) for c in proc.children} if proc is not None else {}
+        who = ", ".join(f"{names.get(p, 'process')} (pid {p})" for p in sorted(stopped))
+        out.append(f"{who}: stopped (state T in the process table: a SIGSTOP, or a debugger)")
+    use = tree_cpu(st, since)
+    if use is None or use.span_s < 2.0:
+        return out
     idle = [p for p in use.used if p in engine and use.used[p] <= max(0.02, 0.01 * use.span_s)]
     watched = "" if use.span_s >= ctx.now - since - 2.0 else " (all vtop watched)"
     if idle:
         who = ", ".join(f"{use.names.get(p, 'process')} (pid {p}) {use.used[p]:.2f} s" for p in idle)
-        return [f"CPU time in {dur(use.span_s)}{watched}: {who}: the engine does not run (stopped, or blocked)"]
+        return [*out, f"CPU time in {dur(use.span_s)}{watched}: {who}: the engine does not run (stopped, or blocked)"]
     if engine:
         busy = ", ".join(f"{use.names.get(p, 'process')} (pid {p}) {use.used[p]:.1f} s" for p in use.used if p in engine)
-        return [f"CPU time in {dur(use.span_s)}{watched}: {busy}: the engine's processes run (a loop or a wait)"]
-    return []
+        return [*out, f"CPU time in {dur(use.span_s)}{watched}: {busy}: the engine's processes run (a loop or a wait)"]
+    return out
 
 
 _STALL_FIX = (

@@ -6,6 +6,9 @@ Two readers:
 * :func:`tree_cpu`: how much CPU each process of a server's tree used over a stretch (what vtop
   watched of it), for the evidence lines of the engine stall (a stopped EngineCore adds no CPU
   time) and for a start;
+* :func:`stopped_since`: since when every process of the tree has been stopped (state ``T`` in
+  ``/proc/PID/stat``: a SIGSTOP, a debugger): still for good until a SIGCONT, so a start whose
+  whole tree vtop has watched stopped for ``startup_still_min_span_s`` is named at once;
 * :func:`still_start`: a start vtop has no log of (vLLM's stdout on a pipe, a log it was not told
   of): the port refuses, a vLLM process exists, and the tree has added no CPU time (less than
   ``startup_still_cpu_frac`` of a core) and no GPU memory (NVML per process, where known) for
@@ -21,6 +24,7 @@ which reads the same CPU seconds); this module speaks only where there is none.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from vtop.core.rules.state import CpuSample, ServerState
     from vtop.core.server import ServerView
 
-__all__ = ["CpuUse", "gpu_memory_moved", "still_since", "still_start", "tree_cpu"]
+__all__ = ["STOPPED", "CpuUse", "gpu_memory_moved", "still_since", "still_start", "stopped_since", "tree_cpu"]
 
 #: a process scan's CPU seconds have two decimals: growth below this is no growth
 CPU_RESOLUTION_S = 0.02
@@ -95,6 +99,27 @@ def still_since(st: ServerState, frac: float) -> float | None:
     return since
 
 
+STOPPED = ("T", "t")
+
+
+def stopped_since(st: ServerState, pids: Callable[[CpuSample], Iterable[int]] | None = None,
+                  *, any_of: bool = False) -> float | None:
+    """Since when the server's processes have been stopped (state ``T``, a SIGSTOP or a debugger;
+    ``t``, a tracer) at every scan: every process of the tree (``pids`` None), or those ``pids``
+    picks from each scan (every one of them; ``any_of``: at least one). None when the newest scan
+    says otherwise, or no state was read."""
+    since = None
+    for s in reversed(st.cpu_samples):
+        want = list(s.cpu) if pids is None else [p for p in pids(s) if p in s.cpu]
+        if not want or any(p not in s.states for p in want):
+            break
+        hit = [s.states[p] in STOPPED for p in want]
+        if not (any(hit) if any_of else all(hit)):
+            break
+        since = s.t
+    return since
+
+
 def gpu_memory_moved(ev: Evidence, mem: Memory, url: str, a: float, b: float) -> tuple[bool, list[str]] | None:
     """Whether NVML's per-process memory of ``url``'s processes moved over ``(a, b]`` (a process
     came to a GPU, or its memory changed by a step), with evidence lines; None without per-process
@@ -149,6 +174,10 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     since = still_since(st, th.startup_still_cpu_frac)
     if since is None or not st.cpu_samples or now - st.cpu_samples[-1].t > 30.0:
         return _ceiling(ev, mem, url, proc, age)
+    # every process stopped by a signal is still for good (until a SIGCONT): named once vtop has
+    # watched it stopped for startup_still_min_span_s, without waiting for the still threshold
+    stopped = stopped_since(st) or stopped_since(st, lambda s: s.working)
+    stopped_s = now - stopped if stopped is not None else None
     gpu = gpu_memory_moved(ev, mem, url, since, now)
     if gpu is not None and gpu[0]:
         return _ceiling(ev, mem, url, proc, age)
@@ -158,19 +187,30 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     used = use.tree if use is not None else 0.0
     ev_lines = [f"no log: the processes have been still for {dur(held)}: {n} processes of the server used "
                 f"{used:.2f} s of CPU in that time (read from the process table)"]
+    if stopped_s is not None:
+        last = st.cpu_samples[-1]
+        who = [p for p, x in last.states.items() if x in STOPPED]
+        what = (f"every process of the server ({n})" if len(who) >= len(last.cpu) else
+                ", ".join(f"{last.names.get(p, 'process')} (pid {p})" for p in sorted(who)))
+        ev_lines.append(f"{what}: stopped (state T in the process table: a SIGSTOP, or a debugger), seen so for "
+                        f"{dur(stopped_s)}")
     if gpu is not None:
         ev_lines += gpu[1]
     port = v.url.rsplit(":", 1)[-1].rstrip("/")
     ev_lines.append(f"port {port} refuses connections: the server is not ready")
     if age is not None:
         ev_lines.append(f"vLLM process {proc.pid} started {dur(age)} ago")
-    if held < th.startup_still_s:
+    named_stopped = stopped_s is not None and stopped_s >= th.startup_still_min_span_s
+    if held < th.startup_still_s and not named_stopped:
         mem.pending.append(Pending(
             "startup_stall", url, since, th.startup_still_s,
             "a start without a log whose processes add no CPU time" + (" and no GPU memory" if gpu else ""),
             "a stalled start", tuple(ev_lines)))
         return None
     title = f"Startup of {short_url(url)} stalled: no log: the processes have been still for {dur(held)}"
+    if held < th.startup_still_s:
+        title = (f"Startup of {short_url(url)} stalled: no log: its processes have been stopped (state T) for "
+                 f"{dur(stopped_s or held)}")
     fix = ("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is stopped, D "
            "waits on I/O); kill -CONT a stopped one.",
            "Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.",
