@@ -194,3 +194,70 @@ def test_doctor_on_a_window_holding_a_pending_stall_exits_1_and_names_the_window
     assert "no alerts" not in t.stdout
     assert "[PENDING] engine_stall on :" in t.stdout and "for the whole 5 s window" in t.stdout
     assert f"--window {p['decides_with_window_s']} would decide" in t.stdout
+    # and the evidence it lacked, once, with what would give it
+    port = srv.url.rsplit(":", 1)[-1]
+    missing = [n for n in rep["notes"] if n.startswith("evidence missing")]
+    assert any(n.startswith("evidence missing: the vLLM log") for n in missing), rep["notes"]
+    assert any(f"for :{port}: its processes" in n and "docker run --pid=container:NAME" in n for n in missing)
+    assert len(missing) == len(set(missing))
+    assert t.stdout.count(f"note: evidence missing for :{port}: its processes") == 1
+
+
+# --------------------------------------------------------------------------- a stopped process (state T)
+
+
+def with_state(proc: Any, cpu: float, state: str, *, only: tuple[int, ...] | None = None) -> Any:
+    """The tree with CPU ``cpu`` each; ``state`` for the processes ``only`` names (all: None), S for the rest."""
+    def st(pid: int) -> str:
+        return state if only is None or pid in only else "S"
+    kids = tuple(dataclasses.replace(c, cpu=cpu, state=st(c.pid)) for c in proc.children)
+    return dataclasses.replace(proc, cpu=cpu, state=st(proc.pid), children=kids)
+
+
+def test_a_start_whose_tree_is_stopped_is_named_once_watched_stopped_for_the_span() -> None:
+    """Every process in state T (a SIGSTOP): still for good, so 10 s of it watched name the stalled start
+    (the CPU-only path waits 45 s). The same still tree in state S is only pending then."""
+    th = Thresholds()
+    for state, named_by in (("T", th.startup_still_min_span_s), ("S", th.startup_still_s)):
+        base0 = F.cpu_process()
+        ses = F.Session(url=base0.url, process=base0)
+        base = dataclasses.replace(base0, create_time=ses.clock.time() - 30.0)
+        first = None
+        for i in range(60):
+            ses.server(poll_from_error(base.url, "refused", t=F.R.BASE + i + ses.wall_offset, mono=F.R.BASE + i),
+                       process=with_state(base, 5.0, state))
+            got = [x for x in ses.tick(log_target=None) if x.rule == "startup_stall"]
+            if got and first is None:
+                first = (i, got[0])
+        assert first is not None, state
+        i, a = first
+        assert named_by <= i <= named_by + 1, (state, i)
+        if state == "T":
+            assert "stopped (state T)" in a.title, a.title
+            assert any("state T in the process table" in e for e in a.evidence)
+
+
+def test_an_engine_stopped_while_nothing_moves_is_a_stall_within_a_short_window() -> None:
+    """running 8, counters flat, no log, no connections; the EngineCore in state T at every scan: named
+    once vtop watched it so for 10 s, not at 20 s; with the engine in state S it is only pending."""
+    m = F.fixture_metrics(LOAD)
+    proc = F.cpu_process()
+    eng = proc.engine_pids()
+    assert eng
+    for state in ("T", "S"):
+        ses = F.Session(process=proc, url=URL)
+        first = None
+        for i in range(16):
+            ses.server(F.poll(URL, m, mono=F.R.BASE + i, wall_offset=ses.wall_offset, max_model_len=2048,
+                              version="0.32.0"), process=with_state(proc, 5.0, state, only=eng))
+            got = [x for x in ses.tick(log_target=None) if x.rule == "engine_stall"]
+            if got and first is None:
+                first = (i, got[0])
+        if state == "S":
+            assert first is None
+            assert [p for p in ses.diag.pending if p.rule == "engine_stall"]
+            continue
+        assert first is not None
+        i, a = first
+        assert 10 <= i <= 11, i
+        assert any("stopped (state T" in e for e in a.evidence), a.evidence

@@ -500,7 +500,10 @@ def pending_rows(monitor: Monitor, started: float, window_asked_s: float | None)
     slack = max(PENDING_SLACK_S, 2 * monitor.config.interval)
     out = []
     for p in monitor.diagnoser.pending:
-        if p.since > started + slack:
+        # held from the window's start, or from vtop's first reading of it (a busy box's first scrape
+        # can come seconds into the window)
+        first = p.seen_from if p.seen_from is not None else started
+        if p.since > max(started + slack, first + 0.5):
             continue
         row = p.to_json(now)
         left = max(0.0, p.threshold_s - p.held_s(now))

@@ -82,6 +82,9 @@ class Pending:
     names: str
     #: lines with numbers, and which source dated the condition
     evidence: tuple[str, ...] = ()
+    #: when vtop first saw what the condition reads (its first sample of the server, its first process
+    #: scan): a condition since then held over all vtop saw, however late that came in a window
+    seen_from: float | None = None
 
     def held_s(self, now: float) -> float:
         return max(0.0, now - self.since)

@@ -150,7 +150,7 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
                 f"running {num(s.running)}, waiting {num(s.waiting)}, no new token and no request finished",
                 "an engine stall",
                 (f"dated by {got.source}" + (f": {got.line}" if got.line else ""),
-                 *_process_lines(ctx, mem, url, st, got.since))))
+                 *_process_lines(ctx, mem, url, st, got.since)), st.first_t))
         return None
     since, now = got.since, ctx.now
     gpus = []

@@ -205,7 +205,7 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
         mem.pending.append(Pending(
             "startup_stall", url, since, th.startup_still_s,
             "a start without a log whose processes add no CPU time" + (" and no GPU memory" if gpu else ""),
-            "a stalled start", tuple(ev_lines)))
+            "a stalled start", tuple(ev_lines), st.cpu_samples[0].t))
         return None
     title = f"Startup of {short_url(url)} stalled: no log: the processes have been still for {dur(held)}"
     if held < th.startup_still_s:
