@@ -171,18 +171,28 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
 
 def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
     """Since when an engine process (the EngineCore or a worker) has been stopped (state T) at every
-    process scan, when vtop has watched it so for ``startup_still_min_span_s`` of the stall: a
-    stopped engine makes no token until a SIGCONT, so the stall needs no longer to be sure."""
+    process scan, or every engine process has used no CPU time, when vtop has watched it so for
+    ``startup_still_min_span_s`` of the stall: an engine that does not run makes no token, so the
+    stall needs no longer to be sure."""
     proc = ctx.process_of(url)
     if proc is None:
         return None
     engine = set(proc.engine_pids()) | set(proc.worker_pids())
     if not engine:
         return None
+    span = mem.th.startup_still_min_span_s
     t = stopped_since(st, lambda s: engine, any_of=True)
-    if t is None or ctx.now - max(t, since) < mem.th.startup_still_min_span_s:
+    if t is not None and ctx.now - max(t, since) >= span:
+        return t
+    # ... or every engine process still (no CPU time) over that span of the stall: a working engine
+    # runs a step after step, a collective waiting for a peer spins; one that sleeps is blocked
+    use = tree_cpu(st, since)
+    if use is None or use.span_s < span or not st.cpu_samples or ctx.now - st.cpu_samples[-1].t > 30.0:
         return None
-    return t
+    mine = [p for p in use.used if p in engine]
+    if mine and all(use.used[p] <= max(0.02, mem.th.startup_still_cpu_frac * use.span_s) for p in mine):
+        return st.cpu_samples[-1].t - use.span_s
+    return None
 
 
 def _process_lines(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> list[str]:
