@@ -171,52 +171,60 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     now = ev.now
     # create_time is on the wall clock: the tick's wall time says how old the process is
     age = max(0.0, ev.wall - proc.create_time) if ev.wall is not None and proc.create_time else None
-    since = still_since(st, th.startup_still_cpu_frac)
-    if since is None or not st.cpu_samples or now - st.cpu_samples[-1].t > 30.0:
+    if not st.cpu_samples or now - st.cpu_samples[-1].t > 30.0:
         return _ceiling(ev, mem, url, proc, age)
-    # every process stopped by a signal is still for good (until a SIGCONT): named once vtop has
-    # watched it stopped for startup_still_min_span_s, without waiting for the still threshold
+    # A process stopped by a signal is still for good (until a SIGCONT): the whole tree, or the ones doing
+    # the start's work (the workers, else the engine cores), watched stopped for startup_still_min_span_s
+    # name the stall without waiting for the still threshold, whatever the rest of the tree does.
     stopped = stopped_since(st) or stopped_since(st, lambda s: s.working)
     stopped_s = now - stopped if stopped is not None else None
-    gpu = gpu_memory_moved(ev, mem, url, since, now)
-    if gpu is not None and gpu[0]:
+    named_stopped = stopped_s is not None and stopped_s >= th.startup_still_min_span_s
+    since = still_since(st, th.startup_still_cpu_frac)
+    gpu = gpu_memory_moved(ev, mem, url, since, now) if since is not None else None
+    if not named_stopped and (since is None or (gpu is not None and gpu[0])):
         return _ceiling(ev, mem, url, proc, age)
-    held = now - since
-    use = tree_cpu(st, since)
-    n = len(use.used) if use is not None else len(st.cpu_samples[-1].cpu)
-    used = use.tree if use is not None else 0.0
-    ev_lines = [f"no log: the processes have been still for {dur(held)}: {n} processes of the server used "
-                f"{used:.2f} s of CPU in that time (read from the process table)"]
+    ev_lines: list[str] = []
+    if since is not None:
+        use = tree_cpu(st, since)
+        n = len(use.used) if use is not None else len(st.cpu_samples[-1].cpu)
+        used = use.tree if use is not None else 0.0
+        ev_lines.append(f"no log: the processes have been still for {dur(now - since)}: {n} processes of the "
+                        f"server used {used:.2f} s of CPU in that time (read from the process table)")
     if stopped_s is not None:
         last = st.cpu_samples[-1]
         who = [p for p, x in last.states.items() if x in STOPPED]
-        what = (f"every process of the server ({n})" if len(who) >= len(last.cpu) else
+        what = (f"every process of the server ({len(last.cpu)})" if len(who) >= len(last.cpu) else
                 ", ".join(f"{last.names.get(p, 'process')} (pid {p})" for p in sorted(who)))
-        ev_lines.append(f"{what}: stopped (state T in the process table: a SIGSTOP, or a debugger), seen so for "
-                        f"{dur(stopped_s)}")
+        ev_lines.append(f"{'no log: ' if since is None else ''}{what}: stopped (state T in the process table: a "
+                        f"SIGSTOP, or a debugger), seen so for {dur(stopped_s)}")
     if gpu is not None:
         ev_lines += gpu[1]
     port = v.url.rsplit(":", 1)[-1].rstrip("/")
     ev_lines.append(f"port {port} refuses connections: the server is not ready")
     if age is not None:
         ev_lines.append(f"vLLM process {proc.pid} started {dur(age)} ago")
-    named_stopped = stopped_s is not None and stopped_s >= th.startup_still_min_span_s
+    held = now - since if since is not None else 0.0
     if held < th.startup_still_s and not named_stopped:
+        assert since is not None
         mem.pending.append(Pending(
             "startup_stall", url, since, th.startup_still_s,
             "a start without a log whose processes add no CPU time" + (" and no GPU memory" if gpu else ""),
             "a stalled start", tuple(ev_lines), st.cpu_samples[0].t))
         return None
-    title = f"Startup of {short_url(url)} stalled: no log: the processes have been still for {dur(held)}"
-    if held < th.startup_still_s:
+    if held >= th.startup_still_s:
+        title = f"Startup of {short_url(url)} stalled: no log: the processes have been still for {dur(held)}"
+        began = since
+    else:
+        assert stopped is not None and stopped_s is not None
         title = (f"Startup of {short_url(url)} stalled: no log: its processes have been stopped (state T) for "
-                 f"{dur(stopped_s or held)}")
+                 f"{dur(stopped_s)}")
+        began = stopped
     fix = ("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is stopped, D "
            "waits on I/O); kill -CONT a stopped one.",
            "Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.",
            "Give vtop the server's log (`vllm serve ... 2>&1 | tee vllm.log`, then `--log vllm.log`): it names "
            "the phase the start stopped in.")
-    return Alert("startup_stall", "warning", title, tuple(ev_lines), fix, url, since)
+    return Alert("startup_stall", "warning", title, tuple(ev_lines), fix, url, began)
 
 
 def _ceiling(ev: Evidence, mem: Memory, url: str, proc: object, age: float | None) -> Alert | None:
