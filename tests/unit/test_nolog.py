@@ -215,10 +215,10 @@ def with_state(proc: Any, cpu: float, state: str, *, only: tuple[int, ...] | Non
 
 
 def test_a_start_whose_tree_is_stopped_is_named_once_watched_stopped_for_the_span() -> None:
-    """Every process in state T (a SIGSTOP): still for good, so 10 s of it watched name the stalled start
+    """Every process in state T (a SIGSTOP): still for good, so 5 s of it watched name the stalled start
     (the CPU-only path waits 45 s). The same still tree in state S is only pending then."""
     th = Thresholds()
-    for state, named_by in (("T", th.startup_still_min_span_s), ("S", th.startup_still_s)):
+    for state, named_by in (("T", th.stopped_min_span_s), ("S", th.startup_still_s)):
         base0 = F.cpu_process()
         ses = F.Session(url=base0.url, process=base0)
         base = dataclasses.replace(base0, create_time=ses.clock.time() - 30.0)
@@ -238,8 +238,8 @@ def test_a_start_whose_tree_is_stopped_is_named_once_watched_stopped_for_the_spa
 
 
 def test_an_engine_that_does_not_run_while_nothing_moves_is_a_stall_within_a_short_window() -> None:
-    """running 8, counters flat, no log, no connections. The EngineCore stopped (state T), or sleeping with
-    no CPU time (blocked): named once vtop watched it so for 10 s, not at 20 s. An engine whose CPU moves
+    """running 8, counters flat, no log, no connections. The EngineCore stopped (state T, watched 5 s), or
+    sleeping with no CPU time (blocked, watched 10 s): named then, not at 20 s. An engine whose CPU moves
     (a collective spinning for a peer) is only pending then: the 20 s threshold decides it."""
     m = F.fixture_metrics(LOAD)
     proc = F.cpu_process()
@@ -260,7 +260,8 @@ def test_an_engine_that_does_not_run_while_nothing_moves_is_a_stall_within_a_sho
             continue
         assert first is not None, state
         i, a = first
-        assert 10 <= i <= 11, (state, i)
+        want = Thresholds().stopped_min_span_s if state == "T" else Thresholds().startup_still_min_span_s
+        assert want <= i <= want + 1, (state, i)
         ev = "\n".join(a.evidence)
         assert "the engine does not run" in ev, ev
         assert ("stopped (state T" in ev) == (state == "T"), ev

@@ -171,6 +171,10 @@ class Thresholds:
     #: watched, when that is at least this long (the log's silence, read from its stamps, is the
     #: whole ``startup_still_s`` already): a busy compile uses a core every second
     startup_still_min_span_s: float = 10.0
+    #: a start's working processes, or an engine process, stopped by a signal (state T) at every process
+    #: scan for this long are stopped for good (until a SIGCONT): the stall is named without the still
+    #: threshold (two scans 5 s apart; a py-spy dump stops a process for milliseconds)
+    stopped_min_span_s: float = 5.0
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
     #: a start vtop has no log of (vtop/core/rules/stillness.py): starting this long from its process's

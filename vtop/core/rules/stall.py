@@ -171,8 +171,8 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
 
 def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
     """Since when an engine process (the EngineCore or a worker) has been stopped (state T) at every
-    process scan, or every engine process has used no CPU time, when vtop has watched it so for
-    ``startup_still_min_span_s`` of the stall: an engine that does not run makes no token, so the
+    process scan for ``stopped_min_span_s``, or every engine process has used no CPU time for
+    ``startup_still_min_span_s``, of the stall: an engine that does not run makes no token, so the
     stall needs no longer to be sure."""
     proc = ctx.process_of(url)
     if proc is None:
@@ -182,7 +182,7 @@ def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since
         return None
     span = mem.th.startup_still_min_span_s
     t = stopped_since(st, lambda s: engine, any_of=True)
-    if t is not None and ctx.now - max(t, since) >= span:
+    if t is not None and ctx.now - max(t, since) >= mem.th.stopped_min_span_s:
         return t
     # ... or every engine process still (no CPU time) over that span of the stall: a working engine
     # runs a step after step, a collective waiting for a peer spins; one that sleeps is blocked

@@ -8,7 +8,8 @@ Two readers:
   time) and for a start;
 * :func:`stopped_since`: since when every process of the tree has been stopped (state ``T`` in
   ``/proc/PID/stat``: a SIGSTOP, a debugger): still for good until a SIGCONT, so a start whose
-  whole tree vtop has watched stopped for ``startup_still_min_span_s`` is named at once;
+  whole tree, or whose working processes (the workers, else the engine cores), vtop has watched
+  stopped for ``stopped_min_span_s`` (two scans 5 s apart) is named at once;
 * :func:`still_start`: a start vtop has no log of (vLLM's stdout on a pipe, a log it was not told
   of): the port refuses, a vLLM process exists, and the tree has added no CPU time (less than
   ``startup_still_cpu_frac`` of a core) and no GPU memory (NVML per process, where known) for
@@ -174,11 +175,11 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     if not st.cpu_samples or now - st.cpu_samples[-1].t > 30.0:
         return _ceiling(ev, mem, url, proc, age)
     # A process stopped by a signal is still for good (until a SIGCONT): the whole tree, or the ones doing
-    # the start's work (the workers, else the engine cores), watched stopped for startup_still_min_span_s
+    # the start's work (the workers, else the engine cores), watched stopped for stopped_min_span_s
     # name the stall without waiting for the still threshold, whatever the rest of the tree does.
     stopped = stopped_since(st) or stopped_since(st, lambda s: s.working)
     stopped_s = now - stopped if stopped is not None else None
-    named_stopped = stopped_s is not None and stopped_s >= th.startup_still_min_span_s
+    named_stopped = stopped_s is not None and stopped_s >= th.stopped_min_span_s
     since = still_since(st, th.startup_still_cpu_frac)
     gpu = gpu_memory_moved(ev, mem, url, since, now) if since is not None else None
     if not named_stopped and (since is None or (gpu is not None and gpu[0])):
