@@ -103,10 +103,12 @@ class Report:
             return EXIT_CRITICAL
         if any(s.get("state") in ("down", "engine dead") and s.get("polls", 1) for s in self.servers):
             return EXIT_CRITICAL
-        if any(a.get("severity") == "warning" for a in self.alerts) or self.pending:
+        if any(a.get("severity") == "warning" for a in self.alerts):
             return EXIT_WARNING
         if not self.looked or self.silent or self.unread:
             return EXIT_UNKNOWN
+        if self.pending:  # a finding not yet decided: not "all is well" (below "could not look")
+            return EXIT_WARNING
         return EXIT_OK
 
     @property
