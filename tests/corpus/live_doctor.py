@@ -71,6 +71,8 @@ END_MARGIN_S = 12.0
 #: (the doctor takes 1-3 s more than its window; clean-sigterm-idle is ready only 20 s before it)
 SHUTDOWN_MARGIN_S = 4.0
 
+#: a normal trace without a log for vtop: a doctor also runs this long after the launch, during the start
+START_POINT_S = 20.0
 #: a trace with connections (conns.jsonl.gz): its play starts this long before the incident began
 CONN_PREROLL_S = 2.0
 #: ... or, for a normal trace, this long before the doctor (kept-alive and long requests keep their age)
@@ -207,6 +209,9 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
         jobs.append(job("busiest", min(busy, max(last_quiet, up or 0.0)), "quiet"))
     elif up is not None and last_quiet >= up:  # no load at all (an idle server): the middle of its ready time
         jobs.append(job("middle", (up + last_quiet) / 2, "quiet"))
+    if no_log and cls == "normal" and not tl.port_open(START_POINT_S + window):
+        # a start without a log (issue 49): a busy start stays quiet, whatever its processes do
+        jobs.append(job("starting", START_POINT_S, "quiet"))
     if cls == "clean_shutdown":
         began = tl.began
         if began is not None:
