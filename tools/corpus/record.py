@@ -1691,8 +1691,8 @@ def engine_stall_streaming_nolog(ctx: Ctx) -> None:
 @scenario("startup-stall-compile-nolog", "startup_stall", 150)
 def startup_stall_compile_nolog(ctx: Ctx) -> None:
     """No log for vtop (log_for_vtop false); fresh compile cache; when the Worker logs "Warming up model for
-    the compilation..." the whole server tree (API server, EngineCore, Worker) is SIGSTOPped for 150 s: every
-    process in state T, no CPU time added, the port closed; SIGCONT, the start completes."""
+    the compilation..." the whole server tree (API server, EngineCore, Worker) is SIGSTOPped for --seconds (150 by
+    default): every process in state T, no CPU time added, the port closed; SIGCONT, the start completes."""
     ctx.truth_extra["log_for_vtop"] = False
     ctx.launch(log_requests=False, fresh_cache=True)
     if not ctx.wait_log(r"Warming up model for the compilation", 300):
