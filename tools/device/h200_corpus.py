@@ -84,6 +84,8 @@ GPU_PARAMS: dict[str, Any] = {
     "steady_conc": 16, "steady_tokens": 256,
     "runaway_hangup_s": 75.0,
     "pool_nonstream": 8, "pool_nonstream_tokens": 8192,
+    # the no-log stall's three streams (h200-engine-stall-streams-nolog): long enough to outlast the stop
+    "nolog_stream_tokens": 8192,
     "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "100")),
     "ready_timeout_s": 400.0,
     # a tqdm frame of the capture, e.g. "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|...| 20/51"
@@ -92,7 +94,8 @@ GPU_PARAMS: dict[str, Any] = {
 #: --small: a CPU server of 2 cores (the dry run)
 SMALL_PARAMS: dict[str, Any] = {
     **GPU_PARAMS, "burst_n": 48, "burst_tokens": 48, "burst_cap_s": 120.0, "steady_conc": 4, "steady_tokens": 48,
-    "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
+    "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96,
+    "nolog_stream_tokens": 1500, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
     "capture_re": os.environ.get("VTOP_H200_CAPTURE_RE", r"Warming up model for the compilation").encode(),
 }
 
@@ -855,7 +858,8 @@ def engine_stall_streams_nolog(ctx: GpuCtx) -> None:
     ctx.launch(pipe=True)
     ctx.wait_ready()
     ctx.sleep(10)
-    pool = R.StreamPool(ctx, n=3, max_tokens=8192, max_total=60, time_limit=(20 + 75 + 30) * ctx.scale)  # type: ignore[arg-type]
+    pool = R.StreamPool(ctx, n=3, max_tokens=int(ctx.p["nolog_stream_tokens"]), max_total=60,  # type: ignore[arg-type]
+                        time_limit=(20 + 75 + 30) * ctx.scale)
     pool.start()
     ctx.sleep(20)
     pids = ctx.engine(5)
