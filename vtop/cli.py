@@ -229,7 +229,8 @@ def doctor_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run_doctor(argv: Sequence[str]) -> int:
+def _run_doctor(argv: Sequence[str], program: bool = False) -> int:
+    """``vtop doctor``; ``program``: run as the program (it exits when this returns)."""
     p = doctor_parser()
     ns = vars(p.parse_args(argv))
     window = ns.pop("window")
@@ -247,12 +248,16 @@ def _run_doctor(argv: Sequence[str]) -> int:
         p.exit(EXIT_USAGE, "vtop doctor: error: doctor cannot read the log from standard input; pass --log PATH\n")
     if cfg.prometheus_url:
         return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
+    from vtop import gc_tuning
     from vtop.faces.headless import run_once
 
     try:
         return run_once(cfg, window_s=window, as_json=as_json, doctor=True)
     except OSError as e:
         p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
+    finally:
+        if program:
+            gc_tuning.before_exit()
 
 
 def _run_replay(argv: Sequence[str], prog: str) -> int:
@@ -347,11 +352,14 @@ def textual_frame_rate() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas()
     textual_frame_rate()
+    # Run as the program (`vtop`, `python -m vtop`: no argv given), it exits when main returns, and a
+    # one-shot may tune the collector for that (vtop.gc_tuning.one_shot); a caller's process is left as is.
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("replay", "demo"):
         return _run_replay(argv[1:], f"vtop {argv[0]}")
     if argv and argv[0] == "doctor":
-        return _run_doctor(argv[1:])
+        return _run_doctor(argv[1:], program)
     if argv and argv[0] == "export":
         from vtop.faces.exporter import main as export_main
 
@@ -382,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if once or as_json:
         if cfg.log == "-":
             p.exit(EXIT_USAGE, "vtop: error: --once cannot read the log from standard input; pass --log PATH\n")
+        from vtop import gc_tuning
+
+        if program:
+            gc_tuning.one_shot(window)
         from vtop.faces.headless import run_once
 
         try:
@@ -389,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_once(cfg, window_s=window, as_json=as_json)
         except OSError as e:
             p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
+        finally:
+            if program:
+                gc_tuning.before_exit()
     log_fd = None
     if cfg.log == "-":
         try:

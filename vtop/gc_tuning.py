@@ -67,3 +67,21 @@ def settle_gc() -> None:
     gen0, gen1, gen2 = gc.get_threshold()
     if gen0:  # 0: collection is off (someone chose that); leave it so
         gc.set_threshold(max(gen0, YOUNG_THRESHOLD), gen1, gen2)
+
+
+def one_shot(window_s: float | None) -> None:
+    """``vtop --once`` / ``doctor``: a process that reads, reports and exits.
+
+    One round (no window: a second or so, bounded) runs with the collector off, as the
+    dashboard's start-up does: the imports alone make tens of thousands of objects, and
+    collecting them as they come is work for a process about to exit. A windowed one keeps
+    it on (``--window`` may be minutes). Either way :func:`before_exit` comes at the end."""
+    if window_s is None and gc.isenabled():
+        gc.disable()
+
+
+def before_exit() -> None:
+    """The report is out and the process exits next: freeze what it holds, so that the
+    interpreter's shutdown does not walk it all (its final collections took ~40 ms of CPU of
+    a ~0.24 s one-shot on the dev VM, 8 runs each: 0.235-0.245 s -> 0.190-0.200 s)."""
+    gc.freeze()

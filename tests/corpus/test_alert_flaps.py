@@ -112,8 +112,7 @@ def test_a_kv_saturation_keeps_its_severity_and_start_on_every_face(path: Path) 
     for key, said in faces["for"].items():
         for pair in said:
             title_s, since_s = (float(x) for x in pair.split("/"))
-            # an alert held after the rules stopped raising it keeps its words (alert_clear_hold_s: 5 s)
-            assert -2.0 <= since_s - title_s <= 6.0, \
+            assert abs(since_s - title_s) <= 2.0, \
                 f"{key}: the title says for {title_s:.0f}s, the incident began {since_s:.0f}s ago: {said}"
     for key, seq in faces["since"].items():
         starts = {s for s in seq if s is not None}

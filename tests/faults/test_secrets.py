@@ -21,7 +21,7 @@ import pytest
 
 from vtop.actions.pyspy import dump
 from vtop.actions.snapshot import make_bundle
-from vtop.core.phase_types import LogLine
+from vtop.core.phases.types import LogLine
 from vtop.model.redact import scrub_secrets
 from vtop.sources.recording.record import Recorder
 from vtop.ui.widgets.log_pane import fmt_line, is_probe

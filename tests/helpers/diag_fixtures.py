@@ -29,8 +29,8 @@ from vtop.core.conns import ConnTracker
 from vtop.core.evidence import Evidence, LogEvidence
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
-from vtop.core.phase_types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.phases import PhaseTracker
+from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import InFlight as RealInFlight
 from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
@@ -235,7 +235,7 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
             request_logging=(request_logging or {}).get(tgt) if tgt is not None else None,
             history=log_history, logged_since_start=logged_since_start,
         )
-    return Evidence(now, servers or {}, gpus, log, conns or {}, wall)
+    return Evidence(now, servers or {}, gpus, log, conns or {}, wall=wall)
 
 
 class Session:

@@ -8,15 +8,25 @@ tiny random-weight Llama in ``$VTOP_VLLM_MODEL`` (default ``/tmp/tinyllama``).
 Fixtures:
 
 ``real_vllm`` (session scoped, a :class:`RealVllm`)
-    Started once for the session (30-55 s on an idle 2-core box; 60-110 s seen
-    while other work shared the box), on a free loopback port, stopped at the end.  Before every test that uses it, the server
-    is brought back to the flags the test asks for with
+    One server process tree at a time for the session (a start takes 30-55 s on an
+    idle 2-core box; 60-110 s seen while other work shared the box), on a free
+    loopback port, stopped at the end.  It is started lazily, by the first test that
+    needs it: before every test that uses it, the server is brought to the flags the
+    test asks for with
     ``@pytest.mark.vllm_server(extra_args=[...], max_model_len=..., log_requests=...)``,
     or to the defaults when there is no such marker: a stopped/SIGSTOPped/dead
     server, or one a previous test restarted with other flags, is resumed or
-    restarted first.  So tests may stop, restart and SIGSTOP it freely; group
-    tests that share non-default flags next to each other (each change of flags
-    costs a restart, ~35-70 s).
+    restarted first; one that runs with those flags and answers /health is reused.
+    So tests may stop, restart and SIGSTOP it freely.
+
+The order of the run (``pytest_collection_modifyitems`` below) makes each flag set
+start once: the tests are grouped by the flags they ask for (the non-default sets
+first, in the order they are met, the defaults last); in a group a test that watches
+a fresh start goes first (its launch is the group's start), and each test that leaves
+the server dead (``@pytest.mark.vllm_leaves_down``: it kills the engine) is followed
+by one that launches a new server anyway (a fresh start), so no test pays a restart
+for the one before it.  The tests that need no server run first.  Only the tests
+that watch a start, kill a server or stop and start it themselves cost a start.
 
 ``real_vllm_fresh_start`` (function scoped, the same :class:`RealVllm`)
     Stops the server and launches a new one, returning right after the launch,
@@ -112,13 +122,66 @@ def pytest_configure(config: pytest.Config) -> None:
         "vllm_server(extra_args=(), max_model_len=None, log_requests=True, fresh_cache=False): "
         "flags the real vLLM server must run with for this test (tests/real only)",
     )
+    config.addinivalue_line(
+        "markers",
+        "vllm_leaves_down: the test leaves the real vLLM server dead or stopped (it kills its engine); "
+        "the run puts a test that launches a new server anyway after it (tests/real only)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    real = []
     for item in items:
         if REAL_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.real)
+            real.append(item)
+    if real:
+        ordered = iter(_server_order(real))
+        items[:] = [next(ordered) if REAL_DIR in Path(str(it.path)).resolve().parents else it for it in items]
+
+
+def _flags_key(item: pytest.Item) -> tuple[Any, ...]:
+    m = item.get_closest_marker("vllm_server")
+    cfg: dict[str, Any] = {} if m is None else dict(m.kwargs)
+    if m is not None and m.args:
+        cfg["extra_args"] = tuple(m.args)
+    c = _config(cfg.get("extra_args", ()), cfg.get("max_model_len"), cfg.get("log_requests", True),
+                cfg.get("fresh_cache", False))
+    return (c["extra_args"], c["max_model_len"], c["log_requests"], c["fresh_cache"])
+
+
+def _server_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The real tests in the order that starts each server flag set once (see the module doc).
+
+    Stable: within a group the tests keep their file order, apart from the fresh starts and
+    the tests that leave the server down, which are moved so that each launch does two jobs.
+    """
+    no_server = [it for it in items if "real_vllm" not in getattr(it, "fixturenames", ())]
+    groups: dict[tuple[Any, ...], list[pytest.Item]] = {}
+    for it in items:
+        if "real_vllm" in getattr(it, "fixturenames", ()):
+            groups.setdefault(_flags_key(it), []).append(it)
+    default = _flags_key_of_defaults()
+    keys = [k for k in groups if k != default] + ([default] if default in groups else [])
+    out = list(no_server)
+    for k in keys:
+        fresh = [it for it in groups[k] if "real_vllm_fresh_start" in it.fixturenames]
+        down = [it for it in groups[k] if it not in fresh and it.get_closest_marker("vllm_leaves_down")]
+        plain = [it for it in groups[k] if it not in fresh and it not in down]
+        seq = fresh[:1] + plain
+        rest = fresh[1:]
+        for d in down:  # each down followed by a fresh start (its launch replaces the dead server)
+            seq.append(d)
+            if rest:
+                seq.append(rest.pop(0))
+        out += seq + rest
+    return out
+
+
+def _flags_key_of_defaults() -> tuple[Any, ...]:
+    c = _config((), None, True, False)
+    return (c["extra_args"], c["max_model_len"], c["log_requests"], c["fresh_cache"])
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -130,6 +193,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for rec in srv.starts:
             tr.write_line(rec.describe())
         tr.write_line(f"logs: {srv.log_dir}")
+    # tests/run.sh puts the starts in its summary: how many, and the seconds they took to /health
+    out = os.environ.get("VTOP_REAL_STARTS_FILE")
+    if out:
+        recs = [r for srv in _SERVERS for r in srv.starts]
+        with contextlib.suppress(OSError):
+            Path(out).write_text(json.dumps({
+                "starts": len(recs),
+                "healthy_s": [None if r.healthy_after_s is None else round(r.healthy_after_s, 1) for r in recs],
+                "failed": sum(1 for r in recs if r.failed),
+            }) + "\n")
 
 
 # --- the server ---------------------------------------------------------------
@@ -307,6 +380,8 @@ class RealVllm:
         self.served_model_dir: Path = model_dir
         self._stopped: list[int] = []
         self._lock = threading.RLock()
+        #: flag sets (see _flags_key) whose start failed in this run, with the reason
+        self.failed: dict[tuple[Any, ...], str] = {}
 
     # -- basics ----------------------------------------------------------------
 
@@ -455,8 +530,14 @@ class RealVllm:
         max_model_len: int | None = None,
         log_requests: bool = True,
         fresh_cache: bool = False,
+        model: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Path:
-        """Start a server (stopping the current one first) and return at once; returns the new log path."""
+        """Start a server (stopping the current one first) and return at once; returns the new log path.
+
+        ``model``: serve this (a Hub repo id, say) instead of the tiny model's folder; ``env``: more
+        environment for the server (``HF_ENDPOINT``, ``HF_HOME``, ...), over the defaults. A start with
+        either is never taken for the defaults' by :meth:`ensure`."""
         with self._lock:
             self.stop()
             if not (self.venv / "bin" / "vllm").exists():
@@ -470,9 +551,13 @@ class RealVllm:
                 self.port = _free_port()
             n = len(self.starts) + 1
             self.config = _config(extra_args, max_model_len, log_requests, fresh_cache)
+            if model is not None or env:
+                self.config["special"] = (model, tuple(sorted((env or {}).items())))
             self.model = self.max_model_len = None
             self.log_path = self.log_dir / f"vllm-{n}.log"
             cmd = self._command(model_dir, extra_args, max_model_len, log_requests)
+            if model is not None:
+                cmd[2] = model
             with open(self.log_path, "wb") as log:
                 log_head = f"# vtop test fixture, start #{n}: {' '.join(cmd)}\n"
                 log.write(log_head.encode())
@@ -485,7 +570,7 @@ class RealVllm:
                 )
                 self.proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=self._env(fresh_cache, n), cwd=str(self.log_dir), **kw,
+                    env={**self._env(fresh_cache, n), **(env or {})}, cwd=str(self.log_dir), **kw,
                 )
             with contextlib.suppress(OSError):
                 PID_DIR.mkdir(parents=True, exist_ok=True)
@@ -586,6 +671,7 @@ class RealVllm:
     def restart(self, wait: bool = True, timeout: float = STARTUP_TIMEOUT_S) -> RealVllm:
         """Stop and start again with the same flags."""
         cfg = dict(self.config)
+        cfg.pop("special", None)  # a start with its own model/env (launch's) restarts as the defaults
         return self.start(**cfg, wait=wait, timeout=timeout)
 
     def cold_restart(self, **cfg: Any) -> Path:
@@ -831,12 +917,7 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
 
         signal.signal(signal.SIGTERM, on_term)
     try:
-        try:
-            srv.start()
-        except ServerFailed as e:
-            srv.stop()
-            _skip_or_fail(str(e))
-        yield srv
+        yield srv  # started by the first test that needs it (_real_vllm_guard, real_vllm_fresh_start)
     finally:
         srv.stop()
         if prev == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
@@ -851,9 +932,14 @@ def _real_vllm_guard(request: pytest.FixtureRequest) -> None:
     if "real_vllm" not in names or "real_vllm_fresh_start" in names:
         return
     srv: RealVllm = request.getfixturevalue("real_vllm")
+    key = _flags_key(request.node)
+    if key in srv.failed:  # this flag set did not come up earlier in the run: not again (300 s each)
+        _skip_or_fail(srv.failed[key])
     try:
         srv.ensure(**_marker_config(request))
     except ServerFailed as e:
+        srv.failed[key] = str(e)
+        srv.stop()
         _skip_or_fail(str(e))
 
 

@@ -7,13 +7,13 @@ import json
 import stat
 from pathlib import Path
 
-import httpx
 import pytest
 
 from vtop.actions.probe import fetch_models, send_test_request
 from vtop.actions.pyspy import dump, pick_targets
 from vtop.actions.snapshot import make_bundle
 from vtop.sources.discovery import discover
+from vtop.sources.http11 import HttpPool
 from vtop.sources.metrics_text import parse_vllm_metrics
 
 pytestmark = pytest.mark.real
@@ -28,7 +28,8 @@ def _server(real_vllm):  # type: ignore[no-untyped-def]
 
 
 async def test_real_test_request_is_bounded(real_vllm) -> None:  # type: ignore[no-untyped-def]
-    async with httpx.AsyncClient() as client:
+    client = HttpPool()
+    try:
         ids, mml = await fetch_models(real_vllm.url, client, FAKE_KEY)
         assert ids == [real_vllm.model] and mml == real_vllm.max_model_len
         for endpoint in ("chat", "completions"):
@@ -48,6 +49,8 @@ async def test_real_test_request_is_bounded(real_vllm) -> None:  # type: ignore[
         r = await send_test_request(real_vllm.url, model=ids[0], endpoint="chat", prompt="Hi", max_tokens=None,
                                     max_model_len=mml, api_key=None, client=client)
         assert r.kind == "invalid" and not r.sent
+    finally:
+        await client.aclose()
 
 
 async def test_real_pyspy_dump_of_engine_core(real_vllm) -> None:  # type: ignore[no-untyped-def]
@@ -65,12 +68,16 @@ async def test_real_pyspy_dump_of_engine_core(real_vllm) -> None:  # type: ignor
 
 async def test_real_snapshot_bundle(real_vllm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # a request carrying the fake key in its Authorization header (the CPU server has no --api-key: ignored)
-    async with httpx.AsyncClient() as client:
+    client = HttpPool()
+    try:
         r = await send_test_request(real_vllm.url, model=real_vllm.model, endpoint="chat", prompt="snapshot me",
                                     max_tokens=4, max_model_len=real_vllm.max_model_len, api_key=FAKE_KEY,
                                     client=client)
         assert r.ok, r.message
-        metrics = (await client.get(real_vllm.url + "/metrics", timeout=30)).content
+        status, metrics = await client.get(real_vllm.url + "/metrics", limit=16 << 20, connect_timeout=30)
+        assert status == 200
+    finally:
+        await client.aclose()
     srv = _server(real_vllm)
     calls: list[tuple[int, int]] = []
     res = make_bundle(

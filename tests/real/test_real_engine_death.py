@@ -172,6 +172,7 @@ def dead_after(real_vllm: Any) -> Any:
     real_vllm.stop()
 
 
+@pytest.mark.vllm_leaves_down
 async def test_enginecore_killed_under_load(dead_after: Any, tmp_path: Path) -> None:
     seen = await _death(dead_after, tmp_path, "engine-death-enginecore-load", target="engine", load=True)
     res = seen["load"]
@@ -179,6 +180,7 @@ async def test_enginecore_killed_under_load(dead_after: Any, tmp_path: Path) -> 
     await _check(seen)
 
 
+@pytest.mark.vllm_leaves_down
 async def test_worker_killed_under_load(dead_after: Any, tmp_path: Path) -> None:
     seen = await _death(dead_after, tmp_path, "engine-death-worker-load", target="worker", load=True)
     res = seen["load"]
@@ -187,6 +189,7 @@ async def test_worker_killed_under_load(dead_after: Any, tmp_path: Path) -> None
     await _check(seen)
 
 
+@pytest.mark.vllm_leaves_down
 async def test_enginecore_killed_idle(dead_after: Any, tmp_path: Path) -> None:
     seen = await _death(dead_after, tmp_path, "engine-death-idle", target="engine", load=False)
     await _check(seen)

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 
 from vtop.actions import probe
 from vtop.actions.probe import TEMPLATE_MARGIN, fetch_models, send_test_request
+from vtop.sources.http11 import HttpPool
 
 KEY = "sk-test-Zq81aPvLw0cE3tYh"
 CID = "chatcmpl-b7f0a1f2daf26bc2"
@@ -171,12 +171,13 @@ async def fake() -> AsyncIterator[FakeVllm]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as c:
-        yield c
+async def client() -> AsyncIterator[HttpPool]:
+    pool = HttpPool()
+    yield pool
+    await pool.aclose()
 
 
-async def test_streamed_chat_measures_ttft_tokens_and_finish(fake: FakeVllm, client: httpx.AsyncClient,
+async def test_streamed_chat_measures_ttft_tokens_and_finish(fake: FakeVllm, client: HttpPool,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # Proves TTFT is taken at the first token (not at the head or the role chunk) and the
     # total at the end, on a clock the server moves: 0.01 s before each chunk, 0.15 s more
@@ -208,7 +209,7 @@ async def test_streamed_chat_measures_ttft_tokens_and_finish(fake: FakeVllm, cli
     assert KEY not in repr(r) and KEY not in r.message
 
 
-async def test_completions_without_usage_counts_chunks(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_completions_without_usage_counts_chunks(fake: FakeVllm, client: HttpPool) -> None:
     fake.reply = Reply(chunks=completion_chunks([" 2907", " 390", " 390"]))
     r = await send_test_request(fake.url + "/v1", model="m", endpoint="completions", prompt="Hello",
                                 max_tokens=3, max_model_len=None, api_key=None, client=client)
@@ -219,7 +220,7 @@ async def test_completions_without_usage_counts_chunks(fake: FakeVllm, client: h
 
 
 @pytest.mark.parametrize("bad", [None, 0, -5, True, 3.5, "16"])
-async def test_no_request_without_positive_max_tokens(fake: FakeVllm, client: httpx.AsyncClient, bad: Any) -> None:
+async def test_no_request_without_positive_max_tokens(fake: FakeVllm, client: HttpPool, bad: Any) -> None:
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="hi", max_tokens=bad,
                                 max_model_len=2048, api_key=KEY, client=client)
     assert not r.ok and r.kind == "invalid" and not r.sent
@@ -228,7 +229,7 @@ async def test_no_request_without_positive_max_tokens(fake: FakeVllm, client: ht
     assert fake.requests == []
 
 
-async def test_max_tokens_bounded_by_max_model_len(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_max_tokens_bounded_by_max_model_len(fake: FakeVllm, client: HttpPool) -> None:
     fake.reply = Reply(chunks=chat_chunks(["a", "b"]))
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="Hello", max_tokens=100_000,
                                 max_model_len=2048, api_key=None, client=client)
@@ -237,13 +238,13 @@ async def test_max_tokens_bounded_by_max_model_len(fake: FakeVllm, client: httpx
     assert r.max_tokens == sent and r.max_tokens_capped and "max_model_len=2048" in r.message
 
 
-async def test_prompt_too_long_for_context_is_not_sent(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_prompt_too_long_for_context_is_not_sent(fake: FakeVllm, client: HttpPool) -> None:
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="x" * 100, max_tokens=4,
                                 max_model_len=64, api_key=None, client=client)
     assert r.kind == "invalid" and fake.requests == []
 
 
-async def test_http_400_message_from_vllm_error_body(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_http_400_message_from_vllm_error_body(fake: FakeVllm, client: HttpPool) -> None:
     err = {"error": {"message": "max_tokens=5000 cannot be greater than max_model_len=2048. Please request fewer "
                                 "output tokens. (parameter=max_tokens, value=5000)", "type": "BadRequestError",
                      "param": "max_tokens", "code": 400}}
@@ -254,7 +255,7 @@ async def test_http_400_message_from_vllm_error_body(fake: FakeVllm, client: htt
     assert "HTTP 400" in r.message and "cannot be greater than max_model_len" in r.message
 
 
-async def test_http_500_and_401_with_key_echo_scrubbed(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_http_500_and_401_with_key_echo_scrubbed(fake: FakeVllm, client: HttpPool) -> None:
     fake.reply = Reply(status=500, body=b"Internal Server Error")
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
                                 max_model_len=None, api_key=KEY, client=client)
@@ -266,7 +267,7 @@ async def test_http_500_and_401_with_key_echo_scrubbed(fake: FakeVllm, client: h
     assert KEY not in repr(r)
 
 
-async def test_hanging_server_times_out(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_hanging_server_times_out(fake: FakeVllm, client: HttpPool) -> None:
     # Proves: timeout_s ends a request the server never answers (it is still holding it
     # when the result comes back), and the result says so.
     fake.reply = Reply(hang=True)
@@ -278,7 +279,7 @@ async def test_hanging_server_times_out(fake: FakeVllm, client: httpx.AsyncClien
     assert r.total_s is not None
 
 
-async def test_stalled_stream_times_out_with_partial_text(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_stalled_stream_times_out_with_partial_text(fake: FakeVllm, client: HttpPool) -> None:
     # Proves: a stream that stops after its first token (held until the result is back)
     # is ended by timeout_s, as a timeout of a request that was sent.
     fake.reply = Reply(chunks=chat_chunks(["a", "b", "c"]), stall_after=2)
@@ -296,21 +297,21 @@ async def test_stalled_stream_times_out_with_partial_text(fake: FakeVllm, client
     ([], "no data chunks"),
     (['data: {"error": {"message": "engine dead", "code": 500}}\n\n'], "engine dead"),
 ])
-async def test_garbage_stream(fake: FakeVllm, client: httpx.AsyncClient, chunks: list[str], needle: str) -> None:
+async def test_garbage_stream(fake: FakeVllm, client: HttpPool, chunks: list[str], needle: str) -> None:
     fake.reply = Reply(chunks=chunks)
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
                                 max_model_len=None, api_key=KEY, client=client)
     assert not r.ok and r.kind == "bad_response" and needle in r.message, r.message
 
 
-async def test_stream_without_finish_reason_is_not_ok(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_stream_without_finish_reason_is_not_ok(fake: FakeVllm, client: HttpPool) -> None:
     fake.reply = Reply(chunks=chat_chunks(["a"], finish="")[:2])  # role chunk + one token, then EOF
     r = await send_test_request(fake.url, model="m", endpoint="chat", prompt="p", max_tokens=4,
                                 max_model_len=None, api_key=None, client=client)
     assert not r.ok and r.sent and "without a finish_reason" in r.message and r.text == "a"
 
 
-async def test_connection_refused(client: httpx.AsyncClient) -> None:
+async def test_connection_refused(client: HttpPool) -> None:
     import socket
 
     s = socket.socket()
@@ -322,14 +323,14 @@ async def test_connection_refused(client: httpx.AsyncClient) -> None:
     assert r.kind == "connect" and "Cannot connect" in r.message and not r.ok
 
 
-async def test_fetch_models(fake: FakeVllm, client: httpx.AsyncClient) -> None:
+async def test_fetch_models(fake: FakeVllm, client: HttpPool) -> None:
     ids, mml = await fetch_models(fake.url, client, KEY)
     assert ids == ["/tmp/tinyllama", "lora1"] and mml == 2048
     res = await fetch_models(fake.url, client, KEY)
     assert res.ok and fake.requests[-1]["headers"]["authorization"] == f"Bearer {KEY}"
 
 
-async def test_fetch_models_down(client: httpx.AsyncClient) -> None:
+async def test_fetch_models_down(client: HttpPool) -> None:
     res = await fetch_models("http://127.0.0.1:9", client, KEY, timeout_s=2)
     ids, mml = res
     assert not res.ok and ids == [] and mml is None and "cannot connect" in res.message

@@ -25,7 +25,6 @@ from prometheus_client.registry import CollectorRegistry
 from tests.helpers.metrics_server import MetricsServer, h200_payloads
 from vtop.clock import FakeClock
 from vtop.config import Config
-from vtop.core.rules import Thresholds
 from vtop.faces.demo import demo_path
 from vtop.faces.exporter import PHASES, ExportState, MonitorCollector, families, parse_listen
 from vtop.model.gpu import OK, GpuPoll, GpuSample
@@ -127,8 +126,7 @@ def test_the_runaway_is_an_alert_with_its_title_and_the_request_ages(demo) -> No
     fams2 = families(demo.monitor, state)
     assert title in {s.labels.get("title") for f in fams2 for s in f.samples if s.name == "vtop_alert_info"}
     # the incident ends: the alert reads 0 (not a vanished series) and its title goes
-    # (an alert that clears is held alert_clear_hold_s: one incident if it comes back)
-    demo.feed_until(dict(demo.chapters)["end"] + 5 + Thresholds().alert_clear_hold_s)
+    demo.feed_until(dict(demo.chapters)["end"] + 5)
     fams3 = families(demo.monitor, state)
     assert one(fams3, "vtop_alert", **key) == 0.0
     assert one(fams3, "vtop_alert_info", **key) is None

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import make_app
 from vtop.gc_tuning import YOUNG_THRESHOLD
 from vtop.ui.app import VtopApp
@@ -103,3 +105,27 @@ async def test_the_app_settles_once_after_its_third_paint_tick_and_never_headles
         for _ in range(5):
             app._tick()
         assert calls == [VtopApp.SETTLE_GC_AFTER_TICKS]
+
+
+@pytest.mark.parametrize("window, collector_on", [(None, False), ("0.2s", True)])
+def test_a_one_shot_runs_its_round_without_the_collector_and_freezes_before_exit(
+        window: str | None, collector_on: bool) -> None:
+    # One round (a second or so) has no use for collections: the collector is off from before the headless
+    # imports; a window (it may be minutes) keeps it on. Either way the report is out and everything is
+    # frozen before the interpreter's shutdown, whose final collections would walk it all.
+    child = f"""
+import contextlib, gc, io, sys
+from vtop.cli import main
+sys.argv = ["vtop", "--once", "--json", "--no-gpu", "http://127.0.0.1:9"] + ({["--window", window]!r} if {window!r} else [])
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = main()  # as the program runs it
+print(rc, gc.isenabled(), gc.get_freeze_count() > 1000)
+with contextlib.redirect_stdout(io.StringIO()):
+    gc.unfreeze(); gc.enable()
+    main(sys.argv[1:])  # called with its arguments (a test, a caller): the process's collector is left alone
+print(gc.isenabled(), gc.get_freeze_count())
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    rc, enabled, frozen, after_enabled, after_frozen = out.stdout.split()
+    assert (rc, enabled, frozen) == ("2", str(collector_on), "True"), out.stderr[-2000:]
+    assert (after_enabled, after_frozen) == ("True", "0"), out.stderr[-2000:]

@@ -297,3 +297,91 @@ async def test_https_with_an_untrusted_certificate_says_so(tmp_path) -> None:  #
     finally:
         srv.close()
         await pool.aclose()
+
+
+class StreamServer:
+    """Reads a request with its ``Content-Length`` body, answers a chunked SSE stream whose
+    chunks cut lines (and a UTF-8 character) in two, and keeps the connection for more."""
+
+    SSE = 'data: {"text": "h\u00e9llo"}\r\n\r\ndata: {"text": "w\u00f6rld"}\r\n\r\ndata: [DONE]\r\n\r\n'.encode()
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.got: list[tuple[str, dict[str, str], bytes]] = []
+        self._srv: asyncio.base_events.Server | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        self._srv = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._srv.sockets[0].getsockname()[1]}"
+
+    async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                hdrs = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await r.readexactly(int(hdrs.get("content-length", "0")))
+                self.got.append((lines[0], hdrs, body))
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                cut = self.SSE.index("\u00e9".encode()) + 1  # inside the two bytes of the é
+                for part in (self.SSE[:5], self.SSE[5:cut], self.SSE[cut:]):
+                    w.write(b"%x\r\n" % len(part) + part + b"\r\n")
+                    await w.drain()
+                w.write(b"0\r\n\r\n")
+                await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+    async def stop(self) -> None:
+        assert self._srv is not None
+        self._srv.close()
+
+
+@pytest.fixture
+async def sse() -> AsyncIterator[StreamServer]:
+    s = StreamServer()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+async def test_stream_posts_the_body_and_reads_lines_across_chunks(sse: StreamServer, pool: HttpPool) -> None:
+    # The test request's path: a POST with a JSON body, its answer read line by line as it
+    # comes, lines and a UTF-8 character cut by the chunks; read to its end, the connection
+    # serves the next request.
+    body = b'{"model": "m", "max_tokens": 4}'
+    async with pool.stream("POST", sse.url + "/v1/completions", headers=[("Content-Type", "application/json")],
+                           body=body) as r:
+        assert r.status == 200 and ("content-type", "text/event-stream") in r.headers
+        lines = [ln async for ln in r.lines()]
+    assert lines == ['data: {"text": "h\u00e9llo"}', "", 'data: {"text": "w\u00f6rld"}', "", "data: [DONE]", ""]
+    (start, hdrs, got), = sse.got
+    assert start == "POST /v1/completions HTTP/1.1" and got == body
+    assert hdrs["content-length"] == str(len(body)) and hdrs["content-type"] == "application/json"
+    # (a stream always opens its own connection; a scrape takes the idle one it left)
+    assert await pool.get(sse.url + "/metrics", limit=1 << 20) == (200, StreamServer.SSE)
+    assert sse.connections == 1 and pool.connects == 1
+
+
+async def test_stream_left_before_its_end_closes_its_connection(sse: StreamServer, pool: HttpPool) -> None:
+    async with pool.stream("POST", sse.url + "/v1/completions", body=b"{}") as r:
+        async for _line in r.lines():
+            break  # the caller stops reading (a deadline, a [DONE] before the end)
+    async with pool.stream("POST", sse.url + "/v1/completions", body=b"{}") as r:
+        assert (await r.read(8)) == StreamServer.SSE[:8]
+    assert sse.connections == 2 and pool.connects == 2
+
+
+async def test_stream_refused(pool: HttpPool) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(HttpError) as ei:
+        async with pool.stream("POST", f"http://127.0.0.1:{port}/v1/completions", body=b"{}"):
+            pass
+    assert ei.value.kind == "refused"

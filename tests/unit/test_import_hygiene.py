@@ -35,7 +35,8 @@ def test_the_check_itself_can_fail() -> None:
 
 #: What the dashboard must not import before its first frame (each is 10-60 ms
 #: on a 2-core box; they are imported where first used).
-DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases", "vtop.core.rules",
+DEFERRED = ("prometheus_client", "h11", "httpx", "psutil", "vtop.core.phases.tracker", "vtop.core.phases.patterns",
+            "vtop.core.rules",
             "vtop.core.requests", "vtop.sources.recording.record", "vtop.monitor.logwatch", "vtop.actions.snapshot",
             # the scraper, the parser and the process scanner (~16 ms): first polled after the first frame
             "vtop.sources.vllm", "vtop.sources.metrics_text", "vtop.sources.discovery",
@@ -50,9 +51,9 @@ def test_the_first_frame_waits_for_no_deferred_import() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"imported at start-up: {r.stdout.strip()}"
     # ...and the same check sees them once they are used
-    r = subprocess.run([sys.executable, "-c", code.replace("vtop.ui.app", "vtop.ui.app, vtop.core.rules")],
+    r = subprocess.run([sys.executable, "-c", code.replace("vtop.ui.app", "vtop.ui.app, vtop.monitor.logwatch")],
                        capture_output=True, text=True, timeout=60)
-    assert "vtop.core.phases" in r.stdout
+    assert "vtop.core.phases.tracker" in r.stdout and "vtop.core.phases.patterns" in r.stdout
 
 
 def test_server_cards_are_drawn_before_the_scraper_is_imported_and_polling_imports_it() -> None:

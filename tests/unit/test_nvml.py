@@ -401,6 +401,29 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     assert src.poll().gpus and src.binding.call_cost_s == H200_CALL_S  # type: ignore[union-attr]
 
 
+def test_one_round_source_takes_no_gpm_sample_no_xid_set_and_no_pcie_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vtop --once`` without a window polls once: a GPM sample (SM activity needs two, 4 s
+    apart), an XID event set (it reports from its registration on) and the PCIe thread (read at
+    once, waited for at close) would only delay its exit. The live source keeps all three."""
+    from vtop.config import Config
+    from vtop.sources import nvml as nvml_mod
+
+    def pcie_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "vtop-nvml-pcie"]
+
+    for one_round in (True, False):
+        fake = FakeNvml([FakeGpu(), FakeGpu()])
+        monkeypatch.setattr(nvml_mod, "_load_pynvml", lambda fake=fake: fake)  # the real-GPU path, faked
+        src = nvml_mod.make_gpu_source(Config(), one_round=one_round)
+        p = src.poll()
+        assert len(p.gpus) == 2 and p.status == OK
+        if one_round:
+            assert fake.gpm_live == 0 and fake.event_sets == 0 and fake.registered == set() and not pcie_threads()
+        else:
+            assert fake.gpm_live > 0 and fake.event_sets == 1 and fake.registered == {0, 1} and pcie_threads()
+        assert src.close() and not pcie_threads()
+
+
 # ------------------------------------------------------------------ GPU faults (#29)
 
 

@@ -17,6 +17,7 @@ from vtop.core.phases import (
     split_glued,
     strip_ansi,
 )
+from vtop.core.rules.startup import failure_words
 from vtop.sources.logtail import LineSplitter
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -198,7 +199,8 @@ def test_h200_failure_ends_failed_on_the_flashinfer_line() -> None:
     assert fail.line == (
         "(EngineCore pid=815) ERROR 11-30 09:53:37 [core.py:1330] ModuleNotFoundError: No module named 'flashinfer'"
     )
-    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in fail.fix and "flashinfer-python" in fail.fix
+    fix = failure_words(fail).fix  # the words are the startup rules'
+    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in fix and "flashinfer-python" in fix
     assert fail.phase is Phase.WEIGHTS  # died right after the weights, in the sampler's import
     # README §4: "the EngineCore at +80 s, the weights at +84 s".
     engine = snap.phase(Phase.ENGINE_INIT)
@@ -486,7 +488,7 @@ def test_error_signatures_end_the_start(line: str, kind: str, in_fix: str) -> No
     snap = tr.snapshot()
     assert snap.state == "failed"
     assert snap.failure is not None and snap.failure.kind == kind
-    assert in_fix in snap.failure.fix
+    assert in_fix in failure_words(snap.failure).fix
     assert snap.failure.line == strip_ansi(line)
     assert tr.stalled(now=1e9) is None
 
@@ -543,7 +545,7 @@ def test_uncaught_traceback_during_startup_fails() -> None:
         "(APIServer pid=1) ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (8192).",
     )
     fail = tr.snapshot().failure
-    assert fail is not None and fail.kind == "exception" and "ValueError" in fail.message
+    assert fail is not None and fail.kind == "exception" and "ValueError" in failure_words(fail).message
 
 
 # --------------------------------------------------------------------------- stall, time, ring

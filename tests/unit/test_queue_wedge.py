@@ -82,9 +82,8 @@ def test_an_engine_put_to_sleep_is_no_wedge() -> None:
 
 def test_the_wedge_clears_when_the_queue_moves() -> None:
     ses = _session()
-    th = Thresholds()
     t0 = ses.now + 1
     seen = _feed(ses, t0, 40, running=0.0, waiting=3.0, moving=False)
     assert "critical:queue_wedge" in seen[-1]
-    after = _feed(ses, t0 + 40, int(th.alert_clear_hold_s) + 3, running=3.0, waiting=0.0, moving=True)
+    after = _feed(ses, t0 + 40, 2, running=3.0, waiting=0.0, moving=True)
     assert not any("queue_wedge" in r for r in after[-1])

@@ -1340,45 +1340,6 @@ def _kv_saturation(ctx: Ctx, kv_mib: int, streams: int, max_tokens: int) -> None
     ctx.sleep(20)
 
 
-@scenario("kv-saturation-bursts", "kv_saturation", 40)
-def kv_saturation_bursts(ctx: Ctx) -> None:
-    """--kv-cache-memory-bytes 8 MiB (4,096 tokens: 2 sequences of 2,048) and three bursts of 6 concurrent
-    streaming requests with max_tokens 1900, each hung up on after --seconds (40 s) of a full cache, 45 s apart:
-    KV usage near 100 % with requests waiting and preempted during each burst, an idle cache between them (KV
-    pressure that comes in bursts, issue 38 item 10b: a short doctor window between two bursts). Events:
-    kv_full and burst_end per burst, kv_released after the last."""
-    ctx.start(("--kv-cache-memory-bytes", str(8 * 2**20)), log_requests=True, env=_no_kv_env())
-    ctx.sleep(10)
-    for burst in range(3):
-        pool = StreamPool(ctx, n=6, max_tokens=1900, max_total=6, time_limit=ctx.seconds + 120).start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            sm = ctx.sampler.latest if ctx.sampler else {}
-            if sm.get("kv", 0.0) >= 0.95:
-                ctx.event("kv_full", burst=burst, kv=sm.get("kv"), running=sm.get("running"),
-                          waiting=sm.get("waiting"), preemptions=sm.get("preempt"))
-                break
-            time.sleep(0.5)
-        else:
-            ctx.notes.append(f"burst {burst}: KV usage never reached 95 % within 120 s of the load")
-        ctx.sleep(ctx.seconds)
-        pool.stop()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            sm = ctx.sampler.latest if ctx.sampler else {}
-            if sm.get("kv", 1.0) < 0.5:
-                ctx.event("burst_end", burst=burst, kv=sm.get("kv"), running=sm.get("running"),
-                          waiting=sm.get("waiting"), preemptions=sm.get("preempt"))
-                break
-            time.sleep(0.5)
-        if burst < 2:
-            ctx.sleep(45)
-    sm = ctx.sampler.latest if ctx.sampler else {}
-    ctx.event("kv_released", kv=sm.get("kv"), running=sm.get("running"), waiting=sm.get("waiting"),
-              preemptions=sm.get("preempt"))
-    ctx.sleep(20)
-
-
 @scenario("kv-saturation-preemptions", "kv_saturation", 150)
 def kv_saturation_preemptions(ctx: Ctx) -> None:
     """--kv-cache-memory-bytes 12 MiB (6,144 tokens: 3 sequences of 2,048) and 16 concurrent streaming

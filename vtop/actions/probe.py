@@ -1,6 +1,6 @@
 """The test-request key: one small, bounded, streamed request to see the server answer.
 
-Why it works this way (reference §3, §4):
+Why it works this way:
 
 * **Never without max_tokens.** A chat request that omits ``max_tokens`` may
   generate up to ``max_model_len - prompt`` tokens (2030 tokens, 4.7 s on the
@@ -17,6 +17,9 @@ Why it works this way (reference §3, §4):
   could echo it).
 * **Never raises**: refused, connection refused, timeout, HTTP errors and
   garbage all become a :class:`ProbeResult` with a distinct ``kind``.
+* **vtop's own HTTP pool** (:class:`vtop.sources.http11.HttpPool`, the scrapes' pool):
+  the request is streamed on a new connection of it and bounded by ``timeout_s`` as a
+  whole (connect, head and every chunk).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
-import httpx
+from vtop.sources.http11 import HttpError, HttpPool, within
 
 __all__ = ["ModelsResult", "ProbeResult", "fetch_models", "max_tokens_cap", "send_test_request"]
 
@@ -158,7 +161,7 @@ async def send_test_request(
     max_tokens: int | None,
     max_model_len: int | None = None,
     api_key: str | None = None,
-    client: httpx.AsyncClient,
+    client: HttpPool,
     timeout_s: float = 120,
 ) -> ProbeResult:
     """Send one streamed test request and measure it; never raises.
@@ -167,48 +170,28 @@ async def send_test_request(
     ``max_tokens``; bounds it by ``max_model_len`` (see :func:`max_tokens_cap`).
     """
     base: _Common = {"endpoint": endpoint, "model": model}
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-        return ProbeResult(False, f"Not sent: max_tokens={max_tokens!r}; {_WHY_MAX_TOKENS}.", "invalid", **base)
-    if endpoint not in ("chat", "completions"):
-        return ProbeResult(False, f"Not sent: unknown endpoint {endpoint!r} (chat or completions)", "invalid", **base)
-    if not model:
-        return ProbeResult(False, "Not sent: no model name (read it from /v1/models first)", "invalid", **base)
-    capped = False
-    cap = max_tokens_cap(max_model_len, prompt)
-    if cap is not None:
-        if cap < 1:
-            return ProbeResult(False, f"Not sent: the prompt leaves no room for output within max_model_len="
-                                      f"{max_model_len}", "invalid", **base)
-        if max_tokens > cap:
-            max_tokens, capped = cap, True
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-        path = "/v1/chat/completions"
-    else:
-        body["prompt"] = prompt
-        path = "/v1/completions"
-    cap_note = (f" (max_tokens lowered to {max_tokens} to fit max_model_len={max_model_len}; "
-                "an unbounded chat request can run to max_model_len)") if capped else ""
-    base["max_tokens"] = max_tokens
-    base["max_tokens_capped"] = capped
+    req = _request(endpoint, model, prompt, max_tokens, max_model_len, base)
+    if isinstance(req, ProbeResult):
+        return req
+    body, path, cap_note = req
 
     st: dict[str, Any] = {"status": None, "ttft": None, "finish": None, "usage": None, "parts": [], "chars": 0,
                           "chunks": 0, "truncated": False}
     t0 = time.monotonic()
 
     async def run() -> ProbeResult:
-        async with client.stream("POST", _base(url) + path, json=body, headers=_headers(api_key),
-                                 timeout=httpx.Timeout(timeout_s)) as r:
-            st["status"] = r.status_code
-            if r.status_code != 200:
-                raw = await r.aread()
-                err = _http_error(r.status_code, raw[:4096])
+        hdrs = [*_headers(api_key).items(), ("Content-Type", "application/json"), ("Accept-Encoding", "identity")]
+        async with client.stream("POST", _base(url) + path, headers=hdrs, body=json.dumps(body).encode(),
+                                 connect_timeout=min(timeout_s, 10.0)) as r:
+            status = r.status or 0
+            st["status"] = status
+            if status != 200:
+                raw = await r.read(4096)
+                err = _http_error(status, raw)
                 return ProbeResult(False, f"Test request failed: {err}", "http", sent=True,
-                                   status=r.status_code, error=err, **base)
+                                   status=status, error=err, **base)
             saw_done = False
-            async for line in r.aiter_lines():
+            async for line in r.lines():
                 line = line.strip()
                 if not line or line.startswith(":"):
                     continue
@@ -251,30 +234,7 @@ async def send_test_request(
             total = time.monotonic() - t0
             if st["chunks"] == 0:
                 raise _Garbage("the stream held no data chunks" + ("" if saw_done else " (no [DONE])"))
-            usage = st["usage"] or {}
-            completion_tokens = usage.get("completion_tokens")
-            from_usage = isinstance(completion_tokens, int)
-            out_tokens: int = completion_tokens if isinstance(completion_tokens, int) else st.get("counted", 0)
-            ttft = st["ttft"]
-            tps = out_tokens / total if total > 0 else None
-            dtps = ((out_tokens - 1) / (total - ttft)) if ttft is not None and out_tokens > 1 and total > ttft else None
-            finish = st["finish"]
-            ok = finish is not None
-            note = "" if ok else " (stream ended without a finish_reason)"
-            parts = [f"{out_tokens} tokens in {total:.2f} s"]
-            if ttft is not None:
-                parts.append(f"TTFT {ttft:.3f} s")
-            if tps is not None:
-                parts.append(f"{tps:.1f} tok/s")
-            parts.append(f"finish_reason={finish}")
-            msg = ("OK: " if ok else "Incomplete: ") + ", ".join(parts) + note + cap_note
-            return ProbeResult(
-                ok, msg, "ok" if ok else "bad_response", sent=True, status=200, ttft_s=ttft, total_s=total,
-                tokens_per_s=tps, decode_tokens_per_s=dtps, output_tokens=out_tokens,
-                prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
-                tokens_from_usage=from_usage, finish_reason=finish, text="".join(st["parts"]),
-                text_truncated=st["truncated"], chunks=st["chunks"], error=None if ok else "no finish_reason", **base,
-            )
+            return _answered(st, total, cap_note, base)
 
     def partial(kind: str, msg: str, err: str) -> ProbeResult:
         return ProbeResult(False, msg, kind, sent=True, status=st["status"], total_s=time.monotonic() - t0,
@@ -286,18 +246,82 @@ async def send_test_request(
     except asyncio.TimeoutError:
         got = " (it had started answering)" if st["chunks"] else ""
         res = partial("timeout", f"Test request timed out after {timeout_s:g} s{got}", "timeout")
-    except httpx.TimeoutException as e:
-        res = partial("timeout", f"Test request timed out after {timeout_s:g} s ({type(e).__name__})", "timeout")
-    except httpx.ConnectError as e:
-        res = ProbeResult(False, f"Cannot connect to {_base(url)}: {_short(e)} (server starting, or down)",
-                          "connect", error=_short(e), **base)
+    except HttpError as e:
+        if e.kind in ("refused", "dns") or (e.kind == "timeout" and st["status"] is None):
+            kind = "timeout" if e.kind == "timeout" else "connect"
+            res = ProbeResult(False, f"Cannot connect to {_base(url)}: {_short(e)} (server starting, or down)",
+                              kind, error=_short(e), **base)
+        else:
+            res = partial("bad_response", f"Test request failed: {_short(e)}", _short(e))
     except _Garbage as e:
         res = partial("bad_response", f"Test request got a bad response: {e}", str(e))
-    except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, OSError, UnicodeError) as e:
+    except (OSError, UnicodeError) as e:
         res = partial("bad_response", f"Test request failed: {type(e).__name__}: {_short(e)}", _short(e))
     except Exception as e:  # noqa: BLE001 - never raise to the UI
         res = partial("bad_response", f"Test request failed: {type(e).__name__}: {_short(e)}", _short(e))
     return _scrubbed(res, api_key)
+
+
+def _request(endpoint: Endpoint, model: str, prompt: str, max_tokens: int | None, max_model_len: int | None,
+             base: _Common) -> ProbeResult | tuple[dict[str, Any], str, str]:
+    """The request's body, path and the note on a lowered ``max_tokens``; or why it is not sent
+    (``kind="invalid"``). Fills ``base``'s ``max_tokens`` and ``max_tokens_capped``."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        return ProbeResult(False, f"Not sent: max_tokens={max_tokens!r}; {_WHY_MAX_TOKENS}.", "invalid", **base)
+    if endpoint not in ("chat", "completions"):
+        return ProbeResult(False, f"Not sent: unknown endpoint {endpoint!r} (chat or completions)", "invalid", **base)
+    if not model:
+        return ProbeResult(False, "Not sent: no model name (read it from /v1/models first)", "invalid", **base)
+    capped = False
+    cap = max_tokens_cap(max_model_len, prompt)
+    if cap is not None:
+        if cap < 1:
+            return ProbeResult(False, f"Not sent: the prompt leaves no room for output within max_model_len="
+                                      f"{max_model_len}", "invalid", **base)
+        if max_tokens > cap:
+            max_tokens, capped = cap, True
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = prompt
+        path = "/v1/completions"
+    cap_note = (f" (max_tokens lowered to {max_tokens} to fit max_model_len={max_model_len}; "
+                "an unbounded chat request can run to max_model_len)") if capped else ""
+    base["max_tokens"] = max_tokens
+    base["max_tokens_capped"] = capped
+    return body, path, cap_note
+
+
+def _answered(st: dict[str, Any], total: float, cap_note: str, base: _Common) -> ProbeResult:
+    """The result of a stream that ended (``st``: what it brought): the tokens (the server's ``usage``,
+    else the chunks counted), TTFT, the rates, and whether it finished."""
+    usage = st["usage"] or {}
+    completion_tokens = usage.get("completion_tokens")
+    from_usage = isinstance(completion_tokens, int)
+    out_tokens: int = completion_tokens if isinstance(completion_tokens, int) else st.get("counted", 0)
+    ttft = st["ttft"]
+    tps = out_tokens / total if total > 0 else None
+    dtps = ((out_tokens - 1) / (total - ttft)) if ttft is not None and out_tokens > 1 and total > ttft else None
+    finish = st["finish"]
+    ok = finish is not None
+    note = "" if ok else " (stream ended without a finish_reason)"
+    parts = [f"{out_tokens} tokens in {total:.2f} s"]
+    if ttft is not None:
+        parts.append(f"TTFT {ttft:.3f} s")
+    if tps is not None:
+        parts.append(f"{tps:.1f} tok/s")
+    parts.append(f"finish_reason={finish}")
+    msg = ("OK: " if ok else "Incomplete: ") + ", ".join(parts) + note + cap_note
+    return ProbeResult(
+        ok, msg, "ok" if ok else "bad_response", sent=True, status=200, ttft_s=ttft, total_s=total,
+        tokens_per_s=tps, decode_tokens_per_s=dtps, output_tokens=out_tokens,
+        prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+        tokens_from_usage=from_usage, finish_reason=finish, text="".join(st["parts"]),
+        text_truncated=st["truncated"], chunks=st["chunks"], error=None if ok else "no finish_reason", **base,
+    )
 
 
 class _Garbage(Exception):
@@ -328,25 +352,35 @@ class ModelsResult:
         yield self.max_model_len
 
 
-async def fetch_models(url: str, client: httpx.AsyncClient, api_key: str | None = None,
+#: the most of a /v1/models answer read (a server with many LoRA adapters lists each)
+MODELS_LIMIT = 4 * 1024 * 1024
+
+
+async def fetch_models(url: str, client: HttpPool, api_key: str | None = None,
                        timeout_s: float = 10) -> ModelsResult:
     """``GET /v1/models``; never raises."""
     try:
-        r = await client.get(_base(url) + "/v1/models", headers=_headers(api_key), timeout=timeout_s)
-    except httpx.TimeoutException:
+        status, content = await within(
+            client.get(_base(url) + "/v1/models", headers=[*_headers(api_key).items(), ("Accept-Encoding", "identity")],
+                       limit=MODELS_LIMIT, connect_timeout=timeout_s), timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
         return ModelsResult(False, f"/v1/models: no answer within {timeout_s:g} s")
-    except httpx.ConnectError as e:
-        return ModelsResult(False, _scrub(f"/v1/models: cannot connect ({_short(e)})", api_key) or "")
+    except HttpError as e:
+        if e.kind == "timeout":
+            return ModelsResult(False, f"/v1/models: no answer within {timeout_s:g} s")
+        if e.kind in ("refused", "dns"):
+            return ModelsResult(False, _scrub(f"/v1/models: cannot connect ({_short(e)})", api_key) or "")
+        return ModelsResult(False, _scrub(f"/v1/models: {_short(e)}", api_key) or "", status=e.status)
     except Exception as e:  # noqa: BLE001
         return ModelsResult(False, _scrub(f"/v1/models: {type(e).__name__}: {_short(e)}", api_key) or "")
-    if r.status_code != 200:
-        return ModelsResult(False, _scrub(f"/v1/models: {_http_error(r.status_code, r.content[:4096])}", api_key) or "",
-                            status=r.status_code)
+    if status != 200:
+        return ModelsResult(False, _scrub(f"/v1/models: {_http_error(status, content[:4096])}", api_key) or "",
+                            status=status)
     try:
-        data = r.json()["data"]
+        data = json.loads(content)["data"]
         ids = tuple(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
     except (ValueError, KeyError, TypeError):
-        return ModelsResult(False, "/v1/models: not an OpenAI model list", status=r.status_code)
+        return ModelsResult(False, "/v1/models: not an OpenAI model list", status=status)
     mml: int | None = None
     for m in data:
         if isinstance(m, dict) and not m.get("parent") and isinstance(m.get("max_model_len"), int):

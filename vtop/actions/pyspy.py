@@ -1,6 +1,6 @@
 """The py-spy key: dump the Python stacks of a vLLM process.
 
-Why it works this way (reference §5, §7.16, §7.23):
+Why it works this way:
 
 * **Which PID.** "Why is the server stuck" is answered by the EngineCore
   (V1, TP=1: scheduler and model runner in one process) or by the workers

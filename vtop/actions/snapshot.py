@@ -11,7 +11,7 @@ Why it works this way:
   bundle on disk (half a bundle beats none when a server just died).
 * **Private by default.** The folder is 0700 and every file 0600, created with
   ``O_EXCL`` (no following a planted symlink). vLLM logs can hold user
-  prompts (request logging, reference §8): with ``redact_prompts`` the prompt
+  prompts (request logging: ``Received request X: prompt: '...'``): with ``redact_prompts`` the prompt
   text, token ids, JSON bodies and generated outputs of request-log lines are
   replaced by ``[redacted]``. Known secrets (API keys given by the caller, the
   servers' ``--api-key``, secret-looking environment values) are scrubbed
@@ -442,7 +442,8 @@ def _processes(servers: Sequence[ServerProcess], secrets_out: list[str]) -> list
         srv = _process_entry(
             s.pid, "API server", "api_server", s.argv,
             {"url": s.url, "model": s.model, "served_name": s.served_name, "tp": s.tp, "dp": s.dp,
-             "max_model_len": s.max_model_len, "gpu_pids": list(s.gpu_pids)},
+             "max_model_len": s.max_model_len, "gpu_pids": list(s.gpu_pids), "placement": s.placement,
+             "container_id": s.container_id, "ns_pid": s.ns_pid, "published": list(s.published)},
             secrets_out,
         )
         srv["cmdline"] = s.display_argv()
@@ -451,7 +452,7 @@ def _processes(servers: Sequence[ServerProcess], secrets_out: list[str]) -> list
             kids.append(_process_entry(
                 c.pid, c.title, c.role, _read_cmdline(c.pid),
                 {"ppid": c.ppid, "rank": c.rank, "ranks": [list(r) for r in c.ranks], "holds_gpu": c.holds_gpu,
-                 "depth": c.depth},
+                 "depth": c.depth, "ns_pid": c.ns_pid},
                 secrets_out,
             ))
         srv["children"] = kids
@@ -506,7 +507,8 @@ def _readme(folder: Path, w: _Writer, *, started: float, log_path: str | None, r
         "secrets   API keys and secret-looking env values are replaced by *** in every file",
         "",
         "servers:",
-        *([f"  {s.url}  pid {s.pid}  model {s.served_name}" for s in servers] or ["  (none found)"]),
+        *([f"  {s.url}  pid {s.pid}  model {s.served_name}" + (f"  {s.placement}" if s.placement else "")
+           for s in servers] or ["  (none found)"]),
         "",
         "files (name, bytes, sha256, note):",
         *[f"  {n:<32} {size:>12}  {digest}  {note}".rstrip() for n, size, digest, note in w.manifest],

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from vtop.core.conns import ConnTracker
+from vtop.core.download import DownloadProgress
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
-from vtop.core.phase_types import LogLine, Quiet, StallInfo, StartupSnapshot
+from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import InFlight
 from vtop.core.server import ServerView
 from vtop.model.gpu import XidEvent
@@ -62,6 +63,8 @@ class Evidence:
     log: LogEvidence | None = None
     #: per URL of a server on this box, its connections as the kernel counts them
     conns: Mapping[str, ConnTracker] = field(default_factory=dict)
+    #: the Hub download of the start at ``log_target`` (:mod:`vtop.core.download`), while one is watched
+    download: DownloadProgress | None = None
     #: the wall clock of the tick (what a process's ``create_time`` is on); None: not known
     wall: float | None = None
 

@@ -28,14 +28,11 @@ monotonic clock that the rules question: since when has no token been made
 (:meth:`LogHistoryView.no_new_request_since`), has ``running`` stayed up since a time
 (:meth:`LogHistoryView.busy_through`), the KV usage points of a window.
 
-The stamp's clock: the log's clock minus the wall clock is the box's UTC offset (a
-multiple of 15 minutes) plus a little skew. Every line read gives a lower bound (a
-line is read after it was written: ``stamp - read_wall <= offset``), tight for lines
-read as they come and loose for a backlog read at attach. Of the plausible offsets (this
-box's local offset, UTC) the smallest one not below the bound is taken, else the bound
-itself: a backlog whose last line is old can only make history look more recent than it
-was, which shortens every age and silence the rules measure: they stay on the side of no
-alarm.
+The stamp's clock (:mod:`vtop.core.logclock`): the log's clock minus vtop's wall clock is
+measured from the lines as they arrive (a whole time-zone offset, or the measured one of a
+skewed clock), and for a backlog read at attach from its last line against the file's
+modification time. A line vtop saw arrive is news: the backlog's lag is 0 once a line came
+after the attach.
 """
 
 from __future__ import annotations
@@ -47,6 +44,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+from vtop.core.logclock import LAG_MIN_S, LogClock, local_offset
 
 __all__ = ["LogHistory", "LogHistoryView", "StatsPoint", "parse_stats"]
 
@@ -294,8 +293,7 @@ class LogHistory:
         self._points: dict[tuple[float, str], tuple[Any, ...]] = {}
         self._newest: float | None = None
         self._shm: deque[float] = deque(maxlen=64)
-        self._bound: float | None = None  # max(stamp - read wall time): the log clock's offset is at least this
-        self._local = local_offset if local_offset is not None else _local_offset
+        self.clock = LogClock(local_offset)
         self._year: int | None = None
         self._last_month: int | None = None
         self._last_stamp: Any = None
@@ -310,7 +308,7 @@ class LogHistory:
         self._points.clear()
         self._newest = None
         self._shm.clear()
-        self._bound = None
+        self.clock.reset()
         self._year = None
         self._last_month = None
         self._last_stamp = None
@@ -326,28 +324,34 @@ class LogHistory:
         the last line's stamp, or, when the last line has none (a tqdm frame, a traceback),
         from ``written``: when the file was last written (its modification time, wall
         clock), which is at or after that line was (so the lag is never longer than it
-        was). 0 otherwise."""
+        was). 0 when the last line came after the attach: vtop saw it arrive, it is news
+        whatever its stamp says."""
+        self.clock.note_written(written)
+        self.lag_from = None
         if self._last_unstamped:
-            if written is None or self._last_arrival is None or written > wall + SLACK_S:
+            if (written is None or self._last_arrival is None or written > wall + SLACK_S
+                    or self.clock.is_live(self._last_arrival)):
                 return 0.0
             lag = self._last_arrival - (written - wall + mono)
-            self.lag_from = "mtime" if lag > 5.0 else None
-            return lag if lag > 5.0 else 0.0
-        self.lag_from = None
+            self.lag_from = "mtime" if lag > LAG_MIN_S else None
+            return lag if lag > LAG_MIN_S else 0.0
         off = self.offset(wall)
         if self._last_line is None or off is None:
             return 0.0
         t, arrival = self._last_line
-        written = t + 0.5 - off + (mono - wall)  # on the monotonic clock
-        lag = arrival - written
-        self.lag_from = "stamp" if lag > 5.0 else None
-        return lag if lag > 5.0 else 0.0
+        if self.clock.is_live(arrival):
+            return 0.0
+        at = t + 0.5 - off + (mono - wall)  # when it was written, on the monotonic clock
+        lag = arrival - at
+        self.lag_from = "stamp" if lag > LAG_MIN_S else None
+        return lag if lag > LAG_MIN_S else 0.0
 
     def feed(self, event: Any, wall: float, arrival: float | None = None) -> None:
         """One parsed line (:class:`~vtop.core.phases.LogEvent`: ``stamp``, ``message``,
         ``kind``), read at wall-clock ``wall`` (monotonic ``arrival``)."""
         stamp = getattr(event, "stamp", None)
         kind = getattr(event, "kind", None)
+        self.clock.is_live(arrival)  # the first lines read are the backlog
         if stamp is None or kind != "record":
             if kind in ("progress", "raw", "uvicorn") and getattr(event, "text", "").strip():
                 self._last_unstamped = True  # a tqdm frame, a traceback, uvicorn's own: when, the log does not say
@@ -363,9 +367,7 @@ class LogHistory:
             self._last_stamp, self._last_t = stamp, t
         if t is None:
             return
-        b = t - wall
-        if self._bound is None or b > self._bound:
-            self._bound = b
+        self.clock.feed(t, wall, arrival)
         if stats is not None:
             if self._newest is None or t > self._newest:
                 self._newest = t
@@ -398,19 +400,8 @@ class LogHistory:
         return t
 
     def offset(self, wall: float) -> float | None:
-        """The log clock minus the wall clock: the smallest plausible UTC offset not below
-        what the lines read say it is at least (see the module doc)."""
-        lb = self._bound
-        if lb is None:
-            return None
-        floor = lb - SLACK_S
-        cands = sorted({float(self._local(wall)), 0.0})
-        ok = [c for c in cands if c >= floor]
-        if ok:
-            return ok[0]
-        # Neither (another zone, a skewed clock, a test's clock): the bound itself, which
-        # can only make the lines look more recent than they are (ages and silences shorter).
-        return lb
+        """The log clock minus the wall clock (:meth:`vtop.core.logclock.LogClock.offset`)."""
+        return self.clock.offset(wall)
 
     def snapshot(self, mono: float, wall: float) -> LogHistoryView:
         off = self.offset(wall)
@@ -437,9 +428,4 @@ class LogHistory:
         return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off)
 
 
-def _local_offset(wall: float) -> float:
-    """This box's UTC offset at ``wall`` (vLLM stamps its lines in local time)."""
-    try:
-        return float(time.localtime(wall).tm_gmtoff)
-    except (OverflowError, ValueError, OSError):
-        return 0.0
+_local_offset = local_offset

@@ -14,7 +14,7 @@ Why windows over samples rather than "value now minus value before":
   ``histogram_quantile``.
 * **Time is an argument.** vtop injects a clock (``vtop/clock.py``) so tests
   and replays drive time; nothing here reads ``time``. Late samples (a
-  starved monitor, reference §7.24) only widen the span between samples;
+  starved monitor: a loaded box delays vtop's own polls) only widen the span between samples;
   rates stay correct because they divide by the real span.
 
 Samples at or before the newest sample's time are ignored (a clock never

@@ -6,8 +6,8 @@ with its ``arrival`` time (the monotonic clock the line was read on), keeps the
 requests in flight, the recently finished ones, and says how far its ages can
 be trusted. :func:`redact_prompts` hides the prompt a request line carries.
 
-What the log gives, by version (``docs/vllm-reference.md`` §8, and the vLLM
-sources for what §8 leaves out):
+What the log gives, by version (the recorded logs in ``tests/fixtures/logs/requests/`` and the
+vLLM sources):
 
 * **≤0.9** logs requests by default; 0.10+ only with ``--enable-log-requests``.
   ``Received request X: prompt: '…', params: SamplingParams(…), …`` carries the
@@ -60,7 +60,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from vtop.core.phases import LogEvent, parse_line
+from vtop.core.phases.patterns import LogEvent, parse_line
 from vtop.model.fmt import to_float as _to_float
 from vtop.model.fmt import to_int as _to_int
 from vtop.model.logtext import BANNER_RES

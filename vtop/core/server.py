@@ -4,18 +4,17 @@
 poll (plus what discovery knows about the process) and answers
 :meth:`ServerTracker.view`, a frozen :class:`ServerView` the UI renders.
 
-Why the states are what they are (``shared/docs/vllm-reference.md`` §3, §7;
-``shared/docs/textual-style.md`` §5.2):
+Why the states are what they are:
 
 * ``starting``: the port refuses but a vLLM process exists. vLLM binds its
-  port and does not listen until it is ready, for minutes (§7.1), so
+  port and does not listen until it is ready, for minutes, so
   "refused" alone cannot say dead.
 * ``down``: refused or unreachable and no vLLM process (or vtop cannot see
   the processes, e.g. a remote URL: then the message says so).
 * ``up``: ``/metrics`` answers with vLLM metrics in time.
 * ``stale``: it answers slower than ``stale_after_s``, times out, drops the
   connection, or the last good scrape is older than 3 poll intervals (the
-  monitor itself may be starved, §7.24). Old numbers are kept but marked.
+  monitor itself may be starved). Old numbers are kept but marked.
 * ``restarted``: counters went back (a new process) or the process'
   create_time changed; shown for ``restarted_for_s`` after it comes back,
   then ``up``. Rates re-baseline (:mod:`vtop.core.rates`), never negative.
@@ -35,17 +34,17 @@ types are only used for type checking, the code reads attributes.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from vtop.clock import Clock
 from vtop.core.history import Series, capacity_for
 from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
+from vtop.core.stats import median
 from vtop.model.fmt import dur
 
 if TYPE_CHECKING:
@@ -101,6 +100,41 @@ class EngineRow:
     waiting: float | None
     #: KV-cache usage in percent, 0..100
     kv_pct: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LastSeen:
+    """A server's gauges as last seen, when they are not live (:meth:`ServerView.last_seen`): one
+    wording for every face ("last seen 19 s ago: 4 running, 0 waiting when the engine died")."""
+
+    state: str
+    running: float | None
+    waiting: float | None
+    kv_pct: float | None
+    age_s: float
+    died: bool = False
+    """The log says its engine died (a server down after an engine death)."""
+
+    @property
+    def when(self) -> str:
+        if self.died or self.state == "engine dead":
+            return "when the engine died"
+        return "when it stopped answering" if self.state == "down" else "at the last answer"
+
+    def lost(self) -> str:
+        """``4 running, 0 waiting when the engine died``: the requests that went with it."""
+        def n(x: float | None) -> str:
+            return "?" if x is None else f"{x:.0f}"
+        return f"{n(self.running)} running, {n(self.waiting)} waiting {self.when}"
+
+    def words(self) -> str:
+        kv = "" if self.kv_pct is None else f", KV {self.kv_pct:.0f}%"
+        age = f"{self.age_s:.0f} s" if self.age_s < 60 else dur(self.age_s)
+        return f"last seen {age} ago: {self.lost()}{kv}"
+
+    def to_json(self) -> dict[str, float | str | None]:
+        return {"running": self.running, "waiting": self.waiting, "kv_cache_pct": self.kv_pct,
+                "age_s": round(self.age_s, 1), "when": self.when}
 
 
 @dataclass(frozen=True)
@@ -174,11 +208,37 @@ class ServerView:
     #: KV offload traffic over the window, bytes a second (None: no offload family or < 2 samples)
     offload_store_bps: float | None = None
     offload_load_bps: float | None = None
+    #: generation and prompt tokens a second over the last ``now_window_s``: the sparklines' rate, and the
+    #: card's headline (a 60 s average beside a 5 s sparkline read 2.5k while the runaway alert said 536)
+    gen_tps_now: float | None = None
+    prompt_tps_now: float | None = None
+    now_window_s: float = 5.0
+    #: seconds the windowed rates (``gen_tps``, ``prompt_tps``, ``preemptions_ps``) span: at most ``window_s``,
+    #: less while vtop has watched less (``doctor --window 15``)
+    rate_span_s: float = 0.0
 
     @property
     def is_live(self) -> bool:
         """Numbers are current (not stale, not down)."""
         return self.state in ("up", "restarted", "engine dead")
+
+    @property
+    def gauges_live(self) -> bool:
+        """The gauges (running, waiting, KV) are the server's now. Not for a server that is down
+        (the last values seen), whose engine died (its API server still answers ``/metrics``,
+        frozen at the death), or whose polls are late (stale): those show :meth:`last_seen`."""
+        return self.state in ("up", "restarted")
+
+    def last_seen(self, now: float) -> LastSeen | None:
+        """The gauges as last seen, with their age, for a server whose gauges are not live
+        (:attr:`gauges_live`); None while they are, or when none was ever seen."""
+        if self.gauges_live or self.metrics is None or self.last_ok_mono is None:
+            return None
+        # a dead engine's /metrics still answers, frozen: its values are as old as the death
+        at = self.since if self.state == "engine dead" else self.last_ok_mono
+        t = self.total
+        return LastSeen(self.state, t.running if t else None, t.waiting if t else None, t.kv_pct if t else None,
+                        max(0.0, now - at))
 
 
 class ServerTracker:
@@ -227,6 +287,7 @@ class ServerTracker:
         self._off_store = CounterWindow(window_s)
         self._off_load = CounterWindow(window_s)
         # short windows for the sparklines: a 60 s average would flatten a burst
+        self.spark_rate_s = spark_rate_s
         self._gen_short = CounterWindow(spark_rate_s)
         self._prompt_short = CounterWindow(spark_rate_s)
         cap = capacity_for(history_s, interval_s)  # the rings are allocated now: flat memory from here
@@ -270,8 +331,9 @@ class ServerTracker:
             if mono < self._feeds[-1]:
                 return
         self._feeds.append(mono)
-        self._last_poll = poll
         self._note_process(process)
+        poll = self._through_proxy(poll)
+        self._last_poll = poll
 
         if poll.health is not None:
             self._health = poll.health
@@ -395,6 +457,19 @@ class ServerTracker:
             return "engine dead" if self._health_bad_since is not None else "stale"
         return "not vllm"  # not vllm, garbage, too large, http 4xx
 
+    def _through_proxy(self, poll: ServerPoll) -> ServerPoll:
+        """A server in a container reached at a port published on the host: docker-proxy accepts every
+        connection and closes it, no byte sent, when nothing listens in the container yet. That is the
+        container's port refusing (a start, or a dead server), not a server dropping its answer."""
+        p = self._process
+        if (poll.error == "reset" and p is not None and not isinstance(p, str) and bool(getattr(p, "published", None))
+                and "before the answer" in (poll.message or "")):
+            return replace(poll, error="refused", message=(
+                f"nothing listens in {getattr(p, 'placement', None) or 'the container'} on port "
+                f"{getattr(p, 'inner_port', '?')} (the published port's proxy closed the connection): "
+                "vLLM is starting or not running"))
+        return poll
+
     def _has_process(self) -> bool:
         p = self._process
         return p is not None and not isinstance(p, str)
@@ -410,7 +485,7 @@ class ServerTracker:
         if self._interval_key == key:
             return self._interval_val
         gaps = [b - a for a, b in zip(f, list(f)[1:]) if b > a]
-        val = min(30.0, max(0.1, statistics.median(gaps))) if gaps else self._default_interval
+        val = min(30.0, max(0.1, median(gaps))) if gaps else self._default_interval
         self._interval_key, self._interval_val = key, val
         return val
 
@@ -440,7 +515,8 @@ class ServerTracker:
         live = state in ("up", "restarted", "engine dead", "stale")
         m = self._metrics
         poll = self._last_poll
-        gen = self._gen.rate(now).rate if live else None
+        gen_w = self._gen.rate(now)
+        gen = gen_w.rate if live else None
         prompt = self._prompt.rate(now).rate if live else None
         pre = self._preempt.rate(now).rate if live else None
         hit_rate = None
@@ -502,6 +578,10 @@ class ServerTracker:
             and m.kv_offload_store_bytes_total is not None else None,
             offload_load_bps=self._off_load.rate(now).rate if live and m is not None
             and m.kv_offload_load_bytes_total is not None else None,
+            gen_tps_now=self._gen_short.rate(now).rate if live else None,
+            prompt_tps_now=self._prompt_short.rate(now).rate if live else None,
+            now_window_s=self.spark_rate_s,
+            rate_span_s=gen_w.span_s if live else 0.0,
         )
 
     def _spec_view(self, now: float, m: VllmMetrics | None) -> SpecView | None:

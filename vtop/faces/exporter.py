@@ -55,7 +55,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from vtop import __version__
 from vtop.config import Config
-from vtop.core.phase_types import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.server import STATES
 from vtop.model.gpu import THROTTLE_BITS
 from vtop.model.redact import scrub_secrets

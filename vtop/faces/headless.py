@@ -153,7 +153,9 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict[str, Any]]:
+def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str],
+             owner: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    owner = owner or {}
     out = []
     for idx in sorted(hist.tracks):
         tr = hist.tracks[idx]
@@ -179,7 +181,8 @@ def gpu_rows(hist: GpuHistory, since: float, names: dict[int, str]) -> list[dict
             "power_limit_w": _r(g.power_limit_w),
             "temp_c": _r(g.temp_c),
             "throttle": list(g.throttle) if g.throttle is not None else None,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid)}
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes, "name": names.get(p.pid),
+                           "owner": owner.get(p.pid)}
                           for p in (g.procs or ())],
         })
     return out
@@ -205,11 +208,19 @@ def log_rates(monitor: Monitor) -> tuple[str, Any, float] | None:
     return (url, last, age) if age <= LOG_RATES_MAX_AGE_S else None
 
 
-def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: float | None = None) -> dict[str, Any]:
+_UNSET: Any = object()
+
+
+def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: float | None = None, *,
+               now: float | None = None, seen: Any = _UNSET) -> dict[str, Any]:
     """One server of the report. Rates come from /metrics (two scrapes or more); else from
     ``log_point``, the server's own log's recent stats line (``rates_from`` says which);
     else they are None: they need a window (``--window``)."""
-    m = v.metrics if v.is_live or v.state == "stale" else None
+    # A server that is down or whose engine died: its gauges are the last seen (``last_seen``, with
+    # their age), never reported as live; late polls (stale) keep theirs, as before.
+    if seen is _UNSET:
+        seen = v.last_seen(now if now is not None else (v.last_ok_mono or 0.0)) if v.state != "stale" else None
+    m = v.metrics if (v.is_live or v.state == "stale") and seen is None else None
     gen, prompt, rates_from = v.gen_tps, v.prompt_tps, None
     if gen is not None or prompt is not None:
         rates_from = "metrics"
@@ -235,8 +246,13 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "itl_p50_s": _r(v.itl.p50, 4),
         "finished_in_window": dict(v.finished) if v.finished is not None else None,
         "rate_window_s": v.window_s,
+        "rate_span_s": _r(v.rate_span_s) if rates_from == "metrics" else None,
         "pid": getattr(process, "pid", None) if process not in (None, UNKNOWN) else None,
+        "placement": getattr(process, "placement", None) if process not in (None, UNKNOWN) else None,
+        "container_id": getattr(process, "container_id", None) if process not in (None, UNKNOWN) else None,
+        "ns_pid": getattr(process, "ns_pid", None) if process not in (None, UNKNOWN) else None,
         "restarts": v.restarts,
+        "last_seen": seen.to_json() | {"text": seen.words()} if seen is not None else None,
     }
     row.update(signal_fields(v, m))
     return row
@@ -436,7 +452,7 @@ def _waiting_for(monitor: Monitor, feed: LiveFeed, server_polls: int = 1) -> lis
 def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None,
            silent: list[str] | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
-    from vtop.core.phases import summarize
+    from vtop.core.phases.tracker import summarize
 
     clock = monitor.clock
     poll = monitor.gpu_history.last_poll
@@ -446,7 +462,11 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source
+        # what the log is when a container runtime or journald keeps it ("docker json-file of vllm-0")
+        startup["log_kind"] = getattr(monitor.log_watch.source, "label", None) if monitor.log_watch else None
         startup["log_problem"] = lv.problem
+        dl = monitor.download_progress()
+        startup["download"] = None if dl is None else dl.to_json()
     notes = list(monitor.notes)
     if lv is not None and lv.problem:
         notes.append(lv.problem)
@@ -454,7 +474,9 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         notes.append(monitor.log_message)
     notes += monitor.missing_evidence()
     reqs = []
-    inflight = list(getattr(lv, "inflight", None) or ())
+    down = monitor.log_target_down()
+    # the server is down or its engine died: what the log had in flight went with it
+    inflight = [] if down is not None else list(getattr(lv, "inflight", None) or ())
     # The runaway first (a request the client sent without max_tokens), then the
     # oldest; a burst of 1,500 must not make a 260 KB report.
     inflight.sort(key=lambda r: (not r.no_client_max_tokens, r.since))
@@ -469,9 +491,12 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         host=socket.gethostname(),
         gpu_status=poll.status if poll else ("off" if gpu_off else "none"),
         gpu_message=poll.message if poll else _silent_gpu(silent, clock.monotonic() - started),
-        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names),
+        gpus=gpu_rows(monitor.gpu_history, started, monitor.proc_names, monitor.gpu_owner),
         servers=[server_row(ws.last_view or ws.tracker.view(), monitor.process_arg(ws),
-                            *(from_log[1:] if from_log is not None and from_log[0] == url else ()))
+                            *(from_log[1:] if from_log is not None and from_log[0] == url else ()),
+                            now=clock.monotonic(),
+                            seen=None if (ws.last_view or ws.tracker.view()).state == "stale"
+                            else monitor.last_seen(ws.last_view or ws.tracker.view()))
                  | {"polls": ws.polls}
                  for url, ws in monitor.servers.items()],
         startup=_jsonable(startup),
@@ -609,17 +634,22 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
             head += f" {s['model']}"
         if s["version"]:
             head += f" v{s['version']}"
+        if s.get("placement"):
+            head += f" ({s['placement']})"
         lines.append(head)
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
                          f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
-                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else ""))
+                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
+                            f" (over {s['rate_span_s']:.0f} s)" if s.get("rate_span_s") else ""))
         lines += signals_text(s)
         if s["state"] != "up":
             lines.append(f"  {s['message']}")
+        if s.get("last_seen"):
+            lines.append(f"  {s['last_seen']['text']}")
     st = rep.startup
     if st and st.get("state") == "starting":
-        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log')})"
+        lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log_kind') or st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
     if rep.requests_in_flight:
         lines.append(f"requests in flight (request log): {rep.requests_in_flight}")
@@ -676,7 +706,7 @@ def run_once(cfg: Config, *, window_s: float | None, as_json: bool, doctor: bool
         if isinstance(gpu_source, str):
             from vtop.sources.nvml import make_gpu_source
 
-            gpu_source = make_gpu_source(cfg)
+            gpu_source = make_gpu_source(cfg, one_round=window_s is None)
         feed = LiveFeed(monitor, gpu_source=gpu_source)
         if window_s is None:
             started = asyncio.run(one_round(monitor, feed))

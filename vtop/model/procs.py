@@ -33,6 +33,9 @@ class VllmChild:
     depth: int = 1
     #: user + system CPU seconds so far (None: not read, or not readable)
     cpu: float | None = None
+    #: its PID in its own PID namespace (a container's), as its log says ``(EngineCore pid=245)``;
+    #: None when that is the PID vtop sees (same namespace) or it was not read
+    ns_pid: int | None = None
     #: the state letter of /proc/PID/stat (T: stopped by a signal); None: not read
     state: str | None = None
 
@@ -69,8 +72,41 @@ class ServerProcess:
     api_key: str | None = field(default=None, repr=False)
     #: user + system CPU seconds of this process so far (None: not read, or not readable)
     cpu: float | None = None
+    #: where it runs, for the cards and ``P``: ``container vllm-0``, ``pod default/vllm-7d9f``,
+    #: ``unit vllm.service`` (from its cgroup and the runtime's own files); None on the bare host
+    placement: str | None = None
+    #: the container's ID (64 hex digits) when it runs in one, else None
+    container_id: str | None = None
+    #: its PID in its own PID namespace (None: the same as ``pid``, or not read)
+    ns_pid: int | None = None
+    #: True when it listens in a network namespace other than vtop's (a container without
+    #: ``--network host``): its connections are read in that namespace
+    own_netns: bool = False
+    #: the port it listens on in its own namespace, when ``port`` is one published on the host
+    #: (docker-proxy, a DNAT rule) or its container address is used; None when they are the same
+    listen_port: int | None = None
+    #: other ``host:port`` that reach it (every published port); a URL given for one of them is its
+    published: tuple[str, ...] = ()
     #: the state letter of /proc/PID/stat of this process (T: stopped by a signal); None: not read
     state: str | None = None
+
+    @property
+    def inner_port(self) -> int:
+        """The port vLLM listens on in its own network namespace (what its connections carry)."""
+        return self.listen_port if self.listen_port is not None else self.port
+
+    def host_pid(self, ns_pid: int) -> int | None:
+        """The PID vtop sees of the process of this tree that its log names ``ns_pid`` (a container's
+        own PID); ``ns_pid`` itself when the tree is in vtop's namespace; None when no process of the
+        tree has it (never a host process that merely has that number)."""
+        if self.ns_pid is None:
+            return ns_pid
+        if self.ns_pid == ns_pid:
+            return self.pid
+        for c in self.children:
+            if c.ns_pid == ns_pid:
+                return c.pid
+        return None
 
     @property
     def key(self) -> tuple[int, float]:

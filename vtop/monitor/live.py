@@ -58,6 +58,9 @@ class LiveFeed:
     #: seconds between process scans while every watched server answers; a scan reads
     #: /proc for every process (4 % of vtop's CPU at 5 s with 2 busy servers)
     SETTLED_SCAN_S = 30.0
+    #: seconds between scans of the Hub cache while a start may be downloading, and each scan's deadline
+    DOWNLOAD_EVERY_S = 2.0
+    DOWNLOAD_DEADLINE_S = 1.0
 
     def __init__(
         self,
@@ -77,8 +80,14 @@ class LiveFeed:
         self.log_loop: PollLoop | None = None
         self.disc_loop: PollLoop | None = None
         self.conns_loop: PollLoop | None = None
+        self.download_loop: PollLoop | None = None
+        #: (server pid, Hub repo) the download thread scans (set on the event loop's thread; None: none)
+        self._download_target: tuple[int | None, str] | None = None
+        self._hub_scanner: Any = None
         #: the ports whose connections the conns thread reads (set on the event loop's thread)
         self._conn_ports: frozenset[int] = frozenset()
+        #: ``(url, pid, port)`` of the servers whose connections it reads in their own network namespace
+        self._conn_netns: tuple[tuple[str, int, int], ...] = ()
         self.scrapers: dict[str, VllmScraper] = {}
         #: the sources that never answered by the end of a headless window (set by vtop.faces.headless.watch)
         self.silent: list[str] = []
@@ -105,9 +114,13 @@ class LiveFeed:
             self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
             self.gpu_loop.start()
         self._start_log_loop()
-        self._conn_ports = self._busy_ports()
+        self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()
         self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
         self.conns_loop.start()
+        self._download_target = self.monitor.download_target()
+        self.download_loop = PollLoop("download", self.DOWNLOAD_EVERY_S, self.download_blocking, self._on_download,
+                                      at_tick=True)
+        self.download_loop.start()
         if self.discover is not None:
             self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery)
             self.disc_loop.start()
@@ -117,7 +130,7 @@ class LiveFeed:
 
     def stop(self) -> None:
         self._stopped = True
-        for loop in (self.gpu_loop, self.log_loop, self.disc_loop, self.conns_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.disc_loop, self.conns_loop, self.download_loop):
             if loop is not None:
                 loop.stop()
         for task in self.tasks.values():
@@ -155,10 +168,11 @@ class LiveFeed:
     def collect(self) -> None:
         """At the face's tick: apply the NVML and log results waiting, and start
         polling what the monitor took on since (a log found, a server discovered)."""
-        for loop in (self.gpu_loop, self.log_loop, self.conns_loop):
+        for loop in (self.gpu_loop, self.log_loop, self.conns_loop, self.download_loop):
             if loop is not None:
                 loop.collect()
-        self._conn_ports = self._busy_ports()
+        self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()
+        self._download_target = self.monitor.download_target()
         self._start_log_loop()
         self._start_scrapes()
 
@@ -223,23 +237,61 @@ class LiveFeed:
                 out.add(port)
         return frozenset(out)
 
-    def conns_blocking(self) -> Any:
-        """In the conns thread: the kernel's connections to the local servers' ports."""
-        from vtop.sources.sockets import read_conns
+    def _busy_netns(self) -> tuple[tuple[str, int, int], ...]:
+        """The servers in a network namespace of their own worth a read there (as :meth:`_busy_ports`)."""
+        out = []
+        for url, pid, port in self.monitor.conn_netns():
+            ws = self.monitor.servers[url]
+            v = ws.last_view
+            running = v.metrics.running if v is not None and v.metrics is not None else None
+            if v is None or (running is not None and running >= 1):
+                out.append((url, pid, port))
+        return tuple(out)
 
-        return read_conns(self._conn_ports)
+    def conns_blocking(self) -> Any:
+        """In the conns thread: the kernel's connections to the local servers' ports, then those of
+        each server in its own network namespace, read there (a list of reads)."""
+        from vtop.sources.sockets import read_conns, read_conns_in
+
+        reads = [read_conns(self._conn_ports)]
+        for url, pid, port in self._conn_netns:
+            reads.append(read_conns_in(pid, {port}, url=url))
+        return reads
 
     def _on_conns(self, result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            from vtop.sources.sockets import ConnRead
+        from vtop.sources.sockets import ConnRead
 
-            result = ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")
-        if result.conns or result.error or any(ws.conns.last_mono is not None for ws in self.monitor.servers.values()):
-            self.monitor.apply_conns(result)
+        if error is not None:
+            result = [ConnRead(time.time(), time.monotonic(), (), f"{type(error).__name__}: {error}")]
+        servers = self.monitor.servers
+        for read in result if isinstance(result, list) else [result]:
+            if read.url is not None:
+                ws = servers.get(read.url)
+                if read.conns or read.error or (ws is not None and ws.conns.last_mono is not None):
+                    self.monitor.apply_conns(read)
+            elif read.conns or read.error or any(ws.conns.last_mono is not None for ws in servers.values()):
+                self.monitor.apply_conns(read)
         if self.conns_loop is not None:
             # set before the thread resumes (it waits for this result to be applied, then waits this
             # long): a long answer streaming makes the next read come in 2 s, not 10
             self.conns_loop.interval = self._conns_every()
+
+    # -------------------------------------------------------------- download
+    def download_blocking(self) -> Any:
+        """In the download thread: one scan of the Hub cache for the start's repo (a stat per file, cut at
+        :attr:`DOWNLOAD_DEADLINE_S`), or None while no start is in a phase that downloads."""
+        target = self._download_target
+        if target is None:
+            return None
+        if self._hub_scanner is None:
+            from vtop.sources.hfcache import HubCacheScanner
+
+            self._hub_scanner = HubCacheScanner()
+        return self._hub_scanner.scan(target[0], target[1], deadline_s=self.DOWNLOAD_DEADLINE_S)
+
+    def _on_download(self, result: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.monitor.apply_download(result)
 
     # ------------------------------------------------------------------- log
     def _start_log_loop(self) -> None:

@@ -15,8 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vtop.clock import Clock, SystemClock
+from vtop.core.logclock import OLD_LOG_S
 from vtop.core.loghistory import LogHistory, LogHistoryView
-from vtop.core.phases import DEFAULT_STALL_S, LogLine, Phase, PhaseTracker, Quiet, StallInfo, StartupSnapshot
+from vtop.core.phases.tracker import DEFAULT_STALL_S, PhaseTracker
+from vtop.core.phases.types import LogLine, Phase, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
@@ -54,17 +56,23 @@ class LogView:
     what the rules know of the time before vtop looked (``doctor --window 15``, an attach)."""
     binary_lines: int = 0
     """Lines read that are not text (NUL bytes, or mostly bytes that are not UTF-8)."""
+    source_label: str | None = None
+    """What keeps the log when vtop found it by itself ("docker json-file of vllm-0", "journal of unit
+    vllm.service"); None for a plain file or a pipe."""
     logged_since_start: tuple[tuple[float, int], ...] | None = None
     """``(since, max_tokens)`` of every request logged since the server's startup, aborted and
     refused ones left out; None when the request lines do not reach back to a startup
     (:meth:`vtop.core.requests.RequestTracker.logged_since_start`)."""
+    old_s: float | None = None
+    """How old the log's last line was when vtop read it, when that is an hour or more and no line came
+    since: an old file (``--log`` of a past run), not a start that stalled (no stall is judged from it)."""
 
     @property
     def problem(self) -> str | None:
         """What is wrong with the log as a source, in one line (None: nothing): it is missing, a
         directory, unreadable, not text, or its input ended. Shown where the startup panel is and
         in the notes of ``--once``/``doctor``/JSON."""
-        return log_problem(self.tail, self.lines_total, self.binary_lines)
+        return log_problem(self.tail, self.lines_total, self.binary_lines, self.old_s)
 
     @property
     def state(self) -> str:
@@ -76,7 +84,7 @@ def is_binary_line(line: str) -> bool:
     return "\x00" in line or (len(line) >= 8 and line.count("\ufffd") * 4 >= len(line))
 
 
-def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | None:
+def log_problem(tail: TailState, lines_total: int, binary_lines: int, old_s: float | None = None) -> str | None:
     """See :attr:`LogView.problem`."""
     src = tail.source
     if tail.status == "error":
@@ -88,7 +96,19 @@ def log_problem(tail: TailState, lines_total: int, binary_lines: int) -> str | N
     if binary_lines >= 3 and binary_lines * 2 >= lines_total:
         return (f"vLLM log: {src} does not look like a text log ({binary_lines} of {lines_total} lines read are "
                 "binary); pass the server's stdout/stderr file")
+    if old_s is not None:
+        return (f"vLLM log: the log's last line is {age_words(old_s)} old ({src} was last written then, nothing "
+                "since): an old file? Its silence is not taken for a stalled start")
     return None
+
+
+def age_words(s: float) -> str:
+    """``75 h``, ``2 h 05 min``: an old log's age."""
+    m = int(round(s / 60.0))
+    h, m = divmod(m, 60)
+    if h >= 10 or m == 0:
+        return f"{h} h"
+    return f"{h} h {m:02d} min"
 
 
 class LogWatch:
@@ -116,6 +136,7 @@ class LogWatch:
         self._ready_recorded = False
         self._restarts_seen = 0
         self._max_len_sent: int | None = None
+        self._last_arrival = float("-inf")
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
@@ -124,15 +145,24 @@ class LogWatch:
     @classmethod
     def for_server(cls, server: Any, *, clock: Clock, **kw: Any) -> tuple[LogWatch | None, str]:
         """The log a running server writes (its stdout, found in /proc), with its launch
-        time handed to the tracker; or None and why not (a pipe, a terminal...)."""
+        time handed to the tracker; or None and why not (a pipe, a terminal...). A server in a
+        container, a pod or a systemd unit writes to a pipe its runtime reads: then the file the
+        runtime keeps (docker's json-file, kubelet's CRI log) or the journal is followed."""
         from vtop.sources.logtail import LogTailer, find_log_for_pid
 
         loc = find_log_for_pid(server.pid)
-        if loc.path is None:
-            return None, loc.message
-        watch = cls(LogTailer(loc.path), clock=clock, **kw)
+        src: Any = None
+        where = f"{loc.path} (stdout of pid {server.pid})"
+        if loc.path is not None:
+            src = LogTailer(loc.path)
+        else:
+            src, said = _runtime_log(server)
+            if src is None:
+                return None, said or loc.message
+            where = said or where
+        watch = cls(src, clock=clock, **kw)
         watch.mark_launch_of(server)
-        return watch, f"{loc.path} (stdout of pid {server.pid})"
+        return watch, where
 
     def mark_launch_of(self, server: Any) -> None:
         """Tell the tracker when ``server`` (a ServerProcess) was launched."""
@@ -202,20 +232,34 @@ class LogWatch:
         with self._lock:
             now = self.clock.monotonic()
             wall = self.clock.time()
-            lines = self.source.poll()
+            timed = getattr(self.source, "poll_timed", None)
+            arrivals: list[tuple[float, float]] | None = None
+            if timed is not None:
+                pairs = timed()
+                lines = [line for line, _ in pairs]
+                arrivals = self._arrivals([t for _, t in pairs], now, wall)
+            else:
+                lines = self.source.poll()
             if not self._backfilled and self.source.state.status == "following":
                 self._backfill(wall)
             # Lines first, then outside events: a /health 200 seen during a catch-up
             # must not mark "ready" before the log's own lines say where the start is.
             if lines:
                 feed, req, hist = self.tracker.feed, self.requests.feed, self.history.feed
-                for line in lines:
-                    ev = feed(line, now)
-                    req(line, now, event=ev)
-                    hist(ev, wall, now)
+                if arrivals is None:
+                    for line in lines:
+                        ev = feed(line, now)
+                        req(line, now, event=ev)
+                        hist(ev, wall, now)
+                else:
+                    for line, (w, m) in zip(lines, arrivals):
+                        ev = feed(line, m)
+                        req(line, m, event=ev)
+                        hist(ev, w, m)
                 self._lines_total += len(lines)
                 self._binary_lines += sum(1 for line in lines if is_binary_line(line))
                 if self.recorder is not None:
+                    # at the read, as a plain file's lines (a recording's events keep their order)
                     self.recorder.log(self.clock.time(), now, lines)
             while True:
                 try:
@@ -225,22 +269,29 @@ class LogWatch:
                 if kind == "ready":
                     self.tracker.mark_ready(arg[0], arg[1])
                 elif kind == "launch":
-                    self.tracker.mark_process_start(arg[0], arrival=arg[1])
+                    self.tracker.mark_process_start(arg[0], arrival=arg[1], utc_offset_s=self.history.offset(wall))
                 elif kind == "running":
                     self.requests.note_running(arg[0], arg[1], waiting=arg[2])
                 elif kind == "max_len":
                     self.requests.set_max_model_len(arg)
                 elif kind == "reset_requests":
                     self.requests.reset()
-            snap = self.tracker.snapshot()
             # A log read as a backlog (an attach, doctor) arrived all at once: its silence
-            # began when its last line was written, not when vtop read it.
+            # began when its last line was written, not when vtop read it. Its clock is
+            # measured (vtop.core.logclock); the launch of its process goes on that clock.
             lag = self.history.backlog_lag(now, wall, getattr(self.source.state, "mtime", None))
+            off = self.history.offset(wall)
+            if off is not None:
+                self.tracker.set_clock_offset(off)
+            snap = self.tracker.snapshot()
+            # An old file (its last line written an hour or more before vtop read it, nothing since):
+            # said to be old, its silence not judged as a start that stalled.
+            old = lag if lag >= OLD_LOG_S else None
             return LogView(
                 mono=now,
                 tail=self.source.state,
                 snapshot=snap,
-                stall=self.tracker.stalled(now + lag, self.stall_threshold_s),
+                stall=None if old is not None else self.tracker.stalled(now + lag, self.stall_threshold_s),
                 current_elapsed_s=self.tracker.elapsed(now) if snap.state == "starting" else None,
                 recent=tuple(self.tracker.recent(limit=RECENT_LINES)),
                 lines_total=self._lines_total,
@@ -250,12 +301,28 @@ class LogWatch:
                 recent_finished=tuple(self.requests.recent_finished()[:50]),
                 request_logging=self.requests.logging_seen,
                 finishes_logged=self.requests.finishes_logged,
-                quiet=self.tracker.quiet(now + lag),
+                quiet=None if old is not None else self.tracker.quiet(now + lag),
                 history=replace(self.history.snapshot(now, wall), backlog_lag_s=lag,
                                 backlog_lag_from=self.history.lag_from if lag else None),
                 binary_lines=self._binary_lines,
                 logged_since_start=self.requests.logged_since_start(),
+                old_s=old,
+                source_label=getattr(self.source, "label", None),
             )
+
+    def _arrivals(self, stamps: list[float | None], now: float, wall: float) -> list[tuple[float, float]]:
+        """``(wall, monotonic)`` arrival of each line whose writer stamped when it read it (a container
+        runtime, journald): that moment, on vtop's clocks, never later than now and never before the
+        line ahead of it (stdout and stderr are stamped apart); now for a line with no stamp."""
+        out: list[tuple[float, float]] = []
+        last = self._last_arrival
+        for t in stamps:
+            m = now if t is None else now - max(0.0, wall - t)
+            m = max(m, last)
+            last = m
+            out.append((wall - (now - m), m))
+        self._last_arrival = last
+        return out
 
     def _backfill(self, wall: float) -> None:
         """Once the file is open: the stats lines at its end, ahead of the forward read
@@ -265,13 +332,41 @@ class LogWatch:
         tail = getattr(self.source, "tail_lines", None)
         if tail is None:
             return
-        from vtop.core.phases import parse_line
+        from vtop.core.phases.patterns import parse_line
 
         for line in tail(BACKFILL_NEEDLES):
             self.history.feed(parse_line(line), wall)
 
     def close(self) -> None:
         self.source.close()
+
+
+def _runtime_log(server: Any) -> tuple[Any, str | None]:
+    """The source of the log the runtime around ``server`` keeps, and what it is ("docker json-file
+    of vllm-0 (PATH)"); ``(None, why)`` when it keeps none vtop reads; ``(None, None)`` when
+    ``server`` runs in no container, pod or unit."""
+    from vtop.sources import discovery
+    from vtop.sources.containers import container_log
+
+    enr = discovery.enricher()
+    info = enr.runtime_info(getattr(server, "container_id", None)) if enr is not None else None
+    found = container_log(server, info)
+    if found is None:
+        return None, None
+    if found.kind is None:
+        return None, f"{found.message}"
+    if found.kind == "journal":
+        from vtop.sources.journal import JournalTailer
+
+        assert found.match is not None
+        src: Any = JournalTailer(found.match, since=server.create_time - 1.0, label=found.label)
+        return src, f"{found.label} (journalctl {found.match})"
+    from vtop.sources.logformats import CriDecoder, DockerJsonDecoder
+    from vtop.sources.logtail import LogTailer
+
+    assert found.path is not None
+    dec = DockerJsonDecoder() if found.kind == "docker-json" else CriDecoder()
+    return LogTailer(found.path, decoder=dec, label=found.label), f"{found.label} ({found.path})"
 
 
 __all__ = ["LogView", "LogWatch", "Phase"]

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.conns import READ_EVERY_S, ConnTracker
+from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.phase_types import Phase
-from vtop.core.server import UNKNOWN, ServerTracker, ServerView
+from vtop.core.phases.types import Phase
+from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
     from vtop.sources.vllm import ServerPoll
+
+#: the phases of a start in which it may be fetching its model from the Hub (the API server reads the
+#: config in process start; the workers fetch the weights in the weights phase)
+DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
@@ -163,6 +168,10 @@ class Monitor:
         """Called with every new view of a server, as it is applied (tests, a recording's checks)."""
         self._changes: set[str] = set()
         self._undiagnosed = False
+        self.download = DownloadTracker()
+        """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
+        self._conn_errors_said: set[str] = set()
+        self._unmapped_said = False
 
     # ------------------------------------------------------------------ reading
     @property
@@ -198,6 +207,27 @@ class Monitor:
             return self.log_server
         ws = self.action_server()
         return ws.url if ws is not None else None
+
+    def log_target_down(self) -> LastSeen | None:
+        """The gauges of the server the followed log belongs to, as last seen, when they are not
+        live (down, a dead engine, late polls): then the log's requests in flight are not known
+        to be in flight (they went with the engine), and every face says so."""
+        url = self.log_target
+        ws = self.servers.get(url) if url is not None else None
+        if ws is None or ws.last_view is None or ws.last_view.state == "stale":
+            return None
+        return self.last_seen(ws.last_view)
+
+    def last_seen(self, view: ServerView) -> LastSeen | None:
+        """``view``'s gauges as last seen when they are not live (:meth:`ServerView.last_seen`), said
+        "when the engine died" when the log of that server says its engine died after it was ready."""
+        seen = view.last_seen(self.clock.monotonic())
+        lv = self.log_view
+        if seen is not None and lv is not None and view.url == self.log_target:
+            f = lv.snapshot.failure
+            if lv.snapshot.state == "failed" and f is not None and f.phase is Phase.READY:
+                seen = replace(seen, died=True)
+        return seen
 
     def api_key_for(self, url: str) -> str | None:
         """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
@@ -279,24 +309,34 @@ class Monitor:
         owner: dict[int, str] = {}
         for sp in servers:
             port = f":{sp.port}"
+            where = f" · {sp.placement}" if sp.placement else ""
             for c in sp.children:
                 if c.holds_gpu:
                     name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
-                    owner[c.pid] = f"{name} of {port}"
+                    owner[c.pid] = f"{name} of {port}{where}"
             if not sp.children and sp.pid:
-                owner.setdefault(sp.pid, f"vLLM {port}")
+                owner.setdefault(sp.pid, f"vLLM {port}{where}")
         self.gpu_owner = owner
         self._follow_log(servers)
 
     def conn_ports(self) -> frozenset[int]:
-        """The ports of the watched servers whose connections this box's kernel holds: a local
-        URL, or one whose process discovery found here."""
+        """The ports of the watched servers whose connections this box's kernel holds in vtop's
+        network namespace: a local URL, or one whose process discovery found here (not one in a
+        network namespace of its own: :meth:`conn_netns`)."""
         out = set()
         for url, ws in self.servers.items():
             host, port = url_hostport(url)
+            if ws.process is not None and ws.process.own_netns:
+                continue
             if host in LOCAL_HOSTS or ws.process is not None:
                 out.add(port)
         return frozenset(out)
+
+    def conn_netns(self) -> list[tuple[str, int, int]]:
+        """``(url, pid, port inside)`` of each watched server that listens in a network namespace
+        of its own (a container): its connections are read there."""
+        return [(url, ws.process.pid, ws.process.inner_port) for url, ws in self.servers.items()
+                if ws.process is not None and ws.process.own_netns]
 
     def missing_evidence(self) -> list[str]:
         """The evidence vtop lacks now, each with what would give it (issue 49): the vLLM log, the
@@ -341,6 +381,17 @@ class Monitor:
         recorded): each local server takes those of its port."""
         if self.recorder is not None:
             self.recorder.conns(read)
+        url_of = getattr(read, "url", None)
+        if url_of is not None:
+            ws = self.servers.get(url_of)
+            if ws is None:
+                return
+            inner = ws.process.inner_port if ws.process is not None else url_hostport(url_of)[1]
+            ws.conns.feed(read.mono, [c for c in read.conns if c.port == inner], read.error)
+            if read.error is not None and url_of not in self._conn_errors_said:
+                self._conn_errors_said.add(url_of)  # once: it would be the same every read
+                self.notes.append(f"{url_of}: {read.error}")
+            return
         ports = self.conn_ports()
         for url, ws in self.servers.items():
             port = url_hostport(url)[1]
@@ -386,6 +437,7 @@ class Monitor:
         """One NVML poll (``names``: PID -> process name of its GPU processes)."""
         if names is not None:
             self.proc_names = names
+            self._say_unmapped(poll, names)
         if self.recorder is not None and self.live:
             self.recorder.gpu(poll, names)
         if poll.status in (ABSENT, OFF) or poll.gpus:
@@ -393,6 +445,20 @@ class Monitor:
         self.gpu_error = None
         self._changes.add(GPU)
         self._undiagnosed = True
+
+    def _say_unmapped(self, poll: GpuPoll, names: dict[int, str]) -> None:
+        """Once: the GPU processes vtop cannot tie to a process here (it runs in a container)."""
+        from vtop.sources.procs import UNMAPPED
+
+        if self._unmapped_said or not self.live:
+            return
+        pids = sorted({p.pid for g in poll.gpus for p in (g.procs or ()) if names.get(p.pid) == UNMAPPED})
+        if pids:
+            self._unmapped_said = True
+            self.notes.append(
+                f"vtop runs in a PID namespace of its own (a container without --pid=host): NVML gives the host's "
+                f"PIDs, so the GPU processes {', '.join(map(str, pids))} are not tied to any process or server here; "
+                "run vtop on the host, or in its container with --pid=host, to see whose they are")
 
     def apply_gpu_error(self, error: BaseException) -> None:
         self.gpu_error = f"GPU poll failed: {type(error).__name__}: {error}"
@@ -405,6 +471,38 @@ class Monitor:
         self.log_view = view
         self._changes.add(LOG)
         self._undiagnosed = True
+
+    # ----------------------------------------------------------------- download
+    def download_target(self) -> tuple[int | None, str] | None:
+        """(server pid, Hub repo) while the followed start may be downloading (process start, engine
+        init, weights) and its model is a Hub repo id, not a folder; else None (nothing to scan)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting" or lv.snapshot.current not in DOWNLOAD_PHASES:
+            return None
+        tgt = self.log_target
+        ws = self.servers.get(tgt) if tgt is not None else None
+        proc = ws.process if ws is not None else None
+        model = (proc.model if proc is not None else None) or lv.snapshot.facts.model
+        from vtop.sources.hfcache import is_repo_id
+
+        if model is None or not is_repo_id(model):
+            return None
+        return (proc.pid if proc is not None else None), model
+
+    def apply_download(self, scan: CacheScan | None) -> None:
+        """One scan of the Hub cache (None: nothing to scan now)."""
+        if scan is None:
+            return
+        self.download.add(scan)
+        self._changes.add(LOG)
+        self._undiagnosed = True
+
+    def download_progress(self) -> DownloadProgress | None:
+        """The download of the start being followed, while it starts (None: none seen)."""
+        lv = self.log_view
+        if lv is None or lv.snapshot.state != "starting":
+            return None
+        return self.download.progress(self.clock.monotonic())
 
     def apply_log_error(self, error: BaseException) -> None:
         self._say_log(f"vLLM log: reading failed: {type(error).__name__}: {error}")
@@ -531,6 +629,7 @@ class Monitor:
             gpus=self.gpu_history if self.gpu_history.tracks else None,
             log=log,
             conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
+            download=self.download_progress(),
             wall=self.clock.time(),
         )
 
@@ -549,12 +648,19 @@ class Monitor:
             ws.version += 1
         self.processes = []
         self.gpu_owner = {}
+        self.discovered_once = False
+        # the log's new tracker needs the launch of its server again: after a seek back the start
+        # read "process start 14 s" instead of 47 s (issue 38 item 1)
+        self._launch_marked = None
+        self.log_server = None
+        self._log_tried_for = None
         from vtop.core.rules import Diagnoser
 
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
         self.alerts = []
         self.alert_log = []
         self.log_view = None
+        self.download.reset()
         if self.log_watch is not None:
             self.log_watch.reset()
         self._changes.update((GPU, SERVERS, LOG, ALERTS))

@@ -1,6 +1,6 @@
 """Find running vLLM servers on this host from the process table.
 
-Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
+Why it works this way:
 
 * **Blocking, run from a thread.** One ``psutil.process_iter`` pass costs
   tens of milliseconds on a busy host; the caller runs
@@ -14,7 +14,7 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
   process can vanish between listing and reading).
 * **A server is a command line, not a title.** Titles like
   ``VLLM::EngineCore`` are set with setproctitle and any process can take
-  one (§7.23), so a server is only a ``vllm serve ...`` or
+  one, so a server is only a ``vllm serve ...`` or
   ``python -m vllm.entrypoints.openai.api_server ...`` command line run by
   Python; titled processes count only as that server's descendants. Titled
   processes with no server above them are reported as ``orphans`` (an
@@ -22,7 +22,7 @@ Why it works this way (``shared/docs/vllm-reference.md`` §5, §7):
 * **Forked children keep the parent's command line** (V0, <=0.9 fork), so
   a server candidate below another one is that server's child, not a
   second server.
-* **Which PID holds the GPU** (§5, §7.16): the API server never does. The
+* **Which PID holds the GPU**: the API server never does. The
   ``Worker*`` processes if there are any (TP/PP > 1, and 0.32's CPU build
   even at TP=1), else the ``EngineCore`` (V1, TP=1). With no titles at all
   (<=0.9) it is a guess: the non-helper descendants, else the server itself.
@@ -429,7 +429,9 @@ def read_processes() -> list[ProcRecord]:
 
 # comm (the kernel's 15-character name) of processes that may be vLLM or its children:
 # "vllm" (the launcher), "python3.12", "VLLM::EngineCor", "pt_main_thread", "ray::..".
-_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy")
+_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy",
+               # where a container's server is published and its files are (vtop/sources/containers.py)
+               "docker-pr", "dockerd")
 
 _BOOT: float | None = None
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -522,11 +524,38 @@ def _psutil_cpu(ct: Any) -> float | None:
         return None
 
 
+_ENRICHER: Any = None
+
+
 def discover(procs: Iterable[Any] | None = None) -> Discovery:
     """Servers and orphan vLLM processes in ``procs`` (default: the live
-    table via :func:`read_processes`). Never raises on odd records."""
+    table via :func:`read_processes`, each server then placed in its container,
+    pod or unit with its namespaces' PIDs and ports: :mod:`vtop.sources.containers`).
+    Never raises on odd records."""
+    global _ENRICHER
+    found = _discover(read_processes() if procs is None else procs)
+    if procs is not None or not found[0].servers:
+        return found[0]
+    from vtop.sources.containers import Enricher
+
+    if _ENRICHER is None:
+        _ENRICHER = Enricher()
+    try:
+        servers = _ENRICHER.enrich(found[0].servers, found[1])
+    except (OSError, ValueError):  # best effort: the servers as found
+        servers = list(found[0].servers)
+    return Discovery(tuple(servers), found[0].orphans)
+
+
+def enricher() -> Any:
+    """The live discovery's :class:`~vtop.sources.containers.Enricher` (what it read of the
+    containers' files), or None before the first scan that found a server."""
+    return _ENRICHER
+
+
+def _discover(procs: Iterable[Any]) -> tuple[Discovery, list[ProcRecord]]:
     records: dict[int, ProcRecord] = {}
-    for raw in read_processes() if procs is None else procs:
+    for raw in procs:
         rec = _coerce(raw)
         if rec is not None:
             records[rec.pid] = rec
@@ -588,7 +617,7 @@ def discover(procs: Iterable[Any] | None = None) -> Discovery:
         orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0, cpu=rec.cpu,
                                  state=rec.state))
     orphans.sort(key=lambda c: c.pid)
-    return Discovery(tuple(servers), tuple(orphans))
+    return Discovery(tuple(servers), tuple(orphans)), list(records.values())
 
 
 def discover_servers(procs: Iterable[Any] | None = None) -> list[ServerProcess]:
@@ -621,7 +650,7 @@ def _walk(root: int, records: Mapping[int, ProcRecord], kids: Mapping[int, list[
 
 
 def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChild, ...], tuple[int, ...], bool]:
-    """Which descendants hold the GPU (§5): workers, else engine cores; with
+    """Which descendants hold the GPU: workers, else engine cores; with
     no vLLM titles at all, the untitled descendants (a guess), else the
     server itself."""
     workers = [c.pid for c in children if c.role == "worker"]
@@ -637,7 +666,7 @@ def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChi
     gset = set(gpu)
     marked = tuple(
         VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth, c.cpu,
-                  c.state)
+                  state=c.state)
         for c in children
     )
     return marked, tuple(gpu), guessed

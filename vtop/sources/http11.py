@@ -1,7 +1,11 @@
 """The HTTP GET behind every scrape: asyncio streams, with h11 doing HTTP/1.1.
 
-Why not httpx here (httpx stays vtop's client for the test request and the
-probes behind keys, where its features earn their cost):
+vtop's one HTTP client: the scrapes (:meth:`HttpPool.get`) and the ``t`` key's test request
+(:meth:`HttpPool.stream`: a streamed POST read as it comes) go through the same pool.
+
+Why not httpx (it was the test request's client until then; for that one key it brought
+httpcore, anyio, certifi, idna and sniffio: 201 more modules, 117-134 ms of imports the
+first time ``t`` was pressed, measured with ``-X importtime`` on the busy 2-core dev VM):
 
 * **Cost.** A scrape runs once a second per server, forever, on a box that is
   busy serving a model. Measured on the 2-core dev VM against a local server
@@ -37,16 +41,17 @@ What it does and does not do:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
 import ssl
 import sys
 import zlib
-from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["HttpError", "HttpPool", "host_port", "split_url", "within"]
+__all__ = ["HttpError", "HttpPool", "Streamed", "host_port", "split_url", "within"]
 
 _T = TypeVar("_T")
 
@@ -307,6 +312,149 @@ class HttpPool:
             buf = bytearray()
             chunk = data = b""
             raise
+
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+        connect_timeout: float = 5.0,
+    ) -> AsyncIterator[Streamed]:
+        """One request on a new connection whose answer is read as it comes::
+
+            async with pool.stream("POST", url, headers=..., body=...) as r:
+                r.status; async for line in r.lines(): ...
+
+        Yields once the status line and headers are in. Raises :class:`HttpError`
+        (``refused``, ``dns``, ``timeout`` (connecting), ``reset``, ``other``); the caller
+        bounds the whole exchange with its deadline (a cancelled one closes the
+        connection). A new connection, never an idle one: a POST is not retried, and a
+        reused connection the server closed while idle would fail it. Kept for the
+        scrapes afterwards only when the answer was read to its end. No
+        ``Content-Encoding`` is undone here (``identity`` is asked for)."""
+        import h11
+
+        try:
+            scheme, host, port, target = split_url(url)
+        except ValueError as exc:
+            raise HttpError("other", str(exc)) from exc
+        origin = (scheme, host, port)
+        hp = host_port(host, port)
+        hdrs = [("Host", host if port in (80, 443) else f"{host}:{port}"), *headers]
+        if body or method.upper() in ("POST", "PUT", "PATCH"):
+            hdrs.append(("Content-Length", str(len(body))))
+        conn = await self._connect(scheme, host, port, connect_timeout)
+        keep = False
+        try:
+            p = conn.proto
+            try:
+                out = p.send(h11.Request(method=method, target=target, headers=hdrs))
+                if body:
+                    out += p.send(h11.Data(data=body))
+                conn.writer.write(out + p.send(h11.EndOfMessage()))
+            except (ConnectionError, RuntimeError) as exc:
+                raise HttpError("reset", f"{hp} closed the connection before the request was sent") from exc
+            r = Streamed(conn, hp)
+            while True:
+                ev = await r._event()
+                if isinstance(ev, h11.InformationalResponse):
+                    continue
+                if isinstance(ev, h11.Response):
+                    r.status = ev.status_code
+                    r.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in ev.headers]
+                    break
+                raise HttpError("reset", f"{hp} closed the connection without answering")
+            yield r
+            if r.done and p.our_state is h11.DONE and p.their_state is h11.DONE:
+                p.start_next_cycle()
+                keep = True
+        finally:
+            idle = self._idle.setdefault(origin, []) if keep else None
+            if idle is not None and len(idle) < self.max_idle:
+                idle.append(conn)
+            else:
+                conn.close()
+
+
+class Streamed:
+    """The answer of :meth:`HttpPool.stream`: ``status``, ``headers`` (lower-case names),
+    and its body as it comes: :meth:`chunks`, :meth:`lines` or :meth:`read`."""
+
+    def __init__(self, conn: _Conn, hp: str) -> None:
+        self._conn = conn
+        self._hp = hp
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.got = 0
+        """body bytes received so far"""
+        self.done = False
+        """the body was read to its end"""
+
+    async def _event(self) -> Any:
+        import h11
+
+        p = self._conn.proto
+        while True:
+            try:
+                ev = p.next_event()
+            except h11.RemoteProtocolError as exc:
+                if self.status is None:
+                    raise HttpError("other", f"{self._hp} did not answer in HTTP ({exc})") from exc
+                raise HttpError("reset", f"{self._hp} dropped the connection before the answer was complete",
+                                self.got, self.status) from exc
+            if ev is not h11.NEED_DATA:
+                return ev
+            try:
+                data = await self._conn.reader.read(_READ)
+            except (ConnectionError, OSError) as exc:
+                raise HttpError("reset", f"{self._hp} dropped the connection"
+                                + (" before the answer was complete" if self.status is not None else
+                                   " without answering"), self.got, self.status) from exc
+            p.receive_data(data)  # b"" is the end of the stream
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body; None at its end. Raises :class:`HttpError`."""
+        import h11
+
+        if self.done:
+            return None
+        while True:
+            ev = await self._event()
+            if isinstance(ev, h11.Data):
+                self.got += len(ev.data)
+                return bytes(ev.data)
+            if isinstance(ev, h11.EndOfMessage):
+                self.done = True
+                return None
+            raise HttpError("reset", f"{self._hp} dropped the connection before the answer was complete",
+                            self.got, self.status)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (chunk := await self.next_chunk()) is not None:
+            yield chunk
+
+    async def read(self, limit: int) -> bytes:
+        """The body, or its first ``limit`` bytes (the rest is not read)."""
+        buf = bytearray()
+        while len(buf) < limit and (chunk := await self.next_chunk()) is not None:
+            buf += chunk
+        return bytes(buf[:limit])
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The body's lines (LF or CRLF), decoded as UTF-8 (bad bytes replaced), without
+        their ends; a last line without an end comes too."""
+        buf = b""
+        while (chunk := await self.next_chunk()) is not None:
+            buf += chunk
+            *whole, buf = buf.split(b"\n")
+            for ln in whole:
+                yield ln.rstrip(b"\r").decode("utf-8", "replace")
+        if buf:
+            yield buf.rstrip(b"\r").decode("utf-8", "replace")
 
 
 def _refused(exc: OSError) -> bool:

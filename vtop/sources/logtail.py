@@ -4,7 +4,7 @@ No Textual and no threads here: vtop calls ``poll()`` from a thread worker, and
 each call does a bounded amount of work (at most ``max_read`` bytes, 4 MiB by
 default), so one poll never stalls the worker however far behind it is.
 
-Why it is built this way (``docs/textual-style.md`` §1 item 10 and §5.2):
+Why it is built this way:
 
 * Like toolong, the file is opened unbuffered in binary and read with
   ``os.pread``; the last startup of a multi-GB log is found by scanning
@@ -27,8 +27,12 @@ import os
 import re
 import select
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+if TYPE_CHECKING:
+    from vtop.sources.logformats import RecordDecoder
 
 from vtop.model.logtext import banner_version, is_progress_frame, split_glued, strip_ansi
 
@@ -58,8 +62,9 @@ _READ_CHUNK = 1024 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 _SIG_LEN = 32
 
-# Fixed byte strings every banner form contains; candidates are then checked with
-# the banner regexes (docs/vllm-reference.md §2.2 rows 1 and 1b).
+# Fixed byte strings every banner form contains ("vLLM API server version X" up to 0.12, "vLLM server
+# version X, serving model M" or the logo's "version X" line since 0.13); candidates are then checked
+# with the banner regexes (vtop/model/logtext.py, banner_version).
 _BANNER_NEEDLES = (b"API server version ", b"vLLM server version ", b"  version ")
 _TQDM_HINT_RE = re.compile(r"\d/\d+ \[")
 
@@ -188,9 +193,9 @@ def _header(line: bytes) -> bytes | None:
     return line[: j + 1] if i > 0 and j > 0 else None
 
 
-def _logo_start(fd: int, start: int, line: bytes) -> int:
+def _logo_start(fd: int, start: int, line: bytes, unwrap: Callable[[bytes], bytes] | None = None) -> int:
     """Back up over the two logo lines above the version line (0.13+), which share its header."""
-    head = _header(line)
+    head = _header(unwrap(line) if unwrap else line)
     if head is None or start == 0:
         return start
     back = min(start, 4096)
@@ -202,7 +207,7 @@ def _logo_start(fd: int, start: int, line: bytes) -> int:
         lines = lines[1:]  # the first one may be cut
     pos = start
     for prev in reversed(lines[-2:]):
-        if _header(prev.rstrip(b"\r")) != head:
+        if _header(unwrap(prev) if unwrap else prev.rstrip(b"\r")) != head:
             break
         pos -= len(prev) + 1
     return pos
@@ -215,6 +220,7 @@ def find_last_startup(
     max_scan: int = DEFAULT_MAX_SCAN,
     tail_bytes: int = DEFAULT_TAIL_BYTES,
     chunk: int = _SCAN_CHUNK,
+    unwrap: Callable[[bytes], bytes] | None = None,
 ) -> StartupScan:
     """Find the last vLLM startup banner by scanning backwards from the end.
 
@@ -222,7 +228,8 @@ def find_last_startup(
     needles, checks each candidate line with the banner regexes, and stops at the
     first real banner, so the cost is proportional to what follows the last
     start, capped at ``max_scan`` bytes. With no banner in reach, returns the start
-    of the first whole line within the last ``tail_bytes``.
+    of the first whole line within the last ``tail_bytes``. ``unwrap`` turns a line of the file
+    into the process's text (a container runtime's record: :mod:`vtop.sources.logformats`).
     """
     if size is None:
         size = os.fstat(fd).st_size
@@ -242,9 +249,9 @@ def find_last_startup(
             if best < 0:
                 break
             start, line = _line_bounds(fd, lo + best, size)
-            version = banner_version(line.decode("utf-8", "replace"))
+            version = banner_version((unwrap(line) if unwrap else line).decode("utf-8", "replace"))
             if version is not None:
-                return StartupScan(_logo_start(fd, start, line), True, version, scanned)
+                return StartupScan(_logo_start(fd, start, line, unwrap), True, version, scanned)
             limit = best
         hi = lo
     if size <= tail_bytes:
@@ -288,6 +295,9 @@ class LogSource(Protocol):
     @property
     def state(self) -> TailState: ...
 
+    # optional: ``poll_timed() -> list[tuple[str, float | None]]``, each line with the wall-clock
+    # time its writer stamped on it when it read it (a container runtime's log, journald)
+
     def close(self) -> None: ...
 
 
@@ -309,8 +319,16 @@ class LogTailer:
         max_scan: int = DEFAULT_MAX_SCAN,
         tail_bytes: int = DEFAULT_TAIL_BYTES,
         max_line: int = DEFAULT_MAX_LINE,
+        decoder: RecordDecoder | None = None,
+        label: str | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        #: a container runtime's records around the process's bytes (:mod:`vtop.sources.logformats`)
+        self.decoder = decoder
+        #: what the file is, for the screen ("docker json-file of vllm-0"); None: a plain log file
+        self.label = label
+        self._times: list[float | None] = []
+        self._rotating = False
         self._jump = jump_to_last_startup
         self._max_read = max_read
         self._max_scan = max_scan
@@ -373,18 +391,30 @@ class LogTailer:
                 bounds.add((a, b))
                 i = data.find(needle, b, last)
         out: list[str] = []
+        dec = self.decoder
         for a, b in sorted(bounds):
-            out.extend(split_glued(strip_ansi(data[a:b].decode("utf-8", "replace"))))
+            raw = data[a:b] if dec is None else b"".join(dec.unwrap(r) + b"\n" for r in data[a:b].split(b"\n"))
+            for text in strip_ansi(raw.decode("utf-8", "replace")).split("\n"):
+                if text:
+                    out.extend(split_glued(text))
         return out
 
     def poll(self) -> list[str]:
         """New complete lines since the last poll (at most ``max_read`` bytes' worth)."""
+        self._times = []
         try:
             return self._poll()
         except OSError as exc:
             self.close()
             self._set("error", f"cannot read {self.path}: {exc.strerror or exc}")
             return []
+
+    def poll_timed(self) -> list[tuple[str, float | None]]:
+        """:meth:`poll` with each line's time as its writer stamped it (a runtime's record: when it
+        read the line from the process; None for a plain file, whose lines carry none)."""
+        lines = self.poll()
+        times = self._times if len(self._times) == len(lines) else [None] * len(lines)
+        return list(zip(lines, times))
 
     # -- internals
 
@@ -436,24 +466,102 @@ class LogTailer:
         if ident == self._ident and st.st_size >= self._offset:
             pass  # reopened after an error: resume where we were
         elif self._ident is None and not self._from_start:
-            self._scan = find_last_startup(fd, st.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes)
+            unwrap = self.decoder.unwrap if self.decoder is not None else None
+            self._scan = find_last_startup(fd, st.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes,
+                                           unwrap=unwrap)
+            if not self._scan.found and self.decoder is not None:
+                # A runtime's file rotated since the start: begin in the rotated file that holds it, go on in
+                # this one as after any rotation (the next poll sees the path is another file)
+                fd, st = self._from_rotated(fd, st)
+                ident = (st.st_dev, st.st_ino)
             self._offset = self._scan.offset
-            self._splitter.reset()
+            self._reset_decoding()
             back = min(_SIG_LEN, self._offset)
             self._sig = os.pread(fd, back, self._offset - back) if back else b""
         else:
             self._offset = 0
             self._sig = b""
-            self._splitter.reset()
+            if self._rotating and self.decoder is not None:
+                self.decoder.reset()  # the process's stream goes on in the new file: keep its partial line
+            else:
+                self._reset_decoding()
         f = open(fd, "rb", buffering=0)  # noqa: SIM115 - unbuffered, kept open across polls
         self._file, self._ident = f, ident
         return True
+
+    def rotated_sibling(self) -> str | None:
+        """The newest rotated copy of the file beside it: docker's ``ID-json.log.1``, the kubelet's
+        ``0.log.20261204-201500`` (compressed ones left out); None when there is none."""
+        folder, base = os.path.split(self.path)
+        numbered: list[tuple[int, str]] = []  # docker: .1 is the newest
+        stamped: list[tuple[str, str]] = []  # the kubelet: the latest time is the newest
+        try:
+            for e in os.scandir(folder or "."):
+                suffix = e.name[len(base) + 1:] if e.name.startswith(base + ".") else ""
+                if suffix.isdigit():
+                    numbered.append((int(suffix), e.path))
+                elif re.fullmatch(r"\d{8}-\d{6}", suffix):
+                    stamped.append((suffix, e.path))
+        except OSError:
+            return None
+        if numbered:
+            return min(numbered)[1]
+        return max(stamped)[1] if stamped else None
+
+    def _from_rotated(self, fd: int, st: os.stat_result) -> tuple[int, os.stat_result]:
+        """``(fd, stat)`` of the rotated copy holding the last startup, positioned by ``self._scan``; the
+        file given back unchanged when none holds it."""
+        sib = self.rotated_sibling()
+        if sib is None:
+            return fd, st
+        try:
+            sfd = os.open(sib, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return fd, st
+        sst = os.fstat(sfd)
+        assert self.decoder is not None
+        scan = find_last_startup(sfd, sst.st_size, max_scan=self._max_scan, tail_bytes=self._tail_bytes,
+                                 unwrap=self.decoder.unwrap)
+        if not scan.found:
+            os.close(sfd)
+            return fd, st
+        os.close(fd)
+        self._scan = scan
+        return sfd, sst
 
     def _sig_ok(self, fd: int) -> bool:
         if not self._sig:
             return True
         n = len(self._sig)
         return os.pread(fd, n, self._offset - n) == self._sig
+
+    def _reset_decoding(self) -> None:
+        self._splitter.reset()
+        if self.decoder is not None:
+            self.decoder.reset()
+
+    def _feed(self, chunk: bytes) -> list[str]:
+        """Bytes of the file -> lines (through the runtime's records, each line timed, when there are)."""
+        dec = self.decoder
+        if dec is None:
+            return self._splitter.feed(chunk)
+        out: list[str] = []
+        for payload, t in dec.feed(chunk):
+            lines = self._splitter.feed(payload)
+            out.extend(lines)
+            self._times.extend([t] * len(lines))
+        return out
+
+    def _flush(self) -> list[str]:
+        """The end of a file (rotated away): its last record and partial line."""
+        out = []
+        if self.decoder is not None:
+            for payload, t in self.decoder.flush():
+                lines = self._splitter.feed(payload)
+                out.extend(lines)
+                self._times.extend([t] * len(lines))
+            return out  # a runtime's file: the stream goes on in the next one, partial line and all
+        return self._splitter.flush()
 
     def _read(self, fd: int, budget: int) -> tuple[int, list[str]]:
         total = 0
@@ -465,7 +573,7 @@ class LogTailer:
             self._offset += len(chunk)
             total += len(chunk)
             self._sig = chunk[-_SIG_LEN:] if len(chunk) >= _SIG_LEN else (self._sig + chunk)[-_SIG_LEN:]
-            out.extend(self._splitter.feed(chunk))
+            out.extend(self._feed(chunk))
         return total, out
 
     def _poll(self) -> list[str]:
@@ -489,11 +597,16 @@ class LogTailer:
             if self._offset < os.fstat(fd).st_size:
                 self._set("following", "log file replaced; finishing the old one", st_fd.st_size)
                 return out
-            out.extend(self._splitter.flush())
+            out.extend(self._flush())
             self.close()
             self._restarts += 1
             self._from_start = True
-            if not self._open():
+            self._rotating = True
+            try:
+                opened = self._open()
+            finally:
+                self._rotating = False
+            if not opened:
                 return out
             assert self._file is not None
             fd = self._file.fileno()
@@ -502,7 +615,7 @@ class LogTailer:
         if st_fd.st_size < self._offset or not self._sig_ok(fd):
             self._offset = 0
             self._sig = b""
-            self._splitter.reset()
+            self._reset_decoding()
             self._restarts += 1
             message = "log file truncated; reading it again from its start"
         _, lines = self._read(fd, budget)

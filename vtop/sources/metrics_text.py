@@ -23,7 +23,7 @@ Why this module looks the way it does:
   1. Comment lines are dropped and only the sample names we read are kept
      (a cheap ``startswith`` plus a dict lookup). HELP/TYPE carry nothing we
      need: the vLLM names are known and the ``_bucket/_sum/_count/_total``
-     suffixes are on the wire (reference §1.1). This also keeps the
+     suffixes are on the wire. This also keeps the
      library's quadratic comment splitting (``_split_quoted``) away from
      hostile input.
   2. A line cache: the text left of the value (``name{labels}``) is the same
@@ -46,7 +46,8 @@ Why this module looks the way it does:
      input costs at most about a second instead of the library's quadratic
      corners (long runs of backslashes and escaped quotes).
 
-Metric names follow ``shared/docs/vllm-reference.md`` §1 (0.6 to 0.33):
+Metric names, vLLM 0.6 to 0.33 (the tables below, ``_GAUGES`` to ``_HISTOGRAMS``, say which spelling is
+read where two exist):
 ``kv_cache_usage_perc`` is preferred over ``gpu_cache_usage_perc`` (both are
 0..1 fractions; 0.9.2-0.10 expose both), ``inter_token_latency_seconds``
 over ``time_per_output_token_seconds``, counters always end in ``_total`` on
@@ -58,7 +59,7 @@ real vLLM 0.32.0 CPU build (tests/fixtures/vllm/signals/, tools/record_signals.p
 "recorded 0.26": seen on a real vLLM 0.26.0 CUDA build on an H200 (tests/fixtures/vllm/signals/h200-0.26.0/,
 2026-12-02: n-gram spec decode + prefix caching, ``--enable-sleep-mode`` at levels 1 and 2,
 ``--kv-offloading-size 8``); "source": read in vLLM 0.32's source (``vllm/v1/metrics/loggers.py``,
-``vllm/v1/spec_decode/metrics.py``) and, for other versions, shared/docs/vllm-reference.md §1 only.
+``vllm/v1/spec_decode/metrics.py``) and, for other versions, in the vLLM sources of that version.
 
 * Speculative decoding, V1 0.8.5+ (recorded 0.32 and 0.26, n-gram method):
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
@@ -491,48 +492,56 @@ class _Collector:
     def add(self, rec: _Rec, value: float) -> None:
         # Called for every line we read (~140 a payload, most of them histogram
         # buckets), so: one set operation to spot a duplicate, and no default dicts
-        # built for setdefault() to throw away.
+        # built for setdefault() to throw away; the rare kinds in their own methods.
         seen = self.seen
         n = len(seen)
         seen.add(rec.key)
         if len(seen) == n:
-            self.duplicates += 1
-            if self.duplicates <= 3:
-                self.problems.add(f"duplicate series {rec.key}: kept the last value")
+            self._duplicate(rec)
         if rec.bad:
             self.problems.add(rec.bad)
             return
         kind = rec.kind
         if kind == "server" or kind == "info":
-            if not (0.0 <= value < math.inf):
-                self.problems.add(f"{rec.key}: unusable value {value!r}")
-            elif kind == "server":
-                self.server.setdefault(rec.attr, {}).setdefault(rec.sub, {})[rec.key] = value
-            else:
-                self.infos.setdefault(rec.attr, []).append((rec.engine, rec.sub, value))
-            if rec.name.startswith("vllm:"):
-                self.vllm = True
+            self._add_server_level(rec, value)
             return
         self.vllm = True
         engine = rec.engine
-        model = rec.model
-        if model is not None and engine not in self.models:
-            self.models[engine] = model
-            if model not in self.model_names:
-                self.model_names.append(model)
+        if rec.model is not None and engine not in self.models:
+            self._model(engine, rec.model)
         if kind == "hist_bucket":
             family, bound = rec.sub
             self._hist(engine, family)["le"][bound] = value
         elif kind == "gauge" or kind == "counter" or kind == "labelled":
             if not (0.0 <= value < math.inf):  # also False for NaN
                 self.problems.add(f"{rec.key}: unusable value {value!r}")
-                return
-            if kind == "labelled":
+            elif kind == "labelled":
                 self.labelled.setdefault(engine, {}).setdefault(rec.attr, {})[rec.sub] = value
             else:
                 self.plain.setdefault(engine, {}).setdefault(rec.attr, {})[rec.key] = value
         else:
             self._hist(engine, rec.sub)["sum" if kind == "hist_sum" else "count"] = value
+
+    def _duplicate(self, rec: _Rec) -> None:
+        self.duplicates += 1
+        if self.duplicates <= 3:
+            self.problems.add(f"duplicate series {rec.key}: kept the last value")
+
+    def _add_server_level(self, rec: _Rec, value: float) -> None:
+        """A server-level family (no engine) or an info gauge."""
+        if not (0.0 <= value < math.inf):
+            self.problems.add(f"{rec.key}: unusable value {value!r}")
+        elif rec.kind == "server":
+            self.server.setdefault(rec.attr, {}).setdefault(rec.sub, {})[rec.key] = value
+        else:
+            self.infos.setdefault(rec.attr, []).append((rec.engine, rec.sub, value))
+        if rec.name.startswith("vllm:"):
+            self.vllm = True
+
+    def _model(self, engine: str | None, model: str) -> None:
+        self.models[engine] = model
+        if model not in self.model_names:
+            self.model_names.append(model)
 
     def _hist(self, engine: str | None, family: str) -> dict[str, Any]:
         fams = self.hists.get(engine)
@@ -728,177 +737,266 @@ def parse_vllm_metrics(payload: str | bytes, *, use_cache: bool = True) -> VllmM
 
 
 def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics:
+    """The pipeline: the text (:func:`_payload_lines`), each line read or set aside (:class:`_Scan`),
+    the library's answers for the lines set aside, everything filed in line order (:class:`_Collector`),
+    then one row per engine and the totals over engines (:func:`_metrics`)."""
+    got = _payload_lines(payload, problems)
+    if got is None:
+        return VllmMetrics(problems=problems.result())
+    text, lines = got
+    scan = _Scan(problems, use_cache)
+    scan.skipped = _cut_off_last_line(lines, problems)
+    scan.read(lines)
+    scan.ask_library()
+    scan.file()
+    col = scan.col
+    rows = tuple(_engine_row(e, col, problems) for e in sorted(
+        set(col.plain) | set(col.labelled) | set(col.hists), key=_engine_sort_key))
+    if not scan.is_vllm:
+        problems.add(_not_vllm(text, scan.saw_sample_shape))
+    else:
+        _missing_core(rows, problems)
+    return _metrics(rows, col, scan, problems)
+
+
+def _payload_lines(payload: object, problems: _Problems) -> tuple[str, list[str]] | None:
+    """The payload's text and its lines (split on ``"\\n"`` only, as the library does: io.StringIO),
+    or None when there is nothing to read; a payload over ``MAX_PAYLOAD_CHARS`` is cut at a line's end."""
     text = _coerce_text(payload, problems)
     if text is None:
-        return VllmMetrics(problems=problems.result())
+        return None
     if not text.strip():
         problems.add("empty payload")
-        return VllmMetrics(problems=problems.result())
+        return None
     if len(text) > MAX_PAYLOAD_CHARS:
         cut = text.rfind("\n", 0, MAX_PAYLOAD_CHARS)
         text = text[: cut + 1 if cut >= 0 else MAX_PAYLOAD_CHARS]
         problems.add(f"payload larger than {MAX_PAYLOAD_CHARS} characters: the rest was ignored")
+    return text, text.split("\n")
 
-    cut_off = 0
-    lines = text.split("\n")  # the library splits on "\n" only (io.StringIO)
-    if lines and lines[-1].strip():
-        # prometheus_client always ends with a newline. A last line without
-        # one is a cut-off payload; its value may be cut too ("3398" of
-        # "339800.0"), which would read as a counter reset. Drop it.
-        last = lines[-1].strip()
-        if _NAME_RE.match(last).group() in _WANTED:  # type: ignore[union-attr]
-            problems.add(f"payload cut off: ignored the unterminated last line {_short(last)}")
-            cut_off = 1
-        lines[-1] = ""
 
-    is_vllm = False
-    col = _Collector(problems)
-    add = col.add
-    skipped = cut_off
-    cache = _LINE_CACHE
-    # (line number, record or None, value or problem text). Cache hits and
-    # library results are applied in line order, so that the cache can
-    # never change which of two duplicate lines wins, or the problem order.
-    events: list[tuple[int, _Rec | None, Any]] = []
-    misses: list[str] = []
-    miss_lineno: list[int] = []
-    miss_chars = 0
-    # A line with the label block of an earlier miss (a bucket: bar its le
-    # value) waits for that line's library answer (see _line_template).
-    miss_tkey: dict[int, tuple[object, str | None, str]] = {}  # misses index -> (template, le, name)
-    miss_tkey_seen: set[object] = set()
-    # (lineno, line, name, head, tok, le, template)
-    derived: list[tuple[int, str, str, str, str, str | None, object]] = []
-    lib_budget_hit = False
-    saw_sample_shape = False
+def _cut_off_last_line(lines: list[str], problems: _Problems) -> int:
+    """prometheus_client always ends with a newline. A last line without one is a cut-off payload;
+    its value may be cut too ("3398" of "339800.0"), which would read as a counter reset: drop it.
+    Returns 1 when it was a line we read (a skipped line), else 0."""
+    if not (lines and lines[-1].strip()):
+        return 0
+    last = lines[-1].strip()
+    lines[-1] = ""
+    if _NAME_RE.match(last).group() in _WANTED:  # type: ignore[union-attr]
+        problems.add(f"payload cut off: ignored the unterminated last line {_short(last)}")
+        return 1
+    return 0
 
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line[0] == "#":
-            if not is_vllm and (line.startswith("# TYPE vllm:") or line.startswith("# HELP vllm:")):
-                is_vllm = True
-            continue
-        if use_cache and "\t" not in line:
-            head, sep, tok = line.rpartition(" ")
-            if sep:
-                rec = cache.get(head, _MISS)
-                if rec is None:  # a name we do not read
-                    continue
-                # _value() inlined: this is the path of nearly every line of a warm parse
-                if rec is not _MISS and "_" not in tok and tok == tok.strip():
-                    try:
-                        v = float(tok)
-                    except (ValueError, OverflowError):
-                        pass  # let the library say what is wrong
+
+#: a comment line that says the payload is vLLM's
+_VLLM_COMMENTS = ("# TYPE vllm:", "# HELP vllm:")
+#: the sample lines that may hold a name we read
+_READ_PREFIXES = ("vllm:", "http_requests_total")
+#: the line cache when it is not used (``use_cache=False``): every line misses
+_NO_CACHE: dict[str, _Rec | None] = {}
+
+
+class _Scan:
+    """One parse's lines: each one filed at once (a line cache hit), skipped (a comment, a name we
+    do not read), or set aside for the library; then the library's answers, and everything filed
+    in line order.
+
+    Cache hits and library results are applied in line order, so that the cache can never change
+    which of two duplicate lines wins, or the problems' order: ``events`` holds (line number,
+    record or None, value or problem text) from the first line set aside on."""
+
+    def __init__(self, problems: _Problems, use_cache: bool) -> None:
+        self.problems = problems
+        self.use_cache = use_cache
+        self.cache = _LINE_CACHE if use_cache else _NO_CACHE
+        self.col = _Collector(problems)
+        self.is_vllm = False
+        self.saw_sample_shape = False
+        self.skipped = 0
+        self.events: list[tuple[int, _Rec | None, Any]] = []
+        # the lines for the library, and their line numbers
+        self.misses: list[str] = []
+        self.miss_lineno: list[int] = []
+        self.lib_budget_hit = False
+        # A line with the label block of an earlier miss (a bucket: bar its le value) waits for that
+        # line's library answer (see _line_template): misses index -> (template, le, name) of the first
+        # line of each template, and the later lines as (lineno, line, name, head, tok, le, template).
+        self.miss_tkey: dict[int, tuple[object, str | None, str]] = {}
+        self.miss_tkey_seen: set[object] = set()
+        self.derived: list[tuple[int, str, str, str, str, str | None, object]] = []
+
+    def read(self, lines: list[str]) -> None:
+        """Every line once. A cache hit is filed here and now: this loop is the whole of a warm parse
+        (~140 sample lines), so it does the least it can for one (the value as ``_value`` reads it,
+        inlined); the other lines that may hold a name we read are set aside, in order, for
+        :meth:`_sort_aside`."""
+        cache, events, add = self.cache, self.events, self.col.add
+        aside: list[tuple[int, str]] = []
+        is_vllm = False
+        for lineno, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line[0] == "#":
+                is_vllm = is_vllm or line.startswith(_VLLM_COMMENTS)
+                continue
+            head, _, tok = line.rpartition(" ")
+            rec = cache.get(head, _MISS) if "\t" not in line else _MISS
+            if rec is None:  # a name we do not read
+                continue
+            if rec is not _MISS and "_" not in tok and tok == tok.strip():
+                try:
+                    v = float(tok)
+                except ValueError:
+                    pass  # let the library say what is wrong
+                else:
+                    if aside:  # an earlier line may wait to be filed: this one waits too, in line order
+                        events.append((lineno, rec, v))
                     else:
-                        if misses or events:
-                            events.append((lineno, rec, v))
-                        else:  # nothing earlier is waiting to be filed: file it now, in line order
-                            add(rec, v)
-                        continue
-        if not line.startswith(("vllm:", "http_requests_total")):
-            continue
-        name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
-        if name not in _WANTED:
-            if use_cache and "\t" not in line:
+                        add(rec, v)
+                    continue
+            if line.startswith(_READ_PREFIXES):
+                aside.append((lineno, line))
+        self.is_vllm = is_vllm
+        if aside:
+            self._sort_aside(aside)
+
+    def _sort_aside(self, aside: list[tuple[int, str]]) -> None:
+        """The lines the cache did not answer: each one for the library, or waiting for an earlier
+        line's labels (:func:`_line_template`), or skipped (a name we do not read; over a limit: said)."""
+        use_cache, cache, events = self.use_cache, self.cache, self.events
+        misses, miss_lineno = self.misses, self.miss_lineno
+        seen, first_of, derived = self.miss_tkey_seen, self.miss_tkey, self.derived
+        chars = 0
+        for lineno, line in aside:
+            name = _NAME_RE.match(line).group()  # type: ignore[union-attr]
+            if name not in _WANTED:  # cached as a name we do not read (bounded: emptied when full)
                 head, sep, _ = line.rpartition(" ")
-                if sep:
+                if use_cache and sep and "\t" not in line:
                     if len(cache) >= _CACHE_MAX_ENTRIES:
                         cache.clear()
                     cache[head] = None
-            continue
-        saw_sample_shape = True
-        if len(line) > MAX_LINE_CHARS:
-            skipped += 1
-            events.append((lineno, None, f"line {lineno}: {len(line)} characters, too long to parse: {_short(line)}"))
-            continue
-        if miss_chars + len(line) > MAX_LIBRARY_CHARS_PER_PARSE:
-            skipped += 1
-            lib_budget_hit = True
-            continue
-        miss_chars += len(line) + 1
-        if use_cache:
-            split = _line_template(line, name, _WANTED[name][0] == "hist_bucket")
+                continue
+            self.saw_sample_shape = True
+            if len(line) > MAX_LINE_CHARS:
+                self.skipped += 1
+                events.append((lineno, None, f"line {lineno}: {len(line)} characters, too long to parse: {_short(line)}"))
+                continue
+            if chars + len(line) > MAX_LIBRARY_CHARS_PER_PARSE:
+                self.skipped += 1
+                self.lib_budget_hit = True
+                continue
+            chars += len(line) + 1
+            split = _line_template(line, name, _WANTED[name][0] == "hist_bucket") if use_cache else None
             if split is not None:
                 head, tok, le, tkey = split
-                if tkey in miss_tkey_seen:
+                if tkey in seen:
                     derived.append((lineno, line, name, head, tok, le, tkey))
                     continue
-                miss_tkey_seen.add(tkey)
-                miss_tkey[len(misses)] = (tkey, le, name)
-        misses.append(line)
-        miss_lineno.append(lineno)
+                seen.add(tkey)
+                first_of[len(misses)] = (tkey, le, name)
+            misses.append(line)
+            miss_lineno.append(lineno)
 
-    if lib_budget_hit:
-        problems.add(f"more than {MAX_LIBRARY_CHARS_PER_PARSE} characters of new lines: the rest was skipped")
-
-    if misses:
+    def ask_library(self) -> None:
+        """The library reads the lines set aside; the lines that wait for a template take its labels."""
+        if self.lib_budget_hit:
+            self.problems.add(f"more than {MAX_LIBRARY_CHARS_PER_PARSE} characters of new lines: the rest was skipped")
+        if not self.misses:
+            return
         templates: dict[object, Mapping[str, str]] = {}
-        skipped += _run_library(misses, miss_lineno, events, cache if use_cache else None, miss_tkey, templates)
-        if derived:
-            again: list[str] = []
-            again_lineno: list[int] = []
-            for lineno, line, name, head, tok, le, tkey in derived:
-                tpl = templates.get(tkey)
-                if tpl is not None:
-                    try:
-                        value = _value(tok)
-                    except (ValueError, OverflowError):
-                        pass
-                    else:
-                        rec = _Rec(name, tpl if le is None else {**tpl, "le": le})
-                        events.append((lineno, rec, value))
-                        if len(cache) >= _CACHE_MAX_ENTRIES:
-                            cache.clear()
-                        cache[head] = rec
-                        continue
-                # the template line did not parse (or this value is bad): the library says why
+        self.skipped += _run_library(self.misses, self.miss_lineno, self.events,
+                                     self.cache if self.use_cache else None, self.miss_tkey, templates)
+        again, again_lineno = self._from_templates(templates)
+        if again:
+            self.skipped += _run_library(again, again_lineno, self.events, self.cache, None, None)
+
+    def _from_templates(self, templates: Mapping[object, Mapping[str, str]]) -> tuple[list[str], list[int]]:
+        """The lines that waited, read with their template's labels (and cached); those whose template
+        line did not parse (or whose value is bad) are returned, for the library to say why."""
+        again: list[str] = []
+        again_lineno: list[int] = []
+        events, cache = self.events, self.cache
+        for lineno, line, name, head, tok, le, tkey in self.derived:
+            tpl = templates.get(tkey)
+            try:
+                value = _value(tok) if tpl is not None else None
+            except (ValueError, OverflowError):
+                value = None
+            if tpl is None or value is None:
                 again.append(line)
                 again_lineno.append(lineno)
-            if again:
-                skipped += _run_library(again, again_lineno, events, cache, None, None)
-        events.sort(key=_first)
+                continue
+            rec = _Rec(name, tpl if le is None else {**tpl, "le": le})
+            events.append((lineno, rec, value))
+            if len(cache) >= _CACHE_MAX_ENTRIES:
+                cache.clear()
+            cache[head] = rec
+        return again, again_lineno
 
-    if col.vllm:
-        is_vllm = True
-    if col.seen:
-        saw_sample_shape = True
-    for _, rec, what in events:
-        if rec is None:
-            problems.add(what)
-        else:
-            add(rec, what)
-            saw_sample_shape = True
-    if col.vllm:
-        is_vllm = True
+    def file(self) -> None:
+        """What waited, filed in line order: samples into the collector, problems said."""
+        col = self.col
+        saw = self.saw_sample_shape or bool(col.seen)
+        self.events.sort(key=_first)
+        for _, rec, what in self.events:
+            if rec is None:
+                self.problems.add(what)
+            else:
+                col.add(rec, what)
+                saw = True
+        self.saw_sample_shape = saw
+        self.is_vllm = self.is_vllm or col.vllm
 
-    engine_keys = sorted(set(col.plain) | set(col.labelled) | set(col.hists), key=_engine_sort_key)
-    rows = tuple(_engine_row(e, col, problems) for e in engine_keys)
 
-    if not is_vllm:
-        low = text.lstrip()[:200].lower()
-        if low.startswith("<") or "<html" in low:
-            problems.add("payload looks like HTML, not Prometheus text")
-        elif not saw_sample_shape and "# TYPE " not in text:
-            problems.add("payload does not look like Prometheus text")
-        else:
-            problems.add("no vllm: metrics (V1 with --disable-log-stats exports none)")
-    elif rows:
-        core = {
-            "vllm:num_requests_running": [r.running for r in rows],
-            "vllm:num_requests_waiting": [r.waiting for r in rows],
-            "vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc": [r.kv_cache_usage for r in rows],
-            "vllm:prompt_tokens_total": [r.prompt_tokens_total for r in rows],
-            "vllm:generation_tokens_total": [r.generation_tokens_total for r in rows],
-        }
-        for what, vals in core.items():
-            if all(v is None for v in vals):
-                problems.add(f"{what} missing")
-            elif any(v is None for v in vals):
-                problems.add(f"{what} missing on some engines: total is partial")
+def _not_vllm(text: str, saw_sample_shape: bool) -> str:
+    """Why a payload without vLLM's families is not read, in one line."""
+    low = text.lstrip()[:200].lower()
+    if low.startswith("<") or "<html" in low:
+        return "payload looks like HTML, not Prometheus text"
+    if not saw_sample_shape and "# TYPE " not in text:
+        return "payload does not look like Prometheus text"
+    return "no vllm: metrics (V1 with --disable-log-stats exports none)"
 
+
+#: the families every vLLM serves: said missing when no engine has them, partial when some lack them
+_CORE: tuple[tuple[str, str], ...] = (
+    ("vllm:num_requests_running", "running"),
+    ("vllm:num_requests_waiting", "waiting"),
+    ("vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc", "kv_cache_usage"),
+    ("vllm:prompt_tokens_total", "prompt_tokens_total"),
+    ("vllm:generation_tokens_total", "generation_tokens_total"),
+)
+
+
+def _missing_core(rows: tuple[EngineMetrics, ...], problems: _Problems) -> None:
+    if not rows:
+        return
+    for what, attr in _CORE:
+        vals = [getattr(r, attr) for r in rows]
+        if all(v is None for v in vals):
+            problems.add(f"{what} missing")
+        elif any(v is None for v in vals):
+            problems.add(f"{what} missing on some engines: total is partial")
+
+
+#: the totals over engines: summed numbers (None when no engine has one), and summed maps by label
+_SUMMED = ("running", "waiting", "swapped", "prompt_tokens_total", "generation_tokens_total", "preemptions_total",
+           "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total", "spec_draft_tokens_total",
+           "spec_accepted_tokens_total", "kv_offload_store_bytes_total", "kv_offload_load_bytes_total")
+_SUMMED_MAPS = ("waiting_by_reason", "request_success_total", "spec_accepted_per_pos", "prompt_tokens_by_source",
+                "sleep_state")
+
+
+def _spelling(maps: Iterable[Mapping[str, Any]], new: str, new_name: str, old: str, old_name: str) -> str | None:
+    """Which spelling of a renamed family the payload used (the newer one when any engine has it)."""
+    maps = list(maps)
+    if any(new in m for m in maps):
+        return new_name
+    return old_name if any(old in m for m in maps) else None
+
+
+def _metrics(rows: tuple[EngineMetrics, ...], col: _Collector, scan: _Scan, problems: _Problems) -> VllmMetrics:
+    """The payload's snapshot: the engines' rows and their totals."""
     kv_vals = [r.kv_cache_usage for r in rows if r.kv_cache_usage is not None]
     # Any: the keys are HIST_ATTRS, known only at run time, so mypy cannot match them to VllmMetrics' fields
     hists: dict[str, Any] = {
@@ -906,45 +1004,25 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
         (getattr(rows[0], attr) if rows else None)
         for attr in HIST_ATTRS
     }
-    any_kv_new = any("kv_new" in p for p in col.plain.values())
-    any_kv_old = any("kv_old" in p for p in col.plain.values())
-    any_itl_new = any("vllm:inter_token_latency_seconds" in h for h in col.hists.values())
-    any_itl_old = any("vllm:time_per_output_token_seconds" in h for h in col.hists.values())
+    totals: dict[str, Any] = {attr: _sum(getattr(r, attr) for r in rows) for attr in _SUMMED}
+    totals.update({attr: _sum_maps(getattr(r, attr) for r in rows) for attr in _SUMMED_MAPS})
     return VllmMetrics(
-        is_vllm=is_vllm,
+        is_vllm=scan.is_vllm,
         engines=rows,
         model_name=col.model_names[0] if col.model_names else None,
         model_names=tuple(col.model_names),
-        running=_sum(r.running for r in rows),
-        waiting=_sum(r.waiting for r in rows),
-        swapped=_sum(r.swapped for r in rows),
         kv_cache_usage=math.fsum(kv_vals) / len(kv_vals) if kv_vals else None,
-        waiting_by_reason=_sum_maps(r.waiting_by_reason for r in rows),
-        prompt_tokens_total=_sum(r.prompt_tokens_total for r in rows),
-        generation_tokens_total=_sum(r.generation_tokens_total for r in rows),
-        preemptions_total=_sum(r.preemptions_total for r in rows),
-        prefix_cache_queries_total=_sum(r.prefix_cache_queries_total for r in rows),
-        prefix_cache_hits_total=_sum(r.prefix_cache_hits_total for r in rows),
-        request_success_total=_sum_maps(r.request_success_total for r in rows),
-        spec_drafts_total=_sum(r.spec_drafts_total for r in rows),
-        spec_draft_tokens_total=_sum(r.spec_draft_tokens_total for r in rows),
-        spec_accepted_tokens_total=_sum(r.spec_accepted_tokens_total for r in rows),
-        spec_accepted_per_pos=_sum_maps(r.spec_accepted_per_pos for r in rows),
-        prompt_tokens_by_source=_sum_maps(r.prompt_tokens_by_source for r in rows),
-        sleep_state=_sum_maps(r.sleep_state for r in rows),
-        kv_offload_store_bytes_total=_sum(r.kv_offload_store_bytes_total for r in rows),
-        kv_offload_load_bytes_total=_sum(r.kv_offload_load_bytes_total for r in rows),
         http_requests_by_status={k: math.fsum(v.values()) for k, v in col.server.get("http_requests_by_status",
                                                                                    {}).items()},
         cache_config=_cache_config(col.infos.get("cache_config")),
         **_lora(col.infos.get("lora")),
         problems=problems.result(),
-        skipped_lines=skipped,
-        kv_cache_metric="vllm:kv_cache_usage_perc"
-        if any_kv_new
-        else ("vllm:gpu_cache_usage_perc" if any_kv_old else None),
-        inter_token_metric="vllm:inter_token_latency_seconds"
-        if any_itl_new
-        else ("vllm:time_per_output_token_seconds" if any_itl_old else None),
+        skipped_lines=scan.skipped,
+        kv_cache_metric=_spelling(col.plain.values(), "kv_new", "vllm:kv_cache_usage_perc",
+                                  "kv_old", "vllm:gpu_cache_usage_perc"),
+        inter_token_metric=_spelling(col.hists.values(), "vllm:inter_token_latency_seconds",
+                                     "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
+                                     "vllm:time_per_output_token_seconds"),
+        **totals,
         **hists,
     )

@@ -723,9 +723,15 @@ def _pct_or_none(v: Any) -> float | None:
     return min(f, 100.0)
 
 
-def make_gpu_source(config: Any) -> Any:
+def make_gpu_source(config: Any, *, one_round: bool = False) -> Any:
     """The GPU source a :class:`~vtop.config.Config` asks for: None with
-    ``--no-gpu``, simulated GPUs with ``--simulate-gpus N``, else NVML."""
+    ``--no-gpu``, simulated GPUs with ``--simulate-gpus N``, else NVML.
+
+    ``one_round`` (``vtop --once`` without ``--window``: one poll, then exit) leaves out what
+    one poll cannot give and only delays the exit: GPM (SM activity needs two samples 4 s
+    apart: the first gives nothing), the XID event set (it reports events from its
+    registration on: none within one poll) and the PCIe thread (two ~21 ms calls a GPU on
+    the H200, at once beside the poll, which ``close`` then waits for)."""
     if config.no_gpu:
         return None
     if config.simulate_gpus:
@@ -743,5 +749,7 @@ def make_gpu_source(config: Any) -> Any:
             priced = os.environ.get("VTOP_SIMULATED_NVML_COST", "").lower() == "h200"
             return simulated(n, call_cost_s=None if priced else 0.0)
 
-        return NvmlSource(loader=load)
+        return NvmlSource(loader=load, gpm=not one_round, xid=not one_round)
+    if one_round:
+        return NvmlSource(gpm=False, xid=False)
     return NvmlSource(pcie_every_s=NvmlSource.PCIE_EVERY_S)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 GONE = "gone"
 HIDDEN = "pid not visible"
+#: vtop runs in a PID namespace of its own (a container without ``--pid=host``): NVML's PIDs are the
+#: host's, and the process of that number here, if any, is another one
+UNMAPPED = "host pid, not mappable here"
 
 
 def short_name(proc: psutil.Process) -> str:
@@ -110,11 +113,19 @@ class ProcNames:
     #: (``NvmlSource.SLOW_EVERY_S``).
     REUSE_S = 4.0
 
-    def __init__(self) -> None:
+    def __init__(self, *, foreign_pids: bool | None = None) -> None:
         self._cache: dict[int, tuple[object, str]] = {}
         self._last: tuple[tuple[int, ...], float, dict[int, str]] | None = None
+        #: NVML's PIDs are not this /proc's (vtop in a container); None: found out at the first name
+        self.foreign_pids = foreign_pids
 
     def name(self, pid: int) -> str:
+        if self.foreign_pids is None:
+            from vtop.sources.containers import in_host_pid_ns
+
+            self.foreign_pids = in_host_pid_ns() is False
+        if self.foreign_pids:
+            return UNMAPPED
         start = proc_start(pid)
         if start is None:
             self._cache.pop(pid, None)

@@ -22,8 +22,9 @@ fields are only ever appended, so the offsets below hold on every kernel since 4
 psutil has no per-socket counters, ``ss``'s text is no API and is missing from many container
 images, and pyroute2 (which has ``DiagSocket``) is a large dependency for one request: so this is
 a hundred lines on the stdlib's ``socket``. No privilege is needed for sockets of this network
-namespace. A server in another namespace (a container without ``--network host``) shows no
-connections: then there is no such evidence, never a wrong one.
+namespace. A server in another namespace (a container without ``--network host``) is read in its
+namespace (:func:`read_conns_in`, as root); without the privilege it shows no connections and says
+why: then there is no such evidence, never a wrong one.
 
 Only the server's listening port is kept; nothing here reads what the connections carry.
 """
@@ -132,6 +133,10 @@ class ConnRead:
     conns: tuple[Conn, ...]
     error: str | None = None
     """Why nothing could be read (no netlink here, denied...); the connections are then empty."""
+    url: str | None = None
+    """The server these are of, when read in its own network namespace (a container): its connections
+    there are to the port it listens on inside, not to its URL's (a published) port. None: vtop's
+    namespace, where each server takes those of its URL's port."""
 
 
 def conn_read_to_json(read: ConnRead) -> dict[str, object]:
@@ -139,6 +144,8 @@ def conn_read_to_json(read: ConnRead) -> dict[str, object]:
     d: dict[str, object] = {"t": read.t, "mono": read.mono, "conns": [c.to_json() for c in read.conns]}
     if read.error is not None:
         d["error"] = read.error
+    if read.url is not None:
+        d["url"] = read.url
     return d
 
 
@@ -148,8 +155,9 @@ def conn_read_from_json(d: dict[str, object]) -> ConnRead:
     raw = d.get("conns")
     conns = tuple(c for c in (Conn.from_json(x) for x in (raw if isinstance(raw, list) else ()) if isinstance(x, dict))
                   if c is not None)
-    err = d.get("error")
-    return ConnRead(float(d["t"]), float(d["mono"]), conns, str(err) if err is not None else None)  # type: ignore[arg-type]
+    err, url = d.get("error"), d.get("url")
+    return ConnRead(float(d["t"]), float(d["mono"]), conns, str(err) if err is not None else None,  # type: ignore[arg-type]
+                    str(url) if url is not None else None)
 
 
 def _addr(family: int, raw: bytes, port: int) -> str:
@@ -268,3 +276,62 @@ def read_conns(ports: set[int] | frozenset[int], *, timeout_s: float = TIMEOUT_S
         return ConnRead(t, mono, (), f"the kernel's socket table could not be read: {e}")
     conns.sort(key=lambda c: (c.local, c.remote))
     return ConnRead(t, mono, tuple(conns))
+
+
+# --------------------------------------------------------------------------- another network namespace
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns_net(path: str) -> None:
+    """Move the calling thread into the network namespace at ``path`` (``/proc/PID/ns/net``).
+    ``os.setns`` is Python 3.12+; libc's ``setns(2)`` otherwise. A network namespace is per
+    thread: the rest of vtop stays where it was."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        setns = getattr(os, "setns", None)
+        if setns is not None:
+            setns(fd, CLONE_NEWNET)
+            return
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    finally:
+        os.close(fd)
+
+
+def read_conns_in(pid: int, ports: set[int] | frozenset[int], *, url: str | None = None,
+                  timeout_s: float = TIMEOUT_S, proc_root: str = "/proc") -> ConnRead:
+    """:func:`read_conns` in the network namespace of process ``pid`` (a server in a container without
+    ``--network host``: its connections are in its namespace's socket table, not vtop's). The dump
+    runs in a thread of its own that enters that namespace (``setns``, which needs CAP_SYS_ADMIN,
+    i.e. root) and ends with the dump, with the same deadline; the read carries ``url``, the server
+    it is for. Never raises: no privilege is the read's ``error``, in words."""
+    import threading
+
+    t, mono = time.time(), time.monotonic()
+    result: list[ConnRead] = []
+
+    def run() -> None:
+        try:
+            _setns_net(f"{proc_root}/{pid}/ns/net")
+        except OSError as e:
+            why = ("vtop may not enter it: reading a container's connections needs root (CAP_SYS_ADMIN)"
+                   if e.errno in (errno.EPERM, errno.EACCES) else
+                   "the server is gone" if e.errno == errno.ENOENT else f"{e.strerror or e}")
+            result.append(ConnRead(t, mono, (), f"the connections in the network namespace of pid {pid} "
+                                                f"could not be read: {why}", url))
+            return
+        r = read_conns(ports, timeout_s=timeout_s)
+        result.append(ConnRead(r.t, r.mono, r.conns, r.error, url))
+
+    th = threading.Thread(target=run, name=f"conns-netns-{pid}", daemon=True)
+    th.start()
+    th.join(timeout_s + 0.5)
+    if not result:
+        return ConnRead(t, mono, (), f"the socket dump in the network namespace of pid {pid} took too long", url)
+    return result[0]

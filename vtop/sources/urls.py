@@ -44,8 +44,17 @@ def normalize_url(url: str) -> str:
 
 
 def url_matches(url: str, sp: ServerProcess) -> bool:
-    """Whether ``url`` reaches server process ``sp`` (same port, a local host or its own)."""
+    """Whether ``url`` reaches server process ``sp`` (same port, a local host or its own). A server
+    in a network namespace of its own (a container) is reached at its address there or at a port
+    published on the host (``sp.published``: docker-proxy, a DNAT rule), not at this box's
+    loopback on its own port."""
     host, port = url_hostport(url)
+    for pub in sp.published:
+        ph, pp = url_hostport("http://" + pub)
+        if pp == port and (ph == host or (host in LOCAL_HOSTS and ph in LOCAL_HOSTS)):
+            return True
     if port != sp.port:
         return False
+    if sp.own_netns:
+        return host == sp.host
     return host in LOCAL_HOSTS or host == sp.host or host == (sp.bind_host or "")

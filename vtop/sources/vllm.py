@@ -1,7 +1,6 @@
 """Poll one vLLM server over HTTP: ``/metrics`` every time, the rest less often.
 
-Why it is built this way (``shared/docs/vllm-reference.md`` §3, §7;
-``shared/docs/textual-style.md`` §5.1-5.2):
+Why it is built this way:
 
 * **``poll()`` never raises.** Every failure becomes a :class:`ServerPoll`
   with an error kind (``refused``, ``timeout``, ``http 500``, ``not vllm``,
@@ -50,7 +49,7 @@ Why it is built this way (``shared/docs/vllm-reference.md`` §3, §7;
   have changed. While ``/health`` is not 200 it is polled every time so
   recovery shows at once.
 * **The API key goes to ``/v1/*`` only** (vLLM's ``/metrics``, ``/health``,
-  ``/version`` need none, §3) and is scrubbed from every string this module
+  ``/version`` need none) and is scrubbed from every string this module
   produces, including error pages a proxy might echo headers into; no
   response body from ``/v1/*`` is ever copied into a message.
 """

@@ -8,6 +8,11 @@ says changed, once a tick, and runs the keys. Live, a
 replay's :class:`~vtop.monitor.player.Player` plays a recording into it; tests
 drive it by hand (``autopoll=False``) with :meth:`VtopApp.poll_gpu_once`,
 :meth:`VtopApp.poll_log_once`, :meth:`VtopApp.poll_server_once`.
+
+The keys are in two mixins: :class:`~vtop.ui.view_keys.ViewKeys` (what the screen shows: help,
+freeze, the poll interval, the log's filters, the panels' toggles, the full-screen views) and
+:class:`~vtop.ui.action_keys.ActionKeys` (the keys that act on the box: snapshot, py-spy, test
+request, and which keys are on).
 """
 
 from __future__ import annotations
@@ -15,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
-from textual import work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
@@ -33,6 +37,8 @@ from vtop.monitor import ALERTS, GPU, LOG, LOG_SOURCE, SERVERS, Monitor, Watched
 from vtop.monitor.live import GpuSourceLike, LiveFeed
 from vtop.monitor.monitor import make_log_watch, make_recorder
 from vtop.sources.nvml import make_gpu_source
+from vtop.ui.action_keys import ActionKeys
+from vtop.ui.view_keys import ViewKeys
 from vtop.ui.widgets.alerts_panel import AlertsPanel, RequestsLine
 from vtop.ui.widgets.gpu_panel import GpuPanel
 from vtop.ui.widgets.keys_bar import KeysBar
@@ -52,7 +58,7 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
-class VtopApp(App[int]):
+class VtopApp(ActionKeys, ViewKeys):
     CSS_PATH = "vtop.tcss"
     TITLE = "vtop"
     ENABLE_COMMAND_PALETTE = False
@@ -77,9 +83,6 @@ class VtopApp(App[int]):
         Binding("t", "test_request", "Test"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
-    #: the poll intervals ``+``/``-`` step through (the config's bounds: at least 0.25 s)
-    INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-    ACTION_KEYS = ("snapshot", "pyspy", "test_request")
 
     def __init__(
         self,
@@ -169,26 +172,6 @@ class VtopApp(App[int]):
     def gpu_source(self) -> GpuSourceLike | None:
         return self.feed.gpu_source if self.feed is not None else None
 
-    @property
-    def snapshots(self) -> Any:
-        """The snapshot runner (``s``), made when first used."""
-        if self._snapshots is None:
-            from vtop.actions.snapshot import SnapshotRunner
-
-            self._snapshots = SnapshotRunner()
-        return self._snapshots
-
-    @property
-    def action_client(self) -> Any:
-        """An ``httpx.AsyncClient`` for the test request (streaming POST, JSON):
-        made, and httpx imported, the first time a key needs it."""
-        if self._action_client is None:
-            import httpx
-
-            # Never let environment proxies reroute a request to a local server.
-            self._action_client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
-        return self._action_client
-
     #: (theme name, Theme) of the last ``current_theme`` answer
     _theme_hit: tuple[str, Any] | None = None
 
@@ -235,7 +218,7 @@ class VtopApp(App[int]):
             with Vertical(id="servers"):
                 yield Static("vLLM: looking for servers on this box…", id="servers-msg")
                 yield RequestsLine(id="requests-line")
-            yield StartupPanel(gpu_activity=self.monitor.gpu_activity, id="startup")
+            yield StartupPanel(gpu_activity=self.monitor.gpu_activity, download=self.monitor.download_progress, id="startup")
         yield LogPane(id="log")
         yield LogFilter(placeholder="filter the log: type a text (Enter keeps it, Esc clears it)", id="log-filter")
         yield KeysBar(id="keys")
@@ -266,6 +249,10 @@ class VtopApp(App[int]):
         self._widget("requests", RequestsLine).display = False
         self._widget("log", LogPane)
         self._widget("status", "#status")
+        # looked up here, on the main screen: a tick under a modal screen (help, a test request)
+        # must find them too, and the app's own query_one asks the screen on top
+        for key in ("servers-msg", "body", "servers", "requests-line", "log-filter"):
+            self._widget(key, "#" + key)
         if self.replay is not None:
             if not self.replay.has_gpu:
                 self.monitor.apply_gpu(GpuPoll(t=0.0, mono=0.0, status=OFF, message="no GPU samples in this recording"))
@@ -321,7 +308,7 @@ class VtopApp(App[int]):
         if width <= 0 or height <= 0:
             return
         total = max(0, height - 2)  # the status line and the keys
-        if self.query_one("#log-filter").display:
+        if self._widget("log-filter", "#log-filter").display:
             total -= 1
         inner = max(10, width - 4)  # border and padding
         console = self.console
@@ -380,12 +367,12 @@ class VtopApp(App[int]):
             for url, card in cards:
                 card.set_level(level["srv:" + url])
             req.display = req.has_text and level.get("requests", 0) > 0
-            self.query_one("#servers-msg", Static).display = not cards and level.get("servers-msg", 0) > 0
+            self._widget("servers-msg", "#servers-msg").display = not cards and level.get("servers-msg", 0) > 0
             startup.display = level["startup"] > 0
             body_rows = sum(v for k, v in h.items() if k not in ("alerts", "log"))
             log = self.w_log
             log.display = log_wanted and level.get("log", 0) > 0
-            body = self.query_one("#body", VerticalScroll)
+            body = self._widget("body", "#body")
             if log.display:
                 rest = total - h.get("alerts", 0) - body_rows
                 body.styles.height = body_rows
@@ -497,7 +484,9 @@ class VtopApp(App[int]):
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)
-                self._widget("requests", RequestsLine).show_requests(m.log_view)
+                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
+            elif SERVERS in changes and m.log_view is not None:
+                self._widget("requests", RequestsLine).show_requests(m.log_view, m.log_target_down())
             if SERVERS in changes or self.cards:
                 self._paint_servers()
             if ALERTS in changes:
@@ -532,6 +521,7 @@ class VtopApp(App[int]):
             if p is not None:
                 card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
             if ws.last_view is not None:
+                card.seen = self.monitor.last_seen(ws.last_view)
                 card.show(ws.last_view, now)
 
     def _mount_card(self, ws: WatchedServer) -> ServerCard:
@@ -539,9 +529,9 @@ class VtopApp(App[int]):
         card = ServerCard(ws.url, window_s=self.config.history, max_gap=max(2.5 * interval, interval + 1.0),
                           classes="server-card")
         self.cards[ws.url] = card
-        box = self.query_one("#servers", Vertical)
-        box.mount(card, before=self.query_one("#requests-line"))
-        self.query_one("#servers-msg", Static).display = False
+        box = self._widget("servers", "#servers")
+        box.mount(card, before=self._widget("requests-line", "#requests-line"))
+        self._widget("servers-msg", "#servers-msg").display = False
         return card
 
     # ------------------------------------------------------------------ status
@@ -613,335 +603,7 @@ class VtopApp(App[int]):
             parts.append(f"+{more}")
         return " · ".join(parts)
 
-    # ------------------------------------------------------------ action keys
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """--readonly: the action keys show dimmed in the footer and do nothing.
-        A replay hides them: they would act on this box, not the recorded one."""
-        if action in self.ACTION_KEYS and self.replay is not None:
-            return False
-        if action in self.ACTION_KEYS and self.config.readonly:
-            return None
-        if action.startswith("replay_") and getattr(self.focused, "id", None) == "log-filter":
-            return False  # typing the log filter: space and the arrows are the text's
-        if action in ("freeze", "poll_interval") and self.feed is None and self.replay is None:
-            return None  # driven by hand (tests): nothing polls
-        return True
-
-    def on_key(self, event: Any) -> None:
-        """--readonly (``vtop web`` without ``--allow-actions``): an action key does nothing (its
-        binding is disabled, so the key reaches here unhandled); say so rather than stay silent."""
-        if not self.config.readonly or self.replay is not None:
-            return
-        for b in self.BINDINGS:
-            if isinstance(b, Binding) and b.action in self.ACTION_KEYS and event.key in b.key.split(","):
-                what = {"snapshot": "snapshot", "pyspy": "py-spy dump", "test_request": "test request"}[b.action]
-                self.notify(f"READ-ONLY: {b.key} ({what}) is off here (--readonly; "
-                            "vtop web turns it on with --allow-actions)", severity="warning")
-                event.stop()
-                return
-
-    def latest_snapshot_folder(self) -> Any:
-        from vtop.actions.snapshot import latest_bundle
-
-        return self.snapshots.last_path or latest_bundle(self.config.snapshot_dir)
-
-    def action_snapshot(self) -> None:
-        if self.snapshots.running or self._snapshot_busy:
-            self.notify("a snapshot is already being written; wait for it to finish", severity="warning")
-            return
-        self.notify(f"snapshot: writing an incident bundle under {self.config.snapshot_dir} …")
-        self._snapshot_busy = True
-        self._snapshot_worker()
-
-    @work(exclusive=True, group="snapshot", exit_on_error=False)
-    async def _snapshot_worker(self) -> None:
-        try:
-            await self._write_snapshot()
-        finally:
-            self._snapshot_busy = False
-            self._snap_pct = -5
-            self._snap_text = ""
-            self.update_status()
-
-    async def _write_snapshot(self) -> None:
-        from vtop.core.phases import summarize
-        from vtop.sources.logtail import LogTailer
-        from vtop.sources.vllm import MAX_BODY_BYTES
-
-        metrics: dict[str, bytes | None] = {}
-        for url in self.monitor.servers:
-            try:
-                assert self.feed is not None  # the action keys are off in a replay
-                _, body = await asyncio.wait_for(
-                    self.feed.client.get(url + "/metrics", headers=[("Accept-Encoding", "identity")],
-                                            limit=MAX_BODY_BYTES), 3.0)
-                metrics[url] = body
-            except Exception:  # the bundle says the server gave nothing
-                metrics[url] = None
-        src = getattr(self.log_watch, "source", None)
-        log_path = src.path if isinstance(src, LogTailer) else None
-        phases = dict(summarize(self.log_view.snapshot)) if self.log_view else None
-        secrets = [k for k in (self.config.api_key, os.environ.get("VLLM_API_KEY")) if k]
-        fut = self.snapshots.start(
-            self.config.snapshot_dir,
-            log_path=log_path,
-            servers=[ws.process for ws in self.monitor.servers.values() if ws.process is not None],
-            metrics_texts=metrics,
-            history_json=self.monitor.history_json(),
-            phases_json=phases,
-            alerts=[a.to_json() for a in self.alerts],
-            screen_svg=self.export_screenshot(),
-            redact_prompts=self.config.redact_prompts,
-            secrets=secrets,
-            progress=self._snapshot_progress_from_thread,
-        )
-        res = await asyncio.wrap_future(fut)
-        self.last_snapshot = res
-        sev: Literal["information", "warning", "error"] = (
-            "information" if res.ok else ("warning" if res.refused or res.path else "error"))
-        self.notify(res.message, severity=sev, timeout=10)
-
-    def _snapshot_progress_from_thread(self, done: int, total: int) -> None:
-        """Called from the bundle's thread while it copies the log."""
-        pct = int(100 * done / total) if total else 100
-        if pct // 5 != self._snap_pct // 5:
-            self._snap_pct = pct
-            try:
-                self.call_from_thread(self._show_snapshot_progress, pct)
-            except RuntimeError:  # the app is gone
-                pass
-
-    def _show_snapshot_progress(self, pct: int) -> None:
-        self._snap_text = f"snapshot: copying the log {pct}%" if pct < 100 else ""
-        self.update_status()
-
-    def action_pyspy(self) -> None:
-        from vtop.actions.pyspy import pick_targets
-        from vtop.ui.screens import PySpyScreen
-
-        e = self.monitor.action_server()
-        if e is None or e.process is None:
-            self.notify("py-spy: no vLLM process found on this box to dump (a remote URL cannot be dumped)",
-                        severity="warning")
-            return
-        targets = pick_targets(e.process)
-        if not targets:
-            self.notify(f"py-spy: no process to dump under pid {e.process.pid}", severity="warning")
-            return
-        self.push_screen(PySpyScreen(targets[0], server=e.process, snapshot_folder=self.latest_snapshot_folder))
-
-    def action_test_request(self) -> None:
-        from vtop.ui.screens import ProbeScreen
-
-        e = self.monitor.action_server()
-        if e is None:
-            self.notify("test request: no vLLM server watched", severity="warning")
-            return
-        v = e.last_view
-        models = [v.model_id] if v is not None and v.model_id else ([e.process.served_name] if e.process and e.process.served_name else [])
-        self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
-                                     client=self.action_client, api_key=self.monitor.api_key_for(e.url)))
-
-    # ----------------------------------------------------------------- actions
-    def say(self, note: str, seconds: float = 6.0) -> None:
-        """A short note at the end of the status line, gone after ``seconds``."""
-        self._note = note
-        if self._note_timer is not None:
-            self._note_timer.stop()
-        self._note_timer = self.set_timer(seconds, self._clear_note)
-        self._status_text = ""
-        self.update_status()
-
-    def _clear_note(self) -> None:
-        self._note = ""
-        self.update_status()
-
-    def action_help(self) -> None:
-        from vtop.ui.screens import HelpScreen
-
-        self.push_screen(HelpScreen(self.help_keys(), self.help_notes()))
-
-    #: what each key does, in the help screen's words (the footer has room for one word)
-    KEY_HELP = {
-        "help": "this help",
-        "quit": "quit",
-        "alert_details": "every alert with every evidence line and every fix, whole and scrollable",
-        "freeze": "freeze the screen to read it; polling, the histories and the alerts go on "
-                  "(FROZEN in the status line); space again catches up",
-        "poll_interval": "poll faster / slower (0.25 s at the shortest; the status line says the interval)",
-        "toggle_compact": "GPU cards <-> one line per GPU (chosen from the room by default)",
-        "toggle_detail": "server cards: each of spec decoding, prefix cache, queue time and HTTP errors, LoRA and "
-                         "the cache config on a line of its own (folded to one line by default)",
-        "toggle_phases": "unfold the startup timeline of a server that is already up",
-        "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
-        "toggle_warnings": "log pane: warnings and errors only",
-        "toggle_probes": "log pane: show / hide uvicorn's access lines of /metrics, /health, /version, /v1/models "
-                         "(hidden by default: vtop's own polls would bury the rest). vLLM keeps them out of its "
-                         "own log with --disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
-                         "(newer vLLM) or --disable-uvicorn-access-log (every access line)",
-        "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
-        "clear_filter": "clear the log filter",
-        "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
-                     "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
-        "requests": "requests in flight from the vLLM request log, oldest first, and the last finished",
-        "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
-        "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
-        "test_request": "send a test request (max_tokens required)",
-        "replay_pause": "pause / play",
-        "replay_step": "one step (an interval) while paused",
-        "replay_speed": "play faster / slower (1x to 60x)",
-        "replay_seek": "seek: arrows 10 s, [ ] a minute, Home/End",
-        "replay_chapter": "next / previous chapter of the recording",
-        "replay_goto": "jump to that chapter of the recording",
-    }
-
-    def help_keys(self) -> list[tuple[str, str, bool]]:
-        """(keys as shown, what they do, on here) for every key of the dashboard."""
-        groups: dict[str, tuple[list[str], str, bool]] = {}
-        for key, (_node, binding, enabled, _tip) in self.screen.active_bindings.items():
-            name = binding.action.split("(")[0]
-            if not hasattr(self, f"action_{name}") or key == "ctrl+q" or name == "quit" and key != "q":
-                continue
-            shown = "F1" if key == "f1" else self.get_key_display(binding) if binding.key_display else \
-                self.get_key_display(Binding(key, binding.action))
-            keys, _, on = groups.setdefault(name, ([], self.KEY_HELP.get(name, binding.description), enabled))
-            if shown not in keys:
-                keys.append(shown)
-        return [("/".join(k), what, on) for k, what, on in groups.values()]
-
-    def help_notes(self) -> list[str]:
-        notes = []
-        if self.config.readonly:
-            notes.append("READ-ONLY (--readonly): the snapshot, py-spy and test-request keys (s d t) are off.")
-        if self.replay is not None:
-            notes.append("A replay: s, d and t would act on this box, not the recorded one, so they are off.")
-        return notes
-
-    def action_freeze(self) -> None:
-        self.frozen = not self.frozen
-        self._status_text = ""
-        if self.frozen:
-            self.update_status()
-        else:
-            self.paint()
-
-    def action_poll_interval(self, direction: int) -> None:
-        """+ (direction -1): a shorter interval; - (1): a longer one; within the config's bounds
-        (at least 0.25 s, at most a tenth of the history)."""
-        feed = self.feed
-        if feed is None:
-            return
-        cur = self.config.interval
-        steps = [x for x in self.INTERVALS if x <= self.config.history / 10] or [cur]
-        cand = [x for x in steps if (x < cur - 1e-9 if direction < 0 else x > cur + 1e-9)]
-        if not cand:
-            why = "the shortest" if direction < 0 else f"the longest for a {self.config.history:g} s history"
-            self.say(f"interval stays {cur:g} s ({why})")
-            return
-        new = cand[-1] if direction < 0 else cand[0]
-        feed.set_interval(new)
-        self.config = feed.config
-        if self._paint_timer is not None:
-            self._paint_timer.stop()
-            self._paint_timer = self.set_interval(new, self._tick, name="paint")
-        gap = max(2.5 * new, new + 1.0)
-        self.w_gpu.max_gap = gap
-        for card in self.cards.values():
-            card.max_gap = gap
-        self.say(f"interval now {new:g} s (was {cur:g} s)")
-
-    def action_filter_log(self) -> None:
-        from textual.widgets import Input
-
-        box = self.query_one("#log-filter", Input)
-        if not self.w_log.display:
-            self.log_wanted = self.log_forced = True
-            self._fit()
-        box.display = True
-        box.focus()
-        self._fit()
-
-    def on_input_changed(self, event: Any) -> None:
-        if getattr(event.input, "id", None) == "log-filter":
-            self.w_log.set_substring(event.value)
-
-    def on_input_submitted(self, event: Any) -> None:
-        if getattr(event.input, "id", None) == "log-filter":
-            box = event.input
-            box.display = bool(event.value)
-            self.screen.set_focus(None)
-            self._fit()
-
-    def action_clear_filter(self) -> None:
-        from textual.widgets import Input
-
-        box = self.query_one("#log-filter", Input)
-        if box.value or box.display:
-            box.value = ""
-            box.display = False
-            self.w_log.set_substring("")
-            self.screen.set_focus(None)
-            self._fit()
-
-    def action_processes(self) -> None:
-        from vtop.ui.screens import ProcessScreen
-
-        self.push_screen(ProcessScreen(self.monitor, live=self.replay is None))
-
-    def action_requests(self) -> None:
-        from vtop.ui.screens import RequestsScreen
-
-        m = self.monitor
-
-        def conns() -> list[tuple[str, Any]]:
-            import dataclasses
-
-            now = m.clock.monotonic()  # the ages as of now, not of the latest read
-            return [(url, dataclasses.replace(st, age_s=now - st.since)) for url, ws in m.servers.items()
-                    for st in ws.conns.in_flight(now)]
-
-        self.push_screen(RequestsScreen(lambda: self.log_view, conns))
-
-    def action_alert_details(self) -> None:
-        from vtop.ui.screens import AlertsScreen
-
-        self.push_screen(AlertsScreen(lambda: self.monitor.alerts))
-
-    def action_toggle_compact(self) -> None:
-        self.w_gpu.toggle_compact()
-
-    def action_toggle_detail(self) -> None:
-        on = not any(c.detail for c in self.cards.values())
-        for c in self.cards.values():
-            c.detail = on
-            if c.view is not None:
-                c.show(c.view, c.now)
-        self._fit()  # the cards' heights changed: share the rows again (also when paused or frozen)
-
-    def action_toggle_phases(self) -> None:
-        self.w_startup.toggle()
-
-    def action_toggle_log(self) -> None:
-        shown = self.w_log.display
-        if not shown and self.log_wanted:
-            self.log_forced = True  # an alert or the cards had taken its rows: the user wants it anyway
-        else:
-            self.log_wanted = not shown
-            self.log_forced = self.log_wanted and self.log_forced
-        self._fit()
-
-    def action_toggle_probes(self) -> None:
-        if not self.w_log.display:
-            self.log_wanted = self.log_forced = True
-        self.w_log.toggle_probes()
-        self._fit()
-
-    def action_toggle_warnings(self) -> None:
-        if not self.w_log.display:
-            self.log_wanted = self.log_forced = True
-        self.w_log.toggle_filter()
-        self._fit()
-
+    # ------------------------------------------------------------------ quit
     async def action_quit(self) -> None:
         if self.feed is not None:
             await self.feed.aclose()

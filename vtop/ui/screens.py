@@ -433,9 +433,17 @@ def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> l
         seen.update(pid for pid, _ in members)
         members.sort(key=lambda m: key(m[0]), reverse=True)
         total = sum(gpu_mem(pid) for pid, _ in members)
-        head = (f"vLLM :{port}", f"{len(members)} processes", url, "", f"{total / gib:.1f} GiB", "", "", "", "")
-        groups.append((max(key(pid) for pid, _ in members) if sort != "gpu_mem" else total,
-                       [head] + [row(pid, "  " + role, f":{port}") for pid, role in members]))
+        where = f" · {sp.placement}" if sp.placement else ""
+        head = (f"vLLM :{port}", f"{len(members)} processes{where}", url, "", f"{total / gib:.1f} GiB", "", "", "",
+                "")
+        ns = {sp.pid: sp.ns_pid, **{c.pid: c.ns_pid for c in sp.children}}
+        rows = []
+        for pid, role in members:
+            r = row(pid, "  " + role, f":{port}")
+            if ns.get(pid) is not None:  # the PID its log and its container know it by
+                r = (f"{pid} ({ns[pid]})",) + r[1:]
+            rows.append(r)
+        groups.append((max(key(pid) for pid, _ in members) if sort != "gpu_mem" else total, [head] + rows))
     for pid in gpu_of:
         if pid not in seen:
             groups.append((key(pid), [row(pid, monitor.gpu_owner.get(pid) or monitor.proc_names.get(pid, ""), "-")]))

@@ -7,17 +7,17 @@ critical first. It keeps a little state across ticks: when ``running`` last
 went from 0 to N, when a request last finished, when the token counters last
 moved, how long the KV cache has been full, GPU streaks and memory samples.
 
-Rules (``rule`` ids are stable; see ``shared/docs/vllm-reference.md`` §4, §7):
+Rules (``rule`` ids are stable):
 
 ``runaway``
     Requests running, generation tokens rising, and no request finished for
     ``runaway_s`` while ``waiting`` is zero or growing. The usual cause: a
     chat client that omits ``max_tokens`` (vLLM then allows
-    ``max_model_len - prompt`` tokens, §4). A busy GPU is *not* required: one
+    ``max_model_len - prompt`` tokens). A busy GPU is *not* required: one
     decode stream on an H200 reads 10-23 % GPU-Util.
 ``engine_stall``
     ``running > 0`` while the token and finish counters stay flat for
-    ``engine_stall_s`` and ``/metrics`` still answers (§7.19: a frozen engine
+    ``engine_stall_s`` and ``/metrics`` still answers (a frozen engine
     keeps ``/health`` at 200 and freezes the gauges).
 ``startup_stall`` / ``startup_failure`` / ``engine_died``
     From the startup tracker: a silent start, a failed start (with the

@@ -180,6 +180,8 @@ class Thresholds:
     #: a start vtop has no log of (vtop/core/rules/stillness.py): starting this long from its process's
     #: start is said, busy or not (``--stall-threshold``, the log's ceiling)
     startup_ceiling_s: float = 600.0
+    #: startup stall in downloading: a Hub download with a file in flight and no byte more for this long
+    download_stall_s: float = 60.0
     #: spec_decode_low: draft-token acceptance below this percentage ...
     spec_low_acceptance_pct: float = 5.0
     #: ... for this long (minutes: a short dip is normal when the traffic changes) ...
@@ -189,9 +191,9 @@ class Thresholds:
     #: alert hysteresis: a severity falls (or an alert clears) only after the rules said lower for this
     #: long in a row (vtop/core/rules/hold.py); it rises at once
     alert_hold_s: float = 10.0
-    #: ... and an alert the rules stop raising stays this long (a scrape or two under a line is the same
-    #: incident; longer, and an incident that ended would still read as on)
-    alert_clear_hold_s: float = 5.0
+    #: ... and an alert the rules stop raising clears at once, but one of the same rule and target back within
+    #: this long is the same incident (its start, its severity): a scrape or two under a line
+    alert_clear_hold_s: float = 10.0
     #: queue_wedge: running 0, requests waiting and the counters flat for this long
     queue_wedge_s: float = 30.0
     #: how much per-server / per-GPU history the diagnoser keeps

@@ -4,7 +4,6 @@ the helpers that read both); and :class:`Rule`, what a rule is."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
 from vtop.core.server import ServerView
+from vtop.core.stats import fmean
 from vtop.model.gpu import GpuProcess, XidEvent, xid_text
 
 __all__ = ["Evidence", "Memory", "Rule", "per_gpu", "per_server"]
@@ -94,9 +94,9 @@ class Memory:
         sms = [p.sm for p in pts if p.sm is not None]
         if not utils:
             return None
-        s = f"gpu{idx}: GPU-Util {statistics.fmean(utils):.0f} %"
+        s = f"gpu{idx}: GPU-Util {fmean(utils):.0f} %"
         if sms:
-            s += f", SM activity {statistics.fmean(sms):.1f} %"
+            s += f", SM activity {fmean(sms):.1f} %"
         return s
 
     def xids_near(self, ev: Evidence, url: str | None, a: float, b: float) -> list[XidEvent]:

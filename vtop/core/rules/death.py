@@ -11,10 +11,10 @@ clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered
 
 from __future__ import annotations
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory
-from vtop.core.rules.startup import failure_evidence, tracker_failure
+from vtop.core.rules.startup import failure_evidence, failure_words, tracker_failure
 from vtop.core.rules.util import short_url, xid_short
 
 
@@ -27,9 +27,10 @@ class EngineDied:
         f = tracker_failure(ctx, mem)
         if f is None or f.phase is not Phase.READY:
             return []
-        title = f"vLLM engine on {short_url(ctx.log_target)} died: {f.message}"
+        words = failure_words(f)
+        title = f"vLLM engine on {short_url(ctx.log_target)} died: {words.message}"
         ev = failure_evidence(ctx, mem, f, "")
-        fix: tuple[str, ...] = (f.fix,)
+        fix: tuple[str, ...] = (words.fix,)
         # an XID on its GPUs within a minute of the death: the GPU, not vLLM, is the first suspect
         at = f.arrival if f.arrival is not None else ctx.now
         near = mem.xids_near(ctx, ctx.log_target, at - 60.0, min(ctx.now, at + 60.0))

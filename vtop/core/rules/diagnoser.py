@@ -40,7 +40,6 @@ class Diagnoser:
     """
 
     def __init__(self, thresholds: Thresholds = Thresholds()) -> None:
-        self.thresholds = thresholds
         self._mem = Memory(thresholds, hold=AlertHold(thresholds.alert_hold_s, thresholds.alert_clear_hold_s))
         #: the rule families, in the order they run (a fresh set per diagnoser: some keep state)
         self.rules: tuple[Rule, ...] = default_rules()
@@ -48,6 +47,16 @@ class Diagnoser:
         #: the conditions that hold but not yet for their threshold, at the last update (none of a
         #: rule and target that has an alert out)
         self.pending: list[Pending] = []
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """Every number the rules compare against (set it to change them from the next tick on)."""
+        return self._mem.th
+
+    @thresholds.setter
+    def thresholds(self, th: Thresholds) -> None:
+        self._mem.th = th
+        self._mem.hold.hold_s, self._mem.hold.clear_hold_s = th.alert_hold_s, th.alert_clear_hold_s
 
     def update(self, ev: Evidence) -> list[Alert]:
         """Take this tick's evidence (:class:`~vtop.core.evidence.Evidence`, built by the monitor)

@@ -22,7 +22,7 @@ from vtop.model.fmt import to_float
 from vtop.model.procs import ServerProcess
 
 if TYPE_CHECKING:
-    from vtop.core.phase_types import StartupFacts
+    from vtop.core.phases.types import StartupFacts
     from vtop.core.rules.state import ServerState
     from vtop.core.server import ServerView
 

@@ -11,13 +11,13 @@ have no such stretch); tests/unit/test_diagnose.py feeds synthetic GPU polls.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
 from vtop.core.rules.util import dur, flag, num, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import GpuPoint, GpuState
@@ -97,7 +97,7 @@ def sm_idle_finding(ctx: Evidence, mem: Memory, idx: int) -> SmIdleFinding | Non
             r0 = st.at(ctx.now - 30.0)
             if r0 is not None and r0.gen is not None and st.last.gen is not None and st.last.gen <= r0.gen:
                 stuck.append((url, st.last.running))
-    return SmIdleFinding(idx, gs.idle_since, ctx.now, statistics.fmean(gs.idle_util), statistics.fmean(gs.idle_sm),
+    return SmIdleFinding(idx, gs.idle_since, ctx.now, fmean(gs.idle_util), fmean(gs.idle_sm),
                          tuple(mem.proc_names(ctx, p.procs)), owners, eager, tuple(stuck))
 
 

@@ -5,11 +5,13 @@ under the threshold for a scrape as requests finish, its preemption rate crosses
 and falls back; on the corpus's KV traces the raw verdict flipped CRITICAL <-> WARNING 23 to 41
 times in one incident, and each flip restarted the title's "for Ns" (issue 38 item 5). An on-call
 engineer (and a pager fed by ``vtop_alert``) must see one incident: so a severity rises at once,
-and falls to a lower severity only after the rules said lower for ``alert_hold_s`` in a row (an
-alert they stop raising stays ``alert_clear_hold_s``: the same incident if it comes back), on vtop's own clock (the ticks' ``now``: injected, a replay gives the
+and falls to a lower severity only after the rules said lower for ``alert_hold_s`` in a row, on vtop's own clock (the ticks' ``now``: injected, a replay gives the
 same answer at any speed). While it lasts the incident keeps the start of its first alert (the
 earliest ``since`` any of its alerts gave), and the rules word "for Ns" from there
-(:meth:`AlertHold.started`). One place for every rule and every face: the screen, ``doctor``,
+(:meth:`AlertHold.started`). An alert the rules stop raising clears at once (an incident that ended must
+not read as on: the scoreboard's "cleared", a pager's resolve), but its incident is remembered for
+``alert_clear_hold_s``: an alert of the same rule and target back within that is the same incident, with
+its start and its severity (a scrape that dipped under a line). One place for every rule and every face: the screen, ``doctor``,
 ``--once``, the exporter all read the alerts after this.
 """
 
@@ -34,7 +36,7 @@ class Incident:
 
     start: float
     severity: str
-    #: the last alert shown (held as it was while the rules say nothing)
+    #: the last alert shown
     shown: Alert
     #: since when the rules have said a lower severity (None: they say as much as shown)
     lower_since: float | None = None
@@ -69,8 +71,6 @@ class AlertHold:
                 inc.gone_since = now
             if now - inc.gone_since >= self.clear_hold_s:
                 del self.incidents[key]  # it ended: the next alert is a new incident
-            else:
-                out.append(inc.shown)  # held: quiet for less than hold_s
         return out
 
     def _said(self, a: Alert, now: float) -> Alert:

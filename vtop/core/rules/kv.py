@@ -14,13 +14,13 @@ kv-saturation-few-long-seqs; quiet on normal-bursts-long-queue and normal-bursts
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, dur, num, plural, short_url
+from vtop.core.stats import median
 
 if TYPE_CHECKING:
     from vtop.core.loghistory import StatsPoint
@@ -57,7 +57,7 @@ def _kv_high_window(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> fl
     high = [t for t, kv in pts if kv >= th.kv_saturation_pct]
     if len(high) < th.kv_window_frac * len(pts):
         return None
-    if statistics.median(kv for _, kv in pts) < th.kv_saturation_pct - 5.0:
+    if median(kv for _, kv in pts) < th.kv_saturation_pct - 5.0:
         return None
     return high[0]
 
@@ -94,7 +94,7 @@ def _preempt_storm_window(ctx: Evidence, mem: Memory, url: str, st: ServerState)
         waits = [(p.mono, float(p.waiting)) for p in before] + waits
     if len(kvs) < 5 or s.t - min(kvs[0][0], waits[0][0]) < th.kv_window_s * 0.8:
         return None
-    if statistics.median(kv for _, kv in kvs) < th.kv_saturation_pct - 10.0:
+    if median(kv for _, kv in kvs) < th.kv_saturation_pct - 10.0:
         return None
     if sum(1 for _, w in waits if w > 0) < 0.5 * len(waits):
         return None

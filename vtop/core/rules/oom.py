@@ -18,20 +18,19 @@ tests/helpers/diag_fixtures.py (copied from real torch messages) show them.
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
 from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, num, plural, short_url
+from vtop.core.stats import median
 from vtop.model.fmt import to_float
 
 if TYPE_CHECKING:
-    from vtop.core.phase_types import LogLine
-    from vtop.core.phases import Failure
+    from vtop.core.phases.types import Failure, LogLine
     from vtop.core.rules.state import ServerState
 
 _OOM_RE = re.compile(
@@ -311,7 +310,7 @@ def _mem_spikes(ctx: Evidence, mem: Memory, url: str | None, t1: float) -> list[
             if cell and cell[0] is not None:
                 peak_pts.append(cell[0])
         if before and peak_pts:
-            base, peak = statistics.median(before), max(peak_pts)
+            base, peak = median(before), max(peak_pts)
             if peak - base >= th.mem_spike_pct:
                 out.append((idx, base, peak))
     return out

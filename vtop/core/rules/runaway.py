@@ -41,7 +41,6 @@ h200-engine-stall-load (requests stuck 45 s in a frozen engine are no runaway).
 from __future__ import annotations
 
 import math
-import statistics
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, hist_count_at_least, num, plural, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.requests import InFlight
@@ -91,7 +91,7 @@ def _ordinary_e2e_s(st: ServerState) -> float | None:
         rate = (s.done - old.done) / (s.t - old.t)
         runs = [x.running for x in st.samples if x.t >= old.t and x.running is not None]
         if runs and rate > 0:
-            out.append(statistics.fmean(runs) / rate)
+            out.append(fmean(runs) / rate)
     return max(out) if out else None
 
 def _proven_logged(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> tuple[float, float, Any] | None:
@@ -228,7 +228,8 @@ def _runaway_by_age(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Ser
             f"the oldest in-flight request has run at least {dur(age)}: {num(running_then)} running "
             f"{dur(age)} ago and running has never dropped below what is left of them, while requests that "
             f"finished since (their end-to-end latency says when they began) cannot all be those"),
-        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s",
+        f"{plural(n, 'request')} running now, waiting {num(w_now)}; decoding {rate:,.0f} tok/s over the last "
+        f"{s.t - r.t:.0f} s",
     ]
     if ordinary is not None:
         ev.append(f"requests that finished here took {dur(ordinary)} or less (p95)")
@@ -255,7 +256,7 @@ def _runaway_by_age(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Ser
         ), url, since)
     fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False, client)
     title = (f"Runaway decode on {short}: a request {'in flight' if pending else 'running'} at least {dur(age)}, "
-             f"{rate:,.0f} tok/s"
+             f"{rate:,.0f} tok/s over {s.t - r.t:.0f} s"
              + (f" (client {client})" if client else "" if log_line else ", while other requests finish"))
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
@@ -353,7 +354,8 @@ def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serv
     )
     if age_txt:
         ev.append(age_txt)
-    ev.append(f"decoding {rate:,.0f} tok/s now; {num(made)} tokens generated since these requests started")
+    ev.append(f"decoding {rate:,.0f} tok/s over the last {s.t - r.t:.0f} s; {num(made)} tokens generated since "
+              "these requests started")
     if s.kv is not None and a.kv is not None and s.kv > a.kv:
         ev.append(f"KV cache {a.kv:.2f} % -> {s.kv:.2f} % and climbing (the sequences keep growing)")
     if mml:
@@ -362,7 +364,8 @@ def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serv
             line += f"; at {per_req:,.0f} tok/s per request that is up to {dur(mml / per_req)}"
         ev.append(line)
     # Histogram of resolved max_tokens over the remembered history: values near
-    # max_model_len betray clients that omit it (§4: the metric records the resolved value).
+    # max_model_len betray clients that omit it (the metric records the resolved value, the server's default
+    # max_model_len - prompt when the client set none).
     old = next((x for x in st.samples if x.max_tokens is not None), None)
     if mml and old is not None and old.max_tokens is not None and s.max_tokens is not None and old is not s:
         d = histogram_delta(old.max_tokens, s.max_tokens)
@@ -385,9 +388,10 @@ def _runaway_quiet(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serv
 
     fix = _runaway_fixes(mml, ctx.request_logging_of(url) is False)
     dur_txt = f"running {dur(age)}" if age is not None else f"nothing finished for {dur(now - since)}"
-    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s, nothing finished"
+    window = f"{s.t - r.t:.0f} s"
+    title = f"Runaway decode on {short}: {plural(n, 'request')} {dur_txt}, {rate:,.0f} tok/s over {window}, nothing finished"
     if age is None:
-        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s, {dur_txt}"
+        title = f"Runaway decode on {short}: {plural(n, 'request')} running, {rate:,.0f} tok/s over {window}, {dur_txt}"
     sev = "critical" if w_now > 0 else "warning"
     return Alert("runaway", sev, title, tuple(ev), tuple(fix), url, since)
 

@@ -26,7 +26,6 @@ EngineCore adds none). A stall that holds but not yet for ``engine_stall_s`` is 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,7 @@ from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.stillness import STOPPED, stopped_since, tree_cpu
 from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -160,7 +160,7 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
             pts = mem.gpus[idx].between(since, now)
             utils = [p.util for p in pts if p.util is not None]
             sms = [p.sm for p in pts if p.sm is not None]
-            gpus.append((gl, statistics.fmean(utils) if utils else None, statistics.fmean(sms) if sms else None))
+            gpus.append((gl, fmean(utils) if utils else None, fmean(sms) if sms else None))
     return StallFinding(
         url, since, now, got.about, s.running, s.waiting, s.gen, s.prompt,
         got.line, v.health, v.latency_s, tuple(gpus),

@@ -34,18 +34,20 @@ startup-failure-kv-too-small.
 
 from __future__ import annotations
 
-import statistics
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
-from vtop.core.phases import Phase
+from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, short_url
+from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
-    from vtop.core.phases import Failure
+    from vtop.core.phases.types import Failure, StallInfo, StartupSnapshot
 
 
 class StartupStall:
@@ -54,6 +56,8 @@ class StartupStall:
     ids = ("startup_stall",)
 
     def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        if download_in_flight(ctx):  # bytes moving is no stall; bytes stopped: vtop/core/rules/download.py names it
+            return download_stall(ctx, mem)
         a = startup_stall(ctx, mem)
         # a start vtop has no log of, judged by its processes (vtop/core/rules/stillness.py)
         return ([] if a is None else [a]) + per_server(ctx, mem, still_start)
@@ -69,10 +73,11 @@ class StartupFailure:
         if f is None or f.phase is Phase.READY:
             return []
         where = f" during {f.phase.label}" if f.phase is not None else ""
-        # The tracker's message may name the phase already ("ValueError during memory profiling").
-        message = f.message.removesuffix(where) if where else f.message
+        words = failure_words(f)
+        # The words may name the phase already ("ValueError during memory profiling").
+        message = words.message.removesuffix(where) if where else words.message
         title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {message}"
-        return [Alert("startup_failure", "critical", title, failure_evidence(ctx, mem, f, where), (f.fix,),
+        return [Alert("startup_failure", "critical", title, failure_evidence(ctx, mem, f, where), (words.fix,),
                       ctx.log_target, f.arrival)]
 
 
@@ -85,7 +90,8 @@ def tracker_failure(ctx: Evidence, mem: Memory) -> Failure | None:
 
 
 def failure_evidence(ctx: Evidence, mem: Memory, f: Failure, where: str) -> tuple[str, ...]:
-    message = f.message.removesuffix(where) if where else f.message
+    words = failure_words(f).message
+    message = words.removesuffix(where) if where else words
     ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
     if f.kind in ("kv_no_memory", "kv_host_memory", "gpu_free_at_start", "max_model_len"):
         ev += mem.other_procs_lines(ctx, ctx.log_target, f.arrival)
@@ -152,7 +158,7 @@ def _gpu_idle(ctx: Evidence, mem: Memory, window_s: float) -> tuple[bool, list[s
         utils += [p.util for p in mem.gpus[idx].between(ctx.now - window_s, ctx.now) if p.util is not None]
     if not utils:
         return None
-    mean = statistics.fmean(utils)
+    mean = fmean(utils)
     return mean < mem.th.startup_still_gpu_util, [f"GPU-Util {mean:.0f} % over the same {dur(window_s)}"]
 
 
@@ -174,56 +180,68 @@ def _went_still(ctx: Evidence, mem: Memory) -> list[str] | None:
     return cpu + (gpu[1] if gpu is not None else [])
 
 
-def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
+def _stall_found(ctx: Evidence, mem: Memory) -> tuple[StallInfo, list[str], bool] | None:
+    """(the stall, the evidence that judged it, whether the processes went still) for a start in progress:
+    the ceiling (the tracker's :class:`StallInfo`), a progress bar that stopped, or a silent phase whose
+    processes and GPUs went still; None when none holds."""
     snap = ctx.startup
     if not (snap is None or snap.state == "starting"):
         return None
-    stall = ctx.stall
-    why: list[str] = []
-    still = False
-    if stall is None and ctx.quiet is not None:
-        why = _progress_stopped(ctx, mem) or []
-        if not why:
-            why = _went_still(ctx, mem) or []
-            still = bool(why)
-        if why:
-            stall = ctx.quiet.as_stall(ctx.now)
-    if stall is None:
+    if ctx.stall is not None:
+        return ctx.stall, [], False
+    q = ctx.quiet
+    if q is None:
         return None
-    tgt = ctx.log_target
-    since = ctx.now - stall.silent_s
-    ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}", *why]
+    why = _progress_stopped(ctx, mem)
+    if why:
+        return q.as_stall(ctx.now), why, False
+    why = _went_still(ctx, mem)
+    if why:
+        return q.as_stall(ctx.now), why, True
+    return None
+
+
+def _attach_line(ctx: Evidence, mem: Memory) -> list[str]:
+    """A log read as a backlog (doctor, or the screen just attached): what dates the silence."""
     hist = ctx.history
-    if hist is not None and hist.backlog_lag_s > 0 and hist.backlog_lag_from is not None:
-        # Read as a backlog (doctor, or the screen just attached): say what dates the silence.
-        what = ("the last line's time stamp" if hist.backlog_lag_from == "stamp" else
-                "the log file's modification time (its last line, a progress frame, has no time stamp)")
-        ev.append(f"the log was read at attach: its last line was written {dur(hist.backlog_lag_s)} before vtop "
-                  f"read it, by {what}")
-    if not still and not why:
-        ev.append("no process readings were used (vtop sees no process for this server, or none that old): "
-                  "the silence alone, past the threshold")
-    if snap is not None and stall.phase is not None:
-        pv = snap.phase(stall.phase)
-        if pv is not None and pv.progress:
-            ev.append("progress: " + ", ".join(f"{p.label} {p.n}/{p.total}" for p in pv.progress))
+    if hist is None or hist.backlog_lag_s <= 0 or hist.backlog_lag_from is None:
+        return []
+    what = ("the last line's time stamp" if hist.backlog_lag_from == "stamp" else
+            "the log file's modification time (its last line, a progress frame, has no time stamp)")
+    return [f"the log was read at attach: its last line was written {dur(hist.backlog_lag_s)} before vtop read it, "
+            f"by {what}"]
+
+
+def _log_lines(snap: StartupSnapshot | None, stall: StallInfo) -> list[str]:
+    """What the log says of the stalled phase: its progress, its last line, the shm-broadcast waits."""
+    ev: list[str] = []
+    pv = snap.phase(stall.phase) if snap is not None and stall.phase is not None else None
+    if pv is not None and pv.progress:
+        ev.append("progress: " + ", ".join(f"{p.label} {p.n}/{p.total}" for p in pv.progress))
     if stall.last_line:
         ev.append(f"last line: {stall.last_line.strip()[:200]}")
     if snap is not None and snap.facts.shm_broadcast_waits:
-        ev.append(
-            f"{snap.facts.shm_broadcast_waits} 'No available shared memory broadcast block' message(s): "
-            "a worker is not answering"
-        )
-    idxs = mem.gpus_of(ctx, tgt) or sorted(mem.gpus)
+        ev.append(f"{snap.facts.shm_broadcast_waits} 'No available shared memory broadcast block' message(s): "
+                  "a worker is not answering")
+    return ev
+
+
+def _gpus_during(ctx: Evidence, mem: Memory, since: float) -> tuple[list[str], bool]:
+    """(evidence lines, the SMs were busy) of the server's GPUs during the silence."""
+    ev: list[str] = []
     busy_sm: list[float] = []
-    for idx in idxs:
+    for idx in mem.gpus_of(ctx, ctx.log_target) or sorted(mem.gpus):
         gl = mem.gpu_line(idx, since, ctx.now)
         if gl:
             ev.append(gl + " during the silence")
             busy_sm += [p.sm for p in mem.gpus[idx].between(since, ctx.now) if p.sm is not None]
-    working = bool(busy_sm) and statistics.fmean(busy_sm) >= 50.0
+    working = bool(busy_sm) and fmean(busy_sm) >= 50.0
     if working:
         ev.append("the SMs are busy: the phase may just be slow (a big model's first torch.compile or profiling)")
+    return ev, working
+
+
+def _stall_fix(stall: StallInfo, still: bool) -> tuple[str, ...]:
     fix = []
     if still:
         fix.append("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is "
@@ -231,5 +249,165 @@ def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
     if stall.hint:
         fix.append(stall.hint[0].upper() + stall.hint[1:] + ".")
     fix.append("Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.")
+    return tuple(fix)
+
+
+def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
+    found = _stall_found(ctx, mem)
+    if found is None:
+        return None
+    stall, why, still = found
+    since = ctx.now - stall.silent_s
+    ev = [f"no new log line and no progress for {dur(stall.silent_s)} in {stall.label}", *why, *_attach_line(ctx, mem)]
+    if not why:
+        ev.append("no process readings were used (vtop sees no process for this server, or none that old): "
+                  "the silence alone, past the threshold")
+    ev += _log_lines(ctx.startup, stall)
+    gpu, working = _gpus_during(ctx, mem, since)
+    ev += gpu
+    tgt = ctx.log_target
     title = f"Startup of {short_url(tgt)} stalled in {stall.label}: no new log line for {dur(stall.silent_s)}"
-    return Alert("startup_stall", "info" if working else "warning", title, tuple(ev), tuple(fix), tgt, since)
+    return Alert("startup_stall", "info" if working else "warning", title, tuple(ev), _stall_fix(stall, still), tgt,
+                 since)
+
+
+# --------------------------------------------------------------------------- a failure's words and fix
+
+_Get = Callable[[str], "str | None"]
+
+PACKAGE_FOR_MODULE = {"flashinfer": "flashinfer-python", "vllm_flash_attn": "vllm-flash-attn", "cv2": "opencv-python"}
+
+
+def _kv_fit(avail: str | None) -> str:
+    """A KV cache size in whole GiB that fits in ``avail`` GiB with a little room (at least 1)."""
+    try:
+        return str(max(1, int(float(avail or "") * 0.8)))
+    except ValueError:
+        return "N"
+
+
+def _util_fit(free: str | None, total: str | None) -> str:
+    """A --gpu-memory-utilization that fits in what is free, two points under it."""
+    try:
+        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
+    except (ValueError, ZeroDivisionError):
+        return "what is free"
+
+
+class FailureWords(NamedTuple):
+    """What a failure is called and its usual fix."""
+
+    message: str
+    fix: str
+
+
+def failure_words(f: Failure) -> FailureWords:
+    """The words of a failure the tracker decided on (its kind, the telling line's details, its phase):
+    one place for them, the startup panel's, the startup-failure and engine-death rules'."""
+    msg, fix = _fix_text(f.kind, f.get, f.phase)
+    return FailureWords(msg, fix)
+
+
+def _cuda_oom(g: _Get, where: str) -> tuple[str, str]:
+    amt = g("amt")
+    return (f"CUDA out of memory{where}" + (f" (tried to allocate {amt})" if amt else ""),
+            "Check no other process holds GPU memory (nvidia-smi). Then lower --max-model-len or --max-num-seqs, "
+            "use a smaller or quantized model, or spread it with --tensor-parallel-size; lower "
+            "--gpu-memory-utilization if the GPU is shared. During CUDA graph capture, --enforce-eager avoids it.")
+
+
+def _kv_no_memory(g: _Get, where: str) -> tuple[str, str]:
+    return ("no GPU memory left for the KV cache",
+            "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
+            "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size.")
+
+
+def _kv_host_memory(g: _Get, where: str) -> tuple[str, str]:
+    req, avail, total, node = g("req"), g("avail"), g("total"), g("node")
+    return (f"out of memory for the KV cache: {req} GiB asked, {avail} of {total} GiB available on NUMA node {node}",
+            f"Size the KV cache to what the host has: on the CPU backend VLLM_CPU_KVCACHE_SPACE={_kv_fit(avail)} (GiB) "
+            f"or less, or --kv-cache-memory-bytes {_kv_fit(avail)}G; or free host memory that other processes hold. "
+            "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
+            "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
+            "--kv-cache-memory-bytes.")
+
+
+def _gpu_free_at_start(g: _Get, where: str) -> tuple[str, str]:
+    free, total, util, req = g("free"), g("total"), g("util"), g("req")
+    return (f"not enough free GPU memory at start: {free} of {total} GiB free, --gpu-memory-utilization {util} "
+            f"asks for {req} GiB",
+            "Another process holds GPU memory (nvidia-smi shows it): stop or move it, or lower "
+            f"--gpu-memory-utilization to {_util_fit(free, total)} or less (what is free beside it). A lower "
+            "--max-model-len or --max-num-seqs, or --kv-cache-memory-bytes, makes vLLM need less.")
+
+
+def _max_model_len(g: _Get, where: str) -> tuple[str, str]:
+    est = g("est")
+    length = g("len") or g("len0")
+    target = f"--max-model-len {est}" if est else "a smaller --max-model-len"
+    return (f"the KV cache cannot hold one request of max_model_len {length}" if length else "max_model_len too large",
+            f"Pass {target}, raise --gpu-memory-utilization, or add GPUs with --tensor-parallel-size "
+            "so one full-length request fits in the KV cache.")
+
+
+def _module_not_found(g: _Get, where: str) -> tuple[str, str]:
+    mod = g("mod") or "?"
+    top = mod.split(".")[0]
+    if top == "flashinfer":
+        fix = ("vLLM imports flashinfer but it is not installed: pip install flashinfer-python (built for your "
+               "torch/CUDA), or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it.")
+    else:
+        pkg = PACKAGE_FOR_MODULE.get(top, top)
+        fix = f"Install it in vLLM's environment (pip install {pkg}) or turn off the feature that imports it."
+    return f"Python module '{mod}' is missing", fix
+
+
+def _model_len_too_long(g: _Get, where: str) -> tuple[str, str]:
+    length, pos = g("len"), g("pos")
+    return (f"--max-model-len {length} is longer than the model allows" + (f" ({pos} positions)" if pos else ""),
+            f"Pass --max-model-len {pos or 'N'} or less (the model's max_position_embeddings), or set "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only for a model whose position encoding (RoPE scaling) really "
+            "supports more: past it, outputs go wrong.")
+
+
+def _worker_died(g: _Get, where: str) -> tuple[str, str]:
+    code = g("code")
+    who = g("who") or ""
+    if code == "-9":
+        return (f"worker {who} was killed (signal 9), most likely by the kernel's OOM killer".replace("  ", " "),
+                "Confirm it was the OOM killer: dmesg -T | grep -i -e 'killed process' -e 'out of memory' (or "
+                "journalctl -k). Then give it less to hold: lower --max-num-seqs or --max-model-len, or size the KV "
+                "cache (--kv-cache-memory-bytes; on the CPU backend VLLM_CPU_KVCACHE_SPACE), or free host memory.")
+    return (f"worker {who} died".replace("  ", " ") + (f" (exit code {code})" if code else ""),
+            "The worker's traceback is just above this line (filter the log to errors).")
+
+
+def _engine_died(g: _Get, where: str) -> tuple[str, str]:
+    return ("the engine process died",
+            "Look for the engine's traceback or an OOM kill (dmesg | grep -i 'killed process') just before this "
+            "line; the API server exits afterwards, and its exit code says nothing.")
+
+
+def _engine_init_failed(g: _Get, where: str) -> tuple[str, str]:
+    return (f"engine failed to start{where}",
+            "The root cause is the first error or traceback before this line (filter the log to errors).")
+
+
+def _exception(g: _Get, where: str) -> tuple[str, str]:
+    return (f"{g('exc') or 'exception'}{where}",
+            "The process raised this during startup and exited; the traceback above shows where.")
+
+
+#: a failure's kind (the tracker's decision) -> its words
+_WORDS: dict[str, Callable[[_Get, str], tuple[str, str]]] = {
+    "cuda_oom": _cuda_oom, "kv_no_memory": _kv_no_memory, "kv_host_memory": _kv_host_memory,
+    "gpu_free_at_start": _gpu_free_at_start, "max_model_len": _max_model_len, "module_not_found": _module_not_found,
+    "model_len_too_long": _model_len_too_long, "worker_died": _worker_died, "engine_died": _engine_died,
+    "engine_init_failed": _engine_init_failed,
+}
+
+
+def _fix_text(kind: str, g: _Get, phase: Phase | None) -> tuple[str, str]:
+    """(short message, usual fix) for a failure kind; ``g`` reads the telling line's details by name."""
+    where = f" during {phase.label}" if phase and phase is not Phase.READY else ""
+    return _WORDS.get(kind, _exception)(g, where)

@@ -29,11 +29,14 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vtop.model.gpu import OK, GpuPoll, GpuProcess, GpuSample
 from vtop.model.server import ModelsInfo, ServerPoll
 from vtop.sources.recording.record import RecordEvent, read
+
+if TYPE_CHECKING:
+    from vtop.sources.vllm import ScrapePlan
 
 TRUTH = "truth.json"
 
@@ -143,16 +146,7 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
     no log (``"log_for_vtop": false``: vLLM's stdout on a pipe; the trace keeps it for the reader)."""
     from vtop.sources.discovery import discover_servers
     from vtop.sources.logtail import LineSplitter
-    from vtop.sources.metrics_text import parse_vllm_metrics
-    from vtop.sources.vllm import (
-        FAST_METRICS_PATH,
-        METRICS_PATH,
-        PATH_NAMES,
-        ScrapePlan,
-        poll_from_body,
-        poll_from_error,
-        restrict_exposition,
-    )
+    from vtop.sources.vllm import ScrapePlan, poll_from_error
 
     p = Path(path)
     truth = truth_of(p)
@@ -183,18 +177,7 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
         except (KeyError, TypeError, ValueError):
             continue
         h = latest(health, mono)
-        hrow = h[1] if h else None
-        i = latest(info, mono)
-        extra: dict[str, Any] = {}
-        if hrow is not None:
-            extra["health"] = hrow.get("status")
-            extra["health_polled"] = True
-        if i is not None:
-            if i.get("version"):
-                extra["version"] = str(i["version"])
-            models = _models(i.get("models"))
-            if models is not None:
-                extra["models"] = models
+        extra = _extra(h[1] if h else None, latest(info, mono))
         status, text = r.get("status"), r.get("text")
         poll: ServerPoll
         if status is None or text is None:
@@ -204,20 +187,7 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
             if not connected:
                 plan.reconnect()
                 connected = True
-            body, metrics = str(text), None
-            path = plan.path(mono)
-            names = PATH_NAMES[path]
-            if path != METRICS_PATH:
-                part = restrict_exposition(body, frozenset(names or ())) if int(status) == 200 else ""
-                got = plan.took_restricted(parse_vllm_metrics(part) if int(status) == 200 else None, mono,
-                                           fast=path == FAST_METRICS_PATH)
-                if got is not None:
-                    body, metrics = part, got
-            if metrics is None and int(status) == 200:
-                metrics = parse_vllm_metrics(body)
-                plan.took_full(metrics, mono)
-            poll = poll_from_body(url, body, t=t, mono=mono, latency_s=r.get("dt"), status=int(status),
-                                  metrics=metrics, **extra)
+            poll = _scraped(plan, url, r, int(status), str(text), t, mono, extra)
         events.append(RecordEvent("server", t, mono, poll))
 
     for r in _rows(p / "procs.jsonl.gz"):
@@ -256,7 +226,9 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
             lines = split.feed(data[done:size]) if size > done else []
             done = max(done, size)
             if lines:
-                events.append(RecordEvent("log", t, mono, lines))
+                # "mtime" (a derived trace: an old file given with --log): the file's modification time
+                mt = _num(r.get("mtime"))
+                events.append(RecordEvent("log", t, mono, lines, extra=mt))
 
     gpu_name = str((truth.get("server") or {}).get("gpu") or "GPU")
     events.extend(gpu_events(p, gpu_name))
@@ -264,3 +236,41 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
     events.sort(key=lambda e: e.at)
     header = {"schema": "vtop-trace", "interval": 1.0, "history": 600.0, "truth": truth, "raw": True}
     return header, events
+
+
+def _extra(hrow: dict[str, Any] | None, info: dict[str, Any] | None) -> dict[str, Any]:
+    """What a poll at that time knew besides ``/metrics``: ``/health``'s answer, the version and the
+    models (``/version``, ``/v1/models``)."""
+    extra: dict[str, Any] = {}
+    if hrow is not None:
+        extra["health"] = hrow.get("status")
+        extra["health_polled"] = True
+    if info is not None:
+        if info.get("version"):
+            extra["version"] = str(info["version"])
+        models = _models(info.get("models"))
+        if models is not None:
+            extra["models"] = models
+    return extra
+
+
+def _scraped(plan: ScrapePlan, url: str, r: dict[str, Any], status: int, text: str, t: float, mono: float,
+             extra: dict[str, Any]) -> ServerPoll:
+    """One answered scrape, cut down to what the scraper's schedule (``plan``) asked for at ``mono``."""
+    from vtop.sources.metrics_text import parse_vllm_metrics
+    from vtop.sources.vllm import FAST_METRICS_PATH, METRICS_PATH, PATH_NAMES, poll_from_body, restrict_exposition
+
+    body, metrics = text, None
+    path = plan.path(mono)
+    names = PATH_NAMES[path]
+    if path != METRICS_PATH:
+        part = restrict_exposition(body, frozenset(names or ())) if status == 200 else ""
+        got = plan.took_restricted(parse_vllm_metrics(part) if status == 200 else None, mono,
+                                   fast=path == FAST_METRICS_PATH)
+        if got is not None:
+            body, metrics = part, got
+    if metrics is None and status == 200:
+        metrics = parse_vllm_metrics(body)
+        plan.took_full(metrics, mono)
+    return poll_from_body(url, body, t=t, mono=mono, latency_s=r.get("dt"), status=status,
+                          metrics=metrics, **extra)

@@ -131,16 +131,20 @@ class RequestsLine(Static):
         """Something to say (the app's layout plan shows the line when there is room)."""
         return bool(self._text)
 
-    def show_requests(self, view: Any) -> None:
-        text = self.line(view)
+    def show_requests(self, view: Any, down: Any = None) -> None:
+        text = self.line(view, down)
         if text != self._text:
             self._text = text
             self.update(text)
 
     @staticmethod
-    def line(view: Any) -> str:
+    def line(view: Any, down: Any = None) -> str:
+        """``down``: the server's gauges as last seen when it is down or its engine died
+        (:meth:`vtop.monitor.Monitor.log_target_down`): then nothing logged is in flight any more."""
         if view is None or not getattr(view, "request_logging", False):
             return ""
+        if down is not None:
+            return f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
         reqs = view.inflight
         if not reqs:
             return "requests in flight: none (from the vLLM request log; r: recent)"

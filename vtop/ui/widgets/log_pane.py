@@ -16,7 +16,7 @@ from textual.widgets import Input, Log
 from vtop.model.redact import redact_prompts, scrub_secrets
 
 if TYPE_CHECKING:
-    from vtop.core.phase_types import LogLine
+    from vtop.core.phases.types import LogLine
     from vtop.monitor.logwatch import LogView
 
 
@@ -105,7 +105,10 @@ class LogPane(Log):
         return self.scrollable_content_region.width
 
     def show(self, view: LogView) -> None:
+        relabel = getattr(self.view, "source_label", None) != view.source_label
         self.view = view
+        if relabel:
+            self._title()
         self._redraw()
 
     def toggle_filter(self) -> None:
@@ -130,7 +133,9 @@ class LogPane(Log):
             bits.append(f"lines with {self.substring!r} (Esc: all)")
         if self.show_probes and not self.only_problems:
             bits.append("poll lines shown (a: hide)")
-        self.border_title = "log: " + ", ".join(bits) if bits else "log (w: warnings and errors only)"
+        label = getattr(self.view, "source_label", None)
+        head = f"log · {label}" if label else "log"
+        self.border_title = f"{head}: " + ", ".join(bits) if bits else f"{head} (w: warnings and errors only)"
         self.border_subtitle = (
             f"{self.hidden_probes} poll lines hidden (a) · out of vLLM's log: {PROBE_FLAG}"
             if self.hidden_probes and not self.only_problems else ""

@@ -16,7 +16,7 @@ import textwrap
 from rich.text import Text
 
 from vtop.core.rates import Quantiles
-from vtop.core.server import ServerView
+from vtop.core.server import LastSeen, ServerView
 from vtop.core.spark import SparkLines
 from vtop.model.fmt import dur
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
@@ -114,6 +114,8 @@ class ServerCard(_RunsWidget):
         self.max_gap = max_gap
         self.now = 0.0
         self.max_num_seqs: int | None = None
+        self.seen: LastSeen | None = None
+        """The gauges as last seen, as the monitor words them (:meth:`vtop.monitor.Monitor.last_seen`)."""
         self.extra_title = ""
         self._nlines: int | None = None
         self._sparks = SparkLines(64)
@@ -205,11 +207,15 @@ class ServerCard(_RunsWidget):
         style = "lost" if v.state in BAD_STATES else "warn" if v.state in WARN_STATES or word == "SLEEPING" else "label"
         out: list[Run] = [(f"vLLM :{port} ", "label"), (word, style)]
         t = v.total
-        if t is not None:
+        seen = self.seen if self.seen is not None else v.last_seen(self.now)
+        if seen is not None:
+            # not live (down, a dead engine, late polls): the last values, greyed, with their age
+            out.append((f" · {seen.words()}", "dim"))
+        elif t is not None:
             kv = "n/a" if t.kv_pct is None else f"{t.kv_pct:.0f}%"
             out.append((f" · running {fmt_num(t.running)} · waiting {fmt_num(t.waiting)} · KV {kv}", "label"))
-        if v.gen_tps is not None:
-            out.append((f" · {fmt_num(v.gen_tps)} tok/s", "label"))
+        if v.gen_tps_now is not None:
+            out.append((f" · {fmt_num(v.gen_tps_now)} tok/s ({v.now_window_s:.0f} s)", "label"))
         return out
 
     def all_lines(self, width: int) -> list[list[Run]]:
@@ -228,10 +234,15 @@ class ServerCard(_RunsWidget):
             ("running", "running", total.running if total else None),
             ("waiting", "waiting", total.waiting if total else None),
             ("KV cache", "kv_pct", total.kv_pct if total else None),
-            ("gen tok/s", "gen_tps", v.gen_tps),
+            # the sparkline's rate, over its window (the note says which): one number for one rate
+            ("gen tok/s", "gen_tps", v.gen_tps_now),
         ]
         scales = [self._scale(name) for _, name, _ in rows]
+        scales[3] = (scales[3][0], f"{v.now_window_s:.0f}s {scales[3][1]}")
         note_w = max(len(note) for _, note in scales)
+        # Down, a dead engine, late polls: the gauges are the last values seen, never shown as live
+        # (the DOWN card read "running 4" in full colour): greyed, and a line says their age.
+        seen = self.seen if self.seen is not None else v.last_seen(self.now)
         out: list[list[Run]] = []
         for i, (label, name, val) in enumerate(rows):
             hi, note = scales[i]
@@ -243,6 +254,8 @@ class ServerCard(_RunsWidget):
                 value = (f"{txt:>5}", "hot" if name == "waiting" and (val or 0) > 0 else "")
             else:
                 value = (f"{fmt_num(val):>5}", "")
+            if seen is not None and name != "gen_tps":
+                value = (value[0], "dim")
             row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), self._spark(name, spark_w, hi)]
             right = f"{note:<{note_w}} " if note_w else ""
             row += [(" ", ""), (right, "dim"), ((extras[i] if i < len(extras) else "")[: RIGHT_COL - len(right)], "label")]
@@ -262,14 +275,19 @@ class ServerCard(_RunsWidget):
             style = "lost" if v.state in BAD_STATES else "warn"
             for ln in textwrap.wrap(_state_line(v, self.now), max(20, width)):
                 out.append([(ln, style)])
+        if seen is not None:
+            for ln in textwrap.wrap(f"gauges above: {seen.words()}", max(20, width)):
+                out.append([(ln, "dim")])
         return out
 
     @staticmethod
     def _extras(v: ServerView) -> list[str]:
-        pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s"
-        hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%"
+        # every rate says its window: prompt over the sparklines' (as gen tok/s), the rest over the card's
+        win = f" {v.rate_span_s:.0f}s" if v.rate_span_s else ""
+        pre = "-" if v.preemptions_ps is None else f"{v.preemptions_ps:.1f}/s{win}"
+        hit = "" if v.prefix_hit_rate is None else f"hit {100 * v.prefix_hit_rate:.0f}%{win}"
         return [
-            "prompt -" if v.prompt_tps is None else f"prompt {fmt_num(v.prompt_tps)}/s",
+            "prompt -" if v.prompt_tps_now is None else f"prompt {fmt_num(v.prompt_tps_now)}/s {v.now_window_s:.0f}s",
             f"preempt {pre}",
             f"scrape {fmt_scrape(v.latency_s)}",
             hit,

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widgets import Static
 
-from vtop.core.phase_types import Phase, PhaseView, StartupSnapshot
+from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
+    from vtop.core.download import DownloadProgress
+    from vtop.core.phases.types import Failure
+    from vtop.core.rules.startup import FailureWords
     from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
@@ -33,6 +36,13 @@ def fmt_s(s: float | None) -> str:
         return f"{m} min {sec:02d} s"
     h, m = divmod(m, 60)
     return f"{h} h {m:02d} min"
+
+
+def _words(f: Failure) -> FailureWords:
+    """A failure's words and fix: the startup rules' (loaded once a failure is drawn, not at the first frame)."""
+    from vtop.core.rules.startup import failure_words
+
+    return failure_words(f)
 
 
 def bar(frac: float, width: int = 12) -> str:
@@ -76,9 +86,12 @@ def progress_text(v: PhaseView) -> str:
 class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
-    def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]], **kw: object) -> None:
+    def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
+                 download: Callable[[], DownloadProgress | None] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
+        #: the Hub download of this start (vtop.core.download), while one is seen
+        self.download = download
         self.view: LogView | None = None
         self.unfolded = False
         self.message: str | None = None
@@ -157,12 +170,22 @@ class StartupPanel(Static):
             head += f" · {f.model}"
         if snap.world_size and snap.world_size > 1:
             head += f" · TP={snap.world_size}"
-        if snap.state == "ready":
+        died = snap.died_after_ready_s
+        if snap.state == "ready" or died is not None:
+            # A start that was ready stays "ready in 1 min 29 s" when its engine dies later: the
+            # death is its own line (it was redrawn "✗ FAILED ... ✗ ready 0.0 s").
             total = fmt_s(snap.total_s)
             out.append(f"✓ {head}: ready" + (f" in {total}" if total else ""), style="bold")
             slow = sorted((p for p in snap.phases if p.duration_s), key=lambda p: -(p.duration_s or 0))[:3]
             if slow:
                 out.append("  (" + ", ".join(f"{p.label} {fmt_s(p.duration_s)}" for p in slow) + ")")
+            if died is not None and snap.failure is not None:
+                fl = snap.failure
+                words = _words(fl)
+                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {words.message}",
+                           style="bold red")
+                out.append(f"\n  line: {fl.line[:300]}", style="red")
+                out.append(f"\n  fix:  {words.fix}", style="bold")
             if not self.unfolded:
                 return out
             out.append("\n")
@@ -183,12 +206,18 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
-        if snap.failure is not None:
+        dl = self.download() if self.download is not None and snap.state == "starting" else None
+        if dl is not None:
+            frac = dl.done / dl.total if dl.total else None
+            out.append("\n  ⇣ " + dl.text() + (f"  {bar(frac)}" if frac is not None else ""),
+                       style="bold yellow" if dl.quiet_s >= 30 else "bold")
+        if snap.failure is not None and died is None:
             fl = snap.failure
+            words = _words(fl)
             out.append("\n✗ ", style="bold red")
-            out.append(fl.message, style="bold red")
+            out.append(words.message, style="bold red")
             out.append(f"\n  line: {fl.line[:300]}", style="red")
-            out.append(f"\n  fix:  {fl.fix}", style="bold")
+            out.append(f"\n  fix:  {words.fix}", style="bold")
         if v.stall is not None:
             st = v.stall
             util, sm = self.gpu_activity(v.mono - st.silent_s)
@@ -220,7 +249,7 @@ class StartupPanel(Static):
                 out.append("\n")
             pv = done.get(ph)
             current = snap.state == "starting" and ph is snap.current
-            failed_here = snap.failure is not None and snap.failure.phase is ph
+            failed_here = snap.failure is not None and snap.failure.phase is ph and snap.died_after_ready_s is None
             if failed_here:
                 mark, style = "✗", "bold red"
             elif current:

@@ -1,26 +1,24 @@
-"""Startup phases of a vLLM server, read from its log.
+"""The startup tracker: a state machine over a vLLM log's lines (phases, facts, failure, silence).
 
-Pure logic, no I/O and no Textual: :func:`parse_line` turns one log line into a
-:class:`LogEvent`, and :class:`PhaseTracker` is a state machine fed with
-``(line, arrival)`` pairs, ``arrival`` being the monotonic time the line was
-read. The tracker knows the phases of a start (process start, engine init,
-weights, torch.compile, memory profiling, KV cache sizing, CUDA graph capture,
-warmup, API server, ready), the facts each one reports, per tensor-parallel
-rank timings, the usual fatal errors with their fix, and when a start has gone
-silent for too long.
+Pure logic, no I/O: :class:`PhaseTracker` is fed ``(line, arrival)`` pairs, ``arrival`` being the
+monotonic time the line was read, and answers a :class:`~vtop.core.phases.types.StartupSnapshot`.
+It knows the phases of a start (process start, engine init, weights, torch.compile, memory
+profiling, KV cache sizing, CUDA graph capture, warmup, API server, ready), the facts each one
+reports, per tensor-parallel rank timings, the fatal errors (their kind: the words and the usual
+fix are the startup rules', :func:`vtop.core.rules.startup.failure_words`), and how long a start
+has been silent.
 
-Why it is built this way (see ``docs/vllm-reference.md`` §2 and §7):
+Why it is built this way:
 
-* The log's own timestamps (``MM-DD HH:MM:SS``, no year, no zone, local time of
-  the vLLM host) are the clock of record, so a log replayed from disk gives the
-  same durations as one watched live. Lines without a stamp (tqdm bars, uvicorn,
-  tracebacks) get the last stamp plus the arrival time elapsed since it.
-* The timeline is contiguous: a phase with no start line of its own (torch.compile
-  starts inside the profiling run, the warmup after graph capture is silent)
-  starts where the previous one ended, so the durations add up to the total.
-* vLLM's line formats drift between versions; every message pattern is used with
-  ``re.search`` on the message part, and the prefix parser accepts every format
-  from 0.6 to 0.33 (tag or not, ``file.py:N]`` or ``[file.py:N]``, ANSI or not).
+* The log's own timestamps (``MM-DD HH:MM:SS``, no year, no zone, local time of the vLLM host) say
+  how long phases took, so a log replayed from disk gives the same durations as one watched live.
+  Lines without a stamp (tqdm bars, uvicorn, tracebacks) get the last stamp plus the arrival time
+  elapsed since it. The launch time of the process (an epoch time) goes on the log's clock by the
+  offset measured (:meth:`PhaseTracker.set_clock_offset`, :mod:`vtop.core.logclock`); silence is
+  counted on the arrival clock: a line vtop saw arrive is news whatever its stamp says.
+* The timeline is contiguous: a phase with no start line of its own (torch.compile starts inside
+  the profiling run, the warmup after graph capture is silent) starts where the previous one
+  ended, so the durations add up to the total.
 """
 
 from __future__ import annotations
@@ -33,7 +31,55 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtop.core.phase_types import (
+from vtop.core.phases.patterns import (
+    ACCESS_RE,
+    API_MARK_RE,
+    ARCH_RE,
+    C10D_ERR_RE,
+    C10D_WARN_RE,
+    CAPTURE_BAR_RE,
+    CAPTURE_END_RE,
+    CAPTURE_START_RE,
+    CAUSE_WINDOW_S,
+    CFG_RES,
+    COMPILE_CACHED_RE,
+    COMPILE_END_RE,
+    COMPILE_FRESH_RE,
+    COMPILE_MARK_RE,
+    DEATH_KINDS,
+    ENGINE_INIT_RE,
+    ENGINE_WAIT_RE,
+    ERROR_PATTERNS,
+    EXC_LINE_RE,
+    GRAPH_EST_RE,
+    INIT_ENGINE_RE,
+    KV_AVAILABLE_RE,
+    KV_BLOCKS_RE,
+    KV_CONC_RE,
+    KV_CPU_SET_RE,
+    KV_TOKENS_RE,
+    MAX_LEN_RE,
+    MODEL_LOADING_RE,
+    NUM_BLOCKS_RE,
+    PROFILE_RUN_RE,
+    PROFILING_MARK_RE,
+    PROFILING_TAKES_RE,
+    PYWARN_RE,
+    READY_RE,
+    SERVER_URL_RE,
+    SHARDS_RE,
+    SHM_WAIT_RE,
+    SHUTDOWN_RE,
+    STATS_RE,
+    TQDM_ELAPSED_RE,
+    TRACEBACK_RE,
+    WARMUP_MARK_RE,
+    WEIGHTS_START_RE,
+    WEIGHTS_TOOK_RE,
+    LogEvent,
+    parse_line,
+)
+from vtop.core.phases.types import (
     _FACT_NAMES,
     _INDEX,
     _ORDER,
@@ -49,217 +95,14 @@ from vtop.core.phase_types import (
     StartupFacts,
     StartupSnapshot,
 )
-from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE, banner_version, is_progress_frame, split_glued, strip_ansi
+from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE
 
-__all__ = [
-    "DEFAULT_STALL_S",
-    "Failure",
-    "LogEvent",
-    "LogLine",
-    "Phase",
-    "PhaseTracker",
-    "PhaseView",
-    "Progress",
-    "Quiet",
-    "RankTiming",
-    "StallInfo",
-    "StartupFacts",
-    "StartupSnapshot",
-    "banner_version",
-    "is_progress_frame",
-    "parse_line",
-    "split_glued",
-    "strip_ansi",
-    "summarize",
-]
+__all__ = ["DEFAULT_STALL_S", "PhaseTracker", "summarize"]
 
 #: Silence (no new line, no progress) after which a start counts as stalled.
 #: Real cold starts have 18-30 s silent gaps (imports, EngineCore spawn, warmup)
 #: and first torch.compile runs of big models take several minutes.
 DEFAULT_STALL_S = 600.0
-
-# --------------------------------------------------------------------------- text helpers
-
-# CSI sequences (colours, cursor moves tqdm uses for nested bars), two-byte
-# escapes, and the caret form ``^[[0;36m`` found in copy-pasted docker output.
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
-
-_TAG = r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)"
-# docs/vllm-reference.md §2.1 master prefix regex (both "file.py:N]" and "[file.py:N]").
-_RECORD_BODY = (
-    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mon>\d\d)-(?P<day>\d\d) "
-    r"(?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:\.\d+)? "
-    r"\[?(?P<src>[\w./-]+\.py):(?P<lineno>\d+)\](?: (?P<msg>.*))?$"
-)
-_RECORD_RE = re.compile(r"(?:" + _TAG + r"\s)?" + _RECORD_BODY)
-# One pass for the usual shapes: [tag] record | [tag] uvicorn | tag + anything.
-_LINE_RE = re.compile(
-    r"(?:"
-    + _TAG
-    + r"(?:\s|$))?(?:"
-    + _RECORD_BODY
-    + r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(?P<umsg>.*)$|(?P<rest>.*)$)"
-)
-# Container runtimes: CRI ("2026-04-10T08:52:19.57Z stdout F "), `docker logs -t`,
-# compose ("vllm-1  | ").
-_CONTAINER_PREFIX_RE = re.compile(
-    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr)\s+[FP]\s+)?"
-    r"|[\w.-]+\s+\|\s)"
-)
-
-
-@dataclass(slots=True)
-class LogEvent:
-    """One log line taken apart. ``text`` is the line without ANSI codes.
-
-    A plain slotted dataclass, not a frozen one: one is built per line, and frozen
-    dataclasses are several times slower to construct. Treat it as read-only.
-    """
-
-    text: str
-    message: str
-    kind: str  # "record" | "uvicorn" | "progress" | "raw" | "blank"
-    level: str | None = None
-    proc: str | None = None
-    pid: int | None = None
-    source: str | None = None
-    source_line: int | None = None
-    stamp: tuple[int, int, int, int, int] | None = None  # month, day, hour, minute, second
-
-
-def _from_record(text: str, m: re.Match[str]) -> LogEvent:
-    proc, pid, level, mon, day, hh, mi, ss, src, lineno, msg = m.groups()[:11]
-    return LogEvent(
-        text,
-        msg or "",
-        "record",
-        level,
-        proc,
-        int(pid) if pid else None,
-        src,
-        int(lineno),
-        (int(mon), int(day), int(hh), int(mi), int(ss)),
-    )
-
-
-def _parse_anchored(text: str) -> LogEvent | None:
-    m = _LINE_RE.match(text)
-    if m is None:  # pragma: no cover - the last alternative matches anything
-        return None
-    if m.group("level"):
-        return _from_record(text, m)
-    proc, pid = m.group("proc", "pid")
-    pid_n = int(pid) if pid else None
-    ulevel = m.group("ulevel")
-    if ulevel:
-        return LogEvent(text, m.group("umsg"), "uvicorn", ulevel, proc, pid_n)
-    if proc:
-        rest = m.group("rest")
-        kind = "blank" if not rest.strip() else ("progress" if is_progress_frame(rest) else "raw")
-        return LogEvent(text, rest, kind, None, proc, pid_n)
-    return None
-
-
-def parse_line(line: str) -> LogEvent:
-    """Take one physical log line apart (any vLLM version 0.6-0.33).
-
-    Never raises. Lines that are not log records (tqdm frames, tracebacks, Python
-    warnings, third-party prints) come back as ``raw`` or ``progress`` with the
-    process tag, when there is one, still recognised.
-    """
-    text = strip_ansi(line).rstrip("\r\n")
-    if not text.strip():
-        return LogEvent(text, "", "blank")
-    ev = _parse_anchored(text)
-    if ev is not None:
-        return ev
-    c = _CONTAINER_PREFIX_RE.match(text)
-    if c:
-        ev = _parse_anchored(text[c.end() :])
-        if ev is not None:
-            return LogEvent(text, ev.message, ev.kind, ev.level, ev.proc, ev.pid, ev.source, ev.source_line, ev.stamp)
-    # VLLM_LOGGING_PREFIX or any other prefix: find the record further in.
-    if " " in text and any(lv in text for lv in _LEVELS):
-        m = _RECORD_RE.search(text)
-        if m:
-            return _from_record(text, m)
-    return LogEvent(text, text, "progress" if is_progress_frame(text) else "raw")
-
-
-# --------------------------------------------------------------------------- message patterns
-
-_ENGINE_INIT_RE = re.compile(
-    r"Initializing (?:an LLM engine|a V0 LLM engine|a V1 LLM engine) \(v(?P<ver>[^)]+)\) with config: "
-)
-_CFG_RES = {
-    "model": re.compile(r"\bmodel='(?P<v>[^']*)'"),
-    "tensor_parallel_size": re.compile(r"\btensor_parallel_size=(?P<v>\d+)"),
-    "pipeline_parallel_size": re.compile(r"\bpipeline_parallel_size=(?P<v>\d+)"),
-    "enforce_eager": re.compile(r"\benforce_eager=(?P<v>True|False)"),
-    "max_model_len": re.compile(r"\bmax_seq_len=(?P<v>\d+)"),
-}
-_ENGINE_WAIT_RE = re.compile(r"Waiting for init message from front-end\.")
-_ARCH_RE = re.compile(r"Resolved architecture: (?P<v>\w+)")
-_MAX_LEN_RE = re.compile(r"Using max model len (?P<v>\d+)")
-
-_WEIGHTS_START_RE = re.compile(
-    r"Starting to load model (?P<model>.+?)\.\.\.|Loading model from scratch|Using model weights format \["
-)
-_SHARDS_RE = re.compile(
-    r"Loading (?:safetensors|pt|np_cache|\w+) checkpoint shards(?: \(eager\))?:\s+(?P<pct>\d+)% Completed"
-    r" \| (?P<n>\d+)/(?P<tot>\d+) \["
-)
-_WEIGHTS_TOOK_RE = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
-_MODEL_LOADING_RE = re.compile(
-    r"Loading model weights took (?P<gb>[\d.]+) GB"
-    r"|Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
-)
-
-_COMPILE_MARK_RE = re.compile(
-    r"Starting torch\.compile|for vLLM's torch\.compile|Dynamo bytecode transform time"
-    r"|Compiling a graph for|Directly load the compiled graph|Cache the graph of"
-    r"|Warming up model for the compilation"
-)
-_COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph")
-_COMPILE_FRESH_RE = re.compile(r"Compiling a graph for")
-_COMPILE_END_RE = re.compile(
-    r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"
-    r"|torch\.compile and initial profiling/warmup run together took (?P<s2>[\d.]+) s in total"
-)
-
-_PROFILING_TAKES_RE = re.compile(r"Memory profiling takes (?P<s>[\d.]+) seconds")
-_PROFILE_RUN_RE = re.compile(r"Initial profiling/warmup run took (?P<s>[\d.]+) s")
-_PROFILING_MARK_RE = re.compile(r"Profiling CUDA graph memory|CUDA graph memory profiling is enabled")
-_GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB total")
-_KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
-_KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
-
-_KV_BLOCKS_RE = re.compile(r"# (?:GPU|cuda|\w+) blocks: (?P<gpu>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
-_KV_TOKENS_RE = re.compile(r"(?:(?P<dev>[A-Z]+)(?: \+ host)? )?KV cache size: (?P<tok>[\d,]+) tokens")
-_KV_CONC_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
-_NUM_BLOCKS_RE = re.compile(r"cache_config_info with initialization after num_gpu_blocks is: (?P<n>\d+)")
-
-_CAPTURE_START_RE = re.compile(r"Capturing (?:the model for CUDA graphs|cudagraphs for decoding)\.")
-_CAPTURE_BAR_RE = re.compile(
-    r"Capturing CUDA graph(?:s| shapes)(?: \((?:(?P<kind>[^,()]+), )?(?P<mode>[A-Z_]+)\))?:"
-    r"\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)"
-)
-#: tqdm's elapsed time in a frame: "| 2/4 [00:05<00:05, 2.51s/it]" (h:mm:ss past an hour)
-_TQDM_ELAPSED_RE = re.compile(r"\| \d+/\d+ \[(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+)<")
-_CAPTURE_END_RE = re.compile(r"Graph capturing finished in (?P<s>\d+) secs?(?:, took (?P<gib>[\d.]+) GiB)?")
-
-_WARMUP_MARK_RE = re.compile(r"Kernel JIT monitor activated")
-_INIT_ENGINE_RE = re.compile(
-    r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s(?:econds)?"
-    r"(?: \(compilation: (?P<c>[\d.]+) s[^)]*\))?"
-)
-_API_MARK_RE = re.compile(
-    r"Supported[_ ]tasks: \[|Available routes are|Started server process|Waiting for application startup"
-)
-_SERVER_URL_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>\S+)|Uvicorn running on (?P<u2>\S+)")
-_READY_RE = re.compile(r"Application startup complete\.")
-
 
 # --------------------------------------------------------------------------- phase lines, as tables
 
@@ -290,7 +133,7 @@ class _Line:
 
 def _engine_config(tr: PhaseTracker, msg: str) -> None:
     """The engine's config dump: model, parallel sizes (the world size), eager mode, max_seq_len."""
-    for name, rx in _CFG_RES.items():
+    for name, rx in CFG_RES.items():
         c = rx.search(msg)
         if not c:
             continue
@@ -308,9 +151,9 @@ def _engine_config(tr: PhaseTracker, msg: str) -> None:
 
 def _compile_cache(tr: PhaseTracker, msg: str) -> None:
     """Whether torch.compile loads its graphs from the cache or compiles them afresh."""
-    if _COMPILE_CACHED_RE.search(msg):
+    if COMPILE_CACHED_RE.search(msg):
         tr._fact("compile_cached", True)
-    elif _COMPILE_FRESH_RE.search(msg) and "compile_cached" not in tr._facts:
+    elif COMPILE_FRESH_RE.search(msg) and "compile_cached" not in tr._facts:
         tr._fact("compile_cached", False)
 
 
@@ -318,263 +161,55 @@ def _compile_cache(tr: PhaseTracker, msg: str) -> None:
 #: row that matches decides, unless it says ``more``). Progress frames (shards, graph capture) are
 #: :meth:`PhaseTracker._on_progress`'s.
 _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
-    (Phase.READY, (_Line(_READY_RE, "ready"),)),
+    (Phase.READY, (_Line(READY_RE, "ready"),)),
     (Phase.ENGINE_INIT, (
-        _Line(_ENGINE_INIT_RE, facts=(("engine_version", ("ver",), str, "set"),), extra=_engine_config),
-        _Line(_ENGINE_WAIT_RE),
-        _Line(_ARCH_RE, None, (("architecture", ("v",), str, "set"),)),
-        _Line(_MAX_LEN_RE, None, (("max_model_len", ("v",), int, "set"),)),
+        _Line(ENGINE_INIT_RE, facts=(("engine_version", ("ver",), str, "set"),), extra=_engine_config),
+        _Line(ENGINE_WAIT_RE),
+        _Line(ARCH_RE, None, (("architecture", ("v",), str, "set"),)),
+        _Line(MAX_LEN_RE, None, (("max_model_len", ("v",), int, "set"),)),
     )),
     (Phase.WEIGHTS, (
-        _Line(_WEIGHTS_START_RE, facts=(("model", ("model",), str, "default"),)),
-        _Line(_WEIGHTS_TOOK_RE, "rank_done", (("weights_load_s", ("s",), float, "max"),)),
-        _Line(_MODEL_LOADING_RE, "rank_done", (
+        _Line(WEIGHTS_START_RE, facts=(("model", ("model",), str, "default"),)),
+        _Line(WEIGHTS_TOOK_RE, "rank_done", (("weights_load_s", ("s",), float, "max"),)),
+        _Line(MODEL_LOADING_RE, "rank_done", (
             ("model_memory_gib", ("gib", "gb"), float, "max"), ("model_load_s", ("s",), float, "max"),
         )),
     )),
     (Phase.TORCH_COMPILE, (
-        _Line(_COMPILE_END_RE, "rank_done", (("compile_s", ("s", "s2"), float, "max"),)),
-        _Line(_COMPILE_MARK_RE, extra=_compile_cache),
+        _Line(COMPILE_END_RE, "rank_done", (("compile_s", ("s", "s2"), float, "max"),)),
+        _Line(COMPILE_MARK_RE, extra=_compile_cache),
     )),
     (Phase.MEMORY_PROFILING, (
-        _Line(_PROFILING_TAKES_RE, "rank_done", (("profiling_s", ("s",), float, "max"),)),
-        _Line(_PROFILE_RUN_RE, facts=(("profile_run_s", ("s",), float, "max"),)),
-        _Line(_GRAPH_EST_RE, facts=(("graph_memory_estimate_gib", ("gib",), float, "max"),)),
-        _Line(_PROFILING_MARK_RE),
-        _Line(_KV_AVAILABLE_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
-        _Line(_KV_CPU_SET_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
+        _Line(PROFILING_TAKES_RE, "rank_done", (("profiling_s", ("s",), float, "max"),)),
+        _Line(PROFILE_RUN_RE, facts=(("profile_run_s", ("s",), float, "max"),)),
+        _Line(GRAPH_EST_RE, facts=(("graph_memory_estimate_gib", ("gib",), float, "max"),)),
+        _Line(PROFILING_MARK_RE),
+        _Line(KV_AVAILABLE_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
+        _Line(KV_CPU_SET_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
     )),
     (Phase.KV_CACHE, (
-        _Line(_KV_BLOCKS_RE, None, (("gpu_blocks", ("gpu",), int, "set"), ("cpu_blocks", ("cpu",), int, "set")),
+        _Line(KV_BLOCKS_RE, None, (("gpu_blocks", ("gpu",), int, "set"), ("cpu_blocks", ("cpu",), int, "set")),
               more=True),
-        _Line(_KV_TOKENS_RE, None, (("kv_cache_tokens", ("tok",), _int, "set"),), more=True),
-        _Line(_KV_CONC_RE, "end", (
+        _Line(KV_TOKENS_RE, None, (("kv_cache_tokens", ("tok",), _int, "set"),), more=True),
+        _Line(KV_CONC_RE, "end", (
             ("max_concurrency", ("x",), float, "set"), ("max_concurrency_len", ("len",), _int, "set"),
         )),
     )),
-    (Phase.KV_CACHE, (_Line(_NUM_BLOCKS_RE, None, (("gpu_blocks", ("n",), int, "default"),)),)),
+    (Phase.KV_CACHE, (_Line(NUM_BLOCKS_RE, None, (("gpu_blocks", ("n",), int, "default"),)),)),
     (Phase.CUDA_GRAPHS, (
-        _Line(_CAPTURE_START_RE),
-        _Line(_CAPTURE_END_RE, "rank_done", (
+        _Line(CAPTURE_START_RE),
+        _Line(CAPTURE_END_RE, "rank_done", (
             ("graph_capture_s", ("s",), float, "max"), ("graph_memory_gib", ("gib",), float, "max"),
         )),
     )),
     (Phase.WARMUP, (
-        _Line(_INIT_ENGINE_RE, "end", (
+        _Line(INIT_ENGINE_RE, "end", (
             ("init_engine_s", ("s",), float, "set"), ("init_compilation_s", ("c",), float, "set"),
         )),
-        _Line(_WARMUP_MARK_RE),
+        _Line(WARMUP_MARK_RE),
     )),
-    (Phase.API_SERVER, (_Line(_SERVER_URL_RE), _Line(_API_MARK_RE))),
+    (Phase.API_SERVER, (_Line(SERVER_URL_RE), _Line(API_MARK_RE))),
 )
-
-_SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
-_STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
-_ACCESS_RE = re.compile(r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S+ HTTP/[\d.]+" \d{3}')
-_SHUTDOWN_RE = re.compile(
-    r"\[shutdown\] API server: shutdown triggered|^Shutting down$|Application shutdown complete\."
-)  # all contain "hut" (the cheap pre-check)
-
-_EXC_LINE_RE = re.compile(
-    r"^(?:[A-Za-z_][\w]*\.)*(?P<exc>[A-Z]\w*(?:Error|Exception|Exit|Interrupt)):?(?: (?P<text>.*))?$"
-)
-_TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
-_C10D_WARN_RE = re.compile(r"^\[(?:rank\d+\]:\[)?W\d{4} ")
-_C10D_ERR_RE = re.compile(r"^\[(?:rank\d+\]:\[)?E\d{4} ")
-_PYWARN_RE = re.compile(r"\b\w*Warning: ")
-
-# (kind, pattern, priority). Specific causes (3) beat a bare exception (2), which
-# beats the generic "the engine died" markers (1) when choosing the line to show.
-_ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
-    (
-        "cuda_oom",
-        re.compile(
-            r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B))?"
-            r"|CUDA error: out of memory"
-        ),
-        3,
-    ),
-    ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
-    # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
-    # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
-    # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
-    # 0.26 on an H200 beside a 100 GiB process: "ValueError: Free memory on device cuda:0 (38.77/139.8 GiB) on
-    # startup is less than desired GPU memory utilization (0.5, 69.9 GiB). Decrease GPU memory utilization or
-    # reduce GPU memory used by other processes."
-    (
-        "gpu_free_at_start",
-        re.compile(
-            r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than"
-            r" desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)"
-        ),
-        3,
-    ),
-    (
-        "kv_host_memory",
-        re.compile(
-            r"Available memory on node (?P<node>\d+) \((?P<avail>[\d.]+)/(?P<total>[\d.]+) GiB\) on kv cache"
-            r" allocation is less than requested memory for kv \((?P<req>[\d.]+) GiB\)"
-        ),
-        3,
-    ),
-    (
-        "max_model_len",
-        re.compile(
-            r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB"
-            r" KV cache is needed, which is larger than the available KV cache memory \((?P<avail>[\d.]+) GiB\)\."
-            r"(?: Based on the available memory, the estimated maximum model length is (?P<est>\d+)\.)?"
-            r"|The model's max seq len \((?P<len0>\d+)\) is larger than the maximum number of tokens that can be"
-            r" stored in KV cache \((?P<cap0>\d+)\)"
-        ),
-        3,
-    ),
-    ("module_not_found", re.compile(r"^(?:[\w.]+\.)?ModuleNotFoundError: No module named '(?P<mod>[^']+)'"), 3),
-    (
-        "model_len_too_long",
-        re.compile(
-            r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived max_model_len"
-            r"(?: \(max_position_embeddings=(?P<pos>\d+)(?:\.0)?)?"
-        ),
-        3,
-    ),
-    # What happened, not the RuntimeError the engine raises after it: a specific cause.
-    ("worker_died", re.compile(r"Worker proc (?P<who>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"), 3),
-    (
-        "engine_died",
-        re.compile(
-            r"Engine core proc(?:ess)? (?P<who>\S+) died unexpectedly"
-            r"|EngineDeadError: EngineCore encountered an issue|AsyncLLM output_handler failed"
-        ),
-        1,
-    ),
-    (
-        "engine_init_failed",
-        re.compile(
-            r"EngineCore failed to start\.|Engine core initialization failed\.|EngineCore hit an exception"
-            r"|Engine process failed to start"
-        ),
-        1,
-    ),
-)
-_DEATH_KINDS = frozenset({"engine_died", "worker_died"})
-_CAUSE_WINDOW_S = 60.0
-_PACKAGE_FOR_MODULE = {"flashinfer": "flashinfer-python", "vllm_flash_attn": "vllm-flash-attn", "cv2": "opencv-python"}
-
-
-def _kv_fit(avail: str | None) -> str:
-    """A KV cache size in whole GiB that fits in ``avail`` GiB with a little room (at least 1)."""
-    try:
-        return str(max(1, int(float(avail or "") * 0.8)))
-    except ValueError:
-        return "N"
-
-
-def _util_fit(free: str | None, total: str | None) -> str:
-    """A --gpu-memory-utilization that fits in what is free, two points under it."""
-    try:
-        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
-    except (ValueError, ZeroDivisionError):
-        return "what is free"
-
-
-def _fix_text(kind: str, m: re.Match[str] | None, phase: Phase | None) -> tuple[str, str]:
-    """(short message, usual fix) for a failure kind."""
-
-    def g(name: str) -> str | None:
-        return m.groupdict().get(name) if m else None
-
-    where = f" during {phase.label}" if phase and phase is not Phase.READY else ""
-    if kind == "cuda_oom":
-        amt = g("amt")
-        msg = f"CUDA out of memory{where}" + (f" (tried to allocate {amt})" if amt else "")
-        fix = (
-            "Check no other process holds GPU memory (nvidia-smi). Then lower --max-model-len or --max-num-seqs, "
-            "use a smaller or quantized model, or spread it with --tensor-parallel-size; lower "
-            "--gpu-memory-utilization if the GPU is shared. During CUDA graph capture, --enforce-eager avoids it."
-        )
-    elif kind == "kv_no_memory":
-        msg = "no GPU memory left for the KV cache"
-        fix = (
-            "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
-            "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size."
-        )
-    elif kind == "kv_host_memory":
-        req, avail, total, node = g("req"), g("avail"), g("total"), g("node")
-        msg = (f"out of memory for the KV cache: {req} GiB asked, {avail} of {total} GiB available on NUMA node "
-               f"{node}")
-        fix = (
-            f"Size the KV cache to what the host has: on the CPU backend VLLM_CPU_KVCACHE_SPACE={_kv_fit(avail)} (GiB) "
-            f"or less, or --kv-cache-memory-bytes {_kv_fit(avail)}G; or free host memory that other processes hold. "
-            "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
-            "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
-            "--kv-cache-memory-bytes."
-        )
-    elif kind == "gpu_free_at_start":
-        free, total, util, req = g("free"), g("total"), g("util"), g("req")
-        msg = (f"not enough free GPU memory at start: {free} of {total} GiB free, --gpu-memory-utilization {util} "
-               f"asks for {req} GiB")
-        fit = _util_fit(free, total)
-        fix = (
-            "Another process holds GPU memory (nvidia-smi shows it): stop or move it, or lower "
-            f"--gpu-memory-utilization to {fit} or less (what is free beside it). A lower --max-model-len or "
-            "--max-num-seqs, or --kv-cache-memory-bytes, makes vLLM need less."
-        )
-    elif kind == "max_model_len":
-        est = g("est")
-        length = g("len") or g("len0")
-        msg = f"the KV cache cannot hold one request of max_model_len {length}" if length else "max_model_len too large"
-        target = f"--max-model-len {est}" if est else "a smaller --max-model-len"
-        fix = (
-            f"Pass {target}, raise --gpu-memory-utilization, or add GPUs with --tensor-parallel-size "
-            "so one full-length request fits in the KV cache."
-        )
-    elif kind == "module_not_found":
-        mod = g("mod") or "?"
-        top = mod.split(".")[0]
-        msg = f"Python module '{mod}' is missing"
-        if top == "flashinfer":
-            fix = (
-                "vLLM imports flashinfer but it is not installed: pip install flashinfer-python (built for your "
-                "torch/CUDA), or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it."
-            )
-        else:
-            pkg = _PACKAGE_FOR_MODULE.get(top, top)
-            fix = f"Install it in vLLM's environment (pip install {pkg}) or turn off the feature that imports it."
-    elif kind == "model_len_too_long":
-        length, pos = g("len"), g("pos")
-        msg = f"--max-model-len {length} is longer than the model allows" + (f" ({pos} positions)" if pos else "")
-        fix = (
-            f"Pass --max-model-len {pos or 'N'} or less (the model's max_position_embeddings), or set "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only for a model whose position encoding (RoPE scaling) really "
-            "supports more: past it, outputs go wrong."
-        )
-    elif kind == "worker_died":
-        code = g("code")
-        who = g("who") or ""
-        if code == "-9":
-            msg = f"worker {who} was killed (signal 9), most likely by the kernel's OOM killer".replace("  ", " ")
-            fix = (
-                "Confirm it was the OOM killer: dmesg -T | grep -i -e 'killed process' -e 'out of memory' (or journalctl -k). "
-                "Then give it less to hold: lower --max-num-seqs or --max-model-len, or size the KV cache "
-                "(--kv-cache-memory-bytes; on the CPU backend VLLM_CPU_KVCACHE_SPACE), or free host memory."
-            )
-        else:
-            msg = f"worker {who} died".replace("  ", " ") + (f" (exit code {code})" if code else "")
-            fix = "The worker's traceback is just above this line (filter the log to errors)."
-    elif kind == "engine_died":
-        msg = "the engine process died"
-        fix = (
-            "Look for the engine's traceback or an OOM kill (dmesg | grep -i 'killed process') just before this "
-            "line; the API server exits afterwards, and its exit code says nothing."
-        )
-    elif kind == "engine_init_failed":
-        msg = f"engine failed to start{where}"
-        fix = "The root cause is the first error or traceback before this line (filter the log to errors)."
-    else:  # exception
-        msg = f"{g('exc') or 'exception'}{where}"
-        fix = "The process raised this during startup and exited; the traceback above shows where."
-    return msg, fix
-
 
 # --------------------------------------------------------------------------- tracker
 
@@ -631,6 +266,8 @@ class PhaseTracker:
         self._errors = 0
         self._launch_t: float | None = None
         self._launch_arrival: float | None = None
+        self._launch_epoch: float | None = None
+        self._launch_off: float | None = None
         self._reset_startup()
 
     # ------------------------------------------------------------------ public API
@@ -671,6 +308,8 @@ class PhaseTracker:
         """
         if utc_offset_s is None:
             utc_offset_s = float(time.localtime(epoch).tm_gmtoff)
+        self._launch_epoch = epoch
+        self._launch_off = utc_offset_s
         self._launch_t = epoch + utc_offset_s
         self._launch_arrival = arrival
         rec = self._phases[Phase.PROCESS_START]
@@ -680,6 +319,20 @@ class PhaseTracker:
                 self._last_activity = arrival
         elif rec.start is not None and self._launch_t < rec.start:
             rec.start = self._launch_t
+
+    def set_clock_offset(self, offset_s: float) -> None:
+        """The log's clock minus the wall clock as measured (:mod:`vtop.core.logclock`): the launch
+        time marked goes on it (a log stamped 8 h behind, a container in UTC beside a host in UTC+8,
+        made "process start 8 h" or "ready in -8 h" on this box's offset)."""
+        epoch, old = self._launch_epoch, self._launch_t
+        if epoch is None or old is None or offset_s == self._launch_off:
+            return
+        self._launch_off = offset_s
+        new = epoch + offset_s
+        self._launch_t = new
+        rec = self._phases[Phase.PROCESS_START]
+        if rec.start is not None and (rec.start == old or new < rec.start):
+            rec.start = new if rec.end is None else min(new, rec.end)
 
     def mark_ready(self, arrival: float, source: str = "health") -> None:
         """The server answered ``/health`` 200 (or is otherwise known to be up).
@@ -874,6 +527,8 @@ class PhaseTracker:
         if not keep:
             self._launch_t = None
             self._launch_arrival = None
+            self._launch_epoch = None
+            self._launch_off = None
 
     def _classify(self, ev: LogEvent) -> str | None:
         """Level for the log pane; tracebacks and warnings printed raw get one too."""
@@ -883,17 +538,17 @@ class PhaseTracker:
         if level is None and ev.kind in ("raw", "blank"):
             key = str(ev.pid) if ev.pid else "main"
             msg = ev.message.strip()
-            if _TRACEBACK_RE.match(msg):
+            if TRACEBACK_RE.match(msg):
                 self._tb_open[key] = True
                 level = "ERROR"
             elif self._tb_open.get(key):
-                if _EXC_LINE_RE.match(msg):
+                if EXC_LINE_RE.match(msg):
                     self._tb_open[key] = False
                     self._closed_raw_traceback = True
                 level = "ERROR"
-            elif _EXC_LINE_RE.match(msg) or _C10D_ERR_RE.match(msg):
+            elif EXC_LINE_RE.match(msg) or C10D_ERR_RE.match(msg):
                 level = "ERROR"
-            elif _C10D_WARN_RE.match(msg) or _PYWARN_RE.search(msg):
+            elif C10D_WARN_RE.match(msg) or PYWARN_RE.search(msg):
                 level = "WARNING"
         if level in ("WARNING",):
             self._warnings += 1
@@ -1052,7 +707,7 @@ class PhaseTracker:
             return
         if self._candidate is not None and self._candidate[1] > prio and self._recent(self._candidate[0], failure.at):
             cand = self._candidate[0]
-            failure = Failure(cand.kind, cand.line, cand.message, cand.fix, failure.phase, failure.at, failure.arrival)
+            failure = Failure(cand.kind, cand.line, failure.phase, failure.at, failure.arrival, cand.detail)
             prio = self._candidate[1]
         for p in _ORDER[:-1]:
             rec = self._phases[p]
@@ -1083,13 +738,13 @@ class PhaseTracker:
                 self._fact("model", m.group("model"))
                 return True
 
-        if "shared memory broadcast" in msg and _SHM_WAIT_RE.search(msg):
+        if "shared memory broadcast" in msg and SHM_WAIT_RE.search(msg):
             self._facts["shm_broadcast_waits"] = int(self._facts.get("shm_broadcast_waits", 0)) + 1
             return False
 
         if self._state == "stopped":
             return True
-        if "hut" in msg and _SHUTDOWN_RE.search(msg) and self._state in ("starting", "ready"):
+        if "hut" in msg and SHUTDOWN_RE.search(msg) and self._state in ("starting", "ready"):
             self._state = "stopped"
             return True
 
@@ -1099,14 +754,14 @@ class PhaseTracker:
             return True
 
         if " on " in msg:
-            m = _SERVER_URL_RE.search(msg)
+            m = SERVER_URL_RE.search(msg)
             if m:
                 self._fact("url", m.group("url") or m.group("u2"))
 
         if self._state == "ready":
             return True
-        if ("throughput" in msg and _STATS_RE.search(msg)) or (
-            ev.kind == "uvicorn" and "HTTP/" in msg and _ACCESS_RE.search(msg)
+        if ("throughput" in msg and STATS_RE.search(msg)) or (
+            ev.kind == "uvicorn" and "HTTP/" in msg and ACCESS_RE.search(msg)
         ):
             self._ready(t, arrival, "inferred")
             return True
@@ -1132,13 +787,13 @@ class PhaseTracker:
         self._begin(t, arrival)
 
     def _on_progress(self, msg: str, t: float, arrival: float) -> bool:
-        e = _TQDM_ELAPSED_RE.search(msg)
+        e = TQDM_ELAPSED_RE.search(msg)
         elapsed = (int(e.group("h") or 0) * 3600 + int(e.group("m")) * 60 + int(e.group("s"))) if e else None
-        m = _SHARDS_RE.search(msg)
+        m = SHARDS_RE.search(msg)
         if m:
             return self._progress(Phase.WEIGHTS, "shards", int(m.group("n")), int(m.group("tot")), t, arrival,
                                   elapsed)
-        m = _CAPTURE_BAR_RE.search(msg)
+        m = CAPTURE_BAR_RE.search(msg)
         if m:
             label = m.group("mode") or "graphs"
             prof = self._phases[Phase.MEMORY_PROFILING]
@@ -1187,28 +842,30 @@ class PhaseTracker:
         kind: str | None = None
         match: re.Match[str] | None = None
         prio = 0
-        for k, rx, p in _ERROR_PATTERNS:
+        for k, rx, p in ERROR_PATTERNS:
             match = rx.search(text)
             if match:
                 kind, prio = k, p
                 break
         uncaught = False
         if kind is None:
-            match = _EXC_LINE_RE.match(text)
+            match = EXC_LINE_RE.match(text)
             if not match or match.group("exc") in ("SystemExit", "KeyboardInterrupt"):
                 return
             kind, prio = "exception", 2
             # A raw exception line that closes a raw traceback is uncaught: the process dies.
             uncaught = self._closed_raw_traceback
-        message, fix = _fix_text(kind, match, self._current)
-        failure = Failure(kind, ev.text, message, fix, self._current, t, arrival)
+        # what the telling line says (sizes, a module, an exit code): the words and the fix are the
+        # startup rules' (vtop.core.rules.startup.failure_words)
+        detail = tuple((k, v) for k, v in match.groupdict().items() if v is not None) if match else ()
+        failure = Failure(kind, ev.text, self._current, t, arrival, detail)
         if self._state == "failed":
             self._fail(failure, prio)
             return
         if self._state in ("ready", "idle"):
             # Serving (or attached without seeing a start): request errors and tracebacks do
             # not end it, only an engine or worker death; an error before it may be its cause.
-            if kind in _DEATH_KINDS or (self._state == "idle" and kind == "engine_init_failed"):
+            if kind in DEATH_KINDS or (self._state == "idle" and kind == "engine_init_failed"):
                 self._fail(failure, prio)
             else:
                 self._note_candidate(failure, prio)
@@ -1226,7 +883,7 @@ class PhaseTracker:
     @staticmethod
     def _recent(cause: Failure, at: float | None) -> bool:
         """A cause counts for a death marker only when logged shortly before it."""
-        return cause.at is None or at is None or at - cause.at <= _CAUSE_WINDOW_S
+        return cause.at is None or at is None or at - cause.at <= CAUSE_WINDOW_S
 
 
 def summarize(snapshot: StartupSnapshot) -> Mapping[str, object]:
@@ -1244,4 +901,5 @@ def summarize(snapshot: StartupSnapshot) -> Mapping[str, object]:
         ],
         "total_s": snapshot.total_s,
         "failure": snapshot.failure.kind if snapshot.failure else None,
+        "died_after_ready_s": snapshot.died_after_ready_s,
     }

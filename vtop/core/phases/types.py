@@ -1,9 +1,9 @@
 """What the startup tracker reports: phases, their progress, the snapshot.
 
-Kept apart from :mod:`vtop.core.phases` (the log parser, with some sixty
-regular expressions compiled at import) so the dashboard can draw its first
-frame, and the panels can name phases, without paying for the parser until a
-log is actually read. :mod:`vtop.core.phases` re-exports everything here.
+Kept apart from the log's patterns and the tracker (:mod:`vtop.core.phases.patterns`, some sixty
+regular expressions compiled at import; :mod:`vtop.core.phases.tracker`) so the dashboard can draw
+its first frame, and the panels can name phases, without paying for the parser until a log is
+actually read. :mod:`vtop.core.phases` gives all three, the parser only when it is asked for.
 """
 
 from __future__ import annotations
@@ -121,16 +121,20 @@ class PhaseView:
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a start (or a running engine) died: the telling line and the usual fix."""
+    """Why a start (or a running engine) died: its kind and the telling line. What it is called and its
+    usual fix are the startup rules' words (:func:`vtop.core.rules.startup.failure_words`)."""
 
     kind: str  # cuda_oom, kv_no_memory, kv_host_memory, gpu_free_at_start, max_model_len, module_not_found, exception,
-    #            engine_init_failed, engine_died, worker_died
+    #            engine_init_failed, engine_died, worker_died, model_len_too_long
     line: str
-    message: str
-    fix: str
     phase: Phase | None
     at: float | None
     arrival: float
+    detail: tuple[tuple[str, str], ...] = ()
+    """What the telling line says, by name (``amt``, ``req``, ``avail``, ``mod``, ``code``...)."""
+
+    def get(self, name: str) -> str | None:
+        return next((v for k, v in self.detail if k == name), None)
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,15 @@ class StartupSnapshot:
         if self.started is None or self.ready_at is None:
             return None
         return self.ready_at - self.started
+
+    @property
+    def died_after_ready_s(self) -> float | None:
+        """A start that was ready and whose engine then died: how long after ready it died (the
+        start itself did not fail: it stays "ready in ..."; the death is its own fact). None otherwise."""
+        f = self.failure
+        if self.state != "failed" or f is None or f.phase is not Phase.READY or self.ready_at is None:
+            return None
+        return max(0.0, f.at - self.ready_at) if f.at is not None else 0.0
 
 
 @dataclass(slots=True)

@@ -1,0 +1,292 @@
+"""The vLLM log's line formats and message patterns: what a line says, not what it means for a start.
+
+Pure, no state: :func:`parse_line` turns one line (ANSI allowed) into a :class:`LogEvent` (its
+process tag, level, stamp and message); the ``_*_RE`` patterns name the phase lines, the facts
+they report and the fatal errors (``ERROR_PATTERNS``, with the kinds the tracker decides on).
+vLLM's formats drift between versions: every message pattern is used with ``re.search`` on the
+message part, and the prefix parser accepts every format from 0.6 to 0.33 (tag or not,
+``file.py:N]`` or ``[file.py:N]``, ANSI or not). Compiled at import: loaded only once a log is read
+(:mod:`vtop.core.phases` defers it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from vtop.model.logtext import is_progress_frame, strip_ansi
+
+# --------------------------------------------------------------------------- text helpers
+
+# CSI sequences (colours, cursor moves tqdm uses for nested bars), two-byte
+# escapes, and the caret form ``^[[0;36m`` found in copy-pasted docker output.
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+
+_TAG = r"\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)"
+# vLLM's record prefix, "LEVEL MM-DD HH:MM:SS[.fff] [file.py:N]" ("file.py:N]" without the opening
+# bracket up to 0.7), after an optional "(Process pid=N)" tag.
+_RECORD_BODY = (
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mon>\d\d)-(?P<day>\d\d) "
+    r"(?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:\.\d+)? "
+    r"\[?(?P<src>[\w./-]+\.py):(?P<lineno>\d+)\](?: (?P<msg>.*))?$"
+)
+_RECORD_RE = re.compile(r"(?:" + _TAG + r"\s)?" + _RECORD_BODY)
+# One pass for the usual shapes: [tag] record | [tag] uvicorn | tag + anything.
+_LINE_RE = re.compile(
+    r"(?:"
+    + _TAG
+    + r"(?:\s|$))?(?:"
+    + _RECORD_BODY
+    + r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(?P<umsg>.*)$|(?P<rest>.*)$)"
+)
+# Container runtimes: CRI ("2026-04-10T08:52:19.57Z stdout F "), `docker logs -t`,
+# compose ("vllm-1  | ").
+_CONTAINER_PREFIX_RE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr)\s+[FP]\s+)?"
+    r"|[\w.-]+\s+\|\s)"
+)
+
+
+@dataclass(slots=True)
+class LogEvent:
+    """One log line taken apart. ``text`` is the line without ANSI codes.
+
+    A plain slotted dataclass, not a frozen one: one is built per line, and frozen
+    dataclasses are several times slower to construct. Treat it as read-only.
+    """
+
+    text: str
+    message: str
+    kind: str  # "record" | "uvicorn" | "progress" | "raw" | "blank"
+    level: str | None = None
+    proc: str | None = None
+    pid: int | None = None
+    source: str | None = None
+    source_line: int | None = None
+    stamp: tuple[int, int, int, int, int] | None = None  # month, day, hour, minute, second
+
+
+def _from_record(text: str, m: re.Match[str]) -> LogEvent:
+    proc, pid, level, mon, day, hh, mi, ss, src, lineno, msg = m.groups()[:11]
+    return LogEvent(
+        text,
+        msg or "",
+        "record",
+        level,
+        proc,
+        int(pid) if pid else None,
+        src,
+        int(lineno),
+        (int(mon), int(day), int(hh), int(mi), int(ss)),
+    )
+
+
+def _parse_anchored(text: str) -> LogEvent | None:
+    m = _LINE_RE.match(text)
+    if m is None:  # pragma: no cover - the last alternative matches anything
+        return None
+    if m.group("level"):
+        return _from_record(text, m)
+    proc, pid = m.group("proc", "pid")
+    pid_n = int(pid) if pid else None
+    ulevel = m.group("ulevel")
+    if ulevel:
+        return LogEvent(text, m.group("umsg"), "uvicorn", ulevel, proc, pid_n)
+    if proc:
+        rest = m.group("rest")
+        kind = "blank" if not rest.strip() else ("progress" if is_progress_frame(rest) else "raw")
+        return LogEvent(text, rest, kind, None, proc, pid_n)
+    return None
+
+
+def parse_line(line: str) -> LogEvent:
+    """Take one physical log line apart (any vLLM version 0.6-0.33).
+
+    Never raises. Lines that are not log records (tqdm frames, tracebacks, Python
+    warnings, third-party prints) come back as ``raw`` or ``progress`` with the
+    process tag, when there is one, still recognised.
+    """
+    text = strip_ansi(line).rstrip("\r\n")
+    if not text.strip():
+        return LogEvent(text, "", "blank")
+    ev = _parse_anchored(text)
+    if ev is not None:
+        return ev
+    c = _CONTAINER_PREFIX_RE.match(text)
+    if c:
+        ev = _parse_anchored(text[c.end() :])
+        if ev is not None:
+            return LogEvent(text, ev.message, ev.kind, ev.level, ev.proc, ev.pid, ev.source, ev.source_line, ev.stamp)
+    # VLLM_LOGGING_PREFIX or any other prefix: find the record further in.
+    if " " in text and any(lv in text for lv in _LEVELS):
+        m = _RECORD_RE.search(text)
+        if m:
+            return _from_record(text, m)
+    return LogEvent(text, text, "progress" if is_progress_frame(text) else "raw")
+
+
+# --------------------------------------------------------------------------- message patterns
+
+ENGINE_INIT_RE = re.compile(
+    r"Initializing (?:an LLM engine|a V0 LLM engine|a V1 LLM engine) \(v(?P<ver>[^)]+)\) with config: "
+)
+CFG_RES = {
+    "model": re.compile(r"\bmodel='(?P<v>[^']*)'"),
+    "tensor_parallel_size": re.compile(r"\btensor_parallel_size=(?P<v>\d+)"),
+    "pipeline_parallel_size": re.compile(r"\bpipeline_parallel_size=(?P<v>\d+)"),
+    "enforce_eager": re.compile(r"\benforce_eager=(?P<v>True|False)"),
+    "max_model_len": re.compile(r"\bmax_seq_len=(?P<v>\d+)"),
+}
+ENGINE_WAIT_RE = re.compile(r"Waiting for init message from front-end\.")
+ARCH_RE = re.compile(r"Resolved architecture: (?P<v>\w+)")
+MAX_LEN_RE = re.compile(r"Using max model len (?P<v>\d+)")
+
+WEIGHTS_START_RE = re.compile(
+    r"Starting to load model (?P<model>.+?)\.\.\.|Loading model from scratch|Using model weights format \["
+)
+SHARDS_RE = re.compile(
+    r"Loading (?:safetensors|pt|np_cache|\w+) checkpoint shards(?: \(eager\))?:\s+(?P<pct>\d+)% Completed"
+    r" \| (?P<n>\d+)/(?P<tot>\d+) \["
+)
+WEIGHTS_TOOK_RE = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
+MODEL_LOADING_RE = re.compile(
+    r"Loading model weights took (?P<gb>[\d.]+) GB"
+    r"|Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
+)
+
+COMPILE_MARK_RE = re.compile(
+    r"Starting torch\.compile|for vLLM's torch\.compile|Dynamo bytecode transform time"
+    r"|Compiling a graph for|Directly load the compiled graph|Cache the graph of"
+    r"|Warming up model for the compilation"
+)
+COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph")
+COMPILE_FRESH_RE = re.compile(r"Compiling a graph for")
+COMPILE_END_RE = re.compile(
+    r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"
+    r"|torch\.compile and initial profiling/warmup run together took (?P<s2>[\d.]+) s in total"
+)
+
+PROFILING_TAKES_RE = re.compile(r"Memory profiling takes (?P<s>[\d.]+) seconds")
+PROFILE_RUN_RE = re.compile(r"Initial profiling/warmup run took (?P<s>[\d.]+) s")
+PROFILING_MARK_RE = re.compile(r"Profiling CUDA graph memory|CUDA graph memory profiling is enabled")
+GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB total")
+KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
+
+KV_BLOCKS_RE = re.compile(r"# (?:GPU|cuda|\w+) blocks: (?P<gpu>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
+KV_TOKENS_RE = re.compile(r"(?:(?P<dev>[A-Z]+)(?: \+ host)? )?KV cache size: (?P<tok>[\d,]+) tokens")
+KV_CONC_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+NUM_BLOCKS_RE = re.compile(r"cache_config_info with initialization after num_gpu_blocks is: (?P<n>\d+)")
+
+CAPTURE_START_RE = re.compile(r"Capturing (?:the model for CUDA graphs|cudagraphs for decoding)\.")
+CAPTURE_BAR_RE = re.compile(
+    r"Capturing CUDA graph(?:s| shapes)(?: \((?:(?P<kind>[^,()]+), )?(?P<mode>[A-Z_]+)\))?:"
+    r"\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)"
+)
+#: tqdm's elapsed time in a frame: "| 2/4 [00:05<00:05, 2.51s/it]" (h:mm:ss past an hour)
+TQDM_ELAPSED_RE = re.compile(r"\| \d+/\d+ \[(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+)<")
+CAPTURE_END_RE = re.compile(r"Graph capturing finished in (?P<s>\d+) secs?(?:, took (?P<gib>[\d.]+) GiB)?")
+
+WARMUP_MARK_RE = re.compile(r"Kernel JIT monitor activated")
+INIT_ENGINE_RE = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s(?:econds)?"
+    r"(?: \(compilation: (?P<c>[\d.]+) s[^)]*\))?"
+)
+API_MARK_RE = re.compile(
+    r"Supported[_ ]tasks: \[|Available routes are|Started server process|Waiting for application startup"
+)
+SERVER_URL_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>\S+)|Uvicorn running on (?P<u2>\S+)")
+READY_RE = re.compile(r"Application startup complete\.")
+
+
+SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
+STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
+ACCESS_RE = re.compile(r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S+ HTTP/[\d.]+" \d{3}')
+SHUTDOWN_RE = re.compile(
+    r"\[shutdown\] API server: shutdown triggered|^Shutting down$|Application shutdown complete\."
+)  # all contain "hut" (the cheap pre-check)
+
+EXC_LINE_RE = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?P<exc>[A-Z]\w*(?:Error|Exception|Exit|Interrupt)):?(?: (?P<text>.*))?$"
+)
+TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
+C10D_WARN_RE = re.compile(r"^\[(?:rank\d+\]:\[)?W\d{4} ")
+C10D_ERR_RE = re.compile(r"^\[(?:rank\d+\]:\[)?E\d{4} ")
+PYWARN_RE = re.compile(r"\b\w*Warning: ")
+
+# (kind, pattern, priority). Specific causes (3) beat a bare exception (2), which
+# beats the generic "the engine died" markers (1) when choosing the line to show.
+ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
+    (
+        "cuda_oom",
+        re.compile(
+            r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B))?"
+            r"|CUDA error: out of memory"
+        ),
+        3,
+    ),
+    ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
+    # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
+    # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
+    # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
+    # 0.26 on an H200 beside a 100 GiB process: "ValueError: Free memory on device cuda:0 (38.77/139.8 GiB) on
+    # startup is less than desired GPU memory utilization (0.5, 69.9 GiB). Decrease GPU memory utilization or
+    # reduce GPU memory used by other processes."
+    (
+        "gpu_free_at_start",
+        re.compile(
+            r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than"
+            r" desired GPU memory utilization \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
+    (
+        "kv_host_memory",
+        re.compile(
+            r"Available memory on node (?P<node>\d+) \((?P<avail>[\d.]+)/(?P<total>[\d.]+) GiB\) on kv cache"
+            r" allocation is less than requested memory for kv \((?P<req>[\d.]+) GiB\)"
+        ),
+        3,
+    ),
+    (
+        "max_model_len",
+        re.compile(
+            r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB"
+            r" KV cache is needed, which is larger than the available KV cache memory \((?P<avail>[\d.]+) GiB\)\."
+            r"(?: Based on the available memory, the estimated maximum model length is (?P<est>\d+)\.)?"
+            r"|The model's max seq len \((?P<len0>\d+)\) is larger than the maximum number of tokens that can be"
+            r" stored in KV cache \((?P<cap0>\d+)\)"
+        ),
+        3,
+    ),
+    ("module_not_found", re.compile(r"^(?:[\w.]+\.)?ModuleNotFoundError: No module named '(?P<mod>[^']+)'"), 3),
+    (
+        "model_len_too_long",
+        re.compile(
+            r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived max_model_len"
+            r"(?: \(max_position_embeddings=(?P<pos>\d+)(?:\.0)?)?"
+        ),
+        3,
+    ),
+    # What happened, not the RuntimeError the engine raises after it: a specific cause.
+    ("worker_died", re.compile(r"Worker proc (?P<who>\S+) died unexpectedly(?: \(exit code: (?P<code>-?\d+)\))?"), 3),
+    (
+        "engine_died",
+        re.compile(
+            r"Engine core proc(?:ess)? (?P<who>\S+) died unexpectedly"
+            r"|EngineDeadError: EngineCore encountered an issue|AsyncLLM output_handler failed"
+        ),
+        1,
+    ),
+    (
+        "engine_init_failed",
+        re.compile(
+            r"EngineCore failed to start\.|Engine core initialization failed\.|EngineCore hit an exception"
+            r"|Engine process failed to start"
+        ),
+        1,
+    ),
+)
+DEATH_KINDS = frozenset({"engine_died", "worker_died"})
+CAUSE_WINDOW_S = 60.0
