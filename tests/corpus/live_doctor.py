@@ -29,7 +29,11 @@ Runs ``--jobs`` plays at once (each is real time: ~window + 2 s); prints a table
 line, or ``--json``. Stand-in processes mirror the recorded process tree behind the port
 (:mod:`tests.corpus.standin`: its titles, and whether each process's CPU time moved), so the
 doctor reads a process table as on the recorded box; ``--no-procs`` plays without them (the
-doctor then sees no vLLM process, and a silent startup stall has no CPU evidence). ``--doctor-arg`` adds flags to every doctor
+doctor then sees no vLLM process, and a silent startup stall has no CPU evidence). ``--no-log`` plays
+every trace without its log (the stand-in API server writes to a pipe, the doctor gets no ``--log``:
+vLLM's stdout under a supervisor); a trace whose truth says ``"log_for_vtop": false`` is always
+played so, and its ``doctor_after_s`` seconds add doctor runs started that long after the incident
+began (point ``after+N``). ``--doctor-arg`` adds flags to every doctor
 run (e.g. ``--doctor-arg=--no-gpu``). Exit status: 0 when every run passed, 1 otherwise.
 """
 
@@ -67,6 +71,8 @@ END_MARGIN_S = 12.0
 #: (the doctor takes 1-3 s more than its window; clean-sigterm-idle is ready only 20 s before it)
 SHUTDOWN_MARGIN_S = 4.0
 
+#: a normal trace without a log for vtop: a doctor also runs this long after the launch, during the start
+START_POINT_S = 20.0
 #: a trace with connections (conns.jsonl.gz): its play starts this long before the incident began
 CONN_PREROLL_S = 2.0
 #: ... or, for a normal trace, this long before the doctor (kept-alive and long requests keep their age)
@@ -89,6 +95,9 @@ class Job:
     #: "unnameable" (an incident a 15 s window cannot prove, its truth says why: no other warning)
     expect: str
     why: str | None = None
+    #: played without its log (``--no-log``, or the truth's ``"log_for_vtop": false``): the stand-in
+    #: API server writes to a pipe, the doctor gets no ``--log``
+    no_log: bool = False
 
 
 @dataclass
@@ -145,9 +154,16 @@ def busiest_start(tl: TraceTimeline, window: float) -> float | None:
     return None if best is None or best[1] <= 0 else best[0]
 
 
-def plan(paths: list[Path], window: float = WINDOW_S, lead: float = LEAD_S) -> list[Job]:
-    """The doctor runs for these traces (see the module doc)."""
-    return [j for p in paths for j in _plan_one(p, window, lead)]
+def plan(paths: list[Path], window: float = WINDOW_S, lead: float = LEAD_S, *, no_log: bool = False) -> list[Job]:
+    """The doctor runs for these traces (see the module doc); ``no_log``: every one without its log
+    (the trace's name then ends in `` [no log]``)."""
+    out = []
+    for p in paths:
+        for j in _plan_one(p, window, lead):
+            if no_log:
+                j.no_log, j.trace = True, j.trace + " [no log]"
+            out.append(j)
+    return out
 
 
 def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
@@ -157,8 +173,10 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
     rules = [str(r) for r in tl.truth.get("expect_rules") or []]
     sab = tl.should_alert_by
 
+    no_log = tl.truth.get("log_for_vtop") is False
+
     def job(point: str, start: float, expect: str) -> Job:
-        return Job(tl.name, str(p), cls, point, round(max(0.0, start), 1), rules, sab, expect)
+        return Job(tl.name, str(p), cls, point, round(max(0.0, start), 1), rules, sab, expect, no_log=no_log)
 
     if rules:
         if sab is None:
@@ -175,6 +193,10 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
             jobs.append(job("first-line", began - 1, "named"))
         else:
             jobs.append(job("alert", sab - window - lead, "named"))
+        # the truth may ask for doctors started this long after the incident began (issue 49: 30 s
+        # and 60 s after an engine's stop); each must name it, whatever its window ends past the deadline
+        for s in tl.truth.get("doctor_after_s") or ():
+            jobs.append(job(f"after+{float(s):g}", began + float(s), "named"))
         return jobs
     end_start = tl.end - window - END_MARGIN_S
     # A quiet point must end before a clean shutdown's SIGTERM (after it the port refuses).
@@ -187,6 +209,9 @@ def _plan_one(p: Path, window: float, lead: float) -> list[Job]:
         jobs.append(job("busiest", min(busy, max(last_quiet, up or 0.0)), "quiet"))
     elif up is not None and last_quiet >= up:  # no load at all (an idle server): the middle of its ready time
         jobs.append(job("middle", (up + last_quiet) / 2, "quiet"))
+    if no_log and cls == "normal" and not tl.port_open(START_POINT_S + window):
+        # a start without a log (issue 49): a busy start stays quiet, whatever its processes do
+        jobs.append(job("starting", START_POINT_S, "quiet"))
     if cls == "clean_shutdown":
         began = tl.began
         if began is not None:
@@ -213,13 +238,13 @@ def run_job(job: Job, *, window: float = WINDOW_S, python: str = sys.executable,
         began = tl.began if job.expect_rules and tl.began is not None else None
         play_from = max(0.0, min(job.start, began - CONN_PREROLL_S) if began is not None
                         else job.start - CONN_LOOKBACK_S)
-    srv = TraceServer(job.path, start_at=play_from, procs=procs, conns=conns)
+    srv = TraceServer(job.path, start_at=play_from, procs=procs, conns=conns, log_for_vtop=not job.no_log)
     try:
         srv.start()
         while srv.offset() < job.start and not srv.ended:
             time.sleep(min(0.2, job.start - srv.offset()))
         cmd = [python, "-m", "vtop", "doctor", "--window", f"{window:g}", "--json", srv.url,
-               "--log", str(srv.log_path), *doctor_args]
+               *(() if job.no_log else ("--log", str(srv.log_path))), *doctor_args]
         t0 = time.monotonic()
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=window + 90, cwd=ROOT)
@@ -377,8 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
     ap.add_argument("--no-procs", action="store_true",
                     help="no stand-in processes for the recorded process tree (the doctor then sees none)")
+    ap.add_argument("--no-log", action="store_true",
+                    help="play each trace without its log: the stand-in server writes to a pipe, the doctor gets "
+                         "no --log (a trace whose truth says log_for_vtop: false is always played so)")
     ns = ap.parse_args(argv)
-    jobs = plan(trace_paths(ns.traces), ns.window, ns.lead)
+    jobs = plan(trace_paths(ns.traces), ns.window, ns.lead, no_log=ns.no_log)
     if ns.list:
         for j in jobs:
             print(f"{j.trace:36} {j.point:14} +{j.start:.0f} ({j.expect})")

@@ -14,7 +14,11 @@ TRACE --doctor`` and the screen would, as fast as it goes. Per trace:
   foretold the incident, e.g. risky flags before a startup OOM);
 * **cleared**: for an incident that ended within the trace, no expected alert is still
   up at the trace's end;
-* **phase**: the startup tracker's state at the end against ``expected_phase``.
+* **phase**: the startup tracker's state at the end against ``expected_phase`` (not checked
+  without a log).
+
+``--no-log`` plays every trace without its log (as vtop sees a server whose stdout is a pipe it
+cannot follow); a trace whose truth says ``"log_for_vtop": false`` is always played so.
 
 ``tests/corpus/test_scoreboard.py`` runs this in the fast tier and fails when a trace
 does worse than ``tests/corpus/baseline.json`` says it did.
@@ -67,7 +71,9 @@ def traces(root: Path = TRACES) -> list[Path]:
     return sorted(p for p in root.iterdir() if is_trace(p)) if root.is_dir() else []
 
 
-def score_trace(path: Path) -> Score:
+def score_trace(path: Path, *, with_log: bool | None = None) -> Score:
+    """One trace's score; ``with_log=False``: played without its log (as vtop would see it with
+    vLLM's stdout on a pipe), named ``NAME [no log]``; None: as its truth says (``log_for_vtop``)."""
     from vtop.config import Config
     from vtop.monitor.player import open_recording
     from vtop.sources.recording.trace import truth_of
@@ -78,7 +84,8 @@ def score_trace(path: Path) -> Score:
     # not false alarms, not the naming either
     allowed = {str(r) for r in truth.get("allowed_rules") or []}
     began, by, ended = truth.get("began"), truth.get("should_alert_by"), truth.get("ended")
-    player = open_recording(str(path), config=Config())
+    player = open_recording(str(path), config=Config(), with_log=with_log)
+    no_log = with_log is False or (with_log is None and truth.get("log_for_vtop") is False)
     m = player.play_to_end()
     first_t: float | None = None
     first_title = None
@@ -111,10 +118,10 @@ def score_trace(path: Path) -> Score:
         snap = lv.snapshot
         phase = snap.state if snap.current is None else f"{snap.state}:{snap.current.value}"
     want_phase = truth.get("expected_phase")
-    if want_phase:
+    if want_phase and not no_log:  # without a log there is no phase to check
         phase_ok = phase is not None and (phase == want_phase or phase.split(":")[0] == want_phase)
     return Score(
-        name=path.name, cls=str(truth.get("class")), expect=expect, named=named, in_time=bool(in_time),
+        name=path.name + (" [no log]" if with_log is False else ""), cls=str(truth.get("class")), expect=expect, named=named, in_time=bool(in_time),
         alert_after_s=round(first_t - float(began), 1) if first_t is not None and began is not None else None,
         budget_s=round(float(by) - float(began), 1) if by is not None and began is not None else None,
         false_alarms=false, cleared=cleared, phase=phase, phase_ok=phase_ok, first_title=first_title,
@@ -145,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.corpus.score", description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="*", type=Path, help="trace folders (default: every one in tests/corpus/traces)")
     ap.add_argument("--json", action="store_true", help="print the scores as JSON")
+    ap.add_argument("--no-log", action="store_true",
+                    help="play each trace without its log (as vtop sees a server whose stdout is a pipe)")
     ap.add_argument("--write-baseline", action="store_true", help="write tests/corpus/baseline.json from this run")
     a = ap.parse_args(argv)
     paths = a.traces or traces()
-    scores = [score_trace(p) for p in paths]
+    scores = [score_trace(p, with_log=False if a.no_log else None) for p in paths]
     if a.json:
         print(json.dumps([s.row() for s in scores], indent=2))
     else:

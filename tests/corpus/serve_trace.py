@@ -313,8 +313,14 @@ class TraceServer:
         wall: Callable[[], float] = time.time,
         procs: bool = False,
         conns: bool = False,
+        log_for_vtop: bool | None = None,
     ) -> None:
         self.timeline = trace if isinstance(trace, TraceTimeline) else TraceTimeline(trace)
+        #: the server's log reachable by vtop: the stand-in API server's stdout is the log file (as
+        #: vLLM's is); False: a pipe no one reads (vLLM's stdout under a supervisor, issue 49). None:
+        #: as the trace's truth says (``log_for_vtop``, true when absent)
+        self.log_for_vtop = (self.timeline.truth.get("log_for_vtop") is not False) if log_for_vtop is None \
+            else log_for_vtop
         #: mirror the recorded connections to the server's port (:mod:`tests.corpus.connmirror`), when asked
         self.conns = conns
         self._conn_mirror: Any = None
@@ -389,7 +395,8 @@ class TraceServer:
 
             url = str((self.timeline.truth.get("server") or {}).get("url") or "")
             port = url.rsplit(":", 1)[-1] if url.count(":") >= 2 else None
-            mirror = ProcMirror(self.timeline.path, self.timeline.origin_mono, port, self.port, self.log_path)
+            mirror = ProcMirror(self.timeline.path, self.timeline.origin_mono, port, self.port,
+                                self.log_path if self.log_for_vtop else None)
             self._mirror = mirror if mirror.available else None
             if self._mirror is None:
                 mirror.stop()

@@ -15,7 +15,11 @@ takes for it, and keeps it doing what the recorded one did, second by second:
 * CPU: a process whose recorded CPU time did not grow over the last recorded second is
   stopped (SIGSTOP, as the recording's stops were); one whose did runs a loop that uses about
   that share of a core, capped at :data:`MAX_DUTY` (a recorded 100 % is mirrored as 5 %: only
-  "moving" against "still" matters to vtop's rules, and the box is shared);
+  "moving" against "still" matters to vtop's rules, and the box is shared). A trace whose process
+  rows carry their ``state`` (recorded from 2026-12-04 on) is mirrored by it: a process recorded in
+  state ``T`` is stopped, a still one that was not sleeps (duty 0), as the recorded one did;
+* no log (``log_path=None``): the API server's stand-in writes to a pipe no one reads, as vLLM's
+  stdout under a supervisor (vtop then finds no log to follow);
 * a process that appears in the recording is started then (by its parent's stand-in, so the
   tree is real); one that disappears is killed (with its children).
 
@@ -154,11 +158,21 @@ class ProcTimeline:
         return max(0.0, (float(cb) - float(ca)) / dt)
 
 
+    def state(self, pid: int, off: float) -> str | None:
+        """The recorded state letter of the process at ``off`` (None: the trace has none)."""
+        i = bisect_right(self.offs, off)
+        if not i:
+            return None
+        p = next((p for p in self.rows[i - 1].get("procs") or [] if int(p["pid"]) == pid), None)
+        x = p.get("state") if p is not None else None
+        return x if isinstance(x, str) and x else None
+
+
 class ProcMirror:
     """The stand-ins of one play (see the module doc). :meth:`apply` at each tick of the play."""
 
     def __init__(self, trace: Path, origin_mono: float, recorded_port: str | None, port: int,
-                 log_path: Path, python: str = sys.executable) -> None:
+                 log_path: Path | None, python: str = sys.executable) -> None:
         self.timeline = ProcTimeline(trace, origin_mono, recorded_port)
         self.port = port
         self.log_path = log_path
@@ -222,7 +236,10 @@ class ProcMirror:
                 rate = max(rate or 0.0, STILL_RATE)
             if rate is None:
                 continue
-            if rate < STILL_RATE:
+            state = self.timeline.state(rec, off)
+            if state is not None and state not in ("T", "t") and rate < STILL_RATE:
+                rate = 0.0  # still, not stopped: it sleeps, as the recorded one did
+            elif (state in ("T", "t") and rec not in waiting) or (state is None and rate < STILL_RATE):
                 if rec not in self._stopped:
                     self._signal(pid, signal.SIGSTOP)
                     self._stopped.add(rec)
@@ -245,9 +262,14 @@ class ProcMirror:
                 args[i + 1] = str(self.port)
             elif a.startswith("--port="):
                 args[i] = f"--port={self.port}"
-        with open(self.log_path, "ab") as log:  # its stdout is the log, as vLLM's is
-            self._root = subprocess.Popen([self.python, str(self.script), *args], stdout=log, stderr=log,
-                                          stdin=subprocess.DEVNULL, env=self._env(rec, "", os.getpid()))
+        if self.log_path is None:  # no log for vtop: a pipe no one reads
+            self._root = subprocess.Popen([self.python, str(self.script), *args], stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self._env(rec, "", os.getpid()))
+        else:
+            with open(self.log_path, "ab") as log:  # its stdout is the log, as vLLM's is
+                self._root = subprocess.Popen([self.python, str(self.script), *args], stdout=log, stderr=log,
+                                              stdin=subprocess.DEVNULL, env=self._env(rec, "", os.getpid()))
         self._root_pid = rec
         self._known[rec] = None
 

@@ -36,7 +36,10 @@ def test_the_plan_covers_every_trace_of_the_corpus() -> None:
             sab, began = tl.should_alert_by, tl.began
             assert sab is not None and began is not None
             if sab - began >= LEAD_S + 1:
-                assert [j.point for j in mine] == ["alert"]
+                # and a doctor started N s after the incident began, for each N the truth asks
+                after = [f"after+{float(s):g}" for s in tl.truth.get("doctor_after_s") or ()]
+                assert [j.point for j in mine] == ["alert", *after]
+                assert all(j.start == round(began + float(p.split("+")[1]), 1) for j, p in zip(mine[1:], after))
                 assert mine[0].start == round(max(0.0, sab - WINDOW_S - LEAD_S), 1)
             else:  # a startup failure: the window holds its first error line
                 assert [j.point for j in mine] == ["first-line"]

@@ -80,3 +80,50 @@ def test_the_recorded_tree_is_mirrored_and_stopped_where_it_stood_still(tmp_path
     for pid in pids.values():
         _until(lambda pid=pid: _state(pid) in (None, "Z"))
     assert not m.dir.exists()
+
+
+def test_recorded_states_are_mirrored_and_without_a_log_the_server_writes_to_a_pipe(tmp_path: Path) -> None:
+    """A trace whose rows carry the processes' ``state`` (issue 49): a still process recorded sleeping
+    (S) sleeps, it is not stopped; one recorded in T is. With no log for vtop the stand-in API server's
+    stdout is a pipe, as vLLM's under a supervisor (fails on the old mirror: every still process was
+    stopped, and the server always wrote the log file)."""
+    import gzip
+    import json
+    import shutil
+
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACE, trace)
+    tl = TraceTimeline(TRACE)
+    sab = tl.should_alert_by
+    assert sab is not None
+    still = sab - 17.0
+    probe = ProcMirror(TRACE, tl.origin_mono, str(tl.truth["server"]["url"]).rsplit(":", 1)[1], 45998, None)
+    tree = probe.timeline.tree_at(still)
+    probe.stop()
+    engine = next(pid for pid, p in tree.items() if "VLLM::EngineCore" in " ".join(p["cmdline"]))
+    rows = [json.loads(x) for x in gzip.open(TRACE / "procs.jsonl.gz", "rt") if x.strip()]
+    for r in rows:  # the API server sleeps, the EngineCore is stopped
+        for p in r.get("procs") or ():
+            p["state"] = "T" if p["pid"] == engine else "S"
+    with gzip.open(trace / "procs.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    url = str(tl.truth["server"]["url"])
+    m = ProcMirror(trace, tl.origin_mono, url.rsplit(":", 1)[1], 45998, None)
+    try:
+        def up() -> dict[int, int] | None:
+            m.apply(still)
+            got = m.pids()
+            return got if len(got) == len(tree) else None
+
+        pids = _until(up)
+        root_rec = next(pid for pid, p in tree.items() if "serve" in p["cmdline"])
+        assert m.timeline.rate(root_rec, still) is not None and m.timeline.rate(root_rec, still) < STILL_RATE
+        root = pids[root_rec]
+        assert os.readlink(f"/proc/{root}/fd/1").startswith("pipe:")
+        _until(lambda: _state(pids[engine]) == "T")
+        for _ in range(5):  # the still API server, recorded sleeping, is never stopped
+            m.apply(still)
+            assert _state(root) in ("R", "S"), _state(root)
+            time.sleep(0.1)
+    finally:
+        m.stop()

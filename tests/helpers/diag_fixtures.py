@@ -219,7 +219,7 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
              request_logging: Mapping[str, bool] | None = None, log_target: str | None = None,
              log_history: LogHistoryView | None = None,
              logged_since_start: Sequence[tuple[float, int]] | None = None,
-             conns: Mapping[str, ConnTracker] | None = None) -> Evidence:
+             conns: Mapping[str, ConnTracker] | None = None, wall: float | None = None) -> Evidence:
     """The :class:`Evidence` of one tick from its parts by name (a test's shorthand: the monitor
     builds it from its own state, ``Monitor.evidence``). The log's parts belong to ``log_target``."""
     log = None
@@ -235,7 +235,7 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
             request_logging=(request_logging or {}).get(tgt) if tgt is not None else None,
             history=log_history, logged_since_start=logged_since_start,
         )
-    return Evidence(now, servers or {}, gpus, log, conns or {})
+    return Evidence(now, servers or {}, gpus, log, conns or {}, wall=wall)
 
 
 class Session:
@@ -298,6 +298,7 @@ class Session:
             kw.setdefault("startup_quiet", self.log.quiet(now))
             kw.setdefault("log_lines", self.log.recent(limit=200))
         kw.setdefault("log_target", self.url)
+        kw.setdefault("wall", self.clock.time())
         return self.diag.update(evidence(now, servers={self.url: self.server_tracker.view()}, gpus=self.hist, **kw))
 
 

@@ -137,7 +137,7 @@ def test_requests_that_never_finish_keep_a_bounded_list_of_candidates() -> None:
     soak's CPU rose to 12-18 % of a core). Bounded now, and the answer still the whole age."""
     from types import SimpleNamespace
 
-    from vtop.core.inflight import OldestInFlight
+    from vtop.core.requests.metrics_bound import OldestInFlight
 
     o = OldestInFlight()
     e2e = SimpleNamespace(buckets=[(1.0, 5.0), (10.0, 9.0), (float("inf"), 10.0)])  # read, never moving

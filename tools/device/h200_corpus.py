@@ -84,6 +84,8 @@ GPU_PARAMS: dict[str, Any] = {
     "steady_conc": 16, "steady_tokens": 256,
     "runaway_hangup_s": 75.0,
     "pool_nonstream": 8, "pool_nonstream_tokens": 8192,
+    # the no-log stall's three streams (h200-engine-stall-streams-nolog): long enough to outlast the stop
+    "nolog_stream_tokens": 8192,
     "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "100")),
     "ready_timeout_s": 400.0,
     # a tqdm frame of the capture, e.g. "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|...| 20/51"
@@ -92,7 +94,8 @@ GPU_PARAMS: dict[str, Any] = {
 #: --small: a CPU server of 2 cores (the dry run)
 SMALL_PARAMS: dict[str, Any] = {
     **GPU_PARAMS, "burst_n": 48, "burst_tokens": 48, "burst_cap_s": 120.0, "steady_conc": 4, "steady_tokens": 48,
-    "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
+    "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96,
+    "nolog_stream_tokens": 1500, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
     "capture_re": os.environ.get("VTOP_H200_CAPTURE_RE", r"Warming up model for the compilation").encode(),
 }
 
@@ -158,12 +161,17 @@ class GpuServer:
     def is_running(self) -> bool:
         return _alive(self.pid)
 
-    def launch(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    def launch(self, extra: tuple[str, ...] = (), *, pipe: bool = False) -> dict[str, Any]:
+        """Start vLLM with serve.sh; ``pipe``: its stdout and stderr a PIPE (serve.sh's ``--log /dev/stdout``
+        reopens this recorder's pipe), which a thread here copies into LOG for the trace: no file that vtop
+        could find behind the process (``/proc/PID/fd/1`` reads ``pipe:[...]``), as under a supervisor."""
         self.stop(quiet=True)
         with contextlib.suppress(OSError):
             (RUN_DIR / "serve.json").unlink()
         with contextlib.suppress(OSError):
             LOG.unlink()
+        if pipe:
+            return self._launch_piped(extra)
         cmd = ["bash", SERVE, "--log", str(LOG)] + (["--", *extra] if extra else [])
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         print(f"[serve] {' '.join(cmd)} -> rc {r.returncode}: {(r.stdout + r.stderr).strip()[-500:]}", flush=True)
@@ -171,6 +179,40 @@ class GpuServer:
             raise R.ServerFailed(f"serve.sh failed (rc {r.returncode}): {(r.stdout + r.stderr)[-1000:]}")
         self.info = json.loads((RUN_DIR / "serve.json").read_text())
         self.log_path = Path(self.info.get("log") or LOG)
+        cmdline = [str(c) for c in self.info.get("cmd") or []]
+        self.served_model_dir = cmdline[cmdline.index("serve") + 1] if "serve" in cmdline[:-1] else None
+        self.model = self.max_model_len = None
+        return self.info
+
+    def _launch_piped(self, extra: tuple[str, ...]) -> dict[str, Any]:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        LOG.write_bytes(b"")
+        cmd = ["bash", SERVE, "--log", "/dev/stdout"] + (["--", *extra] if extra else [])
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        assert p.stdout is not None
+        out = p.stdout
+
+        def tee() -> None:  # until vLLM (which holds the pipe's write end) exits
+            with open(LOG, "ab") as f:
+                while True:
+                    chunk = out.read1(65536)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    f.flush()
+
+        threading.Thread(target=tee, daemon=True, name="vllm-pipe").start()
+        try:
+            rc = p.wait(120)
+        except subprocess.TimeoutExpired as e:
+            raise R.ServerFailed("serve.sh did not return in 120 s") from e
+        print(f"[serve] {' '.join(cmd)} -> rc {rc} (vLLM's stdout: a pipe, copied to {LOG})", flush=True)
+        if rc != 0:
+            time.sleep(0.5)
+            raise R.ServerFailed(f"serve.sh failed (rc {rc}): {self.log_tail()}")
+        self.info = json.loads((RUN_DIR / "serve.json").read_text())
+        self.info["log"] = str(LOG)  # serve.sh wrote /dev/stdout: the copy is the trace's log
+        self.log_path = LOG
         cmdline = [str(c) for c in self.info.get("cmd") or []]
         self.served_model_dir = cmdline[cmdline.index("serve") + 1] if "serve" in cmdline[:-1] else None
         self.model = self.max_model_len = None
@@ -413,9 +455,9 @@ class GpuCtx(R.Ctx):
     def sleep(self, s: float) -> None:
         time.sleep(max(0.0, s * self.scale))
 
-    def launch(self, extra_args: tuple[str, ...] = (), **_: Any) -> None:  # type: ignore[override]
+    def launch(self, extra_args: tuple[str, ...] = (), *, pipe: bool = False, **_: Any) -> None:  # type: ignore[override]
         srv: GpuServer = self.srv  # type: ignore[assignment]
-        info = srv.launch(extra_args)
+        info = srv.launch(extra_args, pipe=pipe)
         cmd = R.mask_argv([str(c) for c in info.get("cmd") or []])
         flags = cmd[cmd.index("serve") + 2:] if "serve" in cmd[:-1] else []
         if self.flags is None:
@@ -801,6 +843,61 @@ def engine_stall_load(ctx: GpuCtx) -> None:
     ctx.cont_procs()
     ctx.sleep(30)
     load.stop()
+
+
+@scenario("h200-engine-stall-streams-nolog", "engine_stall", 280)
+def engine_stall_streams_nolog(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off), vLLM's stdout and stderr a PIPE (no log file for
+    vtop to find; the recorder copies it for the trace, truth log_for_vtop false): launch to ready, 10 s idle;
+    3 streaming chat requests with max_tokens 8192 (ignore_eos; each replaced when done); after 20 s the
+    VLLM::EngineCore is SIGSTOPped for 75 s while the three clients wait on open streams; `vtop doctor --window
+    15 URL` (no --log) is started 30 s after the stop, so its window ends at 45 s, its output kept in the trace
+    (doctor-30s.txt, its exit status in events.jsonl); SIGCONT, 30 s after. Issue 49's proof: the doctor names
+    the stall, dated from the connections (the kernel's last-sent time of the three streams)."""
+    ctx.truth_extra.update(log_for_vtop=False, doctor_after_s=[30])
+    ctx.launch(pipe=True)
+    ctx.wait_ready()
+    ctx.sleep(10)
+    pool = R.StreamPool(ctx, n=3, max_tokens=int(ctx.p["nolog_stream_tokens"]), max_total=60,  # type: ignore[arg-type]
+                        time_limit=(20 + 75 + 30) * ctx.scale)
+    pool.start()
+    ctx.sleep(20)
+    pids = ctx.engine(5)
+    assert pids, "no VLLM::EngineCore"
+    eng = pids[:1]  # the EngineCore only (its workers, where there are any, left running)
+    ctx.stop_procs(eng, "EngineCore")
+    stopped_at = time.monotonic()
+    doc = _doctor_after(ctx, stopped_at + 30 * ctx.scale, "doctor-30s")
+    rest = 75 * ctx.scale - (time.monotonic() - stopped_at)
+    time.sleep(max(0.0, rest))
+    ctx.cont_procs()
+    if doc is not None:
+        doc.join(60)
+    ctx.sleep(30)
+    pool.stop()
+
+
+def _doctor_after(ctx: GpuCtx, at_mono: float, name: str) -> threading.Thread | None:
+    """At ``at_mono``, `python3 -m vtop doctor --window 15 URL` (no --log) in a thread; its stdout and stderr
+    to TRACE/NAME.txt, its exit status and times to events.jsonl (doctor_begin / doctor_end)."""
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    window = 15.0 * ctx.scale
+
+    def run() -> None:
+        time.sleep(max(0.0, at_mono - time.monotonic()))
+        cmd = [sys.executable, "-m", "vtop", "doctor", "--window", f"{window:g}", srv.url]
+        ctx.event("doctor_begin", cmd=cmd[1:], name=name)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=window + 90)
+            (ctx.out / f"{name}.txt").write_text(r.stdout + (("\n--- stderr\n" + r.stderr) if r.stderr else ""))
+            ctx.event("doctor_end", name=name, exit_code=r.returncode,
+                      first_lines=[ln for ln in r.stdout.splitlines() if ln.startswith(("[", "no alerts"))][:4])
+        except (OSError, subprocess.SubprocessError) as e:
+            ctx.event("doctor_end", name=name, error=f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=run, daemon=True, name=name)
+    t.start()
+    return t
 
 
 # --- recording ---------------------------------------------------------------------------

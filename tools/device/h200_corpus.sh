@@ -6,13 +6,15 @@
 #   D  h200-engine-stall-load
 #   E  as A (receive the carried parts, install.sh), then h200-runaway-nonstreaming-short-traffic
 #   F  h200-normal-long-nonstreaming (E and F: ~300 + ~45 s of install and ~280 s do not fit in one call)
+#   G  as A (receive the carried parts, install.sh), then h200-engine-stall-streams-nolog (issue 49: vLLM's stdout
+#      a pipe, 3 streams, the EngineCore SIGSTOPped, `vtop doctor --window 15` started 30 s after the stop)
 # Part00 (with .vllm-gpu/vtop-whl through add_wheels.sh) must have been received by an earlier call on the
 # same machine (the shared recipe's call 1). Traces go to /tmp/h200-corpus/CALL/SCENARIO/, packed with the
 # recorder's output into $OUT/h200-corpus-CALL.tgz. The recorder stops by itself before 570 s of the call.
 # Dry run elsewhere: VTOP_H200_VLLM_BIN (the vllm that must exist), VTOP_H200_EXTRA (e.g. "--small --scale 0.5")
 # and the recorder's VTOP_H200_SERVE / VTOP_H200_STOP / VTOP_H200_RUN_DIR (README-corpus.md).
 set -u
-CALL=${1:?A, B, C, D, E or F}
+CALL=${1:?A, B, C, D, E, F or G}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 install() {
@@ -31,6 +33,7 @@ case $CALL in
   D) S=h200-engine-stall-load ;;
   E) install; S=h200-runaway-nonstreaming-short-traffic ;;
   F) S=h200-normal-long-nonstreaming ;;
+  G) install; S=h200-engine-stall-streams-nolog ;;
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 [ -x "${VTOP_H200_VLLM_BIN:-/tmp/site/bin/vllm}" ] || { echo "vLLM is not installed here (a fresh machine?): redo part00, then call A"; exit 2; }
@@ -40,6 +43,7 @@ timeout -s TERM "$LEFT" python3 -m tools.device.h200_corpus "$S" --out "$D/$CALL
 RC=$?
 cp -f "$D/$CALL.log" "$D/$CALL/recorder.log"
 grep -E '^\[|"(duration_s|size|class|began|should_alert_by|ended)"' "$D/$CALL.log" | cut -c1-220 | tail -n 60
+for F in "$D/$CALL"/*/doctor-*.txt; do [ -f "$F" ] && { echo "=== $F"; cat "$F"; }; done
 echo "recorder rc=$RC after ${SECONDS} s"
 tar -czf "$OUT/h200-corpus-$CALL.tgz" -C "$D/$CALL" .
 ls -l "$OUT"

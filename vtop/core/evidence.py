@@ -67,6 +67,8 @@ class Evidence:
     conns: Mapping[str, ConnTracker] = field(default_factory=dict)
     #: the Hub download of the start at ``log_target`` (:mod:`vtop.core.download`), while one is watched
     download: DownloadProgress | None = None
+    #: the wall clock of the tick (what a process's ``create_time`` is on); None: not known
+    wall: float | None = None
 
     # ------------------------------------------------------------------ the log
 

@@ -97,6 +97,10 @@ class Report:
     stale: list[str] = field(default_factory=list)
     """The sources that answered, then stopped (NVML hung partway through the window): their last
     readings are shown with their age, never as current, and with no alert the status is unknown (3)."""
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Findings pending at the end of the window: a rule's condition held for the whole window but
+    not yet for its threshold (:class:`vtop.core.rules.Pending`); each says the window that would
+    decide. Not "no alerts": the status is a warning (1)."""
 
     @property
     def exit_code(self) -> int:
@@ -109,6 +113,8 @@ class Report:
             return EXIT_WARNING
         if not self.looked or self.silent or self.stale or self.unread:
             return EXIT_UNKNOWN
+        if self.pending:  # a finding not yet decided: not "all is well" (below "could not look")
+            return EXIT_WARNING
         return EXIT_OK
 
     @property
@@ -165,6 +171,7 @@ class Report:
             "notes": self.notes,
             "silent_sources": list(self.silent),
             "stale_sources": list(self.stale),
+            "pending": self.pending,
             "exit_code": self.exit_code,
             "exit_reason": self.exit_reason,
         }
@@ -528,6 +535,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         notes.append(lv.problem)
     if monitor.log_message and monitor.log_watch is None:
         notes.append(monitor.log_message)
+    notes += monitor.missing_evidence()
     # Every server's requests in flight, oldest first (the one answer: vtop.core.requests); a burst of
     # 1,500 must not make a 260 KB report.
     answers = monitor.in_flight
@@ -567,7 +575,36 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         history_s=_history_s(monitor),
         silent=list(silent or ()),
         stale=[GPU_SOURCE] if stale_for is not None else [],
+        pending=pending_rows(monitor, started, window_asked_s),
     )
+
+
+#: a condition that began this close after the window's start held for the whole of it (the first
+#: samples come a round or two after the start)
+PENDING_SLACK_S = 3.0
+
+
+def pending_rows(monitor: Monitor, started: float, window_asked_s: float | None) -> list[dict[str, Any]]:
+    """The findings pending at the end of the window (see :attr:`Report.pending`): conditions that
+    held from the window's start (give or take its first samples) to its end, with the window
+    that would decide (``--window N``: the window's length plus what the threshold still needs)."""
+    if window_asked_s is None:
+        return []  # one round: no window held anything
+    now = monitor.clock.monotonic()
+    slack = max(PENDING_SLACK_S, 2 * monitor.config.interval)
+    out = []
+    for p in monitor.diagnoser.pending:
+        # held from the window's start, or from vtop's first reading of it (a busy box's first scrape
+        # can come seconds into the window)
+        first = p.seen_from if p.seen_from is not None else started
+        if p.since > max(started + slack, first + 0.5):
+            continue
+        row = p.to_json(now)
+        left = max(0.0, p.threshold_s - p.held_s(now))
+        row["since"] = None  # monotonic: meaningless to a reader; held_s says it
+        row["decides_with_window_s"] = math.ceil(window_asked_s + left + 2 * monitor.config.interval)
+        out.append(row)
+    return out
 
 
 def _silent_gpu(silent: list[str] | None, waited: float) -> str | None:
@@ -693,12 +730,29 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
                 lines.append(f"    - {e}")
             for fx in a.get("fix") or ():
                 lines.append(f"    fix: {fx}")
-    elif rep.exit_code == EXIT_OK:  # "no alerts" beside exit 2 (a server down) read as all well
+    for p in rep.pending:
+        lines.append("")
+        lines.append(pending_text(p, rep.window_asked_s))
+        for e in p.get("evidence") or ():
+            lines.append(f"    - {e}")
+    if not rep.alerts and not rep.pending and rep.exit_code == EXIT_OK:
+        # "no alerts" beside exit 2 (a server down) would read as all well
         lines.append("no alerts" if doctor else "alerts: none")
     for n in rep.notes:
         lines.append(f"note: {n}")
     lines.append(rep.exit_reason)
     return "\n".join(lines) + "\n"
+
+
+def pending_text(p: dict[str, Any], window_s: float | None) -> str:
+    """``[PENDING] engine_stall on :8000: running 3, ... for the whole 15 s window (held 16 s); an
+    engine stall is named at 20 s: --window 25 would decide``."""
+    from vtop.core.rules.util import short_url
+
+    where = f" on {short_url(p['target'])}" if p.get("target") else ""
+    win = f"the whole {_secs(window_s)} window" if window_s is not None else "the window"
+    return (f"[PENDING] {p['rule']}{where}: {p['condition']} for {win} (held {_secs(p['held_s'])}); "
+            f"{p['names']} is named at {_secs(p['threshold_s'])}: --window {p['decides_with_window_s']} would decide")
 
 
 # --- entry points ------------------------------------------------------------------

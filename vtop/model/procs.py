@@ -36,6 +36,8 @@ class VllmChild:
     #: its PID in its own PID namespace (a container's), as its log says ``(EngineCore pid=245)``;
     #: None when that is the PID vtop sees (same namespace) or it was not read
     ns_pid: int | None = None
+    #: the state letter of /proc/PID/stat (T: stopped by a signal); None: not read
+    state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,8 @@ class ServerProcess:
     listen_port: int | None = None
     #: other ``host:port`` that reach it (every published port); a URL given for one of them is its
     published: tuple[str, ...] = ()
+    #: the state letter of /proc/PID/stat of this process (T: stopped by a signal); None: not read
+    state: str | None = None
 
     @property
     def inner_port(self) -> int:
@@ -134,6 +138,13 @@ class ServerProcess:
         out = {c.pid: c.cpu for c in self.children if c.cpu is not None}
         if self.cpu is not None:
             out[self.pid] = self.cpu
+        return out
+
+    def state_by_pid(self) -> dict[int, str]:
+        """The state letter of each process of the tree that has one (``T``: stopped by a signal)."""
+        out = {c.pid: c.state for c in self.children if c.state is not None}
+        if self.state is not None:
+            out[self.pid] = self.state
         return out
 
     def display_argv(self) -> str:

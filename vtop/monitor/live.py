@@ -323,9 +323,11 @@ class LiveFeed:
             # Fast while something is starting, down or unknown (a start must show within
             # seconds); slow once every server answers, whether or not its process is on
             # this box (a server in another container, or a remote URL, has none to find:
-            # scanning for it every 5 s was 0.1 % of a core for nothing).
+            # scanning for it every 5 s was 0.1 % of a core for nothing). Fast again while a rule's
+            # finding is pending (a frozen engine: its processes' CPU time and state decide it soon).
             settled = bool(m.servers) and all(
-                ws.last_view is not None and ws.last_view.state == "up" for ws in m.servers.values())
+                ws.last_view is not None and ws.last_view.state == "up" for ws in m.servers.values()) \
+                and not m.diagnoser.pending
             base = self._scan_every()
             loop.interval = max(base, self.SETTLED_SCAN_S) if settled else base
         self._scraping = True  # discovery is best effort: poll anyway

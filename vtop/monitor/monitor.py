@@ -180,7 +180,8 @@ class Monitor:
         if self._diagnoser is None:
             from vtop.core.rules import Diagnoser, Thresholds
 
-            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold))
+            self._diagnoser = Diagnoser(Thresholds(runaway_s=self.config.runaway_threshold,
+                                                 startup_ceiling_s=self.config.stall_threshold))
         return self._diagnoser
 
     @diagnoser.setter
@@ -367,6 +368,39 @@ class Monitor:
         of its own (a container): its connections are read there."""
         return [(url, ws.process.pid, ws.process.inner_port) for url, ws in self.servers.items()
                 if ws.process is not None and ws.process.own_netns]
+
+    def missing_evidence(self) -> list[str]:
+        """The evidence vtop lacks now, each with what would give it (issue 49): the vLLM log, the
+        processes of a local server (another PID namespace, a container), the kernel's counters of
+        its connections (another network namespace, a read that failed, a server on another box).
+        Said once by the doctor's notes and under the screen's log line; empty when nothing is
+        missing that a rule would read."""
+        out: list[str] = []
+        if self.log_view is None and self.log_watch is None and self.servers:
+            out.append("evidence missing: the vLLM log (see the log line): a stall or a stalled start that began "
+                       "before vtop looked is dated from the connections and the processes only")
+        for url, ws in self.servers.items():
+            host, port = url_hostport(url)
+            v = ws.last_view
+            if v is None or v.state in ("down", "not vllm"):
+                continue
+            where = f":{port}" if host in LOCAL_HOSTS else url
+            running = v.metrics.running if v.metrics is not None else None
+            if host in LOCAL_HOSTS and ws.process is None and self.discovered_once:
+                out.append(f"evidence missing for {where}: its processes (no vLLM process behind it is visible here: a "
+                           "container or another PID namespace, another user): CPU time and process state; run vtop "
+                           "where it sees them (on the host, or `docker run --pid=container:NAME ...`)")
+            if host not in LOCAL_HOSTS and ws.process is None:
+                out.append(f"evidence missing for {where}: its connections' counters (a server on another box: the "
+                           "kernel that holds them is there); run vtop on the server's box")
+            elif ws.conns.error is not None:
+                out.append(f"evidence missing for {where}: its connections' counters ({ws.conns.error})")
+            elif ws.conns.empty_reads >= 2 and running:
+                out.append(f"evidence missing for {where}: its connections (the kernel here holds none to port {port}, "
+                           "not even vtop's own: the server's sockets are in another network namespace, e.g. behind "
+                           "docker's port mapping); run vtop in its namespace (`docker run --network container:NAME "
+                           "...` or `nsenter -n -t PID`)")
+        return out
 
     def conns_read_every(self) -> float:
         """Seconds until the next read of the connections should come (the soonest any server asks:
@@ -627,6 +661,7 @@ class Monitor:
             log=log,
             conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
             download=self.download_progress(),
+            wall=self.clock.time(),
         )
 
     def reset(self) -> None:

@@ -416,17 +416,18 @@ def _mmss(s: float) -> str:
 
 
 def open_recording(path: str, *, config: Config, speed: float = 1.0, name: str | None = None,
-                   attach_at: float | None = None) -> Player:
+                   attach_at: float | None = None, with_log: bool | None = None) -> Player:
     """A player for ``path``; raises ``ValueError``/``OSError`` with a plain message.
     ``attach_at`` (recorded monotonic seconds): play it as vtop started then would see it
-    (:func:`attached_at`)."""
+    (:func:`attached_at`). ``with_log=False``: a trace played without its log (as vtop without
+    one would have seen it); None: as the trace's truth says."""
     import dataclasses
     import os
 
     from vtop.sources.recording.record import load
     from vtop.sources.recording.trace import is_trace, load_trace
 
-    header, events = load_trace(path) if is_trace(path) else load(path)
+    header, events = load_trace(path, with_log=with_log) if is_trace(path) else load(path)
     if header.get("schema") not in (None, "vtop-record") and not events:
         raise ValueError(f"{path}: not a vtop recording")
     if not events:

@@ -46,7 +46,7 @@ from typing import Any
 from vtop.model.fmt import to_float as _float
 from vtop.model.fmt import to_int as _int
 from vtop.model.procs import ServerProcess, VllmChild
-from vtop.sources.procs import parse_stat, stat_cpu_s
+from vtop.sources.procs import parse_stat, stat_cpu_s, stat_state
 from vtop.sources.urls import url_for
 
 __all__ = [
@@ -77,6 +77,8 @@ class ProcRecord:
     create_time: float
     #: user + system CPU seconds so far (None: not read, or not readable)
     cpu: float | None = None
+    #: the state letter of /proc/PID/stat (R, S, D, T stopped, t traced, ...); None: not read
+    state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,9 +373,22 @@ def _coerce(rec: Any) -> ProcRecord | None:
             cmdline=tuple(str(c) for c in cmd),
             create_time=float(get("create_time", 0.0) or 0.0),
             cpu=_cpu_of(get("cpu", None)),
+            state=_state_of(get("state", None)),
         )
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _state_of(x: Any) -> str | None:
+    """A record's ``state``: one letter of /proc/PID/stat's (psutil's words mapped to it), else None."""
+    if not isinstance(x, str) or not x:
+        return None
+    return _PSUTIL_STATE.get(x, x[0] if len(x) == 1 and x.isalpha() else None)
+
+
+#: psutil's status words as /proc/PID/stat's letters
+_PSUTIL_STATE = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
+                 "zombie": "Z", "dead": "X", "idle": "I"}
 
 
 def _cpu_of(x: Any) -> float | None:
@@ -459,7 +474,8 @@ def _read_proc_linux() -> list[ProcRecord]:
             parts = parts[0].split()
         cmd = tuple(x.decode("utf-8", "replace") for x in parts)
         out.append(ProcRecord(pid=int(name), ppid=ppid, name=comm, cmdline=cmd,
-                              create_time=boot + start_ticks / _TICKS, cpu=stat_cpu_s(stat, _TICKS)))
+                              create_time=boot + start_ticks / _TICKS, cpu=stat_cpu_s(stat, _TICKS),
+                              state=stat_state(stat)))
     return out
 
 
@@ -468,7 +484,8 @@ def _read_psutil() -> list[ProcRecord]:
 
     out: list[ProcRecord] = []
     try:
-        it = psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time", "cpu_times"], ad_value=None)
+        it = psutil.process_iter(["pid", "ppid", "name", "cmdline", "create_time", "cpu_times", "status"],
+                                 ad_value=None)
         for p in it:
             try:
                 info = p.info
@@ -480,6 +497,7 @@ def _read_psutil() -> list[ProcRecord]:
                         cmdline=tuple(info.get("cmdline") or ()),
                         create_time=float(info.get("create_time") or 0.0),
                         cpu=_psutil_cpu(info.get("cpu_times")),
+                        state=_state_of(info.get("status")),
                     )
                 )
             except (psutil.Error, KeyError, TypeError, ValueError):
@@ -572,6 +590,7 @@ def _discover(procs: Iterable[Any]) -> tuple[Discovery, list[ProcRecord]]:
                 gpu_pids_guessed=guessed,
                 argv=rec.cmdline,
                 cpu=rec.cpu,
+                state=rec.state,
                 **info,
             )
         )
@@ -585,7 +604,8 @@ def _discover(procs: Iterable[Any]) -> tuple[Discovery, list[ProcRecord]]:
         role, rank, ranks = _classify(title)
         if role == "other":
             continue
-        orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0, cpu=rec.cpu))
+        orphans.append(VllmChild(rec.pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=0, cpu=rec.cpu,
+                                 state=rec.state))
     orphans.sort(key=lambda c: c.pid)
     return Discovery(tuple(servers), tuple(orphans)), list(records.values())
 
@@ -613,7 +633,8 @@ def _walk(root: int, records: Mapping[int, ProcRecord], kids: Mapping[int, list[
             title, role, rank, ranks = (rec.name or "python"), "helper", None, ()
         else:
             title, role, rank, ranks = (rec.name or "?"), "child", None, ()
-        out.append(VllmChild(pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=depth, cpu=rec.cpu))
+        out.append(VllmChild(pid, rec.ppid, title, role, rank, ranks, rec.create_time, depth=depth, cpu=rec.cpu,
+                             state=rec.state))
         stack.extend((c, depth + 1) for c in sorted(kids.get(pid, ()), reverse=True))
     return out
 
@@ -634,7 +655,8 @@ def _mark_gpu(server_pid: int, children: list[VllmChild]) -> tuple[tuple[VllmChi
         gpu = [c.pid for c in children if c.role == "child"] or [server_pid]
     gset = set(gpu)
     marked = tuple(
-        VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth, c.cpu)
+        VllmChild(c.pid, c.ppid, c.title, c.role, c.rank, c.ranks, c.create_time, c.pid in gset, c.depth, c.cpu,
+                  state=c.state)
         for c in children
     )
     return marked, tuple(gpu), guessed

@@ -82,6 +82,16 @@ def stat_cpu_s(raw: bytes, ticks: int) -> float | None:
         return None
 
 
+def stat_state(raw: bytes) -> str | None:
+    """The state letter of a process (field 3 of ``/proc/PID/stat``: R running, S sleeping, D waiting on
+    I/O, T stopped by a signal, t stopped by a tracer, Z zombie), or None if the text is not shaped like it."""
+    rp = raw.rfind(b")")
+    if rp < 0:
+        return None
+    rest = raw[rp + 2 : rp + 4].decode("ascii", "replace").strip()
+    return rest[:1] if rest[:1].isalpha() else None
+
+
 def proc_start(pid: int) -> object:
     """The start ticks of ``pid`` (see :func:`parse_stat`). None when that process is
     not there (gone, or not in our PID namespace); ``_NO_PROC`` when there is no

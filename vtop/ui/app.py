@@ -478,8 +478,11 @@ class VtopApp(ActionKeys, ViewKeys):
                     panel.remove_class("-stale")
                 poll = self.gpu_history.last_poll
                 panel.update_view(poll.mono if poll else 0.0)
-            if LOG_SOURCE in changes:
-                self.w_startup.set_message(m.log_message)
+            if LOG_SOURCE in changes or (SERVERS in changes and m.log_watch is None):
+                # the log line, and (once, there) the other evidence vtop lacks and what would give it
+                msg = "\n".join(x for x in (m.log_message, *m.missing_evidence()) if x) or None
+                if msg != self.w_startup.message:
+                    self.w_startup.set_message(msg)
             if LOG in changes and m.log_view is not None:
                 self.w_startup.show(m.log_view)
                 self.w_log.show(m.log_view)

@@ -48,6 +48,11 @@ FAST_AFTER_S = 20.0
 #: a read older than this says nothing about now (the reads stopped: a denied or hung source, or the
 #: server went idle)
 STALE_S = 25.0
+#: vLLM's API server (uvicorn, ``timeout_keep_alive=VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default in
+#: vllm/envs.py) closes a kept-alive connection 5 s after its answer ended: a connection still open
+#: whose answer began and has sent nothing for longer than this carries an answer that has not ended
+#: (a stream gone silent), never an idle kept-alive one
+SILENT_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,24 @@ class Streaming:
     its end); False: the answer streams."""
 
 
+@dataclass(frozen=True)
+class Silence:
+    """The answers in flight that have gone silent at the latest read: every connection whose answer
+    began (data sent after its request came) and sent nothing for :data:`SILENT_S` or more, while no
+    answer streams. What dates a frozen engine from before vtop looked (the engine-stall rule)."""
+
+    streams: int
+    """Connections whose answer began and has been silent :data:`SILENT_S` or more."""
+    since: float
+    """The youngest silence: when the last byte was sent on any of them (monotonic, as the reads)."""
+    oldest: float
+    """The oldest silence (monotonic)."""
+    pending: int
+    """Other connections with a request and no byte of its answer yet (a non-streamed completion)."""
+    read_mono: float
+    """The read that says so."""
+
+
 @dataclass
 class _Seen:
     req_at: float
@@ -85,6 +108,9 @@ class _Seen:
     unanswered: bool = False
     #: ... at this read and the one before, with the same request
     pending: bool = False
+    #: the kernel's seconds since data was last sent / received at this read (None: not given)
+    sent_s: float | None = None
+    recv_s: float | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -99,6 +125,9 @@ class ConnTracker:
         self.last_mono: float | None = None
         self.error: str | None = None
         self.reads = 0
+        #: reads in a row that found no connection at all to the port (vtop's own scrapes hold one
+        #: when the server's sockets are in this network namespace: several in a row say they are not)
+        self.empty_reads = 0
 
     def feed(self, mono: float, conns: Iterable[Any], error: str | None = None) -> None:
         """One read at ``mono``; ``error`` when it failed (what was known is forgotten)."""
@@ -108,6 +137,8 @@ class ConnTracker:
             self.last_mono = None
             return
         self.reads += 1
+        conns = list(conns)
+        self.empty_reads = 0 if conns else self.empty_reads + 1
         now: dict[tuple[str, str], _Seen] = {}
         for c in conns:
             sent, recv = c.last_sent_s, c.last_recv_s
@@ -124,7 +155,8 @@ class ConnTracker:
             rcvd = getattr(c, "bytes_received", None)
             unanswered = sent is not None and (sent >= recv and rcvd > 0 if rcvd is not None else sent > recv)
             if prev is None or abs(prev.req_at - req_at) > SAME_REQUEST_S:
-                now[key] = _Seen(req_at, mono, acked, mono, acked, False, unanswered=unanswered)
+                now[key] = _Seen(req_at, mono, acked, mono, acked, False, unanswered=unanswered, sent_s=sent,
+                                 recv_s=recv)
                 continue
             moved_mono = prev.moved_mono
             if acked is not None and prev.acked is not None:
@@ -136,7 +168,7 @@ class ConnTracker:
             # same count while the answer flows: a chunk a token, not a byte a millisecond)
             moving = moved_mono is not None and mono - moved_mono <= FLOWING_S
             now[key] = _Seen(prev.req_at, prev.first_mono, prev.first_acked, mono, acked, flowing and moving,
-                             moved_mono, unanswered, unanswered and prev.unanswered)
+                             moved_mono, unanswered, unanswered and prev.unanswered, sent, recv)
         self._conns = now
         self.last_mono = mono
 
@@ -154,6 +186,32 @@ class ConnTracker:
             out.append(Streaming(remote, s.req_at, s.mono - s.req_at, s.mono - s.first_mono, sent, len(on) - 1,
                                  pending=not s.streaming))
         return out
+
+    def silence(self, now: float) -> Silence | None:
+        """The answers gone silent at the latest read (see :class:`Silence`); None when the read is
+        stale at ``now``, an answer streams (or one to a request older than :data:`SILENT_S` sent a
+        byte within it), or no begun answer has been silent :data:`SILENT_S`. A request of the last
+        :data:`SILENT_S` (a scrape, a health check) says nothing either way."""
+        if self.last_mono is None or now - self.last_mono > STALE_S:
+            return None
+        silent: list[float] = []
+        pending = 0
+        for s in self._conns.values():
+            if s.streaming:
+                return None
+            if s.sent_s is None or s.recv_s is None:
+                continue
+            if s.unanswered:
+                pending += 1
+            elif s.recv_s < SILENT_S:
+                continue  # a request of the last seconds (a scrape, a health check): says nothing yet
+            elif s.sent_s < s.recv_s:
+                if s.sent_s < SILENT_S:
+                    return None  # an answer to an older request sent a byte moments ago: not silent
+                silent.append(s.mono - s.sent_s)
+        if not silent:
+            return None
+        return Silence(len(silent), max(silent), min(silent), pending, self.last_mono)
 
     def streaming(self, now: float) -> list[Streaming]:
         """The answers streaming at the latest read, oldest request first."""

@@ -59,11 +59,12 @@ corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 
 from __future__ import annotations
 
-from vtop.core.rules.alert import RULES, SEVERITIES, Alert, Thresholds
+from vtop.core.rules.alert import RULES, SEVERITIES, Alert, Pending, Thresholds
 from vtop.core.rules.context import Evidence, Memory, Rule
 from vtop.core.rules.diagnoser import Diagnoser, diagnose_once
 
 __all__ = [
+    "Pending",
     "RULES",
     "SEVERITIES",
     "Alert",

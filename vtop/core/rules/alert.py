@@ -63,6 +63,38 @@ class Alert:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A rule's condition that holds now but has not yet held for its threshold: what a short window
+    (``doctor --window 15``) says instead of "no alerts" when it ends inside an incident."""
+
+    #: the rule that will name it, one of :data:`RULES`
+    rule: str
+    #: server URL, or None
+    target: str | None
+    #: monotonic time the condition began (as far back as the evidence dates it)
+    since: float
+    #: how long it must hold before the rule names it
+    threshold_s: float
+    #: what holds, in words ("running 3, waiting 0, no new token and no request finished")
+    condition: str
+    #: what is named when it holds that long ("an engine stall")
+    names: str
+    #: lines with numbers, and which source dated the condition
+    evidence: tuple[str, ...] = ()
+    #: when vtop first saw what the condition reads (its first sample of the server, its first process
+    #: scan): a condition since then held over all vtop saw, however late that came in a window
+    seen_from: float | None = None
+
+    def held_s(self, now: float) -> float:
+        return max(0.0, now - self.since)
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {"rule": self.rule, "target": self.target, "since": self.since, "held_s": round(self.held_s(now), 1),
+                "threshold_s": self.threshold_s, "condition": self.condition, "names": self.names,
+                "evidence": list(self.evidence)}
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """Every number the rules compare against. Seconds unless named ``_pct`` (0-100) or ``_ps`` (per second)."""
@@ -139,8 +171,15 @@ class Thresholds:
     #: watched, when that is at least this long (the log's silence, read from its stamps, is the
     #: whole ``startup_still_s`` already): a busy compile uses a core every second
     startup_still_min_span_s: float = 10.0
+    #: a start's working processes, or an engine process, stopped by a signal (state T) at every process
+    #: scan for this long are stopped for good (until a SIGCONT): the stall is named without the still
+    #: threshold (two scans 5 s apart; a py-spy dump stops a process for milliseconds)
+    stopped_min_span_s: float = 5.0
     #: ... "GPU idle": mean GPU-Util below this percentage over that window
     startup_still_gpu_util: float = 5.0
+    #: a start vtop has no log of (vtop/core/rules/stillness.py): starting this long from its process's
+    #: start is said, busy or not (``--stall-threshold``, the log's ceiling)
+    startup_ceiling_s: float = 600.0
     #: startup stall in downloading: a Hub download with a file in flight and no byte more for this long
     download_stall_s: float = 60.0
     #: spec_decode_low: draft-token acceptance below this percentage ...

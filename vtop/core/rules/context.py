@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vtop.core.evidence import Evidence
-from vtop.core.rules.alert import Alert, Thresholds
+from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.state import GpuState, ServerState
 from vtop.core.rules.util import gib, short_url
@@ -37,6 +37,8 @@ class Memory:
     #: per server URL, its requests in flight this tick (:func:`vtop.core.requests.requests_in_flight`,
     #: made by the diagnoser before the rules run): the one answer the runaway rule and every face read
     in_flight: dict[str, ServerRequests] = field(default_factory=dict)
+    #: this tick's conditions that hold but not yet for their threshold (emptied before the rules run)
+    pending: list[Pending] = field(default_factory=list)
 
     def started(self, rule: str, target: str | None, since: float) -> float:
         """When the incident of ``rule`` on ``target`` began, if one is going on (else ``since``):

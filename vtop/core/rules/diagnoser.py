@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vtop.core.evidence import Evidence
 from vtop.core.requests import LogRequests, requests_in_flight
-from vtop.core.rules.alert import RANK, Alert, Thresholds
+from vtop.core.rules.alert import RANK, Alert, Pending, Thresholds
 from vtop.core.rules.api import ApiUnresponsive
 from vtop.core.rules.context import Memory, Rule
 from vtop.core.rules.death import EngineDied
@@ -48,6 +48,9 @@ class Diagnoser:
         self.alerts: list[Alert] = []
         #: per server URL, its requests in flight as of the last tick (the one answer every face reads)
         self.in_flight: dict[str, ServerRequests] = {}
+        #: the conditions that hold but not yet for their threshold, at the last update (none of a
+        #: rule and target that has an alert out)
+        self.pending: list[Pending] = []
 
     @property
     def thresholds(self) -> Thresholds:
@@ -67,6 +70,7 @@ class Diagnoser:
         self._feed_gpus(ev)
         self._mem.in_flight = self.in_flight = self._requests_in_flight(ev)
         alerts: list[Alert] = []
+        self._mem.pending = []
         for rule in self.rules:
             alerts.extend(rule.check(ev, self._mem))
         # one incident per alert while it lasts: its start, a severity that falls only after a while
@@ -74,6 +78,8 @@ class Diagnoser:
         out.sort(key=lambda a: (RANK.get(a.severity, 9), a.since if a.since is not None else ev.now, a.rule,
                                 a.target or ""))
         self.alerts = out
+        keys = {a.key for a in out}
+        self.pending = [p for p in self._mem.pending if (p.rule, p.target) not in keys]
         return out
 
     # ------------------------------------------------------------------ feeding

@@ -13,6 +13,15 @@ the title then says "about"); without it the evidence would come up to a stats i
 launches no work (a Python-side hang or a stopped process); GPU-Util high with idle SMs says a
 collective (NCCL) waits for a peer. Corpus traces: tests/corpus/traces/engine-stall-enginecore,
 engine-stall-worker-only; quiet on every normal-* trace.
+
+Without a log (vLLM's stdout on a pipe), the connections keep the time (issue 49): the kernel's
+``last_sent`` of each connection to the port (vtop/core/requests/conns.py, :class:`~vtop.core.requests.conns.Silence`):
+when every answer in flight has been silent (no byte sent for 8 s or more: vLLM closes a kept-alive
+connection 5 s after its answer, so a silent open one is an answer not ended), as many as run, and
+none streams, no token came since the youngest silence. The evidence says which source dated it.
+The engine's processes' CPU seconds over the silence say whether it runs at all (a SIGSTOPped
+EngineCore adds none). A stall that holds but not yet for ``engine_stall_s`` is a
+:class:`~vtop.core.rules.alert.Pending` finding: a short doctor window says it and exits 1.
 """
 
 from __future__ import annotations
@@ -20,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vtop.core.rules.alert import Alert, Thresholds
+from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.rules.stillness import STOPPED, stopped_since, tree_cpu
 from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
 from vtop.core.stats import fmean
 
@@ -52,7 +62,7 @@ class StallFinding:
     waiting: float | None
     gen: float | None
     prompt: float | None
-    #: the log's line that says since when (None: /metrics said it)
+    #: the line of the source that says since when, the log's or the connections' (None: /metrics said it)
     log_line: str | None
     health: int | None
     latency_s: float | None
@@ -60,6 +70,10 @@ class StallFinding:
     gpus: tuple[tuple[str, float | None, float | None], ...]
     xid_lines: tuple[str, ...]
     xid_title: str
+    #: what dated ``since``: "/metrics", "the vLLM log", "the connections"
+    dated_by: str = "/metrics"
+    #: the engine's processes over the silence (CPU seconds)
+    proc_lines: tuple[str, ...] = ()
 
 
 def engine_stall(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
@@ -67,18 +81,56 @@ def engine_stall(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Server
     return stall_alert(f, mem.th) if f is not None else None
 
 
-def _stall_since(ctx: Evidence, url: str, st: ServerState) -> tuple[float, tuple[float, str, bool] | None] | None:
-    """Since when nothing moved while requests ran, and the log's word on it when it reaches further back."""
+@dataclass(frozen=True)
+class _Dated:
+    """Since when nothing moved, and what dated it (the source reaching furthest back)."""
+
+    since: float
+    #: "/metrics" (vtop's own samples), "the vLLM log", "the connections"
+    source: str
+    #: the line that says so (None: vtop's samples)
+    line: str | None = None
+    about: bool = False
+
+
+def _stall_since(ctx: Evidence, url: str, st: ServerState) -> _Dated | None:
+    """Since when nothing moved while requests ran: vtop's samples, or, when nothing moved from
+    vtop's first sample on, the source that reaches further back: the log's stats lines, or the
+    connections' silence (every answer in flight silent, dated by the youngest silence)."""
     if st.last_progress_t is None or st.busy_since is None:
         return None
     since = max(st.last_progress_t, st.busy_since)
+    best = _Dated(since, "/metrics")
+    if st.first_t is None or since > st.first_t:
+        return best
+    # Nothing moved and requests ran from vtop's first sample on: what kept time before it?
     hist = ctx.history_of(url)
-    if hist is not None and st.first_t is not None and since <= st.first_t:
-        # Nothing moved and requests ran from vtop's first sample on: the log says since when.
+    if hist is not None:
         from_log = hist.stalled_since(ctx.now, st.first_t)
-        if from_log is not None and from_log[0] < since:
-            return from_log[0], from_log
-    return since, None
+        if from_log is not None and from_log[0] < best.since:
+            best = _Dated(from_log[0], "the vLLM log", from_log[1], from_log[2])
+    got = _conns_silent(ctx, url, st)
+    if got is not None and got.since < best.since:
+        best = got
+    return best
+
+
+def _conns_silent(ctx: Evidence, url: str, st: ServerState) -> _Dated | None:
+    """The connections' word: every answer in flight on the server's port silent (the kernel's
+    ``last_sent``), as many as run (with the answers not yet begun), none streaming: no token
+    since the youngest silence (vtop/core/requests/conns.py :meth:`~vtop.core.requests.conns.ConnTracker.silence`)."""
+    tr = ctx.conns.get(url)
+    s = st.last
+    if tr is None or s is None or not s.running:
+        return None
+    sil = tr.silence(ctx.now)
+    if sil is None or sil.streams + sil.pending < s.running:
+        return None
+    n = sil.streams
+    more = f" ({sil.pending} more with no byte of an answer yet)" if sil.pending else ""
+    line = (f"{n} answer{'s' if n != 1 else ''} in flight on its connections got no byte for {dur(ctx.now - sil.since)}"
+            f"{more}: the youngest silence, by the kernel's last-sent time of each connection")
+    return _Dated(sil.since, "the connections", line)
 
 
 def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> StallFinding | None:
@@ -88,10 +140,19 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
     if v.sleep_level:  # put to sleep (POST /sleep): it makes no tokens on purpose, not a stall
         return None
     got = _stall_since(ctx, url, st)
-    if got is None or ctx.now - got[0] < mem.th.engine_stall_s:
+    if got is None:
         return None
-    since, from_log = got
-    now = ctx.now
+    stopped = _engine_stopped(ctx, mem, url, st, got.since)
+    if ctx.now - got.since < mem.th.engine_stall_s and stopped is None:
+        if ctx.now - got.since >= 1.0:
+            mem.pending.append(Pending(
+                "engine_stall", url, got.since, mem.th.engine_stall_s,
+                f"running {num(s.running)}, waiting {num(s.waiting)}, no new token and no request finished",
+                "an engine stall",
+                (f"dated by {got.source}" + (f": {got.line}" if got.line else ""),
+                 *_process_lines(ctx, mem, url, st, got.since)), st.first_t))
+        return None
+    since, now = got.since, ctx.now
     gpus = []
     for idx in mem.gpus_of(ctx, url):
         gl = mem.gpu_line(idx, since, now)
@@ -101,10 +162,63 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
             sms = [p.sm for p in pts if p.sm is not None]
             gpus.append((gl, fmean(utils) if utils else None, fmean(sms) if sms else None))
     return StallFinding(
-        url, since, now, from_log is not None and from_log[2], s.running, s.waiting, s.gen, s.prompt,
-        from_log[1] if from_log is not None else None, v.health, v.latency_s, tuple(gpus),
+        url, since, now, got.about, s.running, s.waiting, s.gen, s.prompt,
+        got.line, v.health, v.latency_s, tuple(gpus),
         tuple(mem.xid_lines(ctx, url, since - 60.0, now)), xid_short(mem.xids_near(ctx, url, since - 60.0, now)),
+        got.source, tuple(_process_lines(ctx, mem, url, st, since)),
     )
+
+
+def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
+    """Since when an engine process (the EngineCore or a worker) has been stopped (state T) at every
+    process scan for ``stopped_min_span_s``, or every engine process has used no CPU time for
+    ``startup_still_min_span_s``, of the stall: an engine that does not run makes no token, so the
+    stall needs no longer to be sure."""
+    proc = ctx.process_of(url)
+    if proc is None:
+        return None
+    engine = set(proc.engine_pids()) | set(proc.worker_pids())
+    if not engine:
+        return None
+    span = mem.th.startup_still_min_span_s
+    t = stopped_since(st, lambda s: engine, any_of=True)
+    if t is not None and ctx.now - max(t, since) >= mem.th.stopped_min_span_s:
+        return t
+    # ... or every engine process still (no CPU time) over that span of the stall: a working engine
+    # runs a step after step, a collective waiting for a peer spins; one that sleeps is blocked
+    use = tree_cpu(st, since)
+    if use is None or use.span_s < span or not st.cpu_samples or ctx.now - st.cpu_samples[-1].t > 30.0:
+        return None
+    mine = [p for p in use.used if p in engine]
+    if mine and all(use.used[p] <= max(0.02, mem.th.startup_still_cpu_frac * use.span_s) for p in mine):
+        return st.cpu_samples[-1].t - use.span_s
+    return None
+
+
+def _process_lines(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> list[str]:
+    """The engine's processes over the silence (what vtop watched of it): CPU seconds from the
+    process scans; a stopped or blocked engine adds none."""
+    proc = ctx.process_of(url)
+    engine = set(proc.engine_pids()) | set(proc.worker_pids()) if proc is not None else set()
+    out = []
+    states = proc.state_by_pid() if proc is not None else {}
+    stopped = [p for p in engine if states.get(p) in STOPPED]
+    if stopped:
+        names = {c.pid: (c.title or c.role) for c in proc.children} if proc is not None else {}
+        who = ", ".join(f"{names.get(p, 'process')} (pid {p})" for p in sorted(stopped))
+        out.append(f"{who}: stopped (state T in the process table: a SIGSTOP, or a debugger)")
+    use = tree_cpu(st, since)
+    if use is None or use.span_s < 2.0:
+        return out
+    idle = [p for p in use.used if p in engine and use.used[p] <= max(0.02, 0.01 * use.span_s)]
+    watched = "" if use.span_s >= ctx.now - since - 2.0 else " (all vtop watched)"
+    if idle:
+        who = ", ".join(f"{use.names.get(p, 'process')} (pid {p}) {use.used[p]:.2f} s" for p in idle)
+        return [*out, f"CPU time in {dur(use.span_s)}{watched}: {who}: the engine does not run (stopped, or blocked)"]
+    if engine:
+        busy = ", ".join(f"{use.names.get(p, 'process')} (pid {p}) {use.used[p]:.1f} s" for p in use.used if p in engine)
+        return [*out, f"CPU time in {dur(use.span_s)}{watched}: {busy}: the engine's processes run (a loop or a wait)"]
+    return out
 
 
 _STALL_FIX = (
@@ -126,6 +240,9 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
     ]
     if f.log_line is not None:
         ev.append(f.log_line)
+    if f.dated_by != "/metrics":
+        ev.append(f"dated by {f.dated_by} (it began before vtop's first sample, which already showed nothing moving)")
+    ev.extend(f.proc_lines)
     if f.health is not None or f.latency_s is not None:
         lat = f", /metrics in {f.latency_s * 1000:.0f} ms" if f.latency_s is not None else ""
         ev.append(f"the server still answers (/health {f.health if f.health is not None else '?'}{lat}): "

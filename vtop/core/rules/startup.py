@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
-from vtop.core.rules.context import Evidence, Memory
+from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
+from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, short_url
 from vtop.core.stats import fmean
 
@@ -58,7 +59,8 @@ class StartupStall:
         if download_in_flight(ctx):  # bytes moving is no stall; bytes stopped: vtop/core/rules/download.py names it
             return download_stall(ctx, mem)
         a = startup_stall(ctx, mem)
-        return [] if a is None else [a]
+        # a start vtop has no log of, judged by its processes (vtop/core/rules/stillness.py)
+        return ([] if a is None else [a]) + per_server(ctx, mem, still_start)
 
 
 class StartupFailure:

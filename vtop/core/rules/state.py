@@ -9,7 +9,7 @@ import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from vtop.core.requests.metrics_bound import MaxTokensLedger, OldestInFlight
@@ -112,6 +112,8 @@ class CpuSample:
     working: tuple[int, ...]
     #: pid -> its title ("VLLM::Worker") or role, for evidence lines
     names: dict[int, str]
+    #: pid -> the state letter of /proc/PID/stat (T: stopped by a signal), where read
+    states: dict[int, str] = field(default_factory=dict)
 
 
 class ServerState:
@@ -162,8 +164,8 @@ class ServerState:
         working = tuple(c.pid for c in kids if c.role == "worker") or tuple(c.pid for c in kids if c.role == "engine")
         roles = {int(c.pid): str(c.title or c.role) for c in kids}
         roles[int(proc.pid)] = "API server"
-        keep_recent(self.cpu_times, self.cpu_samples, t, CpuSample(t, cpu, working or (int(proc.pid),), roles),
-                    keep_s)
+        keep_recent(self.cpu_times, self.cpu_samples, t,
+                    CpuSample(t, cpu, working or (int(proc.pid),), roles, proc.state_by_pid()), keep_s)
 
     def cpu_at(self, t: float) -> CpuSample | None:
         """The newest CPU sample at or before ``t`` (None: none that old)."""

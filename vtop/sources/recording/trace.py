@@ -140,8 +140,10 @@ def gpu_events(path: str | os.PathLike[str], gpu_name: str = "GPU") -> list[Reco
     return out
 
 
-def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[RecordEvent]]:
-    """The header (the interval, the truth) and the events of a trace, in time order."""
+def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) -> tuple[dict[str, Any], list[RecordEvent]]:
+    """The header (the interval, the truth) and the events of a trace, in time order. The log's
+    lines are left out when ``with_log`` is False, or, when it is None, when the truth says vtop had
+    no log (``"log_for_vtop": false``: vLLM's stdout on a pipe; the trace keeps it for the reader)."""
     from vtop.sources.discovery import discover_servers
     from vtop.sources.logtail import LineSplitter
     from vtop.sources.vllm import ScrapePlan, poll_from_error
@@ -206,7 +208,9 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Recor
         events.append(RecordEvent("conns", read.t, read.mono, read))
 
     log = p / "log.bin.gz"
-    if log.exists():
+    if with_log is None:
+        with_log = truth.get("log_for_vtop") is not False
+    if with_log and log.exists():
         with gzip.open(log, "rb") as f:
             data = f.read()
         split = LineSplitter()

@@ -1,0 +1,267 @@
+"""Deciding without the log (issue 49): a frozen engine dated by its connections' silence, a start
+judged by its processes, and a finding pending at the end of a short window (injected clocks; the
+doctor test runs the real CLI against a local /metrics server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from tests.helpers import diag_fixtures as F
+from tests.helpers.metrics_server import MetricsServer
+from vtop.core.requests.conns import SILENT_S, ConnTracker
+from vtop.core.rules import Alert, Thresholds
+from vtop.sources.vllm import poll_from_error
+
+ROOT = Path(__file__).resolve().parents[2]
+URL = "http://127.0.0.1:8011"
+LOAD = "cpu-0.32.0-metrics-load.txt"  # a real CPU server's /metrics with running 8
+
+
+def conn(remote: str, sent: float | None, recv: float | None, acked: int | None = 100, rcvd: int | None = 200) -> Any:
+    return SimpleNamespace(local="127.0.0.1:8011", remote=remote, last_sent_s=sent, last_recv_s=recv,
+                           bytes_acked=acked, bytes_received=rcvd)
+
+
+def streams(n: int, silent_s: float, *, req_s: float = 90.0) -> list[Any]:
+    """``n`` answers that began (data sent after the request) and have sent nothing for ``silent_s`` + i."""
+    return [conn(f"127.0.0.1:{40000 + i}", silent_s + i, req_s + i) for i in range(n)]
+
+
+def scrape() -> Any:
+    """A /metrics scrape on a kept-alive connection: asked 0.3 s ago, answered at once."""
+    return conn("127.0.0.1:50000", 0.29, 0.3)
+
+
+# --------------------------------------------------------------------------- the connections' silence
+
+
+def test_silence_is_every_begun_answer_silent_dated_by_the_youngest() -> None:
+    tr = ConnTracker()
+    tr.feed(1000.0, [*streams(3, 30.0), scrape()])
+    sil = tr.silence(1000.0)
+    assert sil is not None
+    assert (sil.streams, sil.pending) == (3, 0)
+    assert sil.since == 1000.0 - 30.0 and sil.oldest == 1000.0 - 32.0  # the youngest silence dates it
+    # stale: the read says nothing about a minute later
+    assert tr.silence(1000.0 + 60.0) is None
+
+
+def test_no_silence_while_an_answer_flows_or_one_sent_a_byte_moments_ago() -> None:
+    tr = ConnTracker()
+    live = conn("127.0.0.1:41000", 0.2, 50.0, acked=1000)
+    tr.feed(1000.0, [*streams(2, 30.0), live])
+    assert tr.silence(1000.0) is None  # an answer to a 50 s old request sent a byte 0.2 s ago
+    # a silence shorter than a kept-alive connection's close (uvicorn: 5 s) is no evidence
+    tr2 = ConnTracker()
+    tr2.feed(1000.0, streams(3, SILENT_S - 2.0))
+    assert tr2.silence(1000.0) is None
+
+
+# --------------------------------------------------------------------------- the engine stall, no log
+
+
+def frozen(seconds: int, conns: list[Any] | None) -> tuple[F.Session, list[list[Alert]]]:
+    """The real payload with running 8 scraped every second (nothing moves), no log; the connections
+    read at the first second and every 10 s after, as the live reader does."""
+    m = F.fixture_metrics(LOAD)
+    ses = F.Session(process=F.cpu_process(), url=URL)
+    tr = ConnTracker()
+    out = []
+    for i in range(seconds):
+        now = F.R.BASE + i
+        ses.metrics(m, mono=now, max_model_len=2048, version="0.32.0")
+        kw: dict[str, Any] = {"log_target": None}
+        if conns is not None:
+            if i % 10 == 0:
+                tr.feed(now, [SimpleNamespace(**{**vars(c), "last_sent_s": c.last_sent_s + i,
+                                                 "last_recv_s": c.last_recv_s + i}) for c in conns])
+            kw["conns"] = {URL: tr}
+        out.append(ses.tick(**kw))
+    return ses, out
+
+
+def test_a_stall_before_vtop_looked_is_dated_by_the_connections() -> None:
+    """Eight streams silent 30 s when vtop first looks, running 8, counters flat: a 15 s window names
+    the stall (45 s), dated by the connections. Without them, the same window names nothing."""
+    ses, out = frozen(16, streams(8, 30.0))
+    got = [a for a in out[-1] if a.rule == "engine_stall"]
+    assert got, out[-1]
+    a = got[0]
+    assert a.severity == "critical"
+    assert "no token for 45s" in a.title, a.title
+    ev = "\n".join(a.evidence)
+    assert "dated by the connections" in ev
+    assert "8 answers in flight on its connections got no byte for 45s" in ev
+    # the first tick already knew: the stall is older than the threshold from the first look on
+    assert any(x.rule == "engine_stall" for x in out[0])
+
+    ses2, out2 = frozen(16, None)
+    assert not any(x.rule == "engine_stall" for x in out2[-1])
+    (p,) = [p for p in ses2.diag.pending if p.rule == "engine_stall"]
+    assert p.target == URL and p.threshold_s == Thresholds().engine_stall_s
+    assert 14.0 <= p.held_s(ses2.now) <= 16.0
+    assert "running 8" in p.condition and p.names == "an engine stall"
+    assert "dated by /metrics" in p.evidence[0]
+
+
+def test_fewer_silent_streams_than_running_date_nothing() -> None:
+    """Two silent streams while 8 run: the other six may be getting tokens unseen (non-streamed
+    answers): the connections do not date the stall."""
+    _, out = frozen(16, streams(2, 30.0))
+    assert not any(x.rule == "engine_stall" for x in out[-1])
+
+
+# --------------------------------------------------------------------------- a start without a log
+
+
+def with_cpu(proc: Any, cpu: float) -> Any:
+    kids = tuple(dataclasses.replace(c, cpu=cpu) for c in proc.children)
+    return dataclasses.replace(proc, cpu=cpu, children=kids)
+
+
+def start(seconds: int, cpu_per_s: float) -> tuple[F.Session, list[list[Alert]]]:
+    """The port refuses, the server's tree exists, no log; its CPU grows ``cpu_per_s`` a second."""
+    base0 = F.cpu_process()
+    ses = F.Session(url=base0.url, process=base0)
+    base = dataclasses.replace(base0, create_time=ses.clock.time() - 30.0)  # started 30 s before vtop looked
+    out = []
+    for i in range(seconds):
+        ses.server(poll_from_error(base.url, "refused", t=F.R.BASE + i + ses.wall_offset, mono=F.R.BASE + i),
+                   process=with_cpu(base, 5.0 + cpu_per_s * i))
+        out.append(ses.tick(log_target=None))
+    return ses, out
+
+
+def test_a_still_start_without_a_log_is_named_from_its_processes() -> None:
+    ses, out = start(60, 0.0)
+    th = Thresholds()
+    early = [x for x in out[int(th.startup_still_s) - 5] if x.rule == "startup_stall"]
+    assert not early  # still for 40 s: not yet ...
+    (a,) = [x for x in out[-1] if x.rule == "startup_stall"]
+    assert a.severity == "warning" and a.target == ses.url
+    assert "no log: the processes have been still for 59s" in a.title, a.title
+    assert any("refuses connections" in e for e in a.evidence)
+    # ... and while it was still for less than the threshold, it was pending
+    ses2, _ = start(30, 0.0)
+    (p,) = [p for p in ses2.diag.pending if p.rule == "startup_stall"]
+    assert p.names == "a stalled start" and p.threshold_s == th.startup_still_s
+
+
+def test_a_busy_start_without_a_log_stays_quiet_until_the_ceiling() -> None:
+    ses, out = start(120, 0.8)
+    assert not any(x.rule == "startup_stall" for tick in out for x in tick)
+    assert not [p for p in ses.diag.pending if p.rule == "startup_stall"]
+    # past the ceiling (--stall-threshold) it is said, as info: it may just be slow
+    th = Thresholds(startup_ceiling_s=100.0)
+    base = F.cpu_process()
+    s2 = F.Session(th, url=base.url, process=base)
+    base = dataclasses.replace(base, create_time=s2.clock.time() - 30.0)  # the clock starts 5 s before BASE
+    got = []
+    for i in range(80):
+        s2.server(poll_from_error(base.url, "refused", t=F.R.BASE + i + s2.wall_offset, mono=F.R.BASE + i),
+                  process=with_cpu(base, 5.0 + 0.8 * i))
+        got.append([x for x in s2.tick(log_target=None) if x.rule == "startup_stall"])
+    assert not any(got[:65])
+    (a,) = got[-1]
+    assert a.severity == "info" and "has been starting for 1m 54s (no log)" in a.title, a.title
+
+
+# --------------------------------------------------------------------------- doctor: pending at the end of the window
+
+
+def test_doctor_on_a_window_holding_a_pending_stall_exits_1_and_names_the_window_that_decides() -> None:
+    """running 8 and nothing moving for the whole 5 s window, no log, no connections: not yet a
+    stall (20 s), and not "no alerts" either: exit 1, the rule, and the window that would decide."""
+    body = (Path(F.VLLM) / LOAD).read_text()
+    with MetricsServer([body], model="/tmp/tinyllama", max_model_len=2048, version="0.32.0") as srv:
+        r = subprocess.run([sys.executable, "-m", "vtop", "doctor", "--window", "5", "--no-gpu", "--json", srv.url],
+                           capture_output=True, text=True, timeout=90, cwd=ROOT)
+        t = subprocess.run([sys.executable, "-m", "vtop", "doctor", "--window", "5", "--no-gpu", srv.url],
+                           capture_output=True, text=True, timeout=90, cwd=ROOT)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout)
+    assert rep["exit_code"] == 1 and rep["alerts"] == []
+    (p,) = rep["pending"]
+    assert p["rule"] == "engine_stall" and p["threshold_s"] == 20.0
+    assert 20 < p["decides_with_window_s"] <= 25, p
+    assert t.returncode == 1, (t.stdout, t.stderr)
+    assert "no alerts" not in t.stdout
+    assert "[PENDING] engine_stall on :" in t.stdout and "for the whole 5 s window" in t.stdout
+    assert f"--window {p['decides_with_window_s']} would decide" in t.stdout
+    # and the evidence it lacked, once, with what would give it
+    port = srv.url.rsplit(":", 1)[-1]
+    missing = [n for n in rep["notes"] if n.startswith("evidence missing")]
+    assert any(n.startswith("evidence missing: the vLLM log") for n in missing), rep["notes"]
+    assert any(f"for :{port}: its processes" in n and "docker run --pid=container:NAME" in n for n in missing)
+    assert len(missing) == len(set(missing))
+    assert t.stdout.count(f"note: evidence missing for :{port}: its processes") == 1
+
+
+# --------------------------------------------------------------------------- a stopped process (state T)
+
+
+def with_state(proc: Any, cpu: float, state: str, *, only: tuple[int, ...] | None = None) -> Any:
+    """The tree with CPU ``cpu`` each; ``state`` for the processes ``only`` names (all: None), S for the rest."""
+    def st(pid: int) -> str:
+        return state if only is None or pid in only else "S"
+    kids = tuple(dataclasses.replace(c, cpu=cpu, state=st(c.pid)) for c in proc.children)
+    return dataclasses.replace(proc, cpu=cpu, state=st(proc.pid), children=kids)
+
+
+def test_a_start_whose_tree_is_stopped_is_named_once_watched_stopped_for_the_span() -> None:
+    """Every process in state T (a SIGSTOP): still for good, so 5 s of it watched name the stalled start
+    (the CPU-only path waits 45 s). The same still tree in state S is only pending then."""
+    th = Thresholds()
+    for state, named_by in (("T", th.stopped_min_span_s), ("S", th.startup_still_s)):
+        base0 = F.cpu_process()
+        ses = F.Session(url=base0.url, process=base0)
+        base = dataclasses.replace(base0, create_time=ses.clock.time() - 30.0)
+        first = None
+        for i in range(60):
+            ses.server(poll_from_error(base.url, "refused", t=F.R.BASE + i + ses.wall_offset, mono=F.R.BASE + i),
+                       process=with_state(base, 5.0, state))
+            got = [x for x in ses.tick(log_target=None) if x.rule == "startup_stall"]
+            if got and first is None:
+                first = (i, got[0])
+        assert first is not None, state
+        i, a = first
+        assert named_by <= i <= named_by + 1, (state, i)
+        if state == "T":
+            assert "stopped (state T)" in a.title, a.title
+            assert any("state T in the process table" in e for e in a.evidence)
+
+
+def test_an_engine_that_does_not_run_while_nothing_moves_is_a_stall_within_a_short_window() -> None:
+    """running 8, counters flat, no log, no connections. The EngineCore stopped (state T, watched 5 s), or
+    sleeping with no CPU time (blocked, watched 10 s): named then, not at 20 s. An engine whose CPU moves
+    (a collective spinning for a peer) is only pending then: the 20 s threshold decides it."""
+    m = F.fixture_metrics(LOAD)
+    proc = F.cpu_process()
+    eng = proc.engine_pids()
+    assert eng
+    for state, cpu_per_s in (("T", 0.0), ("S", 0.0), ("R", 1.0)):
+        ses = F.Session(process=proc, url=URL)
+        first = None
+        for i in range(16):
+            ses.server(F.poll(URL, m, mono=F.R.BASE + i, wall_offset=ses.wall_offset, max_model_len=2048,
+                              version="0.32.0"), process=with_state(proc, 5.0 + cpu_per_s * i, state, only=eng))
+            got = [x for x in ses.tick(log_target=None) if x.rule == "engine_stall"]
+            if got and first is None:
+                first = (i, got[0])
+        if state == "R":
+            assert first is None
+            assert [p for p in ses.diag.pending if p.rule == "engine_stall"]
+            continue
+        assert first is not None, state
+        i, a = first
+        want = Thresholds().stopped_min_span_s if state == "T" else Thresholds().startup_still_min_span_s
+        assert want <= i <= want + 1, (state, i)
+        ev = "\n".join(a.evidence)
+        assert "the engine does not run" in ev, ev
+        assert ("stopped (state T" in ev) == (state == "T"), ev
