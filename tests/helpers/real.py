@@ -158,7 +158,11 @@ class ShortTraffic:
         self._t.join(timeout=60)
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.srv.url, timeout=httpx.Timeout(60.0, connect=5.0)) as c:
+        # A fresh connection for each request: vLLM's uvicorn closes an idle keep-alive connection after 5 s
+        # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and these waits are 2-5 s, so a pooled connection can be closed just as a
+        # request goes out ("Server disconnected without sending a response"); docker-proxy widens that window.
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=self.srv.url, timeout=httpx.Timeout(60.0, connect=5.0), limits=limits) as c:
             for i in range(SHORT_MAX_REQUESTS):
                 if self._stop.wait(self.rng.uniform(2.0, 5.0)):
                     return

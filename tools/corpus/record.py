@@ -578,7 +578,9 @@ class ShortTraffic:
         self._stop = threading.Event()
         self._inflight = threading.Semaphore(3)
         self._t = threading.Thread(target=self._run, daemon=True, name="short-traffic")
-        self._client = httpx.Client(base_url=ctx.srv.url, timeout=httpx.Timeout(120.0, connect=5.0))
+        # no keep-alive: uvicorn closes an idle connection after 5 s, a race with the next request of a slow period
+        self._client = httpx.Client(base_url=ctx.srv.url, timeout=httpx.Timeout(120.0, connect=5.0),
+                                    limits=httpx.Limits(max_keepalive_connections=0))
 
     def start(self) -> ShortTraffic:
         self.ctx.event("load_begin", kind="short", period=list(self.period), max_tokens=list(self.max_tokens))
