@@ -40,6 +40,7 @@ from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_host
 if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
+    from vtop.core.start_history import StartHistory, StartUsual
     from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
@@ -171,6 +172,12 @@ class Monitor:
         self._undiagnosed = False
         self.download = DownloadTracker()
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
+        self.start_history: StartHistory | None = None
+        """This box's earlier starts (:mod:`vtop.core.start_history`), once read from its file; None in a
+        replay (a recording is judged on what it holds, not on the replaying box's history)."""
+        self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
+        if live and config.start_history:
+            self._read_start_history()
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
 
@@ -502,6 +509,65 @@ class Monitor:
         self.log_view = view
         self._changes.add(LOG)
         self._undiagnosed = True
+        if view.snapshot.state == "ready" and self.start_history is not None:
+            self._keep_start(view.snapshot)
+
+    # ------------------------------------------------------------ start history
+    def _read_start_history(self) -> None:
+        """Read the history file in a thread (a home on a network filesystem may hang); until it is read
+        the start is judged without it."""
+        import threading
+
+        from vtop.core.start_history import history_from
+        from vtop.sources.statefile import history_path, load_json
+
+        path = history_path()
+
+        def run() -> None:
+            data, problem = load_json(path)
+            hist, bad = history_from(data, str(path))
+            problem = problem or bad
+            if problem:
+                self.notes.append(problem)
+            self.start_history = hist
+
+        threading.Thread(target=run, name="vtop-start-history", daemon=True).start()
+
+    def _keep_start(self, snap: Any) -> None:
+        """A start that reached ready joins the history (once: the same start read again is kept once),
+        and the file is written in a thread."""
+        import threading
+
+        from vtop.core.start_history import past_of
+        from vtop.sources.statefile import history_path, save_json
+
+        hist = self.start_history
+        got = past_of(snap)
+        if hist is None or got is None or not hist.add(*got):
+            return
+        data = hist.to_json()  # taken here, on the loop's thread: the history may change meanwhile
+        path = history_path()
+
+        def run() -> None:
+            problem = save_json(path, data)
+            if problem:
+                self.notes.append(problem)
+
+        threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
+
+    def start_usual(self) -> StartUsual | None:
+        """What the followed start's phases usually take on this box (None: no earlier start of it kept,
+        or no history read)."""
+        hist, lv = self.start_history, self.log_view
+        if hist is None or lv is None:
+            return None
+        from vtop.core.start_history import key_of
+
+        key = key_of(lv.snapshot)
+        cache_key = (id(hist), hist.version, key, lv.snapshot.started)
+        if self._usual_cache[0] != cache_key:
+            self._usual_cache = (cache_key, hist.usual(key, this_start=lv.snapshot.started))
+        return self._usual_cache[1]
 
     # ----------------------------------------------------------------- download
     def download_target(self) -> tuple[int | None, str] | None:
@@ -652,7 +718,7 @@ class Monitor:
             log = LogEvidence(
                 target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
                 inflight=lv.inflight, request_logging=lv.request_logging, finishes_logged=lv.finishes_logged,
-                history=lv.history, logged_since_start=lv.logged_since_start,
+                history=lv.history, logged_since_start=lv.logged_since_start, usual=self.start_usual(),
             )
         return Evidence(
             now=self.clock.monotonic() if now is None else now,

@@ -155,13 +155,25 @@ MODEL_LOADING_RE = re.compile(
     r"|Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
 )
 
+#: The compile cache's hit or miss, by version (vllm/compilation/backends.py and decorators.py):
+#:
+#: ============  ==========================================================  ===================================
+#: version       hit (the graphs come from the cache)                        miss (compiled afresh)
+#: ============  ==========================================================  ===================================
+#: 0.8-0.26      ``Directly load the compiled graph(s) for ... from the      ``Compiling a graph for ...``,
+#:               cache``                                                     ``Cache the graph of ...``
+#: 0.32 (AOT)    ``Directly load AOT compilation from path ...``             ``saved AOT compiled function to``
+#: ============  ==========================================================  ===================================
+#:
+#: 0.32 on the CPU backend, cold: "[backbone] saved AOT compiled function to /tmp/vllmcpu/cache/torch_compile_cache/
+#: torch_aot_compile/..." after "Warming up model for the compilation...".
 COMPILE_MARK_RE = re.compile(
     r"Starting torch\.compile|for vLLM's torch\.compile|Dynamo bytecode transform time"
     r"|Compiling a graph for|Directly load the compiled graph|Cache the graph of"
-    r"|Warming up model for the compilation"
+    r"|Warming up model for the compilation|Directly load AOT compilation from|saved AOT compiled function to"
 )
-COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph")
-COMPILE_FRESH_RE = re.compile(r"Compiling a graph for")
+COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph|Directly load AOT compilation from")
+COMPILE_FRESH_RE = re.compile(r"Compiling a graph for|saved AOT compiled function to")
 COMPILE_END_RE = re.compile(
     r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"
     r"|torch\.compile and initial profiling/warmup run together took (?P<s2>[\d.]+) s in total"

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from vtop.core.download import DownloadProgress
     from vtop.core.phases.types import Failure
     from vtop.core.rules.startup import FailureWords
+    from vtop.core.start_history import StartUsual
     from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
@@ -58,8 +59,11 @@ def phase_facts(v: PhaseView, snap: StartupSnapshot) -> str:
             bits.append(f"{f.model_memory_gib:.2f} GiB")
         if f.model_load_s is not None:
             bits.append(f"in {f.model_load_s:.1f} s")
-    elif v.phase is Phase.TORCH_COMPILE and f.compile_s is not None:
-        bits.append(f"{f.compile_s:.1f} s" + (" (from cache)" if f.compile_cached else ""))
+    elif v.phase is Phase.TORCH_COMPILE and (f.compile_s is not None or f.compile_cached is not None):
+        if f.compile_s is not None:
+            bits.append(f"{f.compile_s:.1f} s")
+        if f.compile_cached is not None:
+            bits.append("compile cache hit" if f.compile_cached else "compile cache miss (compiled afresh)")
     elif v.phase is Phase.KV_CACHE:
         if f.kv_cache_gib is not None:
             bits.append(f"{f.kv_cache_gib:.2f} GiB")
@@ -87,9 +91,12 @@ class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
-                 download: Callable[[], DownloadProgress | None] | None = None, **kw: object) -> None:
+                 download: Callable[[], DownloadProgress | None] | None = None,
+                 usual: Callable[[], StartUsual | None] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
+        #: what this start's phases usually take on this box (vtop.core.start_history), when it has history
+        self.usual = usual
         #: the Hub download of this start (vtop.core.download), while one is seen
         self.download = download
         self.view: LogView | None = None
@@ -242,6 +249,7 @@ class StartupPanel(Static):
 
     def _timeline(self, out: Text, v: LogView) -> None:
         snap = v.snapshot
+        usual = self.usual() if self.usual is not None else None
         done = {p.phase: p for p in snap.phases}
         shown = [p for p in Phase if p in done or (snap.state == "starting" and p is not Phase.READY)]
         for i, ph in enumerate(shown):
@@ -272,3 +280,6 @@ class StartupPanel(Static):
                     extra += f"  slowest: {pv.slowest_rank.name}"
                 if extra:
                     out.append("  " + extra, style="" if not current else "bold")
+            u = usual.of(ph) if usual is not None and ph is not Phase.READY else None
+            if u is not None and (pv is not None or current):
+                out.append(f"  · {u.words()}", style="dim")
