@@ -530,12 +530,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup["log_problem"] = lv.problem
         dl = monitor.download_progress()
         startup["download"] = None if dl is None else dl.to_json()
-        # this start against its own history on this box: each phase's usual time, the compile cache
-        usual = monitor.start_usual()
-        startup["history"] = None if usual is None else usual.to_json()
-        startup["compile_cache"] = {True: "hit", False: "miss", None: None}[lv.snapshot.facts.compile_cached]
-        startup["usually"] = {} if usual is None else {
-            p.value: usual.phases[p].words() for p in (v.phase for v in lv.snapshot.phases) if p in usual.phases}
+        # this start against its own history on this box, and its GPU memory budget
+        startup.update(monitor.startup_extras())
     notes = list(monitor.notes)
     if lv is not None and lv.problem:
         notes.append(lv.problem)

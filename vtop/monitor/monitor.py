@@ -39,6 +39,7 @@ from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_host
 
 if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.rules import Alert, Diagnoser
     from vtop.core.start_history import StartHistory, StartUsual
     from vtop.model.requests import ServerRequests
@@ -554,6 +555,31 @@ class Monitor:
                 self.notes.append(problem)
 
         threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
+
+    def memory_budget(self) -> list[MemoryBudget]:
+        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`)."""
+        from vtop.core.membudget import memory_budget
+
+        if self.log_view is None:
+            return []
+        return memory_budget(self.evidence())
+
+    def startup_extras(self) -> dict[str, Any]:
+        """What ``--once --json`` and the snapshot's phases.json add to the tracker's summary: this start against
+        its history (each phase's usual time, the compile cache's hit or miss) and the memory budget."""
+        lv = self.log_view
+        if lv is None:
+            return {}
+        usual = self.start_usual()
+        snap = lv.snapshot
+        cached = snap.facts.compile_cached
+        return {
+            "history": None if usual is None else usual.to_json(),
+            "compile_cache": None if cached is None else ("hit" if cached else "miss"),
+            "usually": {} if usual is None else {
+                v.phase.value: usual.phases[v.phase].words() for v in snap.phases if v.phase in usual.phases},
+            "memory_budget": [b.to_json() for b in self.memory_budget()],
+        }
 
     def start_usual(self) -> StartUsual | None:
         """What the followed start's phases usually take on this box (None: no earlier start of it kept,

@@ -186,6 +186,39 @@ GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB tot
 KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
 
+#: The GPU memory budget vLLM reports after profiling, by version (issue 40; vllm/v1/worker/gpu_worker.py):
+#:
+#: ==========  ===========================================================================================
+#: version     line (one INFO record unless said)
+#: ==========  ===========================================================================================
+#: 0.7-0.9     "Memory profiling takes S seconds" then raw lines "the current vLLM instance can use
+#:             total_gpu_memory (T GiB) x gpu_memory_utilization (U) = R GiB" and "model weights take W GiB;
+#:             non_torch_memory takes N GiB; PyTorch activation peak memory takes A GiB; the rest of the
+#:             memory reserved for KV Cache is K GiB." (from vLLM's source of those versions, not recorded)
+#: 0.26        "Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (U, R GiB).
+#:             Actual usage is W GiB for weight, A GiB for peak activation, N GiB for non-torch memory, and
+#:             G GiB for CUDAGraph memory. ... Current kv cache memory in use is K GiB." (recorded on an H200)
+#: 0.32        the same, with "Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
+#:             activation, and G GiB for CUDAGraph memory" (vllm 0.32.0's gpu_worker.py)
+#: all V1      "Model loading took W GiB ..." (weights), "Available KV cache memory: K GiB", "Graph capturing
+#:             finished in S secs, took G GiB" (the other rows' facts)
+#: ==========  ===========================================================================================
+BUDGET_DEVICE_RE = re.compile(
+    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup\. Desired GPU memory"
+    r" utilization is \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)\. Actual usage is"
+    r"(?: (?P<w>[\d.]+) GiB for weight, (?P<a>[\d.]+) GiB for peak activation, (?P<n>[\d.]+) GiB for non-torch memory,"
+    r"| (?P<c>[\d.]+) GiB for consumed memory \(weights \+ non-torch\), (?P<a2>[\d.]+) GiB for peak activation,)"
+    r" and (?P<g>[\d.]+) GiB for CUDAGraph memory"
+    r"(?:.*Current kv cache memory in use is (?P<kv>[\d.]+) GiB)?"
+)
+BUDGET_OLD_TOTAL_RE = re.compile(
+    r"total_gpu_memory \((?P<total>[\d.]+) ?GiB\) x gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<req>[\d.]+) ?GiB"
+)
+BUDGET_OLD_PARTS_RE = re.compile(
+    r"model weights take (?P<w>[\d.]+) ?GiB; non_torch_memory takes (?P<n>[\d.]+) ?GiB; PyTorch activation peak"
+    r" memory takes (?P<a>[\d.]+) ?GiB; the rest of the memory reserved for KV Cache is (?P<kv>[\d.]+) ?GiB"
+)
+
 KV_BLOCKS_RE = re.compile(r"# (?:GPU|cuda|\w+) blocks: (?P<gpu>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
 KV_TOKENS_RE = re.compile(r"(?:(?P<dev>[A-Z]+)(?: \+ host)? )?KV cache size: (?P<tok>[\d,]+) tokens")
 KV_CONC_RE = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")

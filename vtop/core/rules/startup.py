@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from vtop.core.membudget import util_that_fits
 from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
@@ -311,9 +312,11 @@ def _kv_fit(avail: str | None) -> str:
 
 
 def _util_fit(free: str | None, total: str | None) -> str:
-    """A --gpu-memory-utilization that fits in what is free, two points under it."""
+    """A --gpu-memory-utilization that fits in what is free, two points under it (the memory budget's number,
+    vtop/core/membudget.py)."""
     try:
-        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
+        t = float(total or "")
+        return f"{util_that_fits(t, t - float(free or '')):.2f}"
     except (ValueError, ZeroDivisionError):
         return "what is free"
 

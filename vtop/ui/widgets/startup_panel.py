@@ -18,6 +18,7 @@ from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
     from vtop.core.download import DownloadProgress
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.phases.types import Failure
     from vtop.core.rules.startup import FailureWords
     from vtop.core.start_history import StartUsual
@@ -87,16 +88,44 @@ def progress_text(v: PhaseView) -> str:
     return "  ".join(parts)
 
 
+#: the memory budget's bar: a part's words -> its colour (others red, the rest dim)
+_PART_STYLE = {"weights": "blue", "weights + non-torch": "blue", "non-torch": "magenta", "activation peak": "yellow",
+               "CUDA graphs": "cyan", "KV cache": "green"}
+
+
+def budget_bar(out: Text, b: MemoryBudget, width: int = 40) -> None:
+    """A stacked bar of one GPU's memory (vLLM's parts, the other processes, what is left, '|' at
+    --gpu-memory-utilization), then the budget's line."""
+    total = b.total_gib
+    out.append("\n  mem ")
+    if total:
+        cells = 0
+        segs = [(g, _PART_STYLE.get(w, "white")) for w, g in b.parts] + [(b.others_gib or 0.0, "red")]
+        for g, style in segs:
+            n = min(width - cells, round(g / total * width))
+            if n > 0:
+                out.append("█" * n, style=style)
+                cells += n
+        mark = round((b.utilization or 0) * width) if b.utilization else None
+        rest = "".join("|" if mark is not None and cells + i == mark else "·" for i in range(width - cells))
+        out.append(rest, style="dim")
+        out.append(" ")
+    out.append(b.text(), style="bold red" if b.util_fit is not None else "")
+
+
 class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
                  download: Callable[[], DownloadProgress | None] | None = None,
-                 usual: Callable[[], StartUsual | None] | None = None, **kw: object) -> None:
+                 usual: Callable[[], StartUsual | None] | None = None,
+                 budget: Callable[[], list[MemoryBudget]] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
         #: what this start's phases usually take on this box (vtop.core.start_history), when it has history
         self.usual = usual
+        #: the start's GPU memory budget per GPU (vtop.core.membudget)
+        self.budget = budget
         #: the Hub download of this start (vtop.core.download), while one is seen
         self.download = download
         self.view: LogView | None = None
@@ -213,6 +242,9 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
+        for b in self.budget() if self.budget is not None else ():
+            if b.parts or b.util_fit is not None:
+                budget_bar(out, b)
         dl = self.download() if self.download is not None and snap.state == "starting" else None
         if dl is not None:
             frac = dl.done / dl.total if dl.total else None
