@@ -564,6 +564,13 @@ class Monitor:
             return []
         return memory_budget(self.evidence())
 
+    def oom_finding(self) -> Alert | None:
+        """The OOM rules' alert of a CUDA OOM of the followed server at run time (its stage and fix), while one is
+        held: what the startup panel says of an engine that died of it (one finding, one wording)."""
+        tgt = self.log_target
+        return next((a for a in self.alerts if a.rule in ("oom_transient", "oom_steady")
+                     and (tgt is None or a.target == tgt)), None)
+
     def startup_extras(self) -> dict[str, Any]:
         """What ``--once --json`` and the snapshot's phases.json add to the tracker's summary: this start against
         its history (each phase's usual time, the compile cache's hit or miss) and the memory budget."""

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from vtop.core.download import DownloadProgress
     from vtop.core.membudget import MemoryBudget
     from vtop.core.phases.types import Failure
+    from vtop.core.rules import Alert
     from vtop.core.rules.startup import FailureWords
     from vtop.core.start_history import StartUsual
     from vtop.monitor.logwatch import LogView
@@ -119,13 +120,17 @@ class StartupPanel(Static):
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
                  download: Callable[[], DownloadProgress | None] | None = None,
                  usual: Callable[[], StartUsual | None] | None = None,
-                 budget: Callable[[], list[MemoryBudget]] | None = None, **kw: object) -> None:
+                 budget: Callable[[], list[MemoryBudget]] | None = None,
+                 oom: Callable[[], Alert | None] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
         #: what this start's phases usually take on this box (vtop.core.start_history), when it has history
         self.usual = usual
         #: the start's GPU memory budget per GPU (vtop.core.membudget)
         self.budget = budget
+        #: the OOM rules' finding of a CUDA OOM (its stage and fix): an engine that died of one after ready is
+        #: said in those words, the alert's, not as a start's failure
+        self.oom = oom
         #: the Hub download of this start (vtop.core.download), while one is seen
         self.download = download
         self.view: LogView | None = None
@@ -218,10 +223,14 @@ class StartupPanel(Static):
             if died is not None and snap.failure is not None:
                 fl = snap.failure
                 words = _words(fl)
-                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {words.message}",
+                message, fix = words.message, words.fix
+                found = self.oom() if self.oom is not None and fl.kind == "cuda_oom" else None
+                if found is not None:  # one finding, one wording: the OOM rules' stage and fix
+                    message, fix = found.title, " ".join(found.fix)
+                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {message}",
                            style="bold red")
                 out.append(f"\n  line: {fl.line[:300]}", style="red")
-                out.append(f"\n  fix:  {words.fix}", style="bold")
+                out.append(f"\n  fix:  {fix}", style="bold")
             if not self.unfolded:
                 return out
             out.append("\n")
