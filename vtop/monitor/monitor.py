@@ -177,6 +177,8 @@ class Monitor:
         """This box's earlier starts (:mod:`vtop.core.start_history`), once read from its file; None in a
         replay (a recording is judged on what it holds, not on the replaying box's history)."""
         self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
+        self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
+        self._kept_start: float | None = None
         if live and config.start_history:
             self._read_start_history()
         self._conn_errors_said: set[str] = set()
@@ -543,9 +545,12 @@ class Monitor:
         from vtop.sources.statefile import history_path, save_json
 
         hist = self.start_history
-        got = past_of(snap)
-        if hist is None or got is None or not hist.add(*got):
+        if hist is None or snap.started == self._kept_start:
             return
+        got = past_of(snap)
+        if got is None or not hist.add(*got):
+            return
+        self._kept_start = snap.started
         data = hist.to_json()  # taken here, on the loop's thread: the history may change meanwhile
         path = history_path()
 
@@ -562,7 +567,12 @@ class Monitor:
 
         if self.log_view is None:
             return []
-        return memory_budget(self.evidence())
+        # the panel asks every redraw: computed again only when the log or the GPUs have news
+        key = (self.log_view, self.gpu_history.last_poll, self.processes, len(self.servers))
+        old = self._budget_cache[0]
+        if old is None or any(a is not b for a, b in zip(old[:3], key[:3])) or old[3] != key[3]:
+            self._budget_cache = (key, memory_budget(self.evidence()))
+        return self._budget_cache[1]
 
     def oom_finding(self) -> Alert | None:
         """The OOM rules' alert of a CUDA OOM of the followed server at run time (its stage and fix), while one is
