@@ -41,9 +41,6 @@ Rules (``rule`` ids are stable):
 ``queue_wedge``
     ``running`` 0 with requests waiting and the counters flat for ``queue_wedge_s``: the scheduler
     admits nothing (``engine_stall`` needs requests running).
-``gpu_neighbour``
-    A server's token rate fell with the load steady while a process that is no vLLM server's holds its GPU,
-    or while the GPU throttles (NVML's clocks-event reasons).
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's
@@ -56,7 +53,7 @@ monitor) and the diagnoser's :class:`~vtop.core.rules.context.Memory`.
 The package: :mod:`.alert` (Alert, Thresholds, the ids), :mod:`.context` (:class:`Memory`, the
 :class:`Rule` protocol), :mod:`.state` (what is remembered between ticks), one
 module per family (:mod:`.runaway`, :mod:`.stall`, :mod:`.queue`, :mod:`.api`, :mod:`.death`, :mod:`.kv`, :mod:`.oom`,
-:mod:`.startup`, :mod:`.gpu`, :mod:`.neighbour`, :mod:`.flags`; each module's docstring names the evidence and the
+:mod:`.startup`, :mod:`.gpu`, :mod:`.flags`; each module's docstring names the evidence and the
 corpus traces that show it) and :mod:`.diagnoser`, which runs them.
 """
 

@@ -25,7 +25,6 @@ RULES = (
     "api_unresponsive",
     "spec_decode_low",
     "queue_wedge",
-    "gpu_neighbour",
 )
 
 
@@ -181,14 +180,6 @@ class Thresholds:
     #: a start vtop has no log of (vtop/core/rules/stillness.py): starting this long from its process's
     #: start is said, busy or not (``--stall-threshold``, the log's ceiling)
     startup_ceiling_s: float = 600.0
-    #: gpu_neighbour: the generation rate over this window ...
-    neighbour_window_s: float = 30.0
-    #: ... against the rate over this long before it ...
-    neighbour_base_s: float = 120.0
-    #: ... fallen by this share or more ...
-    neighbour_drop_frac: float = 0.3
-    #: ... with at least this share of the requests running before still running (less load is no slowdown)
-    neighbour_load_frac: float = 0.8
     #: a silent phase of a start with history (vtop/core/start_history.py): silent for this many times the
     #: longest it took in this model's last starts here (the issue's "20 s the last three times is suspect
     #: at a few times that") ...

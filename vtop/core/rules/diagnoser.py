@@ -14,7 +14,6 @@ from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.kv import KvSaturation
-from vtop.core.rules.neighbour import Neighbour
 from vtop.core.rules.oom import Oom, OomRisk
 from vtop.core.rules.queue import QueueWedge
 from vtop.core.rules.runaway import Runaway
@@ -31,7 +30,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow(), QueueWedge(), Neighbour())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow(), QueueWedge())
 
 
 class Diagnoser:
