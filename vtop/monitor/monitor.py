@@ -665,6 +665,7 @@ class Monitor:
             conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
             download=self.download_progress(),
             wall=self.clock.time(),
+            proc_names=self.proc_names,
         )
 
     def reset(self) -> None:
