@@ -77,6 +77,7 @@ class VtopApp(ActionKeys, ViewKeys):
         Binding("a", "toggle_probes", "Polls", show=False),
         Binding("slash", "filter_log", "Filter", key_display="/"),
         Binding("r", "requests", "Requests"),
+        Binding("h", "timeline", "Before"),
         Binding("P", "processes", "Procs", key_display="P"),
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
@@ -120,6 +121,7 @@ class VtopApp(ActionKeys, ViewKeys):
         self.cards: dict[str, ServerCard] = {}
         """The server cards, by URL."""
         self._card_versions: dict[str, tuple[int, float]] = {}
+        self._past_offered = False
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
@@ -508,6 +510,7 @@ class VtopApp(ActionKeys, ViewKeys):
 
     def _paint_servers(self) -> None:
         now = self.chart_now()
+        self._late_note()
         for url, ws in self.monitor.servers.items():
             card = self.cards.get(url)
             if card is None:
@@ -523,7 +526,26 @@ class VtopApp(ActionKeys, ViewKeys):
                 card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
             if ws.last_view is not None:
                 card.seen = self.monitor.last_seen(ws.last_view)
+                card.backfill = self.monitor.backfill(url)
+                if card.backfill is not None and card.since_wall is None:
+                    card.since_wall = self.monitor.wall_of(card.backfill.until)
                 card.show(ws.last_view, now)
+
+    def _late_note(self) -> None:
+        """While a server card shows charts from before vtop started (its log's), the GPU panel says
+        plainly that its charts have no such past."""
+        since = next((c.since_wall for c in self.cards.values() if c.backfill is not None and c.since_wall
+                      and c.log_shown(c.content_width() or 80)), None)
+        note = (f"GPU charts start at {since}, when vtop started: NVML keeps no history before that "
+                "(the server charts before it are from the vLLM log)") if since else ""
+        past = self.monitor.has_past()
+        if past != self._past_offered:
+            self._past_offered = past
+            self.refresh_bindings()  # the timeline key shows (footer and help) once the log tells of the past
+        if note != self.w_gpu.late_note:
+            self.w_gpu.late_note = note
+            poll = self.gpu_history.last_poll
+            self.w_gpu.update_view(poll.mono if poll else 0.0)
 
     def _mount_card(self, ws: WatchedServer) -> ServerCard:
         interval = self.config.interval
