@@ -14,6 +14,7 @@ lines, :meth:`Timeline.lines`) and ``--json`` (:meth:`Timeline.to_json`, documen
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ __all__ = ["Timeline", "TimelineEvent", "build_timeline"]
 MAX_EVENTS = 12
 #: the kinds of warning and error it names (the most frequent)
 MAX_KINDS = 3
+#: a vLLM line's prefix before its message (``(APIServer pid=1) ERROR 12-02 01:02:00 [core.py:1] ``)
+_PREFIX_RE = re.compile(r"^.*?\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\] ")
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def _start_events(s: StartupSnapshot, run: int, to_mono: Any) -> list[TimelineEv
                                  to_mono(s.ready_at), _stamp(s.ready_at), run))
     f = s.failure
     if s.state == "failed" and f is not None:
-        line = f.line.strip()[:100]
+        line = _PREFIX_RE.sub("", f.line.strip())[:100]
         if f.phase is Phase.READY:
             after = s.died_after_ready_s
             when = f" {dur(after)} after ready" if after is not None else ""

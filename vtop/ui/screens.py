@@ -397,10 +397,8 @@ ROWS_HELP = (
                  "right: power/limit, temperature, memory, SM clock and throttle reasons; bottom: the processes"),
     ("vLLM card", "running and waiting requests, KV cache use and generated tokens/s on the GPU cards' time axis; "
                   "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
-                  "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished. "
-                  "Started late, the charts before vtop's first poll are drawn back from the log's 10 s stats lines "
-                  "in another shade (the line under them says so; ┊ marks a restart of the server); h: the "
-                  "timeline of what the log says happened before"),
+                  "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished; "
+                  "before vtop started: from the log, another shade (┊ a restart)"),
     ("requests line", "requests in flight (vLLM's running + waiting), the oldest named with how long it has run "
                       "at least and the max_tokens vLLM filled in; without end lines in the log, the requests it "
                       "received in the last 10 s (r: every request known in flight, by the request log, its "

@@ -589,9 +589,10 @@ class PhaseTracker:
     @property
     def problem_kinds(self) -> list[tuple[str, int, str, float | None, float | None]]:
         """``(level, count, an example message, first, last)`` of each kind of warning and error
-        read, most frequent first (times on the log's clock, None when no line was stamped yet)."""
+        read, errors first, then warnings, each most frequent first (times on the log's clock, None
+        when no line was stamped yet)."""
         rows = [(r[1], r[0], r[2], r[3], r[4]) for r in self._kinds.values()]
-        rows.sort(key=lambda r: (-r[1], r[0] != "ERROR"))
+        rows.sort(key=lambda r: (r[0] != "ERROR", -r[1]))
         return rows
 
     @property

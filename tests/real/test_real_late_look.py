@@ -1,0 +1,142 @@
+"""A late look sees the past (issue #45), against the real vLLM CPU server.
+
+A load runs for two minutes before vtop starts; then vtop (the app in-process, and the real
+``python -m vtop`` in tmux at 120x40 and 80x24, and ``python -m vtop doctor``) is started on the
+server and its log. The server card's charts hold those two minutes, from the log's own stats
+lines (their values, placed where the log's stamps say, on vtop's clock), in the log's shade,
+with the legend that says so; doctor prints the log's timeline.
+
+The tmux captures are written to ``$VTOP_LATE_CAPTURES`` (default ``/tmp/late-captures/``) and,
+with ``VTOP_SCREENSHOTS=DIR``, ``.ansi`` with their colours, which ``python -m tools.make_screenshots``
+turns into SVGs in screenshots/live-runs/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.real import capture
+from vtop.config import Config
+from vtop.ui.app import VtopApp
+
+pytestmark = pytest.mark.real
+
+SHOTS = os.environ.get("VTOP_SCREENSHOTS")
+CAPTURES = Path(os.environ.get("VTOP_LATE_CAPTURES", "/tmp/late-captures"))
+#: the load runs this long before vtop starts
+BEFORE_S = 120.0
+STATS = re.compile(r"INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[loggers\.py:\d+\] Engine 000: Avg prompt throughput: "
+                   r"([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, "
+                   r"Waiting: (\d+) reqs")
+
+
+def stats_lines(text: str) -> list[tuple[float, float, int]]:
+    """(epoch, generation tok/s, running) of each stats line: its stamp is this box's local time."""
+    year = time.localtime().tm_year
+    out = []
+    for m in STATS.finditer(text):
+        mon, day, hh, mi, ss = (int(m.group(i)) for i in range(1, 6))
+        epoch = time.mktime((year, mon, day, hh, mi, ss, 0, 0, -1))
+        out.append((epoch, float(m.group(7)), int(m.group(8))))
+    return out
+
+
+def tmux_start(sess: str, size: tuple[int, int], cmd: str) -> None:
+    env = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "TERM": "xterm-256color"}
+    subprocess.run(["tmux", "new", "-d", "-s", sess, "-x", str(size[0]), "-y", str(size[1]), cmd], check=True,
+                   env=env)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real_vllm: Any) -> None:
+    srv = real_vllm
+    fut = srv.start_load(n=2000, concurrency=2, max_tokens=256, time_limit_s=BEFORE_S + 75.0)
+    load_began = time.time()
+    await asyncio.sleep(BEFORE_S)
+    assert not fut.done(), "the load ended before vtop started"
+    CAPTURES.mkdir(parents=True, exist_ok=True)
+    vtop = f"exec {sys.executable} -m vtop --no-gpu {srv.url} --log {srv.log_path}"
+    sessions = {(120, 40): f"vtop-late-120-{os.getpid()}", (80, 24): f"vtop-late-80-{os.getpid()}"}
+    for size, sess in sessions.items():
+        tmux_start(sess, size, vtop)
+    tmux_started = time.time()
+    app = VtopApp(Config(urls=(srv.url,), log=str(srv.log_path), no_gpu=True, interval=1.0), hostname="cpu-box")
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            deadline = time.monotonic() + 60
+            card = None
+            while time.monotonic() < deadline:
+                await pilot.pause(0.5)
+                card = app.cards.get(srv.url)
+                if card is not None and card.backfill is not None and card.view is not None \
+                        and card.log_shown(card.content_width() or 116):
+                    break
+            assert card is not None and card.backfill is not None, "no chart drawn back from the log"
+            bf = card.backfill
+            mono, wall = app.monitor.clock.monotonic(), app.monitor.clock.time()
+            # the two minutes before vtop are on the charts: the log's lines from the load's start on
+            assert bf.until - bf.points[0].mono >= BEFORE_S - 25.0, (bf.until, bf.points[0])
+            logged = stats_lines(srv.log_text())
+            for p in bf.points:
+                at = wall - (mono - p.mono)  # its place on vtop's clock, as wall time
+                s = min(logged, key=lambda s: abs(s[0] + 0.5 - at))
+                assert abs(s[0] + 0.5 - at) <= 1.5, (p, s)  # where the log's stamp says
+                assert (p.gen_tps, p.running) == (s[1], s[2]), (p, s)  # the line's own values
+            busy = [p for p in bf.points if p.mono >= bf.until - BEFORE_S + 15.0]
+            assert busy and all(p.running >= 1 and p.gen_tps > 0 for p in busy), busy
+            lines = card.lines(card.content_width())
+            assert any(st == "log" and "from the log" in text for row in lines for text, st in row)
+            drawn = [ch for text, st in lines[0][3:] if st == "log" for ch in text if ch.strip()]
+            cell = card.window_s / max(1, len([ch for text, _ in lines[0][3:-3] for ch in text]))
+            assert len(drawn) * cell >= BEFORE_S - 30.0, (len(drawn), cell)
+            tl = app.monitor.timeline()
+            assert tl is not None and tl.last_stats is not None and tl.last_stats.running >= 1
+        # the real vtop in tmux, started with the app: its screens at 120x40 and 80x24
+        texts: dict[tuple[int, int], list[str]] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(texts) < len(sessions):
+            for size, sess in sessions.items():
+                rows = capture(sess)
+                if size not in texts and any("from the log" in r for r in rows) and any(" UP " in r for r in rows[:8]):
+                    time.sleep(1.0)  # a paint more: the live cells beside the log's
+                    texts[size] = capture(sess)
+                    ansi = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-t", sess], capture_output=True,
+                                          text=True).stdout
+                    name = f"late-look-cpu-real-{size[0]}x{size[1]}"
+                    (CAPTURES / f"{name}.txt").write_text("\n".join(texts[size]) + "\n")
+                    if SHOTS:
+                        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+                        (Path(SHOTS) / f"{name}.txt").write_text("\n".join(texts[size]) + "\n")
+                        (Path(SHOTS) / f"{name}.ansi").write_text(ansi)
+            time.sleep(0.5)
+        for size, sess in sessions.items():
+            if size not in texts:
+                (CAPTURES / f"late-look-cpu-real-{size[0]}x{size[1]}-failed.txt").write_text(
+                    "\n".join(capture(sess)) + "\n")
+        assert (120, 40) in texts, "vtop in tmux at 120x40 never showed the log's charts"
+        rows = texts[(120, 40)]
+        running = next(r for r in rows if r.startswith("│ running"))
+        blocks = sum(1 for ch in running[16:] if ch in "▁▂▃▄▅▆▇█")
+        assert blocks >= 15, running  # two minutes of a 300 s chart of ~70 cells, not one cell of live
+        # and doctor started late prints the timeline of the log
+        doc = subprocess.run([sys.executable, "-m", "vtop", "doctor", "--no-gpu", "--window", "5", srv.url,
+                              "--log", str(srv.log_path)], capture_output=True, text=True, timeout=90)
+        (CAPTURES / "late-look-cpu-real-doctor.txt").write_text(doc.stdout + doc.stderr)
+        assert "what the log says happened" in doc.stdout, doc.stdout + doc.stderr
+        assert "-- vtop started reading the log --" in doc.stdout and "last stats line" in doc.stdout
+        print(f"load began {tmux_started - load_began:.0f} s before vtop; captures in {CAPTURES}")
+    finally:
+        for sess in sessions.values():
+            subprocess.run(["tmux", "kill-session", "-t", sess], capture_output=True)
+        res = await asyncio.wrap_future(fut)
+    assert res.ok >= 10, res
