@@ -180,6 +180,29 @@ def test_a_restart_inside_the_backlog_splits_the_charts() -> None:
         assert all(vals[i] is None for i in range(max(before) + 1, mark))
 
 
+async def test_the_card_draws_the_restart_as_a_mark_between_the_two_runs() -> None:
+    trace = "restart-counter-reset"
+    ready2 = [e["mono"] for e in events(trace) if e["what"] == "ready"][1]
+    app = replay_app(str(TRACES / trace), config=Config(), attach_at=ready2 + 35.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        d = app.replay
+        d.paused = True
+        await pilot.pause()
+        d.seek(ready2 + 37.0)
+        await pilot.pause()
+        card, rows = card_runs(app)
+        from vtop.ui.widgets.gpu_panel import spark_width
+
+        width = spark_width(card.content_width())
+        for r in range(4):
+            cells = chart_cells(rows[r], width)
+            marks = [i for i, c in enumerate(cells) if c == (RESTART_MARK, "warn")]
+            assert len(marks) == 1, cells
+            styles = [st for _, st in cells]
+            assert "log" in styles[: marks[0]] and "log" in styles[marks[0] + 1:]
+        assert any("the server restarted" in text for row in rows for text, _ in row)
+
+
 def test_doctor_on_a_late_attach_prints_the_timeline_and_json_carries_it() -> None:
     from vtop.faces.headless import format_text, report
 
