@@ -561,18 +561,26 @@ class PhaseTracker:
                 level = "ERROR"
             elif C10D_WARN_RE.match(msg) or PYWARN_RE.search(msg):
                 level = "WARNING"
+        # a kind is a logged warning or error, or the exception line that ends a traceback printed raw
+        # (not each line of the traceback)
+        kind = ev.level is not None or (level is not None and EXC_LINE_RE.match(ev.message.strip()) is not None)
         if level in ("WARNING",):
             self._warnings += 1
-            self._note_kind(ev, "WARNING")
+            if kind:
+                self._note_kind(ev, "WARNING")
         elif level in ("ERROR", "CRITICAL"):
             self._errors += 1
-            self._note_kind(ev, "ERROR")
+            if kind:
+                self._note_kind(ev, "ERROR")
         return level
 
     def _note_kind(self, ev: LogEvent, level: str) -> None:
         """Count a warning or an error by its kind: the message with its numbers, paths and ids
         blanked (one kind for "... 3 s" and "... 5 s"), bounded to :data:`MAX_KINDS` kinds."""
-        msg = ev.message.strip()
+        raw = ev.message
+        if raw[:1].isspace() or raw.startswith("Traceback (most recent call last)"):
+            return  # a traceback's own lines (logged line by line by logger.exception): its last line counts
+        msg = raw.strip()
         if not msg:
             return
         key = level + ":" + _KIND_RE.sub("#", msg)[:96]
