@@ -201,6 +201,21 @@ async def test_the_card_draws_the_restart_as_a_mark_between_the_two_runs() -> No
             styles = [st for _, st in cells]
             assert "log" in styles[: marks[0]] and "log" in styles[marks[0] + 1:]
         assert any("the server restarted" in text for row in rows for text, _ in row)
+        # h: the log's timeline, full screen; the footer and the help list the key
+        from vtop.ui.screens import HelpScreen, TimelineScreen
+        from vtop.ui.widgets.keys_bar import KeysBar
+
+        assert any(k == "h" for k, _d, _n, _e in app.query_one(KeysBar).keys())
+        await pilot.press("h")
+        await pilot.pause()
+        assert isinstance(app.screen, TimelineScreen)
+        shown = str(app.screen.query_one("#timeline-all").render())
+        assert "2 starts read" in shown and "shut down (a clean shutdown)" in shown
+        await pilot.press("escape")
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert any(k == "h" and "before vtop" in what for k, what, _on in app.screen.keys)
 
 
 def test_doctor_on_a_late_attach_prints_the_timeline_and_json_carries_it() -> None:
