@@ -88,3 +88,11 @@ def test_the_tracker_keeps_the_earlier_starts_and_counts_problems_by_kind() -> N
     assert "2 starts read" in text and "warnings 2, errors 1" in text and "1x error Engine core proc EngineCore_DP0 died" in text
     assert "engine died 1m 39s after ready: engine_died: Engine core proc" in text
     assert tl.to_json()["problem_kinds"][0]["level"] == "ERROR"
+
+
+def test_once_the_first_live_sample_leaves_the_window_no_cell_is_the_logs() -> None:
+    bf = Backfill(until=1000.0, points=(pt(950.0, 3), pt(990.0, 4)), splits=(960.0,))
+    vals, marks = bf.cells("running", 1299.0, 60, 300.0)
+    assert any(v is not None for v in vals) and marks
+    vals, marks = bf.cells("running", 1300.0, 60, 300.0)
+    assert vals == (None,) * 60 and not marks

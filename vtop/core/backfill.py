@@ -92,6 +92,8 @@ class Backfill:
         before the first live sample (None elsewhere), and the cells a restart falls in."""
         if width <= 0:
             return (), frozenset()
+        if self.until <= now - window_s:  # all of it scrolled off the chart: the charts are live only
+            return (None,) * width, frozenset()
         cell = window_s / width
         k = _grid_index(now, cell)
         start = (k - width) * cell
