@@ -92,7 +92,9 @@ def test_the_tracker_keeps_the_earlier_starts_and_counts_problems_by_kind() -> N
 
 def test_once_the_first_live_sample_leaves_the_window_no_cell_is_the_logs() -> None:
     bf = Backfill(until=1000.0, points=(pt(950.0, 3), pt(990.0, 4)), splits=(960.0,))
-    vals, marks = bf.cells("running", 1299.0, 60, 300.0)
+    vals, marks = bf.cells("running", 1100.0, 60, 300.0)
     assert any(v is not None for v in vals) and marks
+    vals, marks = bf.cells("running", 1290.0, 60, 300.0)
+    assert vals[:2] == (4.0, 4.0) and not marks
     vals, marks = bf.cells("running", 1300.0, 60, 300.0)
     assert vals == (None,) * 60 and not marks
