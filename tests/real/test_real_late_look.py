@@ -103,12 +103,14 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
             assert tl is not None and tl.last_stats is not None and tl.last_stats.running >= 1
         # the real vtop in tmux, started with the app: its screens at 120x40 and 80x24
         texts: dict[tuple[int, int], list[str]] = {}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 45
         while time.monotonic() < deadline and len(texts) < len(sessions):
             for size, sess in sessions.items():
                 rows = capture(sess)
-                if size not in texts and any("from the log" in r for r in rows) and any(" UP " in r for r in rows[:8]):
-                    time.sleep(1.0)  # a paint more: the live cells beside the log's
+                gen = next((r for r in rows if r.startswith("│ gen tok/s")), "")
+                if size not in texts and any("from the log" in r for r in rows) and any(" UP " in r for r in rows[:8]) \
+                        and gen and " n/a " not in gen:  # the live rate has come: live cells beside the log's
+                    time.sleep(2.0)
                     texts[size] = capture(sess)
                     ansi = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-t", sess], capture_output=True,
                                           text=True).stdout
@@ -140,3 +142,41 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
             subprocess.run(["tmux", "kill-session", "-t", sess], capture_output=True)
         res = await asyncio.wrap_future(fut)
     assert res.ok >= 10, res
+
+
+def test_doctor_started_late_on_a_served_trace_prints_the_timeline_of_a_restart() -> None:
+    """The real ``python -m vtop doctor`` against restart-counter-reset served live (tests/corpus/serve_trace.py)
+    from 20 s after its second start was ready: its log (stamps moved to now) holds the first run, its clean
+    shutdown and the second start. Real time (~15 s), no vLLM needed: in this tier for the wall time."""
+    import json
+
+    import jsonschema
+
+    from tests.corpus.serve_trace import TraceServer
+
+    trace = Path(__file__).parents[1] / "corpus" / "traces" / "restart-counter-reset"
+    ev = [json.loads(ln) for ln in (trace / "events.jsonl").read_text().splitlines() if ln.strip()]
+    launch0 = ev[0]["mono"]
+    ready2 = [e["mono"] for e in ev if e["what"] == "ready"][1]
+    schema = json.loads((Path(__file__).parents[2] / "vtop" / "schema" / "report-v2.schema.json").read_text())
+    with TraceServer(trace, start_at=ready2 - launch0 + 20.0) as srv:
+        srv.settle()
+        cmd = [sys.executable, "-m", "vtop", "doctor", "--no-gpu", "--window", "5", srv.url, "--log", str(srv.log_path)]
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        js = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60)
+    CAPTURES.mkdir(parents=True, exist_ok=True)
+    (CAPTURES / "late-look-doctor-restart-trace.txt").write_text(text.stdout + text.stderr)
+    out = text.stdout
+    assert "what the log says happened" in out and "-- vtop started reading the log --" in out, out
+    # the log is read from its last start on: the first run shows by its stats lines (it restarted)
+    assert "an earlier run of the server" in out and "(it restarted)" in out, out
+    assert "ready after" in out and "last stats line" in out, out
+    rep = json.loads(js.stdout)
+    jsonschema.validate(rep, schema)
+    kinds = [e["kind"] for e in rep["log_timeline"]["events"]]
+    assert kinds == ["earlier", "start", "ready", "attach"], kinds
+    # placed on vtop's clock: the second start ~50 s before vtop read the log (20 s after ready, ready
+    # 31.5 s after the launch), whatever the stamps say
+    start = next(e for e in rep["log_timeline"]["events"] if e["kind"] == "start")
+    attach = rep["log_timeline"]["attached_ago_s"]
+    assert 40.0 <= start["ago_s"] - attach <= 60.0, (start, attach)

@@ -362,7 +362,9 @@ class LogWatch:
             return
         from vtop.core.phases.patterns import parse_line
 
-        for line in tail(BACKFILL_NEEDLES):
+        # with the stats lines before the last startup (a restart in place): the charts drawn back and the
+        # timeline tell the earlier run apart by the start's time (vtop.core.backfill, vtop.core.timeline)
+        for line in tail(BACKFILL_NEEDLES, before_start=True):
             self.history.feed(parse_line(line), wall)
 
     def close(self) -> None:
