@@ -72,6 +72,8 @@ async def test_watch_delivers_one_start_and_one_clear_of_a_real_stall(real_vllm,
         await until("the server up in both faces", lambda: all(
             w.monitor is not None and any(ws.last_view is not None and ws.last_view.state == "up"
                                           for ws in w.monitor.servers.values()) for w in (face, plain)), 120)
+        t0 = face.ticks
+        await until("30 quiet ticks (the baseline)", lambda: face.ticks >= t0 + 30, 120)
         marks["quiet"] = (len(face.tick_s), len(plain.tick_s))
         fut = srv.start_load(n=4, concurrency=4, max_tokens=1500)
         try:
@@ -84,8 +86,9 @@ async def test_watch_delivers_one_start_and_one_clear_of_a_real_stall(real_vllm,
                 await until("the receiver that hangs holding the start", lambda: hung.hangs >= 1, 60)
                 marks["hang"] = (len(face.tick_s), len(plain.tick_s))
                 held = face.ticks
-                # counted, not timed: the monitor goes on while the receiver hangs
+                # counted, not timed: the monitor goes on while the receiver hangs (its start: 3 attempts of 5 s)
                 await until("ticks while the receiver hangs", lambda: face.ticks >= held + 5, 60)
+                assert hung.hangs >= 1 and not hung.posts
                 assert hung.hangs >= 1 and hung.posts == []
             finally:
                 srv.sigcont_engine()
@@ -108,10 +111,10 @@ async def test_watch_delivers_one_start_and_one_clear_of_a_real_stall(real_vllm,
     ticks_with, ticks_without = list(face.tick_s), list(plain.tick_s)
     q, h, e = marks["quiet"], marks["hang"], marks["end"]
     print("tick durations, delivering to 4 webhooks (one hanging, one 500) and a command:")
-    print("  before the stall: " + stats(ticks_with[:q[0]]))
+    print("  quiet, before the stall: " + stats(ticks_with[:q[0]]))
     print("  from the hang on: " + stats(ticks_with[h[0]:e[0]]))
     print("tick durations, the same monitor delivering nowhere:")
-    print("  before the stall: " + stats(ticks_without[:q[1]]))
+    print("  quiet, before the stall: " + stats(ticks_without[:q[1]]))
     print("  from the hang on: " + stats(ticks_without[h[1]:e[1]]))
 
     assert good.events("engine_stall") == [("start", "engine_stall"), ("clear", "engine_stall")]
