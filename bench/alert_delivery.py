@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.helpers.metrics_server import MetricsServer, h200_payloads  # noqa: E402
-from tests.helpers.webhook_receiver import Receiver  # noqa: E402
-from vtop.config import build  # noqa: E402
-from vtop.faces.watch import Watch  # noqa: E402
+from tests.helpers.metrics_server import MetricsServer, h200_payloads
+from tests.helpers.webhook_receiver import Receiver
+from vtop.config import build
+from vtop.faces.watch import Watch
 
 
 def stats(xs: list[float]) -> str:
