@@ -204,7 +204,8 @@ def _check_webhook(spec: str) -> None:
 
     shown = redact_webhook(spec)
     head, colon, tail = spec.strip().partition(":")
-    url = tail if colon and head.lower() in ("slack", "ntfy", "json") and not tail.startswith("//") else spec.strip()
+    prefix = head.lower() if colon and head.lower() in ("slack", "ntfy", "json") and not tail.startswith("//") else ""
+    url = tail if prefix else spec.strip()
     try:
         u = urlsplit(url)
         _ = u.port
@@ -213,6 +214,10 @@ def _check_webhook(spec: str) -> None:
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ConfigError(f"webhook {shown}: expected http(s)://HOST/..., with slack:, ntfy: or json: before it "
                           "to choose the format")
+    host = u.hostname.lower()
+    ntfy = prefix == "ntfy" if prefix else host == "ntfy.sh" or host.startswith("ntfy.")
+    if ntfy and not u.path.strip("/"):
+        raise ConfigError(f"webhook {shown}: an ntfy URL names its topic (https://ntfy.sh/TOPIC)")
 
 
 SETTINGS = tuple(f.name for f in fields(Config) if f.name not in ("config_path", "url_auth"))

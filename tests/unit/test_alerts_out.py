@@ -345,3 +345,10 @@ def test_close_gives_the_waiting_messages_their_chance_and_counts_what_is_left()
         d.observe([alert()], 0.0, time.time())
         left = d.close(timeout=30.0)
     assert left == 0 and r.events() == [("start", "engine_stall")]
+
+
+def test_an_ntfy_url_without_its_topic_is_refused_at_the_settings() -> None:
+    for bad in ("ntfy:https://push.example/", "https://ntfy.sh"):
+        with pytest.raises(ConfigError, match="names its topic"):
+            build({"webhook": [bad]}, env={"XDG_CONFIG_HOME": "/nonexistent"})
+    assert build({"webhook": ["json:https://ntfy.sh/"]}, env={"XDG_CONFIG_HOME": "/nonexistent"}).webhook

@@ -519,10 +519,13 @@ class Sender:
             self._busy = True
         try:
             self._take_token()
-            why = self._attempts(ev)
-        finally:
+            self._settle(self._attempts(ev))
+        finally:  # after what it said: nothing pending means all said
             with self._cond:
                 self._busy = False
+        return True
+
+    def _settle(self, why: str | None) -> None:
         if why is None:
             self.sent += 1
             if self._failing:
@@ -536,7 +539,6 @@ class Sender:
             if not self._failing:  # said once, until it works again
                 self._failing = True
                 self.notify(f"alert delivery to {self.target.label} failed: {why} (later failures are not repeated)")
-        return True
 
     def _attempts(self, ev: AlertEvent) -> str | None:
         """None once sent; else why the last attempt failed."""
