@@ -81,9 +81,11 @@ class Watch:
         feed = LiveFeed(monitor, gpu_source=gpu_source)
         loop = asyncio.get_running_loop()
         stop = stop or asyncio.Event()
+        handled = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
                 pass
         where = ", ".join(redact_url(u) for u in cfg.urls) or "the vLLM servers on this box"
@@ -98,6 +100,8 @@ class Watch:
                     pass
                 self.tick(feed, monitor)
         finally:
+            for sig in handled:  # a caller's loop (tests) gets its signals back
+                loop.remove_signal_handler(sig)
             await feed.aclose()
             if recorder is not None:
                 recorder.close()
