@@ -352,3 +352,14 @@ def test_an_ntfy_url_without_its_topic_is_refused_at_the_settings() -> None:
         with pytest.raises(ConfigError, match="names its topic"):
             build({"webhook": [bad]}, env={"XDG_CONFIG_HOME": "/nonexistent"})
     assert build({"webhook": ["json:https://ntfy.sh/"]}, env={"XDG_CONFIG_HOME": "/nonexistent"}).webhook
+
+
+def test_a_sender_reads_as_busy_until_it_has_said_what_happened() -> None:
+    """A face that waits for ``pending() == 0`` and then takes the notices must find the failure there."""
+    ft = FakeTime()
+    seen: list[int] = []
+    s = Sender(Scripted([SendError("HTTP 500", retry=False)], ft), Policy(), clock=ft.clock, sleep=ft.sleep)
+    s.notify = lambda line: seen.append(s.pending())
+    s.offer(event())
+    s.step()
+    assert seen == [1] and s.pending() == 0
