@@ -119,7 +119,7 @@ class VtopApp(ActionKeys, ViewKeys):
             self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
         #: ``--on-alert`` / ``--webhook``: each start, severity change and clear sent off the tick (never in a replay)
         self.delivery: Any = None
-        if replay is None and (config.on_alert or config.webhook):
+        if replay is None and config.alert_delivery and (config.on_alert or config.webhook):
             from vtop.actions.alerts_out import delivery_for
 
             self.delivery = delivery_for(config)
