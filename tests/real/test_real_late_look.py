@@ -65,7 +65,9 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
     await asyncio.sleep(BEFORE_S)
     assert not fut.done(), "the load ended before vtop started"
     CAPTURES.mkdir(parents=True, exist_ok=True)
-    vtop = f"exec {sys.executable} -m vtop --no-gpu {srv.url} --log {srv.log_path}"
+    # not exec'd: should vtop exit, the pane keeps why (its status) for the failure's capture
+    vtop = (f"{sys.executable} -m vtop --no-gpu {srv.url} --log {srv.log_path}; "
+            "echo \"vtop exited with status $?\"; sleep 120")
     sessions = {(120, 40): f"vtop-late-120-{os.getpid()}", (80, 24): f"vtop-late-80-{os.getpid()}"}
     for size, sess in sessions.items():
         tmux_start(sess, size, vtop)
