@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.real import capture
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 
@@ -51,10 +50,19 @@ def stats_lines(text: str) -> list[tuple[float, float, int]]:
     return out
 
 
+#: a tmux server of this test's own (``-L``): the box's default one is shared with other runs and their options
+TMUX = ["tmux", "-L", f"vtop-late-{os.getpid()}"]
+
+
 def tmux_start(sess: str, size: tuple[int, int], cmd: str) -> None:
     env = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent", "TERM": "xterm-256color"}
-    subprocess.run(["tmux", "new", "-d", "-s", sess, "-x", str(size[0]), "-y", str(size[1]), cmd], check=True,
-                   env=env)
+    subprocess.run([*TMUX, "-f", "/dev/null", "new", "-d", "-s", sess, "-x", str(size[0]), "-y", str(size[1]), cmd],
+                   check=True, env=env)
+
+
+def capture(sess: str, ansi: bool = False) -> list[str]:
+    return subprocess.run([*TMUX, "capture-pane", "-p", *(["-e"] if ansi else []), "-t", sess], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -114,8 +122,7 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
                         and gen and " n/a " not in gen:  # the live rate has come: live cells beside the log's
                     time.sleep(2.0)
                     texts[size] = capture(sess)
-                    ansi = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-t", sess], capture_output=True,
-                                          text=True).stdout
+                    ansi = "\n".join(capture(sess, ansi=True)) + "\n"
                     name = f"late-look-cpu-real-{size[0]}x{size[1]}"
                     (CAPTURES / f"{name}.txt").write_text("\n".join(texts[size]) + "\n")
                     if SHOTS:
@@ -140,8 +147,7 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
         assert "-- vtop started reading the log --" in doc.stdout and "last stats line" in doc.stdout
         print(f"load began {tmux_started - load_began:.0f} s before vtop; captures in {CAPTURES}")
     finally:
-        for sess in sessions.values():
-            subprocess.run(["tmux", "kill-session", "-t", sess], capture_output=True)
+        subprocess.run([*TMUX, "kill-server"], capture_output=True)
         res = await asyncio.wrap_future(fut)
     assert res.ok >= 10, res
 
