@@ -333,7 +333,7 @@ def log_legend(bf: Backfill | None, since: str | None) -> str:
     """The charts' label while the log's cells are on them: what they are, and where they end."""
     when = f" before {since}" if since else ""
     split = f"; {RESTART_MARK} the server restarted" if bf is not None and bf.splits else ""
-    return f"charts{when} from the log (its 10 s stats lines): vtop was not running{split}"
+    return f"charts{when} from the log's 10 s stats (vtop was not running){split}"
 
 
 def _merged_runs(live: tuple[float | None, ...], logged: tuple[float | None, ...], marks: frozenset[int],
