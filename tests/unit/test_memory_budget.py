@@ -3,8 +3,8 @@ vtop/core/phases/patterns.py) with NVML's other processes, one answer for --once
 startup panel; after a start that failed for memory, the --gpu-memory-utilization that fits beside what else
 holds the GPU, the same number the startup-failure rule's fix says. Real lines: the H200 starts of vLLM 0.26.0
 (tests/fixtures/logs/vllm-0.26.0-h200-startup.log, the demo recording, and the corpus trace
-h200-startup-failure-cuda-oom with a 100 GiB process beside it); the 0.32 and 0.7-0.9 lines are written from
-vLLM's source (vllm/v1/worker/gpu_worker.py)."""
+h200-startup-failure-cuda-oom with a 100 GiB process beside it); the 0.32 line is written from vLLM 0.32.0's
+source (vllm/v1/worker/gpu_worker.py), the 0.7-0.9 lines as remembered of those versions (no log of them here)."""
 
 from __future__ import annotations
 

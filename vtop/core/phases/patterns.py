@@ -194,7 +194,7 @@ KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? Gi
 #: 0.7-0.9     "Memory profiling takes S seconds" then raw lines "the current vLLM instance can use
 #:             total_gpu_memory (T GiB) x gpu_memory_utilization (U) = R GiB" and "model weights take W GiB;
 #:             non_torch_memory takes N GiB; PyTorch activation peak memory takes A GiB; the rest of the
-#:             memory reserved for KV Cache is K GiB." (from vLLM's source of those versions, not recorded)
+#:             memory reserved for KV Cache is K GiB." (as remembered of those versions' worker; not checked against a log here)
 #: 0.26        "Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (U, R GiB).
 #:             Actual usage is W GiB for weight, A GiB for peak activation, N GiB for non-torch memory, and
 #:             G GiB for CUDAGraph memory. ... Current kv cache memory in use is K GiB." (recorded on an H200)
