@@ -907,6 +907,29 @@ def runtime_oom_prompt_logprobs(ctx: GpuCtx) -> None:
     short.stop()
 
 
+@scenario("h200-starts-history-budget", "normal", 420)
+def starts_history_budget(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0: three starts of the same model, each to ready and 5 s more, their logs kept as
+    start-0.log .. start-2.log: the first with the default --gpu-memory-utilization 0.5 (the compile cache as
+    the machine has it: cold on a fresh one), the second the same (the compile cache warm: its hit), the third
+    at 0.8. Issue 40's start history (this model's phase times, cold then warm) and memory budget (vLLM's
+    profiling lines at 0.5 and 0.8 beside NVML). The trace is the last start; truth: normal."""
+    cache = Path.home() / ".cache" / "vllm" / "torch_compile_cache"
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    for k, extra in enumerate(((), (), ("--gpu-memory-utilization", "0.8"))):
+        ctx.event("start_begin", k=k, extra=list(extra), compile_cache_present=cache.exists())
+        ctx.launch(extra)
+        ready_s = ctx.wait_ready()
+        ctx.sleep(5)
+        if srv.log_path is not None and srv.log_path.exists():
+            shutil.copyfile(srv.log_path, ctx.out / f"start-{k}.log")
+        ctx.event("start_kept", k=k, healthy_after_s=round(ready_s, 1), mem_used=ctx.nvml.mem_used() if ctx.nvml else None)
+        if k < 2:
+            srv.stop()
+            ctx.sleep(3)
+    ctx.sleep(10)
+
+
 @scenario("h200-normal-burst-queue", "normal", 200)
 def normal_burst_queue(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0, default flags (max_num_seqs 1024): warm launch to ready, 10 s idle, a burst of 1500
