@@ -194,6 +194,10 @@ def test_doctor_on_a_window_holding_a_pending_stall_exits_1_and_names_the_window
     assert "no alerts" not in t.stdout
     assert "[PENDING] engine_stall on :" in t.stdout and "for the whole 5 s window" in t.stdout
     assert f"--window {p['decides_with_window_s']} would decide" in t.stdout
+    # the exit line names that cause (it said "exit 1: unknown")
+    port0 = srv.url.rsplit(":", 1)[-1]
+    assert rep["exit_reason"] == (f"exit 1: [PENDING] engine_stall on :{port0} not yet decided "
+                                  f"(--window {p['decides_with_window_s']} would decide)"), rep["exit_reason"]
     # and the evidence it lacked, once, with what would give it
     port = srv.url.rsplit(":", 1)[-1]
     missing = [n for n in rep["notes"] if n.startswith("evidence missing")]

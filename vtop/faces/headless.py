@@ -133,6 +133,8 @@ class Report:
                        for s in self.servers if s.get("state") in ("down", "engine dead") and s.get("polls", 1)]
         elif code == EXIT_WARNING:
             causes = [f"[WARNING] {a.get('title')}" for a in self.alerts if a.get("severity") == "warning"]
+            causes += [f"[PENDING] {p['rule']}{' on ' + _server_name(p['target']) if p.get('target') else ''} not "
+                       f"yet decided (--window {p['decides_with_window_s']} would decide)" for p in self.pending]
         elif code == EXIT_UNKNOWN:
             if not self.looked:
                 causes.append("no source answered: vtop could not look")
