@@ -1,0 +1,200 @@
+"""Tmux captures of issue 38's six on-screen findings, before and after (120x40 and 80x24).
+
+    python -m tools.trust_captures --before /tmp/vtop-before/.venv/bin/vtop [--after .venv/bin/vtop]
+                                   [--out /tmp/trust-captures] [--only 1,5]
+
+Each finding is shown by one recorded corpus trace played live in real time
+(``python -m tests.corpus.serve_trace TRACE --from S --log FILE``); four vtops watch it at once
+in detached tmux sessions (the "before" and the "after" build, each at 120x40 and 80x24), all
+against the same URL and log, and at the finding's seconds the panes are captured as text
+(``tmux capture-pane -p``), after the keys the finding needs (``r`` for the requests screen).
+Files: ``OUT/finding-N-before|after-WxH.txt`` and ``OUT/INDEX.md`` (per finding: the trace, the
+second of the trace captured, what to look at).
+
+"Before" is vtop at commit ddf724c (before issue 38's trust work), built in its own venv::
+
+    mkdir -p /tmp/vtop-before && git archive ddf724c | tar -x -C /tmp/vtop-before
+    python3 -m venv /tmp/vtop-before/.venv
+    /tmp/vtop-before/.venv/bin/pip install -e /tmp/vtop-before -c /tmp/vtop-before/tests/constraints.txt
+
+(PYTHONPATH does not override an editable install: each build needs its own venv.) "After" is
+this checkout's vtop. Each vtop runs with a fresh ``HOME`` so neither reads the other's files.
+Takes about 6 minutes; needs tmux.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = ((120, 40), (80, 24))
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One capture: the finding it shows, the trace's second (from its launch) it is taken at, the
+    keys sent to every vtop just before it, and what to look at."""
+
+    finding: int
+    at_s: float
+    look: str
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Play:
+    """One trace played once (``--from`` seconds after its launch) for one or more shots."""
+
+    trace: str
+    start_s: float
+    shots: tuple[Shot, ...] = field(default_factory=tuple)
+
+
+FINDINGS = {
+    1: "after the engine dies the screen still looks busy and blames the start",
+    2: "'requests in flight' counts every logged request without a finish line",
+    3: "one runaway, three wordings of its age",
+    4: "three numbers for one rate",
+    5: "alerts flap (a KV saturation's severity and its 'for Ns')",
+    6: "the log's clock (8 h behind) trusted over what vtop sees",
+}
+
+PLAYS = (
+    Play("engine-death-enginecore-load", 80.0, (
+        Shot(1, 130.0, "the EngineCore was killed at +109.4 s under 4 running: the DOWN card's gauges (live or last "
+             "seen, with their age), requests in flight, the start's line (ready vs FAILED)"),)),
+    Play("runaway-with-short-traffic", 70.0, (
+        Shot(2, 138.0, "a runaway began at +80.5 s among short requests (request log on, no finish lines): "
+             "'requests in flight' and its oldest under the alert"),
+        Shot(3, 141.0, "the same moment on the requests screen (r): the runaway's age there vs in the alert "
+             "(lower bound or upper bound)", ("r",)),
+    )),
+    Play("runaway-streaming-after-others", 55.0, (
+        Shot(4, 125.0, "3 streams of 1500 tokens, then a runaway from +72.4 s: the headline gen tok/s, its "
+             "sparkline and the alert's rate (their windows)"),)),
+    Play("kv-saturation-many-seqs", 40.0, (
+        Shot(5, 150.0, "KV full from +57.3 s (93 s before this capture): the alert's severity and its 'for Ns' "
+             "(restarted at each flip, or counted from the incident's start)"),)),
+    Play("normal-idle-3min-clock-minus8h", 0.0, (
+        Shot(6, 30.0, "a normal start whose log stamps are 8 h behind vtop's clock (ready at +37.5 s): a "
+             "'startup stalled ... no new log line for 8h' warning, or none"),)),
+)
+
+
+def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=check)
+
+
+def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Shot, str]]:
+    """Serve ``p.trace`` from ``p.start_s``, start the four vtops, take the shots; the files written."""
+    work = Path(tempfile.mkdtemp(prefix="trustcap-"))
+    log = work / "vllm.log"
+    srv = subprocess.Popen([sys.executable, "-m", "tests.corpus.serve_trace", p.trace, "--from", str(p.start_s),
+                            "--log", str(log)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    t0 = time.monotonic()
+    sessions: list[tuple[str, str, int, int]] = []
+    written: list[tuple[Shot, str]] = []
+    try:
+        assert srv.stdout is not None
+        first = srv.stdout.readline()
+        url = next((w for w in first.split() if w.startswith("http://")), None)
+        if url is None:
+            raise RuntimeError(f"serve_trace said: {first!r}")
+        for name, exe in builds.items():
+            for w, h in SIZES:
+                s = f"trustcap-{tag}-{name}-{w}x{h}"
+                home = work / f"home-{name}-{w}x{h}"
+                home.mkdir()
+                cmd = (f"env HOME={shlex.quote(str(home))} XDG_CONFIG_HOME={shlex.quote(str(home / '.config'))} "
+                       f"XDG_STATE_HOME={shlex.quote(str(home / '.state'))} "
+                       f"XDG_CACHE_HOME={shlex.quote(str(home / '.cache'))} TERM=xterm-256color "
+                       f"{shlex.quote(exe)} {shlex.quote(url)} --log {shlex.quote(str(log))}")
+                tmux("kill-session", "-t", s, check=False)
+                tmux("new-session", "-d", "-s", s, "-x", str(w), "-y", str(h), cmd)
+                sessions.append((s, name, w, h))
+        for shot in sorted(p.shots, key=lambda x: x.at_s):
+            wait = (shot.at_s - p.start_s) - (time.monotonic() - t0)
+            if wait > 0:
+                time.sleep(wait)
+            for s, *_ in sessions:
+                for k in shot.keys:
+                    tmux("send-keys", "-t", s, k, check=False)
+            if shot.keys:
+                time.sleep(1.0)
+            for s, name, w, h in sessions:
+                r = tmux("capture-pane", "-p", "-t", s, check=False)
+                text = r.stdout if r.returncode == 0 else f"(no pane: {r.stderr.strip()})\n"
+                f = out / f"finding-{shot.finding}-{name}-{w}x{h}.txt"
+                f.write_text(text)
+                written.append((shot, f.name))
+            print(f"finding {shot.finding}: {p.trace} at +{shot.at_s:.0f} s captured", flush=True)
+    finally:
+        for s, *_ in sessions:
+            tmux("kill-session", "-t", s, check=False)
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    return written
+
+
+def index(out: Path, shots: list[tuple[Play, Shot]], builds: dict[str, str]) -> None:
+    lines = ["# Issue 38: the six on-screen findings, before and after", "",
+             "Made by `python -m tools.trust_captures` (its docstring says how). Builds: "
+             + "; ".join(f"{k} = `{v}`" for k, v in builds.items()) + ".",
+             "Each trace played live from the second shown (`python -m tests.corpus.serve_trace TRACE --from S "
+             "--log FILE`), four vtops watching it at once; the trace's second of each capture is from its launch.",
+             ""]
+    for p, shot in shots:
+        files = ", ".join(f"finding-{shot.finding}-{b}-{w}x{h}.txt" for b in builds for w, h in SIZES)
+        lines += [f"## Finding {shot.finding}: {FINDINGS[shot.finding]}", "",
+                  f"- trace `{p.trace}`, played from +{p.start_s:.0f} s, captured at +{shot.at_s:.0f} s"
+                  + (f" after the keys {' '.join(shot.keys)}" if shot.keys else ""),
+                  f"- look at: {shot.look}", f"- files: {files}", ""]
+    (out / "INDEX.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.trust_captures", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="the 'before' vtop executable (ddf724c's, in its own venv)")
+    ap.add_argument("--after", default=str(Path(sys.executable).with_name("vtop")),
+                    help="the 'after' vtop executable (default: this venv's)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/trust-captures"))
+    ap.add_argument("--only", default="", help="comma-separated finding numbers (default: all six)")
+    a = ap.parse_args(argv)
+    if shutil.which("tmux") is None:
+        ap.error("tmux is not installed")
+    for exe in (a.before, a.after):
+        if not os.access(exe, os.X_OK):
+            ap.error(f"not an executable: {exe}")
+    only = {int(x) for x in a.only.split(",") if x.strip()} or set(FINDINGS)
+    a.out.mkdir(parents=True, exist_ok=True)
+    builds = {"before": a.before, "after": a.after}
+    tag = str(os.getpid())
+    done: list[tuple[Play, Shot]] = []
+    for p in PLAYS:
+        want = tuple(s for s in p.shots if s.finding in only)
+        if not want:
+            continue
+        play(Play(p.trace, p.start_s, want), builds, a.out, tag)
+        done += [(p, s) for s in want]
+    if only == set(FINDINGS):
+        index(a.out, done, builds)
+    print(f"captures in {a.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
