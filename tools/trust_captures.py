@@ -8,7 +8,8 @@ Each finding is shown by one recorded corpus trace played live in real time
 in detached tmux sessions (the "before" and the "after" build, each at 120x40 and 80x24), all
 against the same URL and log, and at the finding's seconds the panes are captured as text
 (``tmux capture-pane -p``), after the keys the finding needs (``r`` for the requests screen).
-Files: ``OUT/finding-N-before|after-WxH.txt`` and ``OUT/INDEX.md`` (per finding: the trace, the
+Files: ``OUT/finding-N-before|after-WxH.txt`` (and ``.ansi``: the same with its colours, for
+``less -R``) and ``OUT/INDEX.md`` (per finding: the trace, the
 second of the trace captured, what to look at).
 
 "Before" is vtop at commit ddf724c (before issue 38's trust work), built in its own venv::
@@ -48,6 +49,10 @@ class Shot:
     at_s: float
     look: str
     keys: tuple[str, ...] = ()
+    #: also read the alert's first line every second for this long before the shot (a flap shows there)
+    watch_s: float = 0.0
+    #: what changed between the builds, as these captures show it (checked by eye on a run)
+    changed: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,22 +76,47 @@ FINDINGS = {
 PLAYS = (
     Play("engine-death-enginecore-load", 80.0, (
         Shot(1, 130.0, "the EngineCore was killed at +109.4 s under 4 running: the DOWN card's gauges (live or last "
-             "seen, with their age), requests in flight, the start's line (ready vs FAILED)"),)),
+             "seen, with their age), requests in flight, the start's line (ready vs FAILED)",
+             changed="before: 'running 4' with nothing said of its age, 'requests in flight: 216' (every logged "
+             "request of the run), the start redrawn '✗ FAILED ... ✗ ready 0.0 s'; after: a line 'gauges above: last "
+             "seen 19 s ago: 4 running, 0 waiting when the engine died' (120x40), 'requests in flight: none (server "
+             "DOWN; 4 running, 0 waiting when the engine died)', the start '✓ ready in 56 s' and the death its own "
+             "line ('✗ the engine died 21 s after ready'). Not yet: at 80x24 the card is cut to running/waiting "
+             "and neither the 'last seen' line nor the start shows; the 'greyed' gauges are drawn in the label's "
+             "colour, pure white, brighter than a live value (see the .ansi)"),)),
     Play("runaway-with-short-traffic", 70.0, (
         Shot(2, 138.0, "a runaway began at +80.5 s among short requests (request log on, no finish lines): "
-             "'requests in flight' and its oldest under the alert"),
+             "'requests in flight' and its oldest under the alert",
+             changed="before: 'requests in flight: 18-19 · oldest cmpl-... ≤57s, max_tokens 22' (a 22-token request "
+             "long finished) under an alert naming the runaway; after: 'requests in flight: 1 (vLLM: 1 running, 0 "
+             "waiting) · oldest chatcmpl-81cec... running at least 55s', the alert's request (at 120 columns the "
+             "line is cut after 'max_tokens')"),
         Shot(3, 141.0, "the same moment on the requests screen (r): the runaway's age there vs in the alert "
-             "(lower bound or upper bound)", ("r",)),
+             "(lower bound or upper bound)", ("r",),
+             changed="before: the alert says 'at least 54s', the r screen lists 20 requests 'in flight' with upper "
+             "bounds ('≤1m 00s' for the runaway, '≤1m 02s' for a 22-token one) under 'ages are upper bounds'; "
+             "after: the alert 'running at least 56s, came at most 58s ago', the r screen '1 in flight · 3 received "
+             "in the last 10 s by the request log', the runaway 'running at least 1m 00s, came at most 1m 00s ago'"),
     )),
     Play("runaway-streaming-after-others", 55.0, (
         Shot(4, 125.0, "3 streams of 1500 tokens, then a runaway from +72.4 s: the headline gen tok/s, its "
-             "sparkline and the alert's rate (their windows)"),)),
+             "sparkline and the alert's rate (their windows)",
+             changed="before: headline gen tok/s 688 (a 60 s average, its window unsaid) beside a sparkline of "
+             "5 s values falling to ~400, the alert '480 tok/s' with no window; after: the headline 411 with the "
+             "sparkline's '5s' beside it, the alert '483 tok/s over 11 s', prompt '5s', preempt and hit '60s'"),)),
     Play("kv-saturation-many-seqs", 40.0, (
         Shot(5, 150.0, "KV full from +57.3 s (93 s before this capture): the alert's severity and its 'for Ns' "
-             "(restarted at each flip, or counted from the incident's start)"),)),
+             "(restarted at each flip, or counted from the incident's start); the -alerts.txt files: the alert's "
+             "line each second from +70 s, with the severity changes counted", watch_s=80.0,
+             changed="before: WARNING 'for 36s' 93 s into the saturation, and over 80 s the title flipped "
+             "CRITICAL <-> WARNING 14 times with its 'for' restarting (30s, 18s, 36s, 16s ...); after: CRITICAL "
+             "'for 1m 37s', one change in 80 s (the alert's appearance), 'for' counting from the incident's start"),)),
     Play("normal-idle-3min-clock-minus8h", 0.0, (
         Shot(6, 30.0, "a normal start whose log stamps are 8 h behind vtop's clock (ready at +37.5 s): a "
-             "'startup stalled ... no new log line for 8h' warning, or none"),)),
+             "'startup stalled ... no new log line for 8h' warning, or none",
+             changed="before: 'WARNING Startup of :P stalled in torch.compile: no new log line for 8h 00m' and a "
+             "'POSSIBLE HANG ... 8 h 00 min' in the start panel, 30 s into a normal start whose lines arrive every "
+             "second; after: no alert, the start's phases ticking on (lines vtop saw arrive are news)"),)),
 )
 
 
@@ -123,20 +153,25 @@ def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Sho
                 tmux("new-session", "-d", "-s", s, "-x", str(w), "-y", str(h), cmd)
                 sessions.append((s, name, w, h))
         for shot in sorted(p.shots, key=lambda x: x.at_s):
-            wait = (shot.at_s - p.start_s) - (time.monotonic() - t0)
+            due = shot.at_s - p.start_s
+            if shot.watch_s:
+                written += watch(shot, sessions, out, t0, p.start_s, due)
+            wait = due - (time.monotonic() - t0)
             if wait > 0:
                 time.sleep(wait)
             for s, *_ in sessions:
                 for k in shot.keys:
                     tmux("send-keys", "-t", s, k, check=False)
             if shot.keys:
-                time.sleep(1.0)
+                time.sleep(2.5)  # a busy 2-core box takes a while to draw a new screen
             for s, name, w, h in sessions:
-                r = tmux("capture-pane", "-p", "-t", s, check=False)
-                text = r.stdout if r.returncode == 0 else f"(no pane: {r.stderr.strip()})\n"
-                f = out / f"finding-{shot.finding}-{name}-{w}x{h}.txt"
-                f.write_text(text)
-                written.append((shot, f.name))
+                # plain text, and the same with its colours (-e: SGR escapes; a greyed gauge shows only there)
+                for flags, ext in ((("-p",), "txt"), (("-p", "-e"), "ansi")):
+                    r = tmux("capture-pane", *flags, "-t", s, check=False)
+                    text = r.stdout if r.returncode == 0 else f"(no pane: {r.stderr.strip()})\n"
+                    f = out / f"finding-{shot.finding}-{name}-{w}x{h}.{ext}"
+                    f.write_text(text)
+                    written.append((shot, f.name))
             print(f"finding {shot.finding}: {p.trace} at +{shot.at_s:.0f} s captured", flush=True)
     finally:
         for s, *_ in sessions:
@@ -147,6 +182,44 @@ def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Sho
         except subprocess.TimeoutExpired:
             srv.kill()
         shutil.rmtree(work, ignore_errors=True)
+    return written
+
+
+def alert_line(pane: str) -> str:
+    """The first alert's severity and title from a captured pane ('' when no alert shows)."""
+    for ln in pane.splitlines():
+        for sev in ("CRITICAL", "WARNING"):
+            i = ln.find(f" {sev} ")
+            if i >= 0:
+                return ln[i + 1:].rstrip(" │┃")
+    return ""
+
+
+def watch(shot: Shot, sessions: list[tuple[str, str, int, int]], out: Path, t0: float, start_s: float,
+          due: float) -> list[tuple[Shot, str]]:
+    """Each second from ``shot.watch_s`` before the shot: the first alert's line in every 120-column pane;
+    the severity changes counted. Files ``finding-N-BUILD-WxH-alerts.txt``."""
+    lines: dict[tuple[str, int, int], list[str]] = {(n, w, h): [] for _, n, w, h in sessions if w == 120}
+    sevs: dict[tuple[str, int, int], list[str]] = {k: [] for k in lines}
+    begin = due - shot.watch_s
+    while time.monotonic() - t0 < due:
+        el = time.monotonic() - t0
+        if el >= begin:
+            for s, n, w, h in sessions:
+                if (n, w, h) in lines:
+                    r = tmux("capture-pane", "-p", "-t", s, check=False)
+                    a = alert_line(r.stdout)
+                    lines[(n, w, h)].append(f"+{start_s + el:.1f} s  {a or '(no alert)'}")
+                    sevs[(n, w, h)].append(a.split(" ", 1)[0])
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - t0 - el)))
+    written = []
+    for (n, w, h), rows in lines.items():
+        sv = sevs[(n, w, h)]
+        changes = sum(1 for a, b in zip(sv, sv[1:]) if a != b)
+        f = out / f"finding-{shot.finding}-{n}-{w}x{h}-alerts.txt"
+        f.write_text(f"# the first alert's line each second, +{start_s + begin:.0f} s to +{start_s + due:.0f} s of "
+                     f"the trace: {changes} severity changes (no alert -> an alert counts as one)\n" + "\n".join(rows) + "\n")
+        written.append((shot, f.name))
     return written
 
 
@@ -162,7 +235,15 @@ def index(out: Path, shots: list[tuple[Play, Shot]], builds: dict[str, str]) -> 
         lines += [f"## Finding {shot.finding}: {FINDINGS[shot.finding]}", "",
                   f"- trace `{p.trace}`, played from +{p.start_s:.0f} s, captured at +{shot.at_s:.0f} s"
                   + (f" after the keys {' '.join(shot.keys)}" if shot.keys else ""),
-                  f"- look at: {shot.look}", f"- files: {files}", ""]
+                  f"- look at: {shot.look}"]
+        if shot.changed:
+            lines.append(f"- changed: {shot.changed}")
+        for b in builds:
+            f = out / f"finding-{shot.finding}-{b}-120x40-alerts.txt"
+            if f.is_file():
+                head = f.read_text().splitlines()[0].lstrip("# ")
+                lines.append(f"- {b}, {f.name}: {head}")
+        lines += [f"- files: {files} (and .ansi: with colours, `less -R`)", ""]
     (out / "INDEX.md").write_text("\n".join(lines))
 
 
@@ -173,7 +254,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the 'after' vtop executable (default: this venv's)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/trust-captures"))
     ap.add_argument("--only", default="", help="comma-separated finding numbers (default: all six)")
+    ap.add_argument("--index-only", action="store_true", help="only write OUT/INDEX.md (the captures are there)")
     a = ap.parse_args(argv)
+    if a.index_only:
+        builds = {"before": a.before, "after": a.after}
+        index(a.out, [(p, s) for p in PLAYS for s in p.shots], builds)
+        print(f"{a.out / 'INDEX.md'} written", flush=True)
+        return 0
     if shutil.which("tmux") is None:
         ap.error("tmux is not installed")
     for exe in (a.before, a.after):
