@@ -1456,7 +1456,8 @@ def kv_saturation_bursts(ctx: Ctx) -> None:
     hung up on; 45 s of an idle cache between bursts: KV usage at 95-100 % with preemptions and a waiting queue
     in each burst, nothing between them (KV pressure that comes in bursts, issue 38 item 10b: a short doctor
     window between two bursts). Events: kv_full (the first one begins the incident) and burst_end per burst,
-    kv_released after the last. (A first try, 6 streams in an 8 MiB cache for 40 s, was too mild: KV 71-100 %,
+    kv_released after the last; doctor_after_s: 5 s after each burst but the last ended (the live doctor's
+    window in the quiet between two bursts). (A first try, 6 streams in an 8 MiB cache for 40 s, was too mild: KV 71-100 %,
     median 85-90 %, 1-4 waiting.)"""
     ctx.start(("--kv-cache-memory-bytes", str(12 * 2**20)), log_requests=True, env=_no_kv_env())
     ctx.sleep(10)
@@ -1485,6 +1486,11 @@ def kv_saturation_bursts(ctx: Ctx) -> None:
             time.sleep(0.5)
         if burst < bursts - 1:
             ctx.sleep(45)
+    # the live doctor's extra runs: 5 s after each burst but the last ended, the window all in the quiet
+    first = ctx.first("kv_full")
+    if first is not None:
+        ends = [e["t"] for e in ctx.events if e["what"] == "burst_end"][:bursts - 1]
+        ctx.truth_extra["doctor_after_s"] = [round(t - first["t"] + 5.0) for t in ends]
     sm = ctx.sampler.latest if ctx.sampler else {}
     ctx.event("kv_released", kv=sm.get("kv"), running=sm.get("running"), waiting=sm.get("waiting"),
               preemptions=sm.get("preempt"))
