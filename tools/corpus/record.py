@@ -2033,9 +2033,12 @@ def write_index(trace: Path) -> None:
     row = (f"| {name} | {cls} | {float(truth.get('duration_s') or 0):.0f} s | {doc.replace('|', '/')} | "
            f"{'; '.join(k.replace('|', '/') for k in key_lines(log))} | {_human(size)} |")
     lines = [ln for ln in lines if not ln.startswith(f"| {name} |")]
-    lines.append(row)
+    # the first table's rows, sorted with this one; what follows it (the derived traces' section) as it was
     first = next(i for i, ln in enumerate(lines) if ln.startswith("| --- |")) + 1
-    lines[first:] = sorted(lines[first:])
+    end = first
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    lines[first:end] = sorted([*lines[first:end], row])
     INDEX.write_text("\n".join(lines) + "\n")
 
 
