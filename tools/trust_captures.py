@@ -120,8 +120,12 @@ PLAYS = (
 )
 
 
+#: a tmux server of its own (``tmux -L``): another tmux user's ``kill-server`` on the box leaves it be
+SOCKET = "vtop-trust-captures"
+
+
 def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=check)
+    return subprocess.run(["tmux", "-L", SOCKET, *args], capture_output=True, text=True, check=check)
 
 
 def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Shot, str]]:
