@@ -117,6 +117,12 @@ class VtopApp(ActionKeys, ViewKeys):
             src = make_gpu_source(config) if isinstance(gpu_source, str) else gpu_source
             kw: dict[str, Any] = {} if discover == "auto" else {"discover": discover}
             self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
+        #: ``--on-alert`` / ``--webhook``: each start, severity change and clear sent off the tick (never in a replay)
+        self.delivery: Any = None
+        if replay is None and (config.on_alert or config.webhook):
+            from vtop.actions.alerts_out import delivery_for
+
+            self.delivery = delivery_for(config)
         self.cards: dict[str, ServerCard] = {}
         """The server cards, by URL."""
         self._card_versions: dict[str, tuple[int, float]] = {}
@@ -444,6 +450,8 @@ class VtopApp(ActionKeys, ViewKeys):
         if self.feed is not None:
             self.feed.collect()
         self.round()  # frozen (space): the monitor's round still closes, the screen waits
+        if self.delivery is not None:
+            self._deliver()
         self._watchdog()
         self._ticks += 1
         if self._ticks == self.SETTLE_GC_AFTER_TICKS and not self.is_headless:
@@ -451,6 +459,13 @@ class VtopApp(ActionKeys, ViewKeys):
             from vtop.gc_tuning import settle_gc
 
             settle_gc()
+
+    def _deliver(self) -> None:
+        """Hand this tick's changes of the incidents to the alert delivery (a queue: never waits) and show
+        what it says went wrong, each failure once (:mod:`vtop.actions.alerts_out`)."""
+        self.delivery.observe_monitor(self.monitor)
+        for line in self.delivery.take_notices():
+            self.notify(line, severity="error" if "failed" in line else "information", timeout=15)
 
     def _watchdog(self) -> None:
         # a call in flight past the hang bound, or readings past the monitor's stale bound (one for every face)
@@ -638,5 +653,7 @@ class VtopApp(ActionKeys, ViewKeys):
     def on_unmount(self) -> None:
         if self.feed is not None:
             self.feed.stop()
+        if self.delivery is not None:
+            self.delivery.close()
         if self.recorder is not None:
             self.recorder.close()

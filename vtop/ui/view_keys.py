@@ -133,6 +133,10 @@ class ViewKeys(App[int]):
             notes.append("READ-ONLY (--readonly): the snapshot, py-spy and test-request keys (s d t) are off.")
         if self.replay is not None:
             notes.append("A replay: s, d and t would act on this box, not the recorded one, so they are off.")
+        delivery = getattr(self, "delivery", None)
+        if delivery is not None:  # --on-alert / --webhook (vtop/actions/alerts_out.py): URLs shown without secrets
+            notes.append("Each start, severity change and clear of an incident goes to: " + ", ".join(delivery.labels)
+                         + " (docs/watch.md).")
         return notes
 
     def action_freeze(self) -> None:
