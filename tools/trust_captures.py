@@ -227,12 +227,18 @@ def watch(shot: Shot, sessions: list[tuple[str, str, int, int]], out: Path, t0: 
     return written
 
 
+def _head() -> str:
+    r = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cd", "--date=iso"], capture_output=True,
+                       text=True, check=False)
+    return r.stdout.strip() or "an unknown commit"
+
+
 def index(out: Path, shots: list[tuple[Play, Shot]], builds: dict[str, str]) -> None:
     lines = ["# Issue 38: the six on-screen findings, before and after", "",
              "The numbers under 'changed' are from one run (2026-12-05): a re-run gives the same picture, its "
              "seconds and counts a little different.", "",
              "Made by `python -m tools.trust_captures` (its docstring says how). Builds: "
-             + "; ".join(f"{k} = `{v}`" for k, v in builds.items()) + ".",
+             + "; ".join(f"{k} = `{v}`" for k, v in builds.items()) + f" (this checkout at {_head()}).",
              "Each trace played live from the second shown (`python -m tests.corpus.serve_trace TRACE --from S "
              "--log FILE`), four vtops watching it at once; the trace's second of each capture is from its launch.",
              ""]
