@@ -163,11 +163,19 @@ def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Sho
             wait = due - (time.monotonic() - t0)
             if wait > 0:
                 time.sleep(wait)
-            for s, *_ in sessions:
-                for k in shot.keys:
-                    tmux("send-keys", "-t", s, k, check=False)
             if shot.keys:
-                time.sleep(2.5)  # a busy 2-core box takes a while to draw a new screen
+                was = {s: tmux("capture-pane", "-p", "-t", s, check=False).stdout for s, *_ in sessions}
+                for s, *_ in sessions:
+                    for k in shot.keys:
+                        tmux("send-keys", "-t", s, k, check=False)
+                # a busy 2-core box takes a while to draw the new screen: wait (15 s at most) until every pane
+                # shows it
+                until = time.monotonic() + 15.0
+                while time.monotonic() < until:
+                    time.sleep(0.5)
+                    if all(_first_diff(was[s], tmux("capture-pane", "-p", "-t", s, check=False).stdout)
+                           for s, *_ in sessions):
+                        break
             for s, name, w, h in sessions:
                 # plain text, and the same with its colours (-e: SGR escapes; a greyed gauge shows only there)
                 for flags, ext in ((("-p",), "txt"), (("-p", "-e"), "ansi")):
@@ -187,6 +195,14 @@ def play(p: Play, builds: dict[str, str], out: Path, tag: str) -> list[tuple[Sho
             srv.kill()
         shutil.rmtree(work, ignore_errors=True)
     return written
+
+
+def _first_diff(before: str, now: str) -> bool:
+    """Whether a new screen opened: a modal's top border (``█▀▀▀``, both builds) in the pane's top lines
+    that were not there before."""
+    def modal(pane: str) -> bool:
+        return any("█▀▀▀▀" in ln for ln in pane.splitlines()[:4])
+    return modal(now) and not modal(before)
 
 
 def alert_line(pane: str) -> str:
