@@ -80,37 +80,37 @@ PLAYS = (
              changed="before: 'running 4' with nothing said of its age, 'requests in flight: 216' (every logged "
              "request of the run), the start redrawn '✗ FAILED ... ✗ ready 0.0 s'; after: a line 'gauges above: last "
              "seen 20 s ago: 4 running, 0 waiting when the engine died' (120x40), 'requests in flight: none (server "
-             "DOWN; 4 running, 0 waiting when the engine died)', the start '✓ ready in 57 s' and the death its own "
-             "line ('✗ the engine died 20 s after ready'). Not yet: at 80x24 the card is cut to running/waiting "
+             "DOWN; 4 running, 0 waiting when the engine died)', the start '✓ ready in 56 s' and the death its own "
+             "line ('✗ the engine died ... after ready'). Not yet: at 80x24 the card is cut to running/waiting "
              "and neither the 'last seen' line nor the start shows; the 'greyed' gauges are drawn in the label's "
              "colour, pure white, brighter than a live value (see the .ansi)"),)),
     Play("runaway-with-short-traffic", 70.0, (
         Shot(2, 138.0, "a runaway began at +80.5 s among short requests (request log on, no finish lines): "
              "'requests in flight' and its oldest under the alert",
-             changed="before: 'requests in flight: 18 · oldest cmpl-998c... ≤55s, max_tokens 22' (a 22-token request "
-             "long finished) under an alert naming the runaway; after: 'requests in flight: 1 (vLLM: 1 running, 0 "
-             "waiting) · oldest chatcmpl-81cec... running at least 52s', the alert's request (at 120 columns the "
-             "line is cut after 'max_tokens')"),
+             changed="before: 'requests in flight: 19 · oldest cmpl-998c... ≤56s, max_tokens 22' (a 22-token request "
+             "long finished) under an alert naming the runaway; after: 'in flight 1 (1 run, 0 wait) · oldest "
+             "chatcmpl-81cec... at least 54s, max_tokens 65,516 (none from client)' (80x24: '1 in flight · oldest "
+             "chatcmpl-81ce… ≥54s, max_tokens 65,516 (client: unset)'), the alert's request"),
         Shot(3, 141.0, "the same moment on the requests screen (r): the runaway's age there vs in the alert "
              "(lower bound or upper bound)", ("r",),
-             changed="before: the alert says 'at least 53s' (finding 2), the r screen lists 20 requests 'in flight' "
-             "with upper bounds ('≤58s' for the runaway, '≤1m 00s' for a 22-token one) under 'ages are upper bounds'; "
-             "after: the alert 'running at least 52s' (finding 2), the r screen '1 in flight · 2 received in "
-             "the last 10 s by the request log', the runaway 'running at least 58s, came at most 58s ago'"),
+             changed="before: the alert says 'at least 54s' (finding 2), the r screen lists 20 requests 'in flight' "
+             "with upper bounds ('≤58s' for the runaway, '≤59s' for a 22-token one) under 'ages are upper bounds'; "
+             "after: the alert 'running at least 54s' (finding 2), the r screen '1 in flight · 3 received in "
+             "the last 10 s by the request log', the runaway 'running at least 57s, came at most 57s ago'"),
     )),
     Play("runaway-streaming-after-others", 55.0, (
         Shot(4, 125.0, "3 streams of 1500 tokens, then a runaway from +72.4 s: the headline gen tok/s, its "
              "sparkline and the alert's rate (their windows)",
-             changed="before: headline gen tok/s 699 (a 60 s average, its window unsaid) beside a sparkline of "
-             "5 s values falling to ~400, the alert '468 tok/s' with no window; after: the headline 420 with the "
-             "sparkline's '5s' beside it, the alert '470 tok/s over 10 s', prompt '5s', preempt and hit '60s'"),)),
+             changed="before: headline gen tok/s 694 (a 60 s average, its window unsaid) beside a sparkline of "
+             "5 s values falling to ~400, the alert '481 tok/s' with no window; after: the headline 412 with the "
+             "sparkline's '5s' beside it, the alert '481 tok/s over 10 s', prompt '5s', preempt and hit '60s'"),)),
     Play("kv-saturation-many-seqs", 40.0, (
         Shot(5, 150.0, "KV full from +57.3 s (93 s before this capture): the alert's severity and its 'for Ns' "
              "(restarted at each flip, or counted from the incident's start); the -alerts.txt files: the alert's "
              "line each second from +70 s, with the severity changes counted", watch_s=80.0,
-             changed="before: WARNING 'for 38s' 93 s into the saturation, and over 80 s the title flipped "
-             "CRITICAL <-> WARNING 15 times with its 'for' restarting (30s, 17s, 36s, 18s ...: never past 40s); after: CRITICAL "
-             "'for 1m 36s', one change in 80 s (the alert's appearance), 'for' counting from the incident's start"),)),
+             changed="before: WARNING 'for 37s' 93 s into the saturation, and over 80 s the title flipped "
+             "CRITICAL <-> WARNING 15 times (16 changes less its appearance) with its 'for' restarting (30s, 35s, 40s, 16s, 21s ...: never past 40s); after: CRITICAL "
+             "'for 1m 37s', one change in 80 s (the alert's appearance), 'for' counting from the incident's start"),)),
     Play("normal-idle-3min-clock-minus8h", 0.0, (
         Shot(6, 30.0, "a normal start whose log stamps are 8 h behind vtop's clock (ready at +37.5 s): a "
              "'startup stalled ... no new log line for 8h' warning, or none",
@@ -254,7 +254,7 @@ def index(out: Path, shots: list[tuple[Play, Shot]], builds: dict[str, str]) -> 
              "The numbers under 'changed' are from one run (2026-12-05): a re-run gives the same picture, its "
              "seconds and counts a little different.", "",
              "Made by `python -m tools.trust_captures` (its docstring says how). Builds: "
-             + "; ".join(f"{k} = `{v}`" for k, v in builds.items()) + f" (this checkout at {_head()}).",
+             + "; ".join(f"{k} = `{v}`" for k, v in builds.items()) + f" (before: vtop at commit ddf724c, before issue 38's trust work; after: this checkout at {_head()}).",
              "Each trace played live from the second shown (`python -m tests.corpus.serve_trace TRACE --from S "
              "--log FILE`), four vtops watching it at once; the trace's second of each capture is from its launch.",
              ""]
