@@ -55,6 +55,9 @@ class Config:
     """Where the snapshot key writes its incident bundles."""
     stall_threshold: float = 600.0
     """Seconds without a log line or progress before a start is flagged as a possible hang."""
+    start_history: bool = True
+    """Keep each start's phase times in ``$XDG_STATE_HOME/vtop/starts.json`` and judge a start against its
+    history (``start_history = false`` in the config file turns it off)."""
     prometheus_url: str | None = None
     """Read a fleet from this Prometheus-compatible API instead of polling servers (``--prometheus``)."""
     prometheus_token: str | None = field(default=None, repr=False)
@@ -77,6 +80,9 @@ class Config:
     ntfy's format by the host or a ``slack:``/``ntfy:``/``json:`` prefix. Secrets: never shown whole."""
     alert_min_severity: str = "warning"
     """The least severity an incident must reach to be delivered (``info``, ``warning``, ``critical``)."""
+    alert_delivery: bool = True
+    """False (``--no-alert-delivery``): this vtop delivers nothing, whatever ``on_alert`` and ``webhook`` say
+    (a screen beside a ``vtop watch`` service that reads the same config; every tab of ``vtop web``)."""
     config_path: str | None = field(default=None, compare=False)
     """Which config file was read (for the help screen); not a setting."""
     url_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -126,7 +132,7 @@ def _parse_bool(value: Any, name: str) -> bool:
 def _coerce(name: str, value: Any) -> Any:
     if name in ("interval", "history", "stall_threshold", "runaway_threshold", "prometheus_timeout", "fleet_interval"):
         return parse_duration(value, name)
-    if name in ("no_gpu", "readonly", "redact_prompts"):
+    if name in ("no_gpu", "readonly", "redact_prompts", "alert_delivery"):
         return _parse_bool(value, name)
     if name == "record_max_mb":
         try:
@@ -347,6 +353,9 @@ def add_delivery_flags(p: Any) -> None:
                         "hooks.slack.com, ntfy's for ntfy.sh (or ntfy.*), else vtop's JSON; a slack:, ntfy: or "
                         "json: prefix chooses; the URL is a secret: prefer the config file or VTOP_WEBHOOK "
                         "(ps shows flags)")
+    p.add_argument("--no-alert-delivery", dest="alert_delivery", action="store_false", default=S,
+                   help="deliver nothing from this vtop (a screen beside a `vtop watch` service with the same "
+                        "config; vtop web's tabs)")
     p.add_argument("--alert-min-severity", dest="alert_min_severity", default=S,
                    choices=("info", "warning", "critical"),
                    help="deliver incidents that reach this severity (default warning)")

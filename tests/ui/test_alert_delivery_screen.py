@@ -38,3 +38,21 @@ async def test_the_screen_posts_each_change_and_says_a_failing_receiver_once() -
             said = [n.message for n in app._notifications if "alert delivery" in n.message]
             assert said == [f"alert delivery to json webhook {bad.url}/*** failed: HTTP 500: internal error at "
                             "/*** (later failures are not repeated)"]
+
+
+def test_no_alert_delivery_turns_the_screens_delivery_off_whatever_the_config_says() -> None:
+    """``--no-alert-delivery`` (what vtop web gives every tab; a screen beside a ``vtop watch`` service that
+    reads the same config file): no delivery is made, even with a webhook and a command set."""
+    from vtop.cli import parser
+    from vtop.config import build
+
+    ns = vars(parser().parse_args(["--no-alert-delivery", "--webhook", "https://ntfy.sh/t0pic",
+                                   "--on-alert", "true", "--no-gpu", "http://127.0.0.1:9"]))
+    ns.pop("config_file", None)
+    cfg = build(ns, env={"XDG_CONFIG_HOME": "/nonexistent"})
+    assert cfg.alert_delivery is False and cfg.webhook and cfg.on_alert
+    assert VtopApp(cfg, autopoll=False, hostname="t").delivery is None
+    on = replace(cfg, alert_delivery=True)
+    app = VtopApp(on, autopoll=False, hostname="t")
+    assert app.delivery is not None
+    app.delivery.close()

@@ -496,7 +496,8 @@ def _copy_log(src_path: Path, w: _Writer, name: str, secrets: Sequence[str], red
 
 
 def _readme(folder: Path, w: _Writer, *, started: float, log_path: str | None, redact_prompts: bool,
-            servers: Sequence[ServerProcess], problems: Sequence[str], redacted: int) -> str:
+            servers: Sequence[ServerProcess], problems: Sequence[str], redacted: int,
+            timeline: Sequence[str] = ()) -> str:
     lines = [
         f"vtop snapshot {folder.name}",
         f"created   {_dt.datetime.fromtimestamp(started).astimezone().isoformat(timespec='seconds')}",
@@ -506,6 +507,8 @@ def _readme(folder: Path, w: _Writer, *, started: float, log_path: str | None, r
         f"prompts   {'redacted (' + str(redacted) + ' replacements)' if redact_prompts else 'NOT redacted'}",
         "secrets   API keys and secret-looking env values are replaced by *** in every file",
         "",
+        # what the log says happened before vtop started (vtop.core.timeline): the first thing to read
+        *([timeline[0], *(f"  {ln}" for ln in timeline[1:]), ""] if timeline else []),
         "servers:",
         *([f"  {s.url}  pid {s.pid}  model {s.served_name}" + (f"  {s.placement}" if s.placement else "")
            for s in servers] or ["  (none found)"]),
@@ -532,6 +535,8 @@ def make_bundle(
     phases_json: Any | None,
     alerts: Sequence[Any],
     screen_svg: str | None,
+    timeline: Sequence[str] = (),
+    timeline_json: Any | None = None,
     redact_prompts: bool = True,
     secrets: Sequence[str] = (),
     progress: ProgressFn | None = None,
@@ -544,6 +549,8 @@ def make_bundle(
     own ``--api-key`` values are added automatically. ``progress(done,
     total)`` is called from this thread while the log is copied (bytes).
     Setting ``cancel`` stops the copy and removes the half-written folder.
+    ``timeline``: what the log says happened before vtop started (:meth:`vtop.core.timeline.Timeline.lines`),
+    at the top of README.txt; ``timeline_json`` its JSON, in timeline.json.
     """
     t0 = time.monotonic()
     started = time.time() if now is None else now
@@ -591,6 +598,9 @@ def make_bundle(
         attempt("history.json", lambda: w.write("history.json", _safe_json(history_json)))
         attempt("phases.json", lambda: w.write("phases.json", _safe_json(phases_json)))
         attempt("alerts.json", lambda: w.write("alerts.json", _safe_json(list(alerts))))
+        if timeline_json is not None:
+            attempt("timeline.json", lambda: w.write("timeline.json", _safe_json(timeline_json),
+                                                     "what the vLLM log says happened before vtop started"))
         if screen_svg is not None:
             attempt("screen.svg", lambda: w.write("screen.svg", screen_svg))
         else:
@@ -614,7 +624,8 @@ def make_bundle(
                 with contextlib.suppress(Exception):
                     (folder / name).unlink()
         w.write("README.txt", _readme(folder, w, started=started, log_path=log_path, redact_prompts=redact_prompts,
-                                      servers=servers, problems=problems, redacted=redacted))
+                                      servers=servers, problems=problems, redacted=redacted,
+                                      timeline=timeline))
     except _Cancelled:
         with contextlib.suppress(Exception):
             shutil.rmtree(folder)

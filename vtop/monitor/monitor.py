@@ -38,8 +38,12 @@ from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
+    from vtop.core.backfill import Backfill
     from vtop.core.evidence import Evidence
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.rules import Alert, Diagnoser
+    from vtop.core.start_history import StartHistory, StartUsual
+    from vtop.core.timeline import Timeline
     from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
@@ -51,6 +55,10 @@ DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
+
+#: how long before vtop first read the log a line must be to tell of the time before vtop (the first
+#: read of a start followed from its launch comes a poll or two after it)
+PAST_SLACK_S = 5.0
 
 #: A live monitor keeps the last this many alert changes and server states (``alert_log``,
 #: ``WatchedServer.history``): both grew with every change for as long as vtop ran (a
@@ -82,6 +90,8 @@ class WatchedServer:
     """States seen, in order (tests and the record)."""
     conns: ConnTracker = field(default_factory=ConnTracker)
     """Its connections as the kernel counts them (a server on this box only; vtop/sources/sockets.py)."""
+    first_poll: float | None = None
+    """When vtop first polled it (monotonic): its charts are live from then, the log's before."""
 
 
 class AlertChange(NamedTuple):
@@ -171,8 +181,18 @@ class Monitor:
         self._undiagnosed = False
         self.download = DownloadTracker()
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
+        self.start_history: StartHistory | None = None
+        """This box's earlier starts (:mod:`vtop.core.start_history`), once read from its file; None in a
+        replay (a recording is judged on what it holds, not on the replaying box's history)."""
+        self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
+        self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
+        self._kept_start: float | None = None
+        if live and config.start_history:
+            self._read_start_history()
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
+        self._backfill: Backfill | None = None
+        self._backfill_key: tuple[Any, float | None, str] | None = None
 
     # ------------------------------------------------------------------ reading
     @property
@@ -243,6 +263,57 @@ class Monitor:
                 seen = replace(seen, died=True)
         return seen
 
+    def backfill(self, url: str) -> Backfill | None:
+        """The charts of ``url`` before vtop first polled it, from the log's stats lines (the server the
+        followed log belongs to only; :mod:`vtop.core.backfill`); None when the log has none of then."""
+        lv = self.log_view
+        ws = self.servers.get(url)
+        if lv is None or ws is None or url != self.log_target or lv.history is None:
+            return None
+        got = self._backfill_key
+        if got is not None and got[0] is lv and got[1] == ws.first_poll and got[2] == url:
+            return self._backfill
+        from vtop.core.backfill import backfill_from
+
+        starts = [s.started for s in lv.past_starts] + [lv.snapshot.started]
+        self._backfill = backfill_from(lv.history, ws.first_poll, starts)
+        self._backfill_key = (lv, ws.first_poll, url)
+        return self._backfill
+
+    def has_past(self) -> bool:
+        """The followed log says something of the time before vtop started reading it (a stats line,
+        or a start, from before then): the timeline key is offered."""
+        lv = self.log_view
+        h = lv.history if lv is not None else None
+        if lv is None or lv.attached is None or h is None:
+            return False
+        at = lv.attached - PAST_SLACK_S
+        if h.stats and h.stats[0].mono < at:
+            return True
+        starts = [s.started for s in lv.past_starts] + [lv.snapshot.started]
+        return any((m := h.to_mono(t)) is not None and m < at for t in starts)
+
+    def wall_of(self, mono: float) -> str:
+        """A monotonic time as this box's local ``HH:MM:SS``."""
+        import time
+
+        try:
+            return time.strftime("%H:%M:%S", time.localtime(self.clock.time() - (self.clock.monotonic() - mono)))
+        except (OverflowError, ValueError, OSError):
+            return "?"
+
+    def timeline(self) -> Timeline | None:
+        """What the followed log says happened, before vtop started and since (:mod:`vtop.core.timeline`):
+        the one answer the timeline key, the snapshot bundle, ``doctor`` and ``--json`` give."""
+        lv = self.log_view
+        if lv is None or lv.lines_total == 0:
+            return None
+        from vtop.core.timeline import build_timeline
+
+        return build_timeline(lv.snapshot, lv.past_starts, lv.history, lv.problem_kinds,
+                              warnings=lv.warnings, errors=lv.errors, attached=lv.attached,
+                              now=self.clock.monotonic())
+
     def api_key_for(self, url: str) -> str | None:
         """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
         if self.api_key:
@@ -283,6 +354,8 @@ class Monitor:
 
     def history_json(self) -> dict[str, Any]:
         """Every series, for the snapshot bundle."""
+        from vtop.core.backfill import BACKFILL_SERIES
+
         def pts(series: Any) -> list[list[float | None]]:
             return [[round(t, 3), v] for t, v in series]
 
@@ -290,6 +363,10 @@ class Monitor:
             "gpus": {str(i): {k: pts(s) for k, s in tr.series.items()} for i, tr in self.gpu_history.tracks.items()},
             "servers": {url: {k: pts(s) for k, s in ws.last_view.series.items()} if ws.last_view else {}
                         for url, ws in self.servers.items()},
+            # the charts before vtop first polled a server, from its log's stats lines (vtop.core.backfill)
+            "servers_from_log": {url: {"until": round(bf.until, 3), "restarts_at": [round(t, 3) for t in bf.splits],
+                                       **{k: pts(bf.series(k)) for k in BACKFILL_SERIES}}
+                                 for url in self.servers if (bf := self.backfill(url)) is not None},
         }
 
     # ------------------------------------------------------------------ servers
@@ -442,6 +519,8 @@ class Monitor:
         ws.tracker.feed(poll, process=self.process_arg(ws), log_phase=self._log_phase_of(url))
         view = ws.tracker.view()
         ws.polls += 1
+        if ws.first_poll is None:
+            ws.first_poll = poll.mono
         if not ws.history or ws.history[-1] != view.state:
             _append_bounded(ws.history, view.state, self._keep_changes)
         ws.last_view = view
@@ -505,6 +584,105 @@ class Monitor:
         self.log_view = view
         self._changes.add(LOG)
         self._undiagnosed = True
+        if view.snapshot.state == "ready" and self.start_history is not None:
+            self._keep_start(view.snapshot)
+
+    # ------------------------------------------------------------ start history
+    def _read_start_history(self) -> None:
+        """Read the history file in a thread (a home on a network filesystem may hang); until it is read
+        the start is judged without it."""
+        import threading
+
+        from vtop.core.start_history import history_from
+        from vtop.sources.statefile import history_path, load_json
+
+        path = history_path()
+
+        def run() -> None:
+            data, problem = load_json(path)
+            hist, bad = history_from(data, str(path))
+            problem = problem or bad
+            if problem:
+                self.notes.append(problem)
+            self.start_history = hist
+
+        threading.Thread(target=run, name="vtop-start-history", daemon=True).start()
+
+    def _keep_start(self, snap: Any) -> None:
+        """A start that reached ready joins the history (once: the same start read again is kept once),
+        and the file is written in a thread."""
+        import threading
+
+        from vtop.core.start_history import past_of
+        from vtop.sources.statefile import history_path, save_json
+
+        hist = self.start_history
+        if hist is None or snap.started == self._kept_start:
+            return
+        got = past_of(snap)
+        if got is None or not hist.add(*got):
+            return
+        self._kept_start = snap.started
+        data = hist.to_json()  # taken here, on the loop's thread: the history may change meanwhile
+        path = history_path()
+
+        def run() -> None:
+            problem = save_json(path, data)
+            if problem:
+                self.notes.append(problem)
+
+        threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
+
+    def memory_budget(self) -> list[MemoryBudget]:
+        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`)."""
+        from vtop.core.membudget import memory_budget
+
+        if self.log_view is None:
+            return []
+        # the panel asks every redraw: computed again only when the log or the GPUs have news
+        key = (self.log_view, self.gpu_history.last_poll, self.processes, len(self.servers))
+        old = self._budget_cache[0]
+        if old is None or any(a is not b for a, b in zip(old[:3], key[:3])) or old[3] != key[3]:
+            self._budget_cache = (key, memory_budget(self.evidence()))
+        return self._budget_cache[1]
+
+    def oom_finding(self) -> Alert | None:
+        """The OOM rules' alert of a CUDA OOM of the followed server at run time (its stage and fix), while one is
+        held: what the startup panel says of an engine that died of it (one finding, one wording)."""
+        tgt = self.log_target
+        return next((a for a in self.alerts if a.rule in ("oom_transient", "oom_steady")
+                     and (tgt is None or a.target == tgt)), None)
+
+    def startup_extras(self) -> dict[str, Any]:
+        """What ``--once --json`` and the snapshot's phases.json add to the tracker's summary: this start against
+        its history (each phase's usual time, the compile cache's hit or miss) and the memory budget."""
+        lv = self.log_view
+        if lv is None:
+            return {}
+        usual = self.start_usual()
+        snap = lv.snapshot
+        cached = snap.facts.compile_cached
+        return {
+            "history": None if usual is None else usual.to_json(),
+            "compile_cache": None if cached is None else ("hit" if cached else "miss"),
+            "usually": {} if usual is None else {
+                v.phase.value: usual.phases[v.phase].words() for v in snap.phases if v.phase in usual.phases},
+            "memory_budget": [b.to_json() for b in self.memory_budget()],
+        }
+
+    def start_usual(self) -> StartUsual | None:
+        """What the followed start's phases usually take on this box (None: no earlier start of it kept,
+        or no history read)."""
+        hist, lv = self.start_history, self.log_view
+        if hist is None or lv is None:
+            return None
+        from vtop.core.start_history import key_of
+
+        key = key_of(lv.snapshot)
+        cache_key = (id(hist), hist.version, key, lv.snapshot.started)
+        if self._usual_cache[0] != cache_key:
+            self._usual_cache = (cache_key, hist.usual(key, this_start=lv.snapshot.started))
+        return self._usual_cache[1]
 
     # ----------------------------------------------------------------- download
     def download_target(self) -> tuple[int | None, str] | None:
@@ -655,7 +833,7 @@ class Monitor:
             log = LogEvidence(
                 target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
                 inflight=lv.inflight, request_logging=lv.request_logging, finishes_logged=lv.finishes_logged,
-                history=lv.history, logged_since_start=lv.logged_since_start,
+                history=lv.history, logged_since_start=lv.logged_since_start, usual=self.start_usual(),
             )
         return Evidence(
             now=self.clock.monotonic() if now is None else now,
@@ -678,6 +856,7 @@ class Monitor:
             ws.last_view = None
             ws.process = None
             ws.polls = 0
+            ws.first_poll = None
             ws.history.clear()
             ws.conns = ConnTracker()
             ws.version += 1

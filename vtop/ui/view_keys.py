@@ -100,6 +100,9 @@ class ViewKeys(App[int]):
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
                      "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
+        "timeline": "before vtop: what the vLLM log says happened before vtop started (and since): each start "
+                    "with its phases and durations, ready, deaths, restarts, warnings and errors with counts, "
+                    "the last stats line (doctor prints the same)",
         "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
                     "and the last finished",
         "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
@@ -215,6 +218,11 @@ class ViewKeys(App[int]):
 
         m = self.monitor
         self.push_screen(RequestsScreen(lambda: m.in_flight, lambda: self.log_view))
+
+    def action_timeline(self) -> None:
+        from vtop.ui.screens import TimelineScreen
+
+        self.push_screen(TimelineScreen(self.monitor.timeline))
 
     def action_alert_details(self) -> None:
         from vtop.ui.screens import AlertsScreen
