@@ -79,7 +79,7 @@ PLAYS = (
              "seen, with their age), requests in flight, the start's line (ready vs FAILED)",
              changed="before: 'running 4' with nothing said of its age, 'requests in flight: 216' (every logged "
              "request of the run), the start redrawn '✗ FAILED ... ✗ ready 0.0 s'; after: a line 'gauges above: last "
-             "seen 20 s ago: 4 running, 0 waiting when the engine died' (120x40), 'requests in flight: none (server "
+             "seen 21 s ago: 4 running, 0 waiting when the engine died' (120x40), 'requests in flight: none (server "
              "DOWN; 4 running, 0 waiting when the engine died)', the start '✓ ready in 56 s' and the death its own "
              "line ('✗ the engine died ... after ready'). Not yet: at 80x24 the card is cut to running/waiting "
              "and neither the 'last seen' line nor the start shows; the 'greyed' gauges are drawn in the label's "
@@ -87,21 +87,21 @@ PLAYS = (
     Play("runaway-with-short-traffic", 70.0, (
         Shot(2, 138.0, "a runaway began at +80.5 s among short requests (request log on, no finish lines): "
              "'requests in flight' and its oldest under the alert",
-             changed="before: 'requests in flight: 19 · oldest cmpl-998c... ≤56s, max_tokens 22' (a 22-token request "
+             changed="before: 'requests in flight: 19 · oldest cmpl-998c... ≤57s, max_tokens 22' (a 22-token request "
              "long finished) under an alert naming the runaway; after: 'in flight 1 (1 run, 0 wait) · oldest "
-             "chatcmpl-81cec... at least 54s, max_tokens 65,516 (none from client)' (80x24: '1 in flight · oldest "
-             "chatcmpl-81ce… ≥54s, max_tokens 65,516 (client: unset)'), the alert's request"),
+             "chatcmpl-81cec... at least 53s, max_tokens 65,516 (none from client)' (80x24: '1 in flight · oldest "
+             "chatcmpl-81ce… ≥53s, max_tokens 65,516 (client: unset)'), the alert's request"),
         Shot(3, 141.0, "the same moment on the requests screen (r): the runaway's age there vs in the alert "
              "(lower bound or upper bound)", ("r",),
-             changed="before: the alert says 'at least 54s' (finding 2), the r screen lists 20 requests 'in flight' "
-             "with upper bounds ('≤58s' for the runaway, '≤59s' for a 22-token one) under 'ages are upper bounds'; "
-             "after: the alert 'running at least 54s' (finding 2), the r screen '1 in flight · 3 received in "
-             "the last 10 s by the request log', the runaway 'running at least 57s, came at most 57s ago'"),
+             changed="before: the alert says 'at least 53s' (finding 2), the r screen lists 20 requests 'in flight' "
+             "with upper bounds ('≤57s' for the runaway, '≤59s' for a 22-token one) under 'ages are upper bounds'; "
+             "after: the alert 'running at least 53s, came at most 55s ago' (finding 2), the r screen '1 in "
+             "flight · 3 received in the last 10 s by the request log', the runaway 'at least 53s', 'at most 58s ago'"),
     )),
     Play("runaway-streaming-after-others", 55.0, (
         Shot(4, 125.0, "3 streams of 1500 tokens, then a runaway from +72.4 s: the headline gen tok/s, its "
              "sparkline and the alert's rate (their windows)",
-             changed="before: headline gen tok/s 694 (a 60 s average, its window unsaid) beside a sparkline of "
+             changed="before: headline gen tok/s 693 (a 60 s average, its window unsaid) beside a sparkline of "
              "5 s values falling to ~400, the alert '481 tok/s' with no window; after: the headline 412 with the "
              "sparkline's '5s' beside it, the alert '481 tok/s over 10 s', prompt '5s', preempt and hit '60s'"),)),
     Play("kv-saturation-many-seqs", 40.0, (
@@ -109,7 +109,7 @@ PLAYS = (
              "(restarted at each flip, or counted from the incident's start); the -alerts.txt files: the alert's "
              "line each second from +70 s, with the severity changes counted", watch_s=80.0,
              changed="before: WARNING 'for 37s' 93 s into the saturation, and over 80 s the title flipped "
-             "CRITICAL <-> WARNING 15 times (16 changes less its appearance) with its 'for' restarting (30s, 35s, 40s, 16s, 21s ...: never past 40s); after: CRITICAL "
+             "CRITICAL <-> WARNING 11 times (12 changes less its appearance) with its 'for' restarting (30s, 34s, 39s, 20s, 25s ...: never past 40s); after: CRITICAL "
              "'for 1m 37s', one change in 80 s (the alert's appearance), 'for' counting from the incident's start"),)),
     Play("normal-idle-3min-clock-minus8h", 0.0, (
         Shot(6, 30.0, "a normal start whose log stamps are 8 h behind vtop's clock (ready at +37.5 s): a "
