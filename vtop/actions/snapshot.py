@@ -532,6 +532,7 @@ def make_bundle(
     phases_json: Any | None,
     alerts: Sequence[Any],
     screen_svg: str | None,
+    actions: Sequence[Any] = (),
     redact_prompts: bool = True,
     secrets: Sequence[str] = (),
     progress: ProgressFn | None = None,
@@ -591,6 +592,8 @@ def make_bundle(
         attempt("history.json", lambda: w.write("history.json", _safe_json(history_json)))
         attempt("phases.json", lambda: w.write("phases.json", _safe_json(phases_json)))
         attempt("alerts.json", lambda: w.write("alerts.json", _safe_json(list(alerts))))
+        if actions:  # what vtop did to the box since the last bundle (x: the requests it stopped)
+            attempt("actions.json", lambda: w.write("actions.json", _safe_json(list(actions))))
         if screen_svg is not None:
             attempt("screen.svg", lambda: w.write("screen.svg", screen_svg))
         else:

@@ -81,6 +81,7 @@ class VtopApp(ActionKeys, ViewKeys):
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
+        Binding("x", "stop_request", "Stop"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
@@ -126,6 +127,8 @@ class VtopApp(ActionKeys, ViewKeys):
         self._snap_pct = -5
         self._snap_text = ""
         self._action_client: Any = None
+        self._stops: list[Any] = []
+        """The stops (``x``) not yet written into a bundle (:class:`vtop.actions.stop.StopRecord`)."""
         self.last_snapshot: Any = None
         self.gpu_hung = False
         self._status_text = ""

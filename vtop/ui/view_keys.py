@@ -105,6 +105,8 @@ class ViewKeys(App[int]):
         "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
         "test_request": "send a test request (max_tokens required)",
+        "stop_request": "stop one request: the runaway alert's (or, in r, the selected one), after a "
+                        "confirmation; closes its connection on the server's side (needs CAP_NET_ADMIN)",
         "replay_pause": "pause / play",
         "replay_step": "one step (an interval) while paused",
         "replay_speed": "play faster / slower (1x to 60x)",
@@ -130,9 +132,9 @@ class ViewKeys(App[int]):
     def help_notes(self) -> list[str]:
         notes = []
         if self.config.readonly:
-            notes.append("READ-ONLY (--readonly): the snapshot, py-spy and test-request keys (s d t) are off.")
+            notes.append("READ-ONLY (--readonly): the snapshot, py-spy, test-request and stop keys (s d t x) are off.")
         if self.replay is not None:
-            notes.append("A replay: s, d and t would act on this box, not the recorded one, so they are off.")
+            notes.append("A replay: s, d, t and x would act on this box, not the recorded one, so they are off.")
         return notes
 
     def action_freeze(self) -> None:
