@@ -38,11 +38,11 @@ pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[2]
 #: a runaway alert after 20 s instead of 45 s (the rule's age threshold; its evidence is the same)
 THRESHOLDS = Thresholds(runaway_age_s=20.0)
-OTHER_TOKENS = 64
+OTHER_TOKENS = 400
 
 
 class Bounded:
-    """One bounded, non-streamed completion (``max_tokens`` 64, ignore_eos) in a thread: the request that
+    """One bounded, non-streamed completion (``max_tokens`` 400, ignore_eos: long enough to be in flight across the stop) in a thread: the request that
     must go on while the runaway beside it is stopped."""
 
     def __init__(self, srv: Any) -> None:
