@@ -72,7 +72,8 @@ async def test_confirmed_stop_closes_the_connection_and_says_stopped_when_vllm_s
 
     def observe(u: str, rid: str | None, after_s: float) -> Observation:
         seen.append(after_s)  # the abort counter rises once the connection is gone (vLLM's, faked)
-        return Observation(after_s, 1.0 if not held.ended.is_set() else 0.0, 3.0 + held.ended.is_set())
+        return Observation(after_s, 1.0 if not held.ended.is_set() else 0.0, 3.0 + held.ended.is_set(),
+                           finished=20.0 + held.ended.is_set())
 
     app.observe_stop = observe  # type: ignore[method-assign]
     try:
@@ -108,7 +109,7 @@ async def test_a_close_that_vllm_does_not_follow_is_said_to_have_not_worked() ->
     url = f"http://127.0.0.1:{held.port}"
     app = _app(url)
     app.stop_wait_s = 0.5
-    app.observe_stop = lambda u, rid, after_s: Observation(after_s, 1.0, 3.0)  # type: ignore[method-assign]
+    app.observe_stop = lambda u, rid, after_s: Observation(after_s, 1.0, 3.0, finished=20.0)  # type: ignore[method-assign]
     try:
         async with app.run_test(size=(110, 36)) as pilot:
             app.open_stop(url, _req(url, held.client_addr))

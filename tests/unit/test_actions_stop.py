@@ -190,18 +190,25 @@ OK = CloseResult(True, "closed the connection from a:1 to port 8000", gone=True)
 
 
 def test_verdict_stopped_only_when_vllm_shows_the_abort() -> None:
-    before = Observation(0.0, 2.0, 5.0)
-    assert verdict(OK, before, Observation(1.0, 2.0, 5.0)) [:2] == (False, False)  # not yet
-    final, ok, line = verdict(OK, before, Observation(1.5, 1.0, 6.0))
-    assert final and ok and "abort counter 5 -> 6" in line and "running 2 -> 1" in line
-    # running dropped but no abort counted: another request finished, the runaway may go on
-    assert verdict(OK, before, Observation(2.0, 1.0, 5.0))[:2] == (False, False)
-    final, ok, line = verdict(OK, before, Observation(16.0, 1.0, 5.0))
-    assert final and not ok and line.startswith("did not work") and "no abort" in line
-    # no abort counter exported: running dropping is the evidence
+    before = Observation(0.0, 2.0, 5.0, waiting=1.0, finished=10.0)
+    assert verdict(OK, before, Observation(1.0, 2.0, 5.0, waiting=1.0, finished=10.0))[:2] == (False, False)  # not yet
+    # running + waiting down by one with no finish counted: it left unfinished (vLLM 0.32 counts no abort)
+    final, ok, line = verdict(OK, before, Observation(1.5, 1.0, 5.0, waiting=1.0, finished=10.0))
+    assert final and ok and "running + waiting 3 -> 2 with 0 finished: 1 left unfinished" in line, line
+    # running down by one, and one finish counted: another request ended; the runaway may go on
+    assert verdict(OK, before, Observation(2.0, 1.0, 5.0, waiting=1.0, finished=11.0))[:2] == (False, False)
+    # a waiting request taken in (running up, waiting down) while one finished: nothing left unfinished
+    assert verdict(OK, before, Observation(2.0, 2.0, 5.0, waiting=0.0, finished=11.0))[:2] == (False, False)
+    final, ok, line = verdict(OK, before, Observation(16.0, 1.0, 5.0, waiting=1.0, finished=11.0))
+    assert final and not ok and line.startswith("did not work") and "no request left unfinished" in line
+    # the abort counter (a vLLM that counts aborts of clients that hung up)
+    final, ok, line = verdict(OK, before, Observation(1.0, 1.0, 6.0, waiting=1.0, finished=11.0))
+    assert final and ok and "abort counter 5 -> 6" in line
+    # no finish counter exported: running dropping is the evidence
     assert verdict(OK, Observation(0.0, 2.0, None), Observation(1.0, 1.0, None))[:2] == (True, True)
     # the log's abort line
-    assert verdict(OK, before, Observation(1.0, 2.0, 5.0, abort_logged=True))[:2] == (True, True)
+    assert verdict(OK, before, Observation(1.0, 2.0, 5.0, abort_logged=True, waiting=1.0, finished=10.0))[:2] == \
+        (True, True)
 
 
 def test_verdict_says_why_a_close_did_not_work() -> None:

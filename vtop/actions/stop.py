@@ -14,8 +14,9 @@ without them nothing is closed and the key says why.
 
 Then the face watches that vLLM aborted it (:func:`verdict`): the connection is gone (a fresh dump, in
 the same thread, right after the close), and vLLM's abort line in its log (only where it logs requests),
-or its ``request_success_total{finished_reason="abort"}`` counter rising, or, where /metrics has no such
-counter, its running gauge dropping. Every stop becomes a :class:`StopRecord`, written into the next
+or its ``request_success_total{finished_reason="abort"}`` counter rising, or a request leaving running +
+waiting with no finish counted (vLLM 0.32 counts no abort of a client that hung up: measured on the real
+CPU build), or, where /metrics counts no finishes, its running gauge dropping. Every stop becomes a :class:`StopRecord`, written into the next
 snapshot bundle (``actions.json``): no prompt, nothing but what the confirmation showed and what came of it.
 """
 
@@ -31,7 +32,8 @@ from typing import Any
 from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, age_words
 
 __all__ = ["CAP_NET_ADMIN", "CAP_SYS_ADMIN", "WAIT_S", "CloseResult", "Observation", "StopRecord", "StopTarget",
-           "close_connection", "missing_privilege", "start_close", "target_for", "tokens_words", "verdict"]
+           "close_connection", "left_unfinished", "missing_privilege", "start_close", "target_for", "tokens_words",
+           "verdict"]
 
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
@@ -197,7 +199,8 @@ def start_close(t: StopTarget, **kw: Any) -> Future[CloseResult]:
 
 @dataclass(frozen=True)
 class Observation:
-    """What the face sees of the server after the close (the monitor's latest answer)."""
+    """What the face sees of the server after the close (the monitor's latest answer; every number from
+    one scrape of ``/metrics``)."""
 
     #: seconds since the confirmation
     after_s: float
@@ -207,35 +210,57 @@ class Observation:
     aborts: float | None
     #: the request log has its ``Aborted request`` line (None: no request log, or the id is not known)
     abort_logged: bool | None = None
+    #: vLLM's waiting gauge now (None: not known)
+    waiting: float | None = None
+    #: every finish vLLM counted so far (``request_success_total``, all reasons; None: not exported)
+    finished: float | None = None
+
+    @property
+    def busy(self) -> float | None:
+        return None if self.running is None else self.running + (self.waiting or 0.0)
+
+
+def left_unfinished(before: Observation, now: Observation) -> float | None:
+    """Requests that left vLLM's running + waiting since ``before`` without a finish it counted: an abort
+    (vLLM 0.32 counts no abort of a client that hung up in ``request_success_total``; a request that
+    arrived since only makes this smaller, never a stop that did not happen). None: not known."""
+    if before.busy is None or now.busy is None or before.finished is None or now.finished is None:
+        return None
+    return (before.busy - now.busy) - (now.finished - before.finished)
 
 
 def verdict(close: CloseResult, before: Observation, now: Observation,
             wait_s: float = WAIT_S) -> tuple[bool, bool, str]:
     """``(final, stopped, line)``: whether the outcome is known, whether vLLM aborted the request, and the
-    result line. Stopped: the connection is closed and gone, and vLLM shows the abort (its log line, its
-    abort counter up, or, without that counter, running down); not known until ``wait_s`` passed."""
+    result line. Stopped: the connection is closed and gone, and vLLM shows the abort: its log line, its
+    abort counter up, a request that left running + waiting without a counted finish, or (where /metrics
+    counts no finishes) running down; not known until ``wait_s`` passed."""
     if not close.closed:
         return True, False, f"did not work: {close.message}"
-    took = f"{now.after_s:.1f} s after the confirmation"
-    shown: list[str] = []
-    if now.abort_logged:
-        shown.append("its log says Aborted request")
-    if now.aborts is not None and before.aborts is not None and now.aborts > before.aborts:
-        shown.append(f"vLLM's abort counter {before.aborts:,.0f} -> {now.aborts:,.0f}")
-    dropped = now.running is not None and before.running is not None and now.running < before.running
-    if dropped:
-        shown.append(f"running {before.running:,.0f} -> {now.running:,.0f}")
-    sure = bool(now.abort_logged) or (now.aborts is not None and before.aborts is not None
-                                      and now.aborts > before.aborts) or (now.aborts is None and dropped)
     if close.gone is False:
         return True, False, f"did not work: {close.message}, but the kernel still lists it"
-    if sure:
-        return True, True, f"stopped: {close.message}; vLLM aborted it ({', '.join(shown)}), {took}"
+    took = f"{now.after_s:.1f} s after the confirmation"
+    shown: list[str] = []
+    counted = now.aborts is not None and before.aborts is not None and now.aborts > before.aborts
+    if now.abort_logged:
+        shown.append("its log says Aborted request")
+    if counted:
+        shown.append(f"vLLM's abort counter {before.aborts:,.0f} -> {now.aborts:,.0f}")
+    gone = left_unfinished(before, now)
+    if gone is not None and gone >= 1 and not counted:
+        fin = (now.finished or 0.0) - (before.finished or 0.0)
+        shown.append(f"running + waiting {before.busy:,.0f} -> {now.busy:,.0f} with {fin:,.0f} finished: "
+                     f"{gone:,.0f} left unfinished")
+    dropped = now.running is not None and before.running is not None and now.running < before.running
+    if now.finished is None and dropped:
+        shown.append(f"running {before.running:,.0f} -> {now.running:,.0f}")
+    if shown:
+        return True, True, f"stopped: {close.message}; vLLM aborted it ({'; '.join(shown)}), {took}"
     if now.after_s < wait_s:
         return False, False, f"{close.message}; waiting for vLLM to abort it ({now.after_s:.0f} s)"
     seen = "running " + ("?" if now.running is None else f"{now.running:,.0f}")
     return True, False, (f"did not work: {close.message}, but vLLM shows no abort after {wait_s:.0f} s ({seen}; "
-                         "no abort counted): it may still be generating")
+                         "no request left unfinished): it may still be generating")
 
 
 @dataclass

@@ -267,13 +267,15 @@ class ActionKeys(App[int]):
         ws = self.monitor.servers.get(url)
         m = ws.last_view.metrics if ws is not None and ws.last_view is not None else None
         running = answer.running if answer is not None else (m.running if m is not None else None)
+        waiting = answer.waiting if answer is not None else (m.waiting if m is not None else None)
         fin = getattr(m, "request_success_total", None) if m is not None else None
         aborts = float(fin.get("abort", 0.0)) if fin else None
+        finished = float(sum(fin.values())) if fin else None
         logged = None
         lv = self.log_view
         if request_id and lv is not None and self.monitor.log_target == url:
             logged = any(f.request_id == request_id and f.reason == "aborted" for f in lv.recent_finished)
-        return Observation(after_s, running, aborts, logged)
+        return Observation(after_s, running, aborts, logged, waiting, finished)
 
     def start_stop(self, target: Any, show: Any) -> None:
         """Confirmed: close the connection (a thread, with a deadline) and watch for the abort; ``show(line,
@@ -304,7 +306,9 @@ class ActionKeys(App[int]):
             await asyncio.sleep(0.25)
         rec.result, rec.stopped = line, stopped
         rec.seconds_to_abort = round(now.after_s, 2) if stopped else None
-        rec.extra = {"running_before": before.running, "running_after": now.running}
+        rec.extra = {"running_before": before.running, "running_after": now.running, "waiting_before": before.waiting,
+                     "waiting_after": now.waiting, "finished_since": None if now.finished is None or
+                     before.finished is None else now.finished - before.finished}
         self.notify(("" if stopped else "stop: ") + line, severity="information" if stopped else "error", timeout=15)
         say = getattr(self, "say", None)
         if say is not None:
