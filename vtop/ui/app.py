@@ -248,7 +248,7 @@ class VtopApp(ActionKeys, ViewKeys):
         return w
 
     def on_mount(self) -> None:
-        self._widget("alerts", AlertsPanel)
+        self._widget("alerts", AlertsPanel).stop_key = not self.config.readonly and self.replay is None
         self._widget("requests", RequestsLine).display = False
         self._widget("log", LogPane)
         self._widget("status", "#status")
