@@ -104,7 +104,7 @@ class AlertsPanel(Static):
         self.set_class(worst == "critical", "-critical")
         self.set_class(worst == "warning", "-warning")
         stop = " · x: stop the runaway" if self.stop_key and any(a.rule == "runaway" for a in alerts) else ""
-        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''} (e: all, with every fix{stop})"
+        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}{stop} (e: all, with every fix)"
                              if alerts else "")
         self.update(self.render_alerts())
 
