@@ -182,3 +182,20 @@ def test_a_stop_lands_in_the_bundle_as_actions_json(tmp_path: Path) -> None:
     assert '"stop_request"' in text and '"stopped": true' in text
     assert "127.0.0.1:5555" not in text  # scrubbed like every file: a secret given is never written
     assert oct((res.path / "actions.json").stat().st_mode)[-3:] == "600"
+
+
+async def test_a_runaway_alert_naming_its_client_says_x_stops_it_where_the_key_is_on() -> None:
+    from vtop.core.rules.alert import Alert
+    from vtop.ui.widgets.alerts_panel import AlertsPanel
+
+    named = Alert("runaway", "warning", "Runaway decode on :8000: a request running at least 1m 05s, 30 tok/s over "
+                  "10 s (client 127.0.0.1:5555)", target="http://127.0.0.1:8000")
+    unnamed = Alert("runaway", "warning", "Runaway decode on :8000: a request running at least 1m 05s, while other "
+                    "requests finish", target="http://127.0.0.1:8000")
+    for readonly, alert, hint in ((False, named, True), (False, unnamed, False), (True, named, False)):
+        app = _app("http://127.0.0.1:9", readonly=readonly)
+        async with app.run_test(size=(120, 30)):
+            panel = app.query_one(AlertsPanel)
+            panel.show_alerts([alert])
+            assert ("x: stop the runaway" in str(panel.border_title)) is hint, (readonly, alert.title, panel.border_title)
+            assert str(panel.border_title).endswith("(e: all, with every fix)")

@@ -103,7 +103,9 @@ class AlertsPanel(Static):
         worst = alerts[0].severity if alerts else None
         self.set_class(worst == "critical", "-critical")
         self.set_class(worst == "warning", "-warning")
-        stop = " · x: stop the runaway" if self.stop_key and any(a.rule == "runaway" for a in alerts) else ""
+        # a runaway whose client the alert names (its connection is known): x can stop it
+        stop = " · x: stop the runaway" if self.stop_key and any(
+            a.rule == "runaway" and "(client " in a.title for a in alerts) else ""
         self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}{stop} (e: all, with every fix)"
                              if alerts else "")
         self.update(self.render_alerts())
