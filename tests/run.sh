@@ -186,7 +186,7 @@ if [ "$TIER" = real ] || [ "$TIER" = all ]; then
       fi
     fi
     export VTOP_REAL_STARTS_FILE="$WORK/real-starts.json"
-    run_pytest real "real" --durations=5 "$@"
+    run_pytest real "real" --durations=0 --durations-min=15 "$@"
     [ "$RC" -eq 0 ] || [ "$RC" -eq 5 ] || FAILED+=("real (pytest exit $RC)")
     if [ -s "$VTOP_REAL_STARTS_FILE" ]; then  # the real tier's server starts (tests/real/conftest.py)
       STARTS="$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); h = [x for x in d["healthy_s"] if x]

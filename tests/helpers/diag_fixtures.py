@@ -219,7 +219,8 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
              request_logging: Mapping[str, bool] | None = None, log_target: str | None = None,
              log_history: LogHistoryView | None = None,
              logged_since_start: Sequence[tuple[float, int]] | None = None,
-             conns: Mapping[str, ConnTracker] | None = None, wall: float | None = None) -> Evidence:
+             conns: Mapping[str, ConnTracker] | None = None, wall: float | None = None,
+             proc_names: Mapping[int, str] | None = None) -> Evidence:
     """The :class:`Evidence` of one tick from its parts by name (a test's shorthand: the monitor
     builds it from its own state, ``Monitor.evidence``). The log's parts belong to ``log_target``."""
     log = None
@@ -235,7 +236,7 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
             request_logging=(request_logging or {}).get(tgt) if tgt is not None else None,
             history=log_history, logged_since_start=logged_since_start,
         )
-    return Evidence(now, servers or {}, gpus, log, conns or {}, wall=wall)
+    return Evidence(now, servers or {}, gpus, log, conns or {}, wall=wall, proc_names=proc_names or {})
 
 
 class Session:

@@ -43,7 +43,7 @@ async def test_demo_folds_the_vllm_tree_under_its_server_with_gpu_memory() -> No
     engine = next(r for r in rows if r[0] == "792")
     assert "EngineCore" in engine[1] and engine[3] == "0" and engine[4] == "70.9 GiB"
     assert any(r[0] == "661" and "API server" in r[1] for r in rows)
-    assert engine[6] == "-" and engine[7] == "-"  # a replay: this box's /proc is not the recorded one
+    assert engine[7] == "-" and engine[8] == "-"  # a replay: this box's /proc is not the recorded one
     assert "EngineCore" in text
 
 
@@ -52,7 +52,7 @@ async def test_live_rows_read_the_process_and_sort() -> None:
     me = os.getpid()
     app = VtopApp(Config(no_gpu=True), gpu_source=None, autopoll=False, hostname="t", clock=clock, log_watch=None)
     async with app.run_test(size=(160, 30)) as pilot:
-        procs = (GpuProcess(me, 2 * GIB), GpuProcess(1, 5 * GIB))
+        procs = (GpuProcess(me, 2 * GIB, 37.0), GpuProcess(1, 5 * GIB))
         app.apply_gpu(GpuPoll(t=clock.time(), mono=clock.monotonic(), status="ok",
                               gpus=(GpuSample(index=0, name="NVIDIA H200", procs=procs),)))
         await pilot.press("P")
@@ -60,7 +60,8 @@ async def test_live_rows_read_the_process_and_sort() -> None:
         rows = table_rows(app)
         assert [r[0] for r in rows] == ["1", str(me)]  # by GPU memory, largest first
         mine = rows[1]
-        assert mine[4] == "2.0 GiB" and mine[6].endswith("GiB") and "python" in mine[8].lower()
+        assert mine[4] == "2.0 GiB" and mine[7].endswith("GiB") and "python" in mine[9].lower()
+        assert mine[5] == "37" and rows[0][5] == "-"  # its share of the SMs; none read for pid 1
         await pilot.press("i")
         await pilot.pause()
         assert [r[0] for r in table_rows(app)] == ["1", str(me)]  # by PID, smallest first

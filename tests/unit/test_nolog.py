@@ -265,3 +265,17 @@ def test_an_engine_that_does_not_run_while_nothing_moves_is_a_stall_within_a_sho
         ev = "\n".join(a.evidence)
         assert "the engine does not run" in ev, ev
         assert ("stopped (state T" in ev) == (state == "T"), ev
+
+
+def test_with_no_vllm_at_all_no_log_is_not_missing_evidence() -> None:
+    """Nothing answers and no vLLM process: the doctor's notes do not ask for a vLLM log (noise on a
+    box without vLLM); the same doctor against a live server does (the test above)."""
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "vtop", "doctor", "--window", "1", "--no-gpu", "--json",
+                        f"http://127.0.0.1:{port}"], capture_output=True, text=True, timeout=90, cwd=ROOT)
+    rep = json.loads(r.stdout)
+    assert [s["state"] for s in rep["servers"]] == ["down"]
+    assert not [n for n in rep["notes"] if n.startswith("evidence missing")], rep["notes"]

@@ -152,10 +152,10 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
     # Every tick utilization, memory, power and one XID event-set wait (nothing queued: one call);
     # every fourth tick (SLOW_EVERY_S: 4 s) also temperature, two clocks, throttle reasons,
-    # processes, one GPM sample and one metrics get: no alloc, no free
-    assert sorted(per_tick) == [4] * 6 + [11, 11]
-    first = per_tick.index(11)
-    assert per_tick[first + 4] == 11 if first < 4 else per_tick[first - 4] == 11
+    # processes and their utilization samples, one GPM sample and one metrics get: no alloc, no free
+    assert sorted(per_tick) == [4] * 6 + [12, 12]
+    first = per_tick.index(12)
+    assert per_tick[first + 4] == 12 if first < 4 else per_tick[first - 4] == 12
     for _ in range(50):
         p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
@@ -390,7 +390,7 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     """``--simulate-gpus`` for a demo: calls cost no spin. The benchmark opts in to the H200's
     prices with VTOP_SIMULATED_NVML_COST=h200 (bench/harness.py sets it)."""
     from vtop.config import Config
-    from vtop.sources.fake_nvml import H200_CALL_S
+    from vtop.sources.fake_nvml import ASSUMED_CALL_S, H200_CALL_S
     from vtop.sources.nvml import make_gpu_source
 
     monkeypatch.delenv("VTOP_SIMULATED_NVML_COST", raising=False)
@@ -398,7 +398,7 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     assert src.poll().gpus and src.binding.call_cost_s == 0.0  # type: ignore[union-attr]
     monkeypatch.setenv("VTOP_SIMULATED_NVML_COST", "h200")
     src = make_gpu_source(Config(simulate_gpus=2))
-    assert src.poll().gpus and src.binding.call_cost_s == H200_CALL_S  # type: ignore[union-attr]
+    assert src.poll().gpus and src.binding.call_cost_s == {**H200_CALL_S, **ASSUMED_CALL_S}  # type: ignore[union-attr]
 
 
 def test_one_round_source_takes_no_gpm_sample_no_xid_set_and_no_pcie_thread(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,8 @@ def test_names_come_from_the_process_and_are_looked_up_once(monkeypatch) -> None
     try:
         names = ProcNames()
         first = names.name(child.pid)
-        assert first == psutil.Process(child.pid).name()
+        p = psutil.Process(child.pid)
+        assert first == f"{p.name()} · {p.username()}"  # a stranger on a GPU: its name and whose it is
         calls = []
         real = psutil.Process
         monkeypatch.setattr(psutil, "Process", lambda pid: calls.append(pid) or real(pid))
@@ -64,7 +65,8 @@ def test_a_reused_pid_gets_its_new_name(monkeypatch) -> None:
     names = ProcNames()
     pid = os.getpid()
     names._cache[pid] = (-1, "an older process")  # the same pid, started at another time
-    assert names.name(pid) == psutil.Process(pid).name() != "an older process"
+    p = psutil.Process(pid)
+    assert names.name(pid) == f"{p.name()} · {p.username()}" != "an older process"
 
 
 @pytest.mark.parametrize("container", [True, False])

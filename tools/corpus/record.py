@@ -65,11 +65,14 @@ WORK = Path(os.environ.get("VTOP_CORPUS_WORK", "/tmp/vtop-corpus"))
 
 #: seconds from ``began`` to ``should_alert_by`` per class (startup_failure: 0, at the error line)
 BUDGET = {"runaway": 60.0, "engine_stall": 30.0, "engine_death": 5.0, "kv_saturation": 40.0,
-          "startup_stall": 90.0, "startup_failure": 0.0}
+          "startup_stall": 90.0, "startup_failure": 0.0,
+          # the neighbour's 20 s streak, its minute before, and the hold: 45 s from its first kernel
+          "gpu_neighbour": 45.0}
 #: vtop rule names (vtop.core.rules.RULES) that count as naming each class
 EXPECT = {"runaway": ["runaway"], "engine_stall": ["engine_stall"], "engine_death": ["engine_died"],
           "kv_saturation": ["kv_saturation"], "startup_stall": ["startup_stall"],
-          "startup_failure": ["startup_failure"], "restart": [], "normal": [], "clean_shutdown": []}
+          "startup_failure": ["startup_failure"], "restart": [], "normal": [], "clean_shutdown": [],
+          "gpu_neighbour": ["gpu_neighbour"]}
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 FIXTURE_HEADER = b"# vtop test fixture"
 PROMPT = "Tell me about the quick brown fox and the lazy dog"

@@ -309,6 +309,7 @@ class Nvml:
         self.limits: list[float | None] = []
         self.gpm: dict[int, list[Any]] = {}
         self.errors: dict[str, str] = {}
+        self.util_seen: dict[int, int] = {}  # per GPU, the newest per-process utilization sample's time (us)
         for i, h in enumerate(self.handles):
             try:
                 self.limits.append(N.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
@@ -360,6 +361,9 @@ class Nvml:
             m = self._try("mem", lambda h=h: N.nvmlDeviceGetMemoryInfo(h))
             p = self._try("power", lambda h=h: N.nvmlDeviceGetPowerUsage(h))
             ps = self._try("procs", lambda h=h: N.nvmlDeviceGetComputeRunningProcesses(h))
+            sm = self._proc_sm(i, h) if ps else None
+            thr = self._try("throttle", lambda h=h: N.nvmlDeviceGetCurrentClocksEventReasons(h))
+            from vtop.model.gpu import decode_throttle
             out.append({
                 "index": i,
                 "util": u.gpu if u is not None else None,
@@ -369,9 +373,29 @@ class Nvml:
                 "power_limit_w": self.limits[i],
                 "sm_active": self._sm_active(i, h),
                 "procs": [[int(x.pid), int(x.usedGpuMemory) if x.usedGpuMemory is not None else None]
+                          + ([] if sm is None else [sm.get(int(x.pid), 0.0)])
                           for x in (ps or [])],
+                "throttle": None if thr is None else list(decode_throttle(int(thr)) or ()),
             })
         return out
+
+    def _proc_sm(self, i: int, h: Any) -> dict[int, float] | None:
+        """Each process's mean SM share (%) since the last sample (nvmlDeviceGetProcessUtilization), as
+        vtop/sources/nvml.py reads it: {} when NVML holds no sample (NVML_ERROR_NOT_FOUND), None on error."""
+        N = self.N
+        try:
+            raw = N.nvmlDeviceGetProcessUtilization(h, self.util_seen.get(i, 0))
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, getattr(N, "NVMLError_NotFound", ())):
+                return {}
+            self.errors.setdefault("proc_util", repr(e))
+            return None
+        sums: dict[int, list[float]] = {}
+        for smp in raw or ():
+            self.util_seen[i] = max(self.util_seen.get(i, 0), int(smp.timeStamp))
+            if 0 <= smp.smUtil <= 100:
+                sums.setdefault(int(smp.pid), []).append(float(smp.smUtil))
+        return {pid: round(sum(v) / len(v), 1) for pid, v in sums.items()}
 
     def mem_used(self) -> list[int | None]:
         """Memory used of every GPU (no GPM sample taken: that pair belongs to the sampler's thread)."""
@@ -772,6 +796,55 @@ def startup_failure_cuda_oom(ctx: GpuCtx) -> None:
     ctx.truth_extra["hog_gib"] = gib
 
 
+MATMUL = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn_like(a)
+(a @ b).sum().item()
+open(sys.argv[1], "w").write("1")
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+"""
+
+
+@scenario("h200-neighbour-matmul", "gpu_neighbour", 330)
+def neighbour_matmul(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, default flags (request logging off): launch to ready, 10 s idle; 32 streaming chat
+    requests at a time (max_tokens 8192, ignore_eos, each replaced when done) for ~170 s; 60 s into the load a
+    torch process (setsid, not vLLM's) runs bf16 8192x8192 matmuls on the same GPU for 60 s (neighbour_ready ..
+    neighbour_end); 50 s after it ends the load stops; 20 s idle. Issue 40's noisy neighbour: vLLM's token rate
+    before, during and after, NVML's per-process SM share (procs' third field) and the clock-event reasons.
+    Truth: began = neighbour_ready, should_alert_by = began + 45 s, ended = neighbour_end."""
+    ctx.launch()
+    ctx.wait_ready()
+    ctx.sleep(10)
+    pool = R.StreamPool(ctx, n=32, max_tokens=8192, max_total=2000, time_limit=180 * ctx.scale)  # type: ignore[arg-type]
+    pool.start()
+    ctx.sleep(60 * ctx.scale)
+    ready = ctx.work / "matmul.ready"
+    with contextlib.suppress(OSError):
+        ready.unlink()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the image's torch, nothing of ours
+    ctx.hog = subprocess.Popen([_torch_python(), "-c", MATMUL, str(ready), str(60 * ctx.scale)], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=open(ctx.work / "matmul.err", "wb"), start_new_session=True)  # noqa: SIM115
+    ctx.event("neighbour_start", pid=ctx.hog.pid)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and ctx.hog.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not ready.exists():
+        ctx.notes.append("the matmul process did not start: " + (ctx.work / "matmul.err").read_text(errors="replace")[-400:])
+    ctx.event("neighbour_ready", pid=ctx.hog.pid)
+    ctx.hog.wait(60 * ctx.scale + 60)
+    ctx.event("neighbour_end", pid=ctx.hog.pid, rc=ctx.hog.returncode)
+    ctx.sleep(50 * ctx.scale)
+    pool.stop()
+    ctx.sleep(20)
+
+
 @scenario("h200-normal-burst-queue", "normal", 200)
 def normal_burst_queue(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0, default flags (max_num_seqs 1024): warm launch to ready, 10 s idle, a burst of 1500
@@ -914,6 +987,12 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
         if st is not None:
             truth["began"] = truth["detectable_from"] = st["t"]
             truth["should_alert_by"] = round((lp or st)["t"] + R.BUDGET["startup_stall"], 3)
+    if cls == "gpu_neighbour":
+        nb, end = ctx.first("neighbour_ready"), ctx.first("neighbour_end")
+        if nb is not None:
+            truth["began"] = truth["detectable_from"] = nb["t"]
+            truth["should_alert_by"] = round(nb["t"] + R.BUDGET["gpu_neighbour"], 3)
+            truth["ended"] = end and end["t"]
     truth["server"]["gpu"] = ctx.truth_extra.pop("gpu_name", None)
     truth["recorder"] = "tools/device/h200_corpus.py"
     return truth

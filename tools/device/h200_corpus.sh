@@ -34,6 +34,7 @@ case $CALL in
   E) install; S=h200-runaway-nonstreaming-short-traffic ;;
   F) S=h200-normal-long-nonstreaming ;;
   G) install; S=h200-engine-stall-streams-nolog ;;
+  H) install; S=h200-neighbour-matmul ;;   # issue 40's noisy neighbour (needs the image's torch)
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 [ -x "${VTOP_H200_VLLM_BIN:-/tmp/site/bin/vllm}" ] || { echo "vLLM is not installed here (a fresh machine?): redo part00, then call A"; exit 2; }

@@ -69,6 +69,8 @@ class Evidence:
     download: DownloadProgress | None = None
     #: the wall clock of the tick (what a process's ``create_time`` is on); None: not known
     wall: float | None = None
+    #: GPU-holding pid -> its name as the GPU poll read it (``python3 · bob``; empty: not known)
+    proc_names: Mapping[int, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ the log
 

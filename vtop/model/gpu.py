@@ -24,6 +24,10 @@ THROTTLE_BITS: tuple[tuple[int, str], ...] = (
     (0x0000000000000100, "display-clocks"),
 )
 
+#: The clock-event reasons that slow the GPU below what its load asks for (a power cap, heat, an
+#: external power brake), as opposed to idle, application clocks or sync boost.
+SLOWDOWN_REASONS = frozenset({"sw-power-cap", "hw-slowdown", "sw-thermal", "hw-thermal", "hw-power-brake"})
+
 
 def decode_throttle(mask: int | None) -> tuple[str, ...] | None:
     """Turn a clock-event bit mask into short names; ``None`` stays ``None``."""
@@ -38,6 +42,10 @@ class GpuProcess:
 
     pid: int
     used_bytes: int | None
+    sm_util: float | None = None
+    """Share of time (%) this process's kernels ran on the GPU's SMs since the poll before, from
+    NVML's per-process samples (``nvmlDeviceGetProcessUtilization``); 0.0 when the read succeeded and
+    held no sample of it (no kernel of it ran); None when the driver gives no per-process samples."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +111,9 @@ class GpuSample:
         for k in _FAULT_FIELDS:  # absent unless read: recordings of GPUs without them stay as they were
             if d[k] is None:
                 del d[k]
-        if self.procs is not None:
-            d["procs"] = [[p.pid, p.used_bytes] for p in self.procs]
+        if self.procs is not None:  # [pid, bytes] or [pid, bytes, sm %]: older recordings stay as they were
+            d["procs"] = [[p.pid, p.used_bytes] if p.sm_util is None else [p.pid, p.used_bytes, p.sm_util]
+                          for p in self.procs]
         if self.throttle is not None:
             d["throttle"] = list(self.throttle)
         return d
@@ -114,7 +123,8 @@ class GpuSample:
         d = dict(d)
         procs = d.get("procs")
         if procs is not None:
-            d["procs"] = tuple(GpuProcess(int(p[0]), None if p[1] is None else int(p[1])) for p in procs)
+            d["procs"] = tuple(GpuProcess(int(p[0]), None if p[1] is None else int(p[1]),
+                                          float(p[2]) if len(p) > 2 and p[2] is not None else None) for p in procs)
         thr = d.get("throttle")
         if thr is not None:
             d["throttle"] = tuple(thr)

@@ -376,7 +376,10 @@ class Monitor:
         Said once by the doctor's notes and under the screen's log line; empty when nothing is
         missing that a rule would read."""
         out: list[str] = []
-        if self.log_view is None and self.log_watch is None and self.servers:
+        # no vLLM at all (nothing answers, no process): no log is no news, not a missing piece of evidence
+        live = any(ws.process is not None or (ws.last_view is not None and ws.last_view.state not in ("down", "not vllm"))
+                   for ws in self.servers.values())
+        if self.log_view is None and self.log_watch is None and live:
             out.append("evidence missing: the vLLM log (see the log line): a stall or a stalled start that began "
                        "before vtop looked is dated from the connections and the processes only")
         for url, ws in self.servers.items():
@@ -662,6 +665,7 @@ class Monitor:
             conns={url: ws.conns for url, ws in self.servers.items() if ws.conns.last_mono is not None},
             download=self.download_progress(),
             wall=self.clock.time(),
+            proc_names=self.proc_names,
         )
 
     def reset(self) -> None:

@@ -34,6 +34,7 @@ NVMLError_FunctionNotFound = _real.NVMLError_FunctionNotFound
 NVMLError_NoPermission = _real.NVMLError_NoPermission
 NVMLError_Unknown = _real.NVMLError_Unknown
 NVMLError_Timeout = _real.NVMLError_Timeout
+NVMLError_NotFound = _real.NVMLError_NotFound
 
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
@@ -207,6 +208,20 @@ class FakeNvml:
         return g.reading("procs", lambda: [SimpleNamespace(pid=4000 + h, usedGpuMemory=70 * 2**30)])
 
     # GPU faults ------------------------------------------------------------
+    def nvmlDeviceGetProcessUtilization(self, h: int, last_seen_us: int) -> list[Any]:
+        """Per-process samples: ``overrides["proc_util"]`` is ``{pid: sm %}`` (or an exception); by
+        default the one process of :meth:`nvmlDeviceGetComputeRunningProcesses` at the GPU's load."""
+        g = self._gpu(h, "proc_util")
+        ts = int(self.clock() * 1e6)
+
+        def default() -> dict[int, float]:
+            return {4000 + h: round(self._wave(g, 30.0, 40, 100))}
+        shares = g.reading("proc_util", default)
+        if not shares:
+            raise NVMLError_NotFound(_real.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=pid, timeStamp=ts, smUtil=v, memUtil=0, encUtil=0, decUtil=0)
+                for pid, v in shares.items()]
+
     def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
         key = "ecc_uncorrected" if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "ecc_corrected"
         g = self._gpu(h, key)
@@ -368,10 +383,13 @@ H200_CALL_S: dict[str, float] = {
     "gpm_metrics": 7.9e-6,
 }
 DEFAULT_CALL_S = 5e-6
+#: Calls the H200 probe did not measure (it predates them), priced as a like call that it did: the
+#: per-process utilization samples as the process list.
+ASSUMED_CALL_S: dict[str, float] = {"proc_util": H200_CALL_S["procs"]}
 
 
 def simulated(n: int, *, call_cost_s: float | dict[str, float] | None = None) -> FakeNvml:
     """``n`` H200-like GPUs with staggered load waves (for ``--simulate-gpus`` and benchmarks);
     each call spins the CPU time the real call took on the H200 box (:data:`H200_CALL_S`)."""
-    cost = H200_CALL_S if call_cost_s is None else call_cost_s
+    cost = {**H200_CALL_S, **ASSUMED_CALL_S} if call_cost_s is None else call_cost_s
     return FakeNvml([FakeGpu(phase=i * 0.7) for i in range(n)], call_cost_s=cost)

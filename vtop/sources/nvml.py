@@ -82,6 +82,7 @@ class NvmlBinding(Protocol):
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int, /) -> Any: ...
     def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int, /) -> Any: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int, /) -> Any: ...
     def nvmlGpmSampleAlloc(self) -> Any: ...
     def nvmlGpmSampleGet(self, handle: Any, sample: Any, /) -> Any: ...
     def nvmlGpmMetricsGet(self, metrics_get: Any, /) -> Any: ...
@@ -122,6 +123,8 @@ class _Device:
     #: the PCIe thread's last (tx, rx) KB/s
     pcie: tuple[float | None, float | None] = (None, None)
     xid_registered: bool = False
+    #: the newest timestamp (us) of the per-process utilization samples read so far
+    util_seen_us: int = 0
 
 
 def _load_pynvml() -> NvmlBinding:
@@ -541,9 +544,41 @@ class NvmlSource:
         if self._want_procs:
             raw = self._q(d, "procs", N.nvmlDeviceGetComputeRunningProcesses)
             if raw is not None:
-                procs = tuple(GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None))) for p in raw)
+                sm = self._proc_sm(d) if raw else None
+                procs = tuple(GpuProcess(int(p.pid), _mem_or_none(getattr(p, "usedGpuMemory", None)),
+                                         None if sm is None else sm.get(int(p.pid), 0.0)) for p in raw)
         gpm = self._gpm(d) if self._want_gpm else (None, None, None)
         return (temp, smc, memc, thr, procs, *gpm)
+
+    def _proc_sm(self, d: _Device) -> dict[int, float] | None:
+        """Each process's mean SM share (%) over NVML's per-process samples since the last read (the
+        driver keeps a few seconds of them); ``{}`` when it holds none (no kernel ran), None where
+        the driver gives none at all (not supported, no permission, an older driver)."""
+        N = self._nvml
+        assert N is not None
+        if "proc_util" in d.unsupported:
+            return None
+        try:
+            raw = N.nvmlDeviceGetProcessUtilization(d.handle, d.util_seen_us)
+        except Exception as e:
+            if isinstance(e, getattr(N, "NVMLError_NotFound", ())):
+                return {}  # no sample since the last read: no process ran a kernel
+            if isinstance(e, getattr(N, "NVMLError_GpuIsLost", ())):
+                raise _GpuLost() from e
+            if isinstance(e, (getattr(N, "NVMLError_NotSupported", ()), getattr(N, "NVMLError_NoPermission", ()),
+                              getattr(N, "NVMLError_FunctionNotFound", ()), AttributeError)):
+                d.unsupported.add("proc_util")
+                self._note("fnf-proc_util", "this GPU or driver gives no per-process utilization: "
+                                            "another process's share of the GPU is not known")
+            return None
+        sums: dict[int, list[float]] = {}
+        for smp in raw or ():
+            ts, v = int(getattr(smp, "timeStamp", 0)), getattr(smp, "smUtil", None)
+            d.util_seen_us = max(d.util_seen_us, ts)
+            if v is None or not 0 <= v <= 100:  # an invalid sample (the driver marks them with UINT_MAX)
+                continue
+            sums.setdefault(int(smp.pid), []).append(float(v))
+        return {pid: sum(vs) / len(vs) for pid, vs in sums.items()}
 
     # ------------------------------------------------------------------- GPM
     def _gpm(self, d: _Device) -> tuple[float | None, float | None, float | None]:

@@ -50,6 +50,16 @@ def title_of(cmd: list[str]) -> str | None:
     return None
 
 
+def _user_of(p: psutil.Process) -> str:
+    """`` · bob``: the process's user, or nothing when it cannot be read."""
+    import psutil
+
+    try:
+        return f" · {p.username()}"
+    except (psutil.Error, KeyError):  # KeyError: a uid with no name in /etc/passwd
+        return ""
+
+
 _NO_PROC = object()
 _HAVE_PROC = os.path.isdir("/proc/self")
 
@@ -153,6 +163,8 @@ class ProcNames:
             return GONE
         except psutil.AccessDenied:
             n = HIDDEN
+        if n != HIDDEN and not n.startswith(("VLLM::", "ray::", "vllm ")):
+            n += _user_of(p)  # a stranger on the GPU: whose it is
         self._cache[pid] = (ct, n)
         if len(self._cache) > 4096:
             self._cache.clear()

@@ -497,10 +497,13 @@ def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> l
     the processes in them sorted by ``sort`` (gpu_mem, cpu or pid), largest first."""
     gib = 2**30
     gpu_of: dict[int, list[tuple[int, int | None]]] = {}
+    sm_of: dict[int, list[float]] = {}
     poll = monitor.gpu_history.last_poll
     for g in (poll.gpus if poll is not None else ()):
         for p in g.procs or ():
             gpu_of.setdefault(p.pid, []).append((g.index, p.used_bytes))
+            if p.sm_util is not None:
+                sm_of.setdefault(p.pid, []).append(p.sm_util)
 
     def gpu_mem(pid: int) -> float:
         return sum(b or 0 for _, b in gpu_of.get(pid, ()))
@@ -517,7 +520,9 @@ def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> l
         i = info.get(pid)
         gpus = ",".join(str(ix) for ix, _ in gpu_of.get(pid, ()))
         mem = gpu_mem(pid)
+        sm = sm_of.get(pid)
         return (str(pid), role, server, gpus or "-", f"{mem / gib:.1f} GiB" if pid in gpu_of else "-",
+                "-" if sm is None else ",".join(f"{v:.0f}" for v in sm),
                 "-" if i is None or i.cpu_pct is None else f"{i.cpu_pct:.0f}",
                 "-" if i is None or i.rss_bytes is None else f"{i.rss_bytes / gib:.1f} GiB",
                 (i.user if i and i.user else "-"), ((i.command or "-")[:200] if i else "-"))
@@ -536,7 +541,7 @@ def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> l
         total = sum(gpu_mem(pid) for pid, _ in members)
         where = f" · {sp.placement}" if sp.placement else ""
         head = (f"vLLM :{port}", f"{len(members)} processes{where}", url, "", f"{total / gib:.1f} GiB", "", "", "",
-                "")
+                "", "")
         ns = {sp.pid: sp.ns_pid, **{c.pid: c.ns_pid for c in sp.children}}
         rows = []
         for pid, role in members:
@@ -563,7 +568,9 @@ class ProcessScreen(ModalScreen[None]):
         Binding("c", "sort('cpu')", "Sort CPU"),
         Binding("i", "sort('pid')", "Sort PID"),
     ]
-    COLUMNS = ("PID", "role", "server", "GPU", "GPU mem", "CPU %", "host mem", "user", "command")
+    #: "SM %": the process's share of its GPU's SM time since the poll before (NVML's per-process
+    #: samples; "-" where the driver gives none)
+    COLUMNS = ("PID", "role", "server", "GPU", "GPU mem", "SM %", "CPU %", "host mem", "user", "command")
 
     def __init__(self, monitor: Any, *, live: bool = True) -> None:
         super().__init__()

@@ -41,6 +41,9 @@ Rules (``rule`` ids are stable):
 ``queue_wedge``
     ``running`` 0 with requests waiting and the counters flat for ``queue_wedge_s``: the scheduler
     admits nothing (``engine_stall`` needs requests running).
+``gpu_neighbour`` / ``gpu_slowdown``
+    vLLM's tokens per running request fall while another process runs kernels on its GPU (NVML's
+    per-process samples), or while a power or thermal slowdown is on.
 ``risky_flags``
     Launch flags that invite trouble: no generation cap with a long context,
     ``--mm-processor-cache-gb 0``, ``--max-num-seqs`` far above the KV cache's

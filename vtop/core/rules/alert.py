@@ -25,6 +25,8 @@ RULES = (
     "api_unresponsive",
     "spec_decode_low",
     "queue_wedge",
+    "gpu_neighbour",
+    "gpu_slowdown",
 )
 
 
@@ -137,6 +139,14 @@ class Thresholds:
     sm_idle_active: float = 15.0
     #: ... for this long
     sm_idle_s: float = 120.0
+    #: gpu_neighbour: another process's mean share of the SMs' time (NVML per-process samples) ...
+    neighbour_sm_pct: float = 15.0
+    #: ... (gpu_slowdown: a slowdown clock-event reason on) for this long ...
+    neighbour_s: float = 20.0
+    #: ... while vLLM's tokens per running request fell by this percentage against ...
+    neighbour_drop_pct: float = 25.0
+    #: ... this window before it began
+    neighbour_baseline_s: float = 60.0
     #: OOM: what happened this long before an OOM counts as its trigger (memory spike, long prompt, full KV)
     transient_window_s: float = 30.0
     #: OOM: GPU memory this many points above the level before the window counts as a spike

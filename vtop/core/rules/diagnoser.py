@@ -14,6 +14,7 @@ from vtop.core.rules.flags import RiskyFlags
 from vtop.core.rules.gpu import SmIdle
 from vtop.core.rules.hold import AlertHold
 from vtop.core.rules.kv import KvSaturation
+from vtop.core.rules.neighbour import Neighbour
 from vtop.core.rules.oom import Oom, OomRisk
 from vtop.core.rules.queue import QueueWedge
 from vtop.core.rules.runaway import Runaway
@@ -22,6 +23,7 @@ from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
 from vtop.core.rules.util import LIVE
+from vtop.model.gpu import SLOWDOWN_REASONS
 from vtop.model.requests import ServerRequests
 
 __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
@@ -30,7 +32,7 @@ __all__ = ["Diagnoser", "default_rules", "diagnose_once"]
 def default_rules() -> tuple[Rule, ...]:
     """One of each family, in the order they run (the order of alerts is decided by the sort)."""
     return (Runaway(), EngineStall(), KvSaturation(), RiskyFlags(), SmIdle(), OomRisk(), StartupStall(),
-            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow(), QueueWedge())
+            StartupFailure(), EngineDied(), Oom(), ApiUnresponsive(), SpecLow(), QueueWedge(), Neighbour())
 
 
 class Diagnoser:
@@ -150,8 +152,9 @@ class Diagnoser:
             gs = mem.gpus.get(idx)
             if gs is None:
                 gs = mem.gpus[idx] = GpuState()
+            slow = None if last.throttle is None else float(bool(SLOWDOWN_REASONS.intersection(last.throttle)))
             gs.add(GpuPoint(mono, last.util_gpu, last.sm_active, last.mem_pct, last.mem_used, last.mem_total,
-                            last.procs), self.thresholds.history_s)
+                            last.procs, slow), self.thresholds.history_s)
         mem.gpu_mono = mono
 
 

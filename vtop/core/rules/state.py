@@ -276,9 +276,12 @@ class GpuPoint:
     mem_used: float | None
     mem_total: float | None
     procs: tuple[GpuProcess, ...] | None
+    #: 1.0 while a clock-event reason that slows the GPU (:data:`SLOWDOWN_REASONS`) is on, 0.0 while
+    #: none is, None when NVML gives no reasons
+    slow: float | None = None
 
 
-_GPU_COLS = ("util", "sm", "mem_pct", "mem_used", "mem_total")
+_GPU_COLS = ("util", "sm", "mem_pct", "mem_used", "mem_total", "slow")
 
 
 class GpuState:
@@ -302,9 +305,9 @@ class GpuState:
         self.risk_since: float | None = None
 
     def _point(self, i: int) -> GpuPoint:
-        util, sm, mem_pct, mem_used, mem_total = (c[i] for c in self._cols)
+        util, sm, mem_pct, mem_used, mem_total, slow = (c[i] for c in self._cols)
         return GpuPoint(self.times[i], _opt(util), _opt(sm), _opt(mem_pct), _opt(mem_used), _opt(mem_total),
-                        self._procs[i])
+                        self._procs[i], _opt(slow))
 
     @property
     def points(self) -> _GpuPoints:
@@ -327,7 +330,7 @@ class GpuState:
         procs = p.procs
         if procs is not None and self._procs and procs == self._procs[-1]:
             procs = self._procs[-1]  # unchanged: one tuple for the run of points
-        row = (p.util, p.sm, p.mem_pct, p.mem_used, p.mem_total)
+        row = (p.util, p.sm, p.mem_pct, p.mem_used, p.mem_total, p.slow)
         times = self.times
         if len(times) >= 2 and times[-1] - times[-2] < KEEP_STEP_S:
             times[-1] = p.t

@@ -90,8 +90,9 @@ def _gpu_sample(g: dict[str, Any], i: int, name: str) -> GpuSample:
     procs: tuple[GpuProcess, ...] | None = None
     raw = g.get("procs")
     if isinstance(raw, list):
-        procs = tuple(GpuProcess(int(p[0]), _int(p[1])) for p in raw
+        procs = tuple(GpuProcess(int(p[0]), _int(p[1]), _num(p[2]) if len(p) > 2 else None) for p in raw
                       if isinstance(p, (list, tuple)) and len(p) >= 2 and _int(p[0]) is not None)
+    thr = g.get("throttle")
     idx = _int(g.get("index"))
     return GpuSample(
         index=i if idx is None else idx,
@@ -103,6 +104,7 @@ def _gpu_sample(g: dict[str, Any], i: int, name: str) -> GpuSample:
         power_limit_w=_num(g.get("power_limit_w")),
         sm_active=None if sm is None else 100.0 * sm,  # recorded as a fraction; vtop keeps percent
         procs=procs,
+        throttle=tuple(str(r) for r in thr) if isinstance(thr, list) else None,
     )
 
 
