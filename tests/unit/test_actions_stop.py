@@ -199,8 +199,11 @@ def test_verdict_stopped_only_when_vllm_shows_the_abort() -> None:
     assert verdict(OK, before, Observation(2.0, 1.0, 5.0, waiting=1.0, finished=11.0))[:2] == (False, False)
     # a waiting request taken in (running up, waiting down) while one finished: nothing left unfinished
     assert verdict(OK, before, Observation(2.0, 2.0, 5.0, waiting=0.0, finished=11.0))[:2] == (False, False)
-    final, ok, line = verdict(OK, before, Observation(16.0, 1.0, 5.0, waiting=1.0, finished=11.0))
-    assert final and not ok and line.startswith("did not work") and "no request left unfinished" in line
+    final, ok, line = verdict(OK, before, Observation(16.0, 2.0, 5.0, waiting=1.0, finished=10.0))
+    assert final and not ok and line.startswith("did not work") and "nothing left unfinished" in line
+    # requests came and went: an arrival hides a departure, so the gauges cannot tell either way
+    final, ok, line = verdict(OK, before, Observation(16.0, 2.0, 5.0, waiting=1.0, finished=11.0))
+    assert final and not ok and line.startswith("not confirmed") and "came and went" in line
     # the abort counter (a vLLM that counts aborts of clients that hung up)
     final, ok, line = verdict(OK, before, Observation(1.0, 1.0, 6.0, waiting=1.0, finished=11.0))
     assert final and ok and "abort counter 5 -> 6" in line

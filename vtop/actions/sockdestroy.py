@@ -16,7 +16,9 @@ reset and the server's socket reads ``ECONNABORTED``) or a negative errno (``EPE
 ``CONFIG_INET_DIAG_DESTROY``). The cookie makes sure a connection that reused the same addresses since
 the dump is never the one closed.
 
-pyroute2's ``DiagSocket`` reads the table but has no destroy; this is the stdlib's ``socket`` alone.
+pyroute2's ``DiagSocket`` (pyroute2.netlink.diag) reads the table and names ``SOCK_DESTROY = 21`` but offers no call
+that sends it (its calls are the dumps); the conns reader already speaks this protocol on the stdlib's ``socket``,
+and so does this module (a hundred lines, no new dependency).
 Everything here acts in the calling thread's network namespace (:mod:`vtop.actions.stop` enters the
 server's first). Nothing here reads what a connection carries.
 """

@@ -259,8 +259,13 @@ def verdict(close: CloseResult, before: Observation, now: Observation,
     if now.after_s < wait_s:
         return False, False, f"{close.message}; waiting for vLLM to abort it ({now.after_s:.0f} s)"
     seen = "running " + ("?" if now.running is None else f"{now.running:,.0f}")
-    return True, False, (f"did not work: {close.message}, but vLLM shows no abort after {wait_s:.0f} s ({seen}; "
-                         "no request left unfinished): it may still be generating")
+    traffic = (now.finished is not None and before.finished is not None and now.finished > before.finished) or (
+        now.busy is not None and before.busy is not None and now.busy > before.busy)
+    if traffic:  # requests came and went: one that came since hides one that left unfinished
+        return True, False, (f"not confirmed: {close.message}, but after {wait_s:.0f} s vLLM shows no abort line or "
+                             f"counter, and requests came and went meanwhile, so its gauges cannot tell ({seen})")
+    return True, False, (f"did not work: {close.message}, but vLLM shows no abort after {wait_s:.0f} s ({seen}, "
+                         "nothing left unfinished): it may still be generating")
 
 
 @dataclass
