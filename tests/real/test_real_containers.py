@@ -285,7 +285,8 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
 
 async def _stop_in_container(app: VtopApp, pilot: Any, root_pid: int, ra: Any) -> None:
     """Issue 41: ``x`` on the runaway alert stops it: its connection closed in the container's network
-    namespace (setns, then SOCK_DESTROY), vLLM aborts it, the short requests go on."""
+    namespace (setns, then SOCK_DESTROY), vLLM aborts it (short requests come and go meanwhile: the result
+    reads it from the polls between them), the short requests go on."""
     from vtop.ui.screens import StopScreen
 
     await pilot.press("x")

@@ -194,7 +194,7 @@ def test_verdict_stopped_only_when_vllm_shows_the_abort() -> None:
     assert verdict(OK, before, Observation(1.0, 2.0, 5.0, waiting=1.0, finished=10.0))[:2] == (False, False)  # not yet
     # running + waiting down by one with no finish counted: it left unfinished (vLLM 0.32 counts no abort)
     final, ok, line = verdict(OK, before, Observation(1.5, 1.0, 5.0, waiting=1.0, finished=10.0))
-    assert final and ok and "running + waiting 3 -> 2 with 0 finished: 1 left unfinished" in line, line
+    assert final and ok and "running + waiting 3 -> 2 since the confirmation with 0 finished: 1 left unfinished" in line, line
     # running down by one, and one finish counted: another request ended; the runaway may go on
     assert verdict(OK, before, Observation(2.0, 1.0, 5.0, waiting=1.0, finished=11.0))[:2] == (False, False)
     # a waiting request taken in (running up, waiting down) while one finished: nothing left unfinished
@@ -204,6 +204,14 @@ def test_verdict_stopped_only_when_vllm_shows_the_abort() -> None:
     # requests came and went: an arrival hides a departure, so the gauges cannot tell either way
     final, ok, line = verdict(OK, before, Observation(16.0, 2.0, 5.0, waiting=1.0, finished=11.0))
     assert final and not ok and line.startswith("not confirmed") and "came and went" in line
+    # short requests arriving since hide it over the whole span, not between two polls
+    prev = Observation(2.5, 3.0, 5.0, waiting=0.0, finished=12.0)
+    final, ok, line = verdict(OK, before, Observation(3.0, 2.0, 5.0, waiting=0.0, finished=12.0), prev)
+    assert final and ok and "3 -> 2 since the poll before with 0 finished: 1 left unfinished" in line, line
+    assert verdict(OK, before, Observation(3.0, 2.0, 5.0, waiting=0.0, finished=13.0), prev)[:2] == (False, False)
+    # nothing in flight any more (it was, at the confirmation): it is gone whatever came and went
+    final, ok, line = verdict(OK, before, Observation(4.0, 0.0, 5.0, waiting=0.0, finished=15.0), prev)
+    assert final and ok and "nothing in flight any more: running + waiting 3 -> 0" in line, line
     # the abort counter (a vLLM that counts aborts of clients that hung up)
     final, ok, line = verdict(OK, before, Observation(1.0, 1.0, 6.0, waiting=1.0, finished=11.0))
     assert final and ok and "abort counter 5 -> 6" in line

@@ -229,12 +229,16 @@ def left_unfinished(before: Observation, now: Observation) -> float | None:
     return (before.busy - now.busy) - (now.finished - before.finished)
 
 
-def verdict(close: CloseResult, before: Observation, now: Observation,
+def verdict(close: CloseResult, before: Observation, now: Observation, prev: Observation | None = None,
             wait_s: float = WAIT_S) -> tuple[bool, bool, str]:
     """``(final, stopped, line)``: whether the outcome is known, whether vLLM aborted the request, and the
-    result line. Stopped: the connection is closed and gone, and vLLM shows the abort: its log line, its
-    abort counter up, a request that left running + waiting without a counted finish, or (where /metrics
-    counts no finishes) running down; not known until ``wait_s`` passed."""
+    result line. ``before``: at the confirmation; ``prev``: the observation before ``now`` (None: the first).
+
+    Stopped: the connection is closed and gone, and vLLM shows the request gone: its abort line, its abort
+    counter up, a request that left running + waiting without a counted finish (since the confirmation,
+    or between two polls: short requests arriving meanwhile hide one over the whole span, rarely over one
+    poll), nothing in flight at all (it was, at the confirmation), or, where /metrics counts no finishes,
+    running down. Not known until ``wait_s`` passed."""
     if not close.closed:
         return True, False, f"did not work: {close.message}"
     if close.gone is False:
@@ -246,13 +250,17 @@ def verdict(close: CloseResult, before: Observation, now: Observation,
         shown.append("its log says Aborted request")
     if counted:
         shown.append(f"vLLM's abort counter {before.aborts:,.0f} -> {now.aborts:,.0f}")
-    gone = left_unfinished(before, now)
-    if gone is not None and gone >= 1 and not counted:
-        fin = (now.finished or 0.0) - (before.finished or 0.0)
-        shown.append(f"running + waiting {before.busy:,.0f} -> {now.busy:,.0f} with {fin:,.0f} finished: "
-                     f"{gone:,.0f} left unfinished")
+    for a, span in ((before, "since the confirmation"), (prev, "since the poll before")):
+        gone = left_unfinished(a, now) if a is not None and not counted else None
+        if gone is not None and gone >= 1 and a is not None:
+            fin = (now.finished or 0.0) - (a.finished or 0.0)
+            shown.append(f"running + waiting {a.busy:,.0f} -> {now.busy:,.0f} {span} with {fin:,.0f} finished: "
+                         f"{gone:,.0f} left unfinished")
+            break
+    if not shown and now.busy == 0 and before.busy:
+        shown.append(f"nothing in flight any more: running + waiting {before.busy:,.0f} -> 0")
     dropped = now.running is not None and before.running is not None and now.running < before.running
-    if now.finished is None and dropped:
+    if not shown and now.finished is None and dropped:
         shown.append(f"running {before.running:,.0f} -> {now.running:,.0f}")
     if shown:
         return True, True, f"stopped: {close.message}; vLLM aborted it ({'; '.join(shown)}), {took}"

@@ -297,12 +297,15 @@ class ActionKeys(App[int]):
         except asyncio.TimeoutError:
             res = CloseResult(False, "the close did not answer in time: given up")
         rec.close_s = round(res.elapsed_s, 3)
+        prev = None
         while True:
             now = self.observe_stop(target.server, rid, time.monotonic() - t0)
-            final, stopped, line = verdict(res, before, now, wait_s=self.stop_wait_s)
+            final, stopped, line = verdict(res, before, now, prev, wait_s=self.stop_wait_s)
             show(line, stopped if final else None)
             if final:
                 break
+            if prev is None or (now.busy, now.finished) != (prev.busy, prev.finished):
+                prev = now  # the poll before the next one that moved
             await asyncio.sleep(0.25)
         rec.result, rec.stopped = line, stopped
         rec.seconds_to_abort = round(now.after_s, 2) if stopped else None
