@@ -102,11 +102,10 @@ class ViewKeys(App[int]):
                      "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
         "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
                     "and the last finished",
-        "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
+        "snapshot": "snapshot: an incident bundle of log, /metrics, history, processes, screen",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
         "test_request": "send a test request (max_tokens required)",
-        "stop_request": "stop one request: the runaway alert's (or, in r, the selected one), after a "
-                        "confirmation; closes its connection on the server's side (needs CAP_NET_ADMIN)",
+        "stop_request": "stop a request (the runaway's; in r, the selected one): closes its connection",
         "replay_pause": "pause / play",
         "replay_step": "one step (an interval) while paused",
         "replay_speed": "play faster / slower (1x to 60x)",
