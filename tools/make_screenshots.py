@@ -119,9 +119,10 @@ async def _shoot(app: Any, pilot: Any, keys: tuple[str, ...], name: str) -> None
 
 
 async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: float, keys: tuple[str, ...] = (),
-                       size: tuple[int, int] = (120, 40)) -> None:
+                       size: tuple[int, int] = (120, 40), attach_s: float | None = None) -> None:
     """A trace of the incident corpus (tests/corpus/traces/), replayed with default settings to
-    ``offset_s`` after its ``after_event`` event (``runaway_begin``...)."""
+    ``offset_s`` after its ``after_event`` event (``runaway_begin``...); with ``attach_s``, as vtop
+    started ``attach_s`` after that event would have seen it (a late look: the log before read at once)."""
     import json
 
     from vtop.ui.replay import replay_app
@@ -129,7 +130,12 @@ async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: flo
     path = Path(__file__).parent.parent / "tests" / "corpus" / "traces" / trace
     at = next(float(e["t"]) for e in map(json.loads, (path / "events.jsonl").read_text().splitlines())
               if e.get("what") == after_event)
-    app = replay_app(str(path), config=Config(), name=trace)
+    attach = None
+    if attach_s is not None:
+        mono = next(float(e["mono"]) for e in map(json.loads, (path / "events.jsonl").read_text().splitlines())
+                    if e.get("what") == after_event)
+        attach = mono + attach_s
+    app = replay_app(str(path), config=Config(), name=trace, attach_at=attach)
     async with app.run_test(size=size) as pilot:
         d = app.replay
         assert d is not None
@@ -137,6 +143,15 @@ async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: flo
         await pilot.pause()
         d.seek(at + offset_s - d.clock.offset)
         await _shoot(app, pilot, keys, name)
+
+
+async def late_look() -> None:
+    for name, size in (("late-look-cpu-runaway.svg", (120, 40)), ("late-look-cpu-runaway-80x24.svg", (80, 24))):
+        await corpus_trace("runaway-with-short-traffic-clock-minus8h", name, after_event="load_begin",
+                           offset_s=190.0, attach_s=180.0, size=size)
+    # the second run's load began 78 s after the first's: vtop started 15 s into it
+    await corpus_trace("restart-counter-reset", "late-look-cpu-restart-timeline.svg", after_event="load_begin",
+                       offset_s=103.0, attach_s=93.0, keys=("h",))
 
 
 async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
@@ -217,6 +232,7 @@ MADE = (
     "server-cpu-real-spec-prefix-80x24.svg", "server-cpu-real-spec-prefix-detail-80x24.svg",
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
+    "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
 )
 
 
@@ -275,6 +291,9 @@ async def main() -> None:
                        after_event="runaway_begin", offset_s=55.0, keys=("r",))
     await corpus_trace("h200-runaway-short-traffic-2", "requests-h200-conns-runaway-80x24.svg",
                        after_event="runaway_begin", offset_s=55.0, keys=("r",), size=(80, 24))
+    # a late look (issue #45): vtop started 3 minutes into the load, the log's clock 8 h behind; the charts
+    # before it from the log's stats lines; then the log's timeline (h) of a server restarted in place
+    await late_look()
     tmux_captures()
     await fleet()
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vtop import __version__
-from vtop.config import MIN_INTERVAL_S, ConfigError, add_api_key_flag, build, parse_duration
+from vtop.config import MIN_INTERVAL_S, ConfigError, add_api_key_flag, add_delivery_flags, build, parse_duration
 from vtop.exitcodes import EXIT_HELP, EXIT_USAGE
 
 S = argparse.SUPPRESS
@@ -102,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
         prog="vtop",
         description=("Live terminal dashboard for GPU boxes serving LLMs with vLLM. Also: vtop doctor "
                      "(watch a while, say what is wrong), vtop replay FILE (play a --record file), vtop demo "
-                     "(a recorded H200 incident), vtop export (Prometheus metrics), vtop web (the screen in a browser); "
+                     "(a recorded H200 incident), vtop export (Prometheus metrics), vtop web (the screen in a browser), "
+                     "vtop watch (headless: alerts to a command or webhooks); "
                      "each has --help."),
         epilog=(
             "Keys: ? help, space freeze, + - poll interval, / filter the log, e every alert, q quit. "
@@ -144,12 +145,13 @@ def parser() -> argparse.ArgumentParser:
                    help="remove prompt text from log lines in recordings and snapshots (default: on)")
     add_threshold_flags(p)
     add_prometheus_flag(p)
+    add_delivery_flags(p)
     p.add_argument("--config", dest="config_file", default=None, metavar="FILE", help="config file to read instead of the default")
     p.add_argument("--version", action="version", version=f"vtop {__version__}")
     return p
 
 
-SUBCOMMANDS = ("replay", "demo", "doctor", "export", "web")
+SUBCOMMANDS = ("replay", "demo", "doctor", "export", "web", "watch")
 
 
 def _write_csv(path: str, out: str) -> int:
@@ -362,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vtop.faces.exporter import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "watch":
+        from vtop.faces.watch import main as watch_main
+
+        return watch_main(argv[1:])
     if argv and argv[0] == "web":
         from vtop.faces.web import main as web_main
 

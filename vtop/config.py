@@ -69,6 +69,17 @@ class Config:
     """Deadline of one Prometheus query, seconds."""
     fleet_interval: float = 5.0
     """Seconds between refreshes of the fleet from Prometheus."""
+    on_alert: str | None = field(default=None, repr=False)
+    """A command run (``sh -c``) at each start, severity change and clear of an incident: the alert as
+    JSON on its stdin and in ``VTOP_ALERT_*`` variables (:mod:`vtop.actions.alerts_out`)."""
+    webhook: tuple[str, ...] = field(default=(), repr=False)
+    """URLs posted to at each start, severity change and clear of an incident: vtop's JSON, Slack's or
+    ntfy's format by the host or a ``slack:``/``ntfy:``/``json:`` prefix. Secrets: never shown whole."""
+    alert_min_severity: str = "warning"
+    """The least severity an incident must reach to be delivered (``info``, ``warning``, ``critical``)."""
+    alert_delivery: bool = True
+    """False (``--no-alert-delivery``): this vtop delivers nothing, whatever ``on_alert`` and ``webhook`` say
+    (a screen beside a ``vtop watch`` service that reads the same config; every tab of ``vtop web``)."""
     config_path: str | None = field(default=None, compare=False)
     """Which config file was read (for the help screen); not a setting."""
     url_auth: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -118,7 +129,7 @@ def _parse_bool(value: Any, name: str) -> bool:
 def _coerce(name: str, value: Any) -> Any:
     if name in ("interval", "history", "stall_threshold", "runaway_threshold", "prometheus_timeout", "fleet_interval"):
         return parse_duration(value, name)
-    if name in ("no_gpu", "readonly", "redact_prompts"):
+    if name in ("no_gpu", "readonly", "redact_prompts", "alert_delivery"):
         return _parse_bool(value, name)
     if name == "record_max_mb":
         try:
@@ -136,6 +147,18 @@ def _coerce(name: str, value: Any) -> Any:
         if not 0 <= n <= 64:
             raise ConfigError(f"{name}: expected 0 to 64, got {n}")
         return n
+    if name == "webhook":
+        if isinstance(value, str):
+            value = [u for u in value.split() if u]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) for u in value):
+            raise ConfigError("webhook: expected a list of URLs")
+        for u in value:
+            _check_webhook(u)
+        return tuple(value)
+    if name == "alert_min_severity":
+        if str(value).strip().lower() not in ("info", "warning", "critical"):
+            raise ConfigError(f"alert_min_severity: info, warning or critical, got {value!r}")
+        return str(value).strip().lower()
     if name == "urls":
         if isinstance(value, str):
             value = [u for u in re.split(r"[,\s]+", value) if u]
@@ -172,6 +195,32 @@ def _check_url(url: str) -> None:
         raise ConfigError(f"URL {redact_url(url)!r}: no host in it")
     if port == 0:
         raise ConfigError(f"URL {redact_url(url)!r}: port 0 is not a port a server listens on")
+
+
+def _check_webhook(spec: str) -> None:
+    """A ``--webhook`` vtop can post to (an optional ``slack:``/``ntfy:``/``json:`` prefix, then an http(s)
+    URL with a host). The message shows the URL only as :func:`vtop.model.redact.redact_webhook` does:
+    its path and query are its secret."""
+    from urllib.parse import urlsplit
+
+    from vtop.model.redact import redact_webhook
+
+    shown = redact_webhook(spec)
+    head, colon, tail = spec.strip().partition(":")
+    prefix = head.lower() if colon and head.lower() in ("slack", "ntfy", "json") and not tail.startswith("//") else ""
+    url = tail if prefix else spec.strip()
+    try:
+        u = urlsplit(url)
+        _ = u.port
+    except ValueError:
+        raise ConfigError(f"webhook {shown}: not a URL") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ConfigError(f"webhook {shown}: expected http(s)://HOST/..., with slack:, ntfy: or json: before it "
+                          "to choose the format")
+    host = u.hostname.lower()
+    ntfy = prefix == "ntfy" if prefix else host == "ntfy.sh" or host.startswith("ntfy.")
+    if ntfy and not u.path.strip("/"):
+        raise ConfigError(f"webhook {shown}: an ntfy URL names its topic (https://ntfy.sh/TOPIC)")
 
 
 SETTINGS = tuple(f.name for f in fields(Config) if f.name not in ("config_path", "url_auth"))
@@ -285,6 +334,28 @@ def add_api_key_flag(p: Any, exit_status: int) -> None:
     p.add_argument("--api-key", action=Refuse, default=argparse.SUPPRESS, metavar="KEY",
                    help="refused: the server's /v1 bearer token comes from $VLLM_API_KEY (or $VTOP_API_KEY) or "
                         "api_key in the config file, never the command line (ps shows it to every user)")
+
+
+def add_delivery_flags(p: Any) -> None:
+    """``--on-alert``, ``--webhook``, ``--alert-min-severity``: the screen's and ``vtop watch``'s."""
+    import argparse
+
+    S = argparse.SUPPRESS
+    p.add_argument("--on-alert", dest="on_alert", default=S, metavar="CMD",
+                   help="run CMD (sh -c) when an incident starts, changes severity or clears: the alert as JSON on "
+                        "its stdin and in VTOP_ALERT_EVENT (start, change, clear), _RULE, _SEVERITY, _TITLE, "
+                        "_TARGET ...; off the tick, 10 s deadline, retried")
+    p.add_argument("--webhook", dest="webhook", action="append", default=S, metavar="URL",
+                   help="POST each start, severity change and clear to URL (repeatable): Slack's format for "
+                        "hooks.slack.com, ntfy's for ntfy.sh (or ntfy.*), else vtop's JSON; a slack:, ntfy: or "
+                        "json: prefix chooses; the URL is a secret: prefer the config file or VTOP_WEBHOOK "
+                        "(ps shows flags)")
+    p.add_argument("--no-alert-delivery", dest="alert_delivery", action="store_false", default=S,
+                   help="deliver nothing from this vtop (a screen beside a `vtop watch` service with the same "
+                        "config; vtop web's tabs)")
+    p.add_argument("--alert-min-severity", dest="alert_min_severity", default=S,
+                   choices=("info", "warning", "critical"),
+                   help="deliver incidents that reach this severity (default warning)")
 
 
 def replace(cfg: Config, **changes: Any) -> Config:

@@ -327,3 +327,21 @@ def test_env_of_a_gone_process(tmp_path: Path) -> None:
     r = bundle(tmp_path, servers=[server_for(p.pid)])
     (entry,) = json.loads((r.path / "processes.json").read_text())["servers"]  # type: ignore[operator]
     assert entry["env"] is None and entry["env_error"] == "process gone"
+
+
+def test_the_bundle_begins_with_what_the_log_says_happened_before_vtop(tmp_path: Path) -> None:
+    """Issue #45: the timeline of the log (vtop.core.timeline) at the top of README.txt, its JSON beside."""
+    lines = ["what the log says happened (vtop started reading it 2m 00s ago): 2 starts read",
+             "  5m 10s ago  start: process start 20s, torch.compile 29s [12-02 01:00:00]",
+             "  2m 00s ago  -- vtop started reading the log --", "warnings 3, errors 0", "last stats line 4s ago: ..."]
+    r = bundle(tmp_path, timeline=lines, timeline_json={"starts": 2})
+    assert r.ok, r.problems
+    readme = (r.path / "README.txt").read_text().splitlines()
+    at = readme.index(lines[0])
+    assert at < readme.index("servers:") and readme[at + 1] == "  " + lines[1]
+    assert json.loads((r.path / "timeline.json").read_text()) == {"starts": 2}
+    assert oct((r.path / "timeline.json").stat().st_mode & 0o777) == "0o600"
+    # no timeline (no log): none in the README, no file
+    r2 = bundle(tmp_path / "b")
+    assert "what the log says happened" not in (r2.path / "README.txt").read_text()
+    assert not (r2.path / "timeline.json").exists()

@@ -95,14 +95,14 @@ def command_lines(page: Path) -> list[str]:
                 rest = c[len(p):] if c.startswith(p) else ""
                 if any(x in rest for x in ("[", "|", "...", "…", "<", ">")):
                     break  # a synopsis, not a command line
-                if rest.strip() in ("replay", "demo", "doctor", "export", "web") and not in_block:
+                if rest.strip() in ("replay", "demo", "doctor", "export", "web", "watch") and not in_block:
                     break  # a command's name in a sentence ("in a replay (`vtop replay`) ...")
                 cmds.append("vtop " + rest)
                 break
     return cmds
 
 
-SUBS = ("replay", "demo", "doctor", "export", "web")
+SUBS = ("replay", "demo", "doctor", "export", "web", "watch")
 FLAG = re.compile(r"--(\[no-\])?([a-z][a-z0-9-]*)")
 
 
@@ -151,6 +151,10 @@ def known_flag(sub: str, flag: str) -> bool:
         from vtop.faces.web import parser as web_parser
 
         p = web_parser()
+    elif sub == "watch":
+        from vtop.faces.watch import parser as watch_parser
+
+        p = watch_parser()
     else:
         p = cli.parser()
     try:
@@ -173,6 +177,10 @@ def parse(cmd: str) -> None:
         from vtop.faces.exporter import parser as export_parser
 
         export_parser().parse_args(argv[1:])
+    elif argv and argv[0] == "watch":
+        from vtop.faces.watch import parser as watch_parser
+
+        watch_parser().parse_args(argv[1:])
     elif argv and argv[0] == "web":
         from vtop.faces.web import parser as web_parser
 

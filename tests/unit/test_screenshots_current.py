@@ -30,16 +30,21 @@ def test_every_screenshot_is_made_by_the_one_command() -> None:
     assert on_disk == sorted(make_screenshots.MADE)
 
 
-async def footer_of(replay: bool, width: int) -> str:
+async def footer_of(replay: bool, width: int, past: bool = False) -> str:
+    """The footer the app draws at ``width``; ``past``: with the log telling of the time before vtop
+    started (a late look: the timeline key ``h`` is offered)."""
     app = (replay_app(str(demo_path()), config=Config(), name="demo") if replay
            else VtopApp(Config(no_gpu=True), autopoll=False, hostname="t"))
     async with app.run_test(size=(width, 24)) as pilot:
+        if past:
+            app.monitor.has_past = lambda: True  # type: ignore[method-assign]
+            app.refresh_bindings()
         await pilot.pause()
         return str(app.query_one(KeysBar).render()).strip()
 
 
 async def test_screenshots_show_todays_footer_and_titles() -> None:
-    footers: dict[tuple[bool, int], str] = {}
+    footers: dict[tuple[bool, int, bool], str] = {}
     alerts_title = "(e: all, with every fix)"
     stale = []
     for name in make_screenshots.MADE:
@@ -52,9 +57,9 @@ async def test_screenshots_show_todays_footer_and_titles() -> None:
         if footer.startswith(("╰", "┗")) or not footer:
             continue  # a full-screen view (help, alerts): its own keys line is checked below
         replay = lines[0].lstrip().startswith("REPLAY")
-        key = (replay, width)
+        key = (replay, width, name.startswith("late-look"))
         if key not in footers:
-            footers[key] = await footer_of(replay, width)
+            footers[key] = await footer_of(*key)
         if footer != footers[key]:
             stale.append(f"{name}: footer {footer!r}, the app now draws {footers[key]!r}")
     assert not stale, "screenshots older than the code (python -m tools.make_screenshots):\n" + "\n".join(stale)

@@ -20,9 +20,10 @@ ENV = {**os.environ, "XDG_CONFIG_HOME": "/nonexistent"}
 def test_each_tab_runs_this_vtop_read_only_unless_actions_are_allowed() -> None:
     ro = shlex.split(app_command(["http://h:8000", "--log", "/var/log/v llm.log"], allow_actions=False))
     assert ro[:3] == [sys.executable, "-m", "vtop"]
-    assert ro[3:] == ["http://h:8000", "--log", "/var/log/v llm.log", "--readonly"]  # quoted, in order
+    # quoted, in order; no tab delivers alerts (each open tab would send every incident again)
+    assert ro[3:] == ["http://h:8000", "--log", "/var/log/v llm.log", "--readonly", "--no-alert-delivery"]
     rw = shlex.split(app_command(["http://h:8000"], allow_actions=True))
-    assert "--readonly" not in rw
+    assert "--readonly" not in rw and "--no-alert-delivery" in rw
 
 
 @pytest.mark.parametrize("args, says", [

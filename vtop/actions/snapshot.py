@@ -496,7 +496,8 @@ def _copy_log(src_path: Path, w: _Writer, name: str, secrets: Sequence[str], red
 
 
 def _readme(folder: Path, w: _Writer, *, started: float, log_path: str | None, redact_prompts: bool,
-            servers: Sequence[ServerProcess], problems: Sequence[str], redacted: int) -> str:
+            servers: Sequence[ServerProcess], problems: Sequence[str], redacted: int,
+            timeline: Sequence[str] = ()) -> str:
     lines = [
         f"vtop snapshot {folder.name}",
         f"created   {_dt.datetime.fromtimestamp(started).astimezone().isoformat(timespec='seconds')}",
@@ -506,6 +507,8 @@ def _readme(folder: Path, w: _Writer, *, started: float, log_path: str | None, r
         f"prompts   {'redacted (' + str(redacted) + ' replacements)' if redact_prompts else 'NOT redacted'}",
         "secrets   API keys and secret-looking env values are replaced by *** in every file",
         "",
+        # what the log says happened before vtop started (vtop.core.timeline): the first thing to read
+        *([timeline[0], *(f"  {ln}" for ln in timeline[1:]), ""] if timeline else []),
         "servers:",
         *([f"  {s.url}  pid {s.pid}  model {s.served_name}" + (f"  {s.placement}" if s.placement else "")
            for s in servers] or ["  (none found)"]),
@@ -533,6 +536,8 @@ def make_bundle(
     alerts: Sequence[Any],
     screen_svg: str | None,
     actions: Sequence[Any] = (),
+    timeline: Sequence[str] = (),
+    timeline_json: Any | None = None,
     redact_prompts: bool = True,
     secrets: Sequence[str] = (),
     progress: ProgressFn | None = None,
@@ -545,6 +550,8 @@ def make_bundle(
     own ``--api-key`` values are added automatically. ``progress(done,
     total)`` is called from this thread while the log is copied (bytes).
     Setting ``cancel`` stops the copy and removes the half-written folder.
+    ``timeline``: what the log says happened before vtop started (:meth:`vtop.core.timeline.Timeline.lines`),
+    at the top of README.txt; ``timeline_json`` its JSON, in timeline.json.
     """
     t0 = time.monotonic()
     started = time.time() if now is None else now
@@ -594,6 +601,9 @@ def make_bundle(
         attempt("alerts.json", lambda: w.write("alerts.json", _safe_json(list(alerts))))
         if actions:  # what vtop did to the box since the last bundle (x: the requests it stopped)
             attempt("actions.json", lambda: w.write("actions.json", _safe_json(list(actions))))
+        if timeline_json is not None:
+            attempt("timeline.json", lambda: w.write("timeline.json", _safe_json(timeline_json),
+                                                     "what the vLLM log says happened before vtop started"))
         if screen_svg is not None:
             attempt("screen.svg", lambda: w.write("screen.svg", screen_svg))
         else:
@@ -617,7 +627,8 @@ def make_bundle(
                 with contextlib.suppress(Exception):
                     (folder / name).unlink()
         w.write("README.txt", _readme(folder, w, started=started, log_path=log_path, redact_prompts=redact_prompts,
-                                      servers=servers, problems=problems, redacted=redacted))
+                                      servers=servers, problems=problems, redacted=redacted,
+                                      timeline=timeline))
     except _Cancelled:
         with contextlib.suppress(Exception):
             shutil.rmtree(folder)

@@ -123,6 +123,15 @@ class LogHistoryView:
     """How long before vtop read it the backlog's last line was written (:meth:`LogHistory.backlog_lag`)."""
     backlog_lag_from: str | None = None
     """What says so: "stamp" (the last line's time stamp) or "mtime" (the file's modification time)."""
+    wall: float | None = None
+    """The wall clock at ``mono`` (with ``offset_s``, :meth:`to_mono` puts a log time on the monitor's clock)."""
+
+    def to_mono(self, t: float | None) -> float | None:
+        """A time on the log's clock (a stamp read as UTC, as the phase tracker keeps them) on the
+        monitor's monotonic clock, by the measured offset; None when the offset is not known."""
+        if t is None or self.offset_s is None or self.wall is None:
+            return None
+        return t - self.offset_s + (self.mono - self.wall)
 
     @property
     def last(self) -> StatsPoint | None:
@@ -406,7 +415,7 @@ class LogHistory:
     def snapshot(self, mono: float, wall: float) -> LogHistoryView:
         off = self.offset(wall)
         if off is None:
-            return LogHistoryView(mono)
+            return LogHistoryView(mono, wall=wall)
         shift = mono - wall - off  # stamp seconds -> monotonic
         merged: dict[float, list[Any]] = {}
         cut = (self._newest or 0.0) - self.keep_s
@@ -425,7 +434,8 @@ class LogHistory:
                 cur[5] = pre if cur[5] is None else (cur[5] + (pre or 0))
         # A stamp is the second the line was written in: its middle is the best guess.
         pts = tuple(StatsPoint(min(mono, t + 0.5 + shift), *v) for t, v in sorted(merged.items()))
-        return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off)
+        return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off,
+                              wall=wall)
 
 
 _local_offset = local_offset

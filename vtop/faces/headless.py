@@ -97,6 +97,10 @@ class Report:
     stale: list[str] = field(default_factory=list)
     """The sources that answered, then stopped (NVML hung partway through the window): their last
     readings are shown with their age, never as current, and with no alert the status is unknown (3)."""
+    log_timeline: dict[str, Any] | None = None
+    """What the vLLM log says happened, before vtop started and since (:mod:`vtop.core.timeline`)."""
+    log_timeline_text: list[str] = field(default_factory=list)
+    """The same, in a few lines (``doctor`` prints them)."""
     pending: list[dict[str, Any]] = field(default_factory=list)
     """Findings pending at the end of the window: a rule's condition held for the whole window but
     not yet for its threshold (:class:`vtop.core.rules.Pending`); each says the window that would
@@ -172,6 +176,7 @@ class Report:
             "silent_sources": list(self.silent),
             "stale_sources": list(self.stale),
             "pending": self.pending,
+            "log_timeline": self.log_timeline,
             "exit_code": self.exit_code,
             "exit_reason": self.exit_reason,
         }
@@ -543,6 +548,7 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
     mine = monitor.requests_of()
     from_log = log_rates(monitor)
     stale_for = monitor.gpu_stale_for()
+    tl = monitor.timeline()
     gpu_status = poll.status if poll else ("off" if gpu_off else "none")
     gpu_message = poll.message if poll else _silent_gpu(silent, clock.monotonic() - started)
     if stale_for is not None:  # NVML answered, then stopped: its last readings are that old, not current
@@ -576,8 +582,13 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         silent=list(silent or ()),
         stale=[GPU_SOURCE] if stale_for is not None else [],
         pending=pending_rows(monitor, started, window_asked_s),
+        log_timeline=None if tl is None else tl.to_json(),
+        log_timeline_text=[] if tl is None else tl.lines(max_events=DOCTOR_EVENTS),
     )
 
+
+#: the timeline's events ``doctor`` prints (the latest; ``--json`` carries them all)
+DOCTOR_EVENTS = 6
 
 #: a condition that began this close after the window's start held for the whole of it (the first
 #: samples come a round or two after the start)
@@ -721,6 +732,9 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     if st and st.get("state") == "starting":
         lines.append(f"startup: {st.get('current') or 'starting'} ({st.get('log_kind') or st.get('log')})"
                      + (f" STALLED: {st['stalled']}" if st.get("stalled") else ""))
+    if doctor and rep.log_timeline_text:
+        lines.append(rep.log_timeline_text[0])
+        lines += [f"  {ln}" for ln in rep.log_timeline_text[1:]]
     lines += requests_text(rep)
     if rep.alerts:
         lines.append("")

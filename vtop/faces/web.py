@@ -49,10 +49,13 @@ def free_port(host: str) -> int:
 
 def app_command(vtop_args: Sequence[str], *, allow_actions: bool) -> str:
     """The shell command textual-serve runs for each browser tab: this Python's vtop, with the
-    arguments given, read-only unless actions are allowed."""
+    arguments given, read-only unless actions are allowed, and delivering no alert (``--on-alert``,
+    ``--webhook``): every open tab would send each incident again; a ``vtop watch`` beside it delivers."""
     args = list(vtop_args)
     if not allow_actions and "--readonly" not in args:
         args.append("--readonly")
+    if "--no-alert-delivery" not in args:
+        args.append("--no-alert-delivery")
     return " ".join(shlex.quote(a) for a in (sys.executable, "-m", "vtop", *args))
 
 

@@ -127,12 +127,19 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # OpenAI-style and Hugging Face token shapes wherever they stand
     (re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{16,}"), "sk-***"),
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_***"),
+    # a webhook's URL is its secret: Slack's hook path, Discord's and Teams' tokens (issue #41's alert delivery)
+    (re.compile(r"(\bhttps?://hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s'\"<>]+"), r"\1***"),
+    (re.compile(r"(\bhttps?://(?:[a-z0-9-]+\.)*discord(?:app)?\.com/api/webhooks/)[^\s'\"<>]+"), r"\1***"),
+    # a token in a URL's query: ?token=S, &access_token=S, &key=S, &sig=S
+    (re.compile(r"(?i)([?&](?:token|access_token|auth|key|api_key|apikey|secret|password|sig|signature)=)"
+                r"(?!\*\*\*)[^&\s'\"#<>]+"), r"\1***"),
     # userinfo in a URL: scheme://user:password@host
     (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@"), r"\1***@"),
 )
 #: cheap literal screen before the regexes (a line with none of these holds no pattern above)
 _SECRET_HINTS = ("key", "KEY", "token", "TOKEN", "Token", "password", "PASSWORD", "PASSWD", "secret", "SECRET",
-                 "Bearer", "bearer", "BEARER", "uthorization", "UTHORIZATION", "sk-", "hf_", "@")
+                 "Bearer", "bearer", "BEARER", "uthorization", "UTHORIZATION", "sk-", "hf_", "@", "hooks.slack",
+                 "/webhooks/", "sig=", "auth=", "Key=")
 
 
 def scrub_secrets(text: str) -> str:
@@ -146,6 +153,31 @@ def scrub_secrets(text: str) -> str:
     for rx, repl in _SECRET_PATTERNS:
         text = rx.sub(repl, text)
     return text
+
+
+def redact_webhook(url: str) -> str:
+    """A webhook's URL as vtop shows and writes it: ``https://hooks.slack.com/***``, ``https://ntfy.sh/***``.
+
+    The whole path and query go: a webhook's URL is its credential (Slack's ``/services/T/B/X``, an ntfy
+    topic anyone who knows it may read, a ``?token=``), and the user and password too. The scheme, host
+    and port stay, so a person can tell which of several hooks failed. A prefix (``slack:``) stays."""
+    from urllib.parse import urlsplit
+
+    prefix, rest = "", url.strip()
+    head, colon, tail = rest.partition(":")
+    if colon and head.lower() in ("slack", "ntfy", "json") and not tail.startswith("//"):
+        prefix, rest = head.lower() + ":", tail
+    try:
+        parts = urlsplit(rest)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return prefix + "***"
+    if not parts.scheme or not host:
+        return prefix + "***"
+    shown = f"[{host}]" if ":" in host else host
+    tail_shown = "/***" if (parts.path.strip("/") or parts.query or parts.fragment or parts.username) else ""
+    return f"{prefix}{parts.scheme}://{shown}{f':{port}' if port else ''}{tail_shown}"
 
 
 def redact_url(url: str) -> str:

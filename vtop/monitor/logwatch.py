@@ -23,6 +23,8 @@ from vtop.core.requests.log import FinishedRequest, InFlight, RequestTracker
 from vtop.sources.logtail import LogSource, TailState, open_log
 
 RECENT_LINES = 400
+#: the kinds of warning and error a view carries (the most frequent)
+MAX_KINDS_SHOWN = 8
 #: what the attach-time tail read keeps: the stats lines and the shm-broadcast waits
 BACKFILL_NEEDLES = (b"Avg prompt throughput", b"No available shared memory broadcast block")
 
@@ -66,6 +68,13 @@ class LogView:
     old_s: float | None = None
     """How old the log's last line was when vtop read it, when that is an hour or more and no line came
     since: an old file (``--log`` of a past run), not a start that stalled (no stall is judged from it)."""
+    past_starts: tuple[StartupSnapshot, ...] = ()
+    """The earlier starts of the server in this log, oldest first (a restart inside the log)."""
+    problem_kinds: tuple[tuple[str, int, str, float | None, float | None], ...] = ()
+    """The warnings and errors read, by kind (:attr:`vtop.core.phases.tracker.PhaseTracker.problem_kinds`)."""
+    attached: float | None = None
+    """When vtop first read the log (monotonic): what came before is the backlog, what the log says of
+    the time before vtop looked."""
 
     @property
     def problem(self) -> str | None:
@@ -149,6 +158,7 @@ class LogWatch:
         self._restarts_seen = 0
         self._max_len_sent: int | None = None
         self._last_arrival = float("-inf")
+        self._attached: float | None = None
 
     @classmethod
     def open(cls, spec: str, **kw: Any) -> LogWatch:
@@ -233,6 +243,7 @@ class LogWatch:
             self._binary_lines = 0
             self._restarts_seen = 0
             self._max_len_sent = None
+            self._attached = None
             while True:
                 try:
                     self._events.get_nowait()
@@ -244,6 +255,8 @@ class LogWatch:
         with self._lock:
             now = self.clock.monotonic()
             wall = self.clock.time()
+            if self._attached is None:
+                self._attached = now
             timed = getattr(self.source, "poll_timed", None)
             arrivals: list[tuple[float, float]] | None = None
             if timed is not None:
@@ -320,6 +333,9 @@ class LogWatch:
                 logged_since_start=self.requests.logged_since_start(),
                 old_s=old,
                 source_label=getattr(self.source, "label", None),
+                past_starts=self.tracker.past_starts,
+                problem_kinds=tuple(self.tracker.problem_kinds[:MAX_KINDS_SHOWN]),
+                attached=self._attached,
             )
 
     def _arrivals(self, stamps: list[float | None], now: float, wall: float) -> list[tuple[float, float]]:
@@ -346,7 +362,9 @@ class LogWatch:
             return
         from vtop.core.phases.patterns import parse_line
 
-        for line in tail(BACKFILL_NEEDLES):
+        # with the stats lines before the last startup (a restart in place): the charts drawn back and the
+        # timeline tell the earlier run apart by the start's time (vtop.core.backfill, vtop.core.timeline)
+        for line in tail(BACKFILL_NEEDLES, before_start=True):
             self.history.feed(parse_line(line), wall)
 
     def close(self) -> None:

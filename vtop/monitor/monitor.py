@@ -38,8 +38,10 @@ from vtop.model.gpu import ABSENT, OFF, GpuPoll
 from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_hostport, url_matches
 
 if TYPE_CHECKING:
+    from vtop.core.backfill import Backfill
     from vtop.core.evidence import Evidence
     from vtop.core.rules import Alert, Diagnoser
+    from vtop.core.timeline import Timeline
     from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
     from vtop.sources.discovery import ServerProcess
@@ -51,6 +53,10 @@ DOWNLOAD_PHASES = (Phase.PROCESS_START, Phase.ENGINE_INIT, Phase.WEIGHTS)
 
 #: what :meth:`Monitor.take_changes` can say
 GPU, SERVERS, LOG, LOG_SOURCE, ALERTS = "gpu", "servers", "log", "log-source", "alerts"
+
+#: how long before vtop first read the log a line must be to tell of the time before vtop (the first
+#: read of a start followed from its launch comes a poll or two after it)
+PAST_SLACK_S = 5.0
 
 #: A live monitor keeps the last this many alert changes and server states (``alert_log``,
 #: ``WatchedServer.history``): both grew with every change for as long as vtop ran (a
@@ -82,6 +88,8 @@ class WatchedServer:
     """States seen, in order (tests and the record)."""
     conns: ConnTracker = field(default_factory=ConnTracker)
     """Its connections as the kernel counts them (a server on this box only; vtop/sources/sockets.py)."""
+    first_poll: float | None = None
+    """When vtop first polled it (monotonic): its charts are live from then, the log's before."""
 
 
 class AlertChange(NamedTuple):
@@ -173,6 +181,8 @@ class Monitor:
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
+        self._backfill: Backfill | None = None
+        self._backfill_key: tuple[Any, float | None, str] | None = None
 
     # ------------------------------------------------------------------ reading
     @property
@@ -243,6 +253,57 @@ class Monitor:
                 seen = replace(seen, died=True)
         return seen
 
+    def backfill(self, url: str) -> Backfill | None:
+        """The charts of ``url`` before vtop first polled it, from the log's stats lines (the server the
+        followed log belongs to only; :mod:`vtop.core.backfill`); None when the log has none of then."""
+        lv = self.log_view
+        ws = self.servers.get(url)
+        if lv is None or ws is None or url != self.log_target or lv.history is None:
+            return None
+        got = self._backfill_key
+        if got is not None and got[0] is lv and got[1] == ws.first_poll and got[2] == url:
+            return self._backfill
+        from vtop.core.backfill import backfill_from
+
+        starts = [s.started for s in lv.past_starts] + [lv.snapshot.started]
+        self._backfill = backfill_from(lv.history, ws.first_poll, starts)
+        self._backfill_key = (lv, ws.first_poll, url)
+        return self._backfill
+
+    def has_past(self) -> bool:
+        """The followed log says something of the time before vtop started reading it (a stats line,
+        or a start, from before then): the timeline key is offered."""
+        lv = self.log_view
+        h = lv.history if lv is not None else None
+        if lv is None or lv.attached is None or h is None:
+            return False
+        at = lv.attached - PAST_SLACK_S
+        if h.stats and h.stats[0].mono < at:
+            return True
+        starts = [s.started for s in lv.past_starts] + [lv.snapshot.started]
+        return any((m := h.to_mono(t)) is not None and m < at for t in starts)
+
+    def wall_of(self, mono: float) -> str:
+        """A monotonic time as this box's local ``HH:MM:SS``."""
+        import time
+
+        try:
+            return time.strftime("%H:%M:%S", time.localtime(self.clock.time() - (self.clock.monotonic() - mono)))
+        except (OverflowError, ValueError, OSError):
+            return "?"
+
+    def timeline(self) -> Timeline | None:
+        """What the followed log says happened, before vtop started and since (:mod:`vtop.core.timeline`):
+        the one answer the timeline key, the snapshot bundle, ``doctor`` and ``--json`` give."""
+        lv = self.log_view
+        if lv is None or lv.lines_total == 0:
+            return None
+        from vtop.core.timeline import build_timeline
+
+        return build_timeline(lv.snapshot, lv.past_starts, lv.history, lv.problem_kinds,
+                              warnings=lv.warnings, errors=lv.errors, attached=lv.attached,
+                              now=self.clock.monotonic())
+
     def api_key_for(self, url: str) -> str | None:
         """The key for a server's ``/v1`` endpoints: the one configured, else its own ``--api-key``."""
         if self.api_key:
@@ -283,6 +344,8 @@ class Monitor:
 
     def history_json(self) -> dict[str, Any]:
         """Every series, for the snapshot bundle."""
+        from vtop.core.backfill import BACKFILL_SERIES
+
         def pts(series: Any) -> list[list[float | None]]:
             return [[round(t, 3), v] for t, v in series]
 
@@ -290,6 +353,10 @@ class Monitor:
             "gpus": {str(i): {k: pts(s) for k, s in tr.series.items()} for i, tr in self.gpu_history.tracks.items()},
             "servers": {url: {k: pts(s) for k, s in ws.last_view.series.items()} if ws.last_view else {}
                         for url, ws in self.servers.items()},
+            # the charts before vtop first polled a server, from its log's stats lines (vtop.core.backfill)
+            "servers_from_log": {url: {"until": round(bf.until, 3), "restarts_at": [round(t, 3) for t in bf.splits],
+                                       **{k: pts(bf.series(k)) for k in BACKFILL_SERIES}}
+                                 for url in self.servers if (bf := self.backfill(url)) is not None},
         }
 
     # ------------------------------------------------------------------ servers
@@ -442,6 +509,8 @@ class Monitor:
         ws.tracker.feed(poll, process=self.process_arg(ws), log_phase=self._log_phase_of(url))
         view = ws.tracker.view()
         ws.polls += 1
+        if ws.first_poll is None:
+            ws.first_poll = poll.mono
         if not ws.history or ws.history[-1] != view.state:
             _append_bounded(ws.history, view.state, self._keep_changes)
         ws.last_view = view
@@ -678,6 +747,7 @@ class Monitor:
             ws.last_view = None
             ws.process = None
             ws.polls = 0
+            ws.first_poll = None
             ws.history.clear()
             ws.conns = ConnTracker()
             ws.version += 1

@@ -372,19 +372,22 @@ class LogTailer:
             finally:
                 self._file = None
 
-    def tail_lines(self, needles: tuple[bytes, ...], max_bytes: int = DEFAULT_BACKFILL_BYTES) -> list[str]:
+    def tail_lines(self, needles: tuple[bytes, ...], max_bytes: int = DEFAULT_BACKFILL_BYTES, *,
+                   before_start: bool = False) -> list[str]:
         """The lines holding one of ``needles`` in the last ``max_bytes`` of the open file
         that the forward read has not reached yet, oldest first (ANSI removed). For the log's
         history at attach (:mod:`vtop.core.loghistory`): the forward read starts at the last
         startup, which on a server up for days is up to ``max_scan`` back and takes a poll
         per ``max_read`` to come; the stats lines of the last minutes are at the end. Bounded:
-        one ``pread`` of at most ``max_bytes``, never the file whole."""
+        one ``pread`` of at most ``max_bytes``, never the file whole. ``before_start``: the lines
+        before where the forward read began count too (the stats lines of an earlier run of a
+        server restarted in place, written before its last startup: issue #45)."""
         if self._file is None:
             return []
         fd = self._file.fileno()
         try:
             size = os.fstat(fd).st_size
-            start = max(self._offset, size - max_bytes)
+            start = max(0 if before_start else self._offset, size - max_bytes)
             if start >= size:
                 return []
             data = os.pread(fd, size - start, start)

@@ -94,6 +94,8 @@ class ActionKeys(App[int]):
             return None
         if action.startswith("replay_") and getattr(self.focused, "id", None) == "log-filter":
             return False  # typing the log filter: space and the arrows are the text's
+        if action == "timeline":
+            return self.monitor.has_past()  # offered when the log tells of the time before vtop
         if action in ("freeze", "poll_interval") and self.feed is None and self.replay is None:
             return None  # driven by hand (tests): nothing polls
         return True
@@ -155,6 +157,7 @@ class ActionKeys(App[int]):
         src = getattr(self.log_watch, "source", None)
         log_path = src.path if isinstance(src, LogTailer) else None
         phases = dict(summarize(self.log_view.snapshot)) if self.log_view else None
+        tl = self.monitor.timeline()
         secrets = [k for k in (self.config.api_key, os.environ.get("VLLM_API_KEY")) if k]
         secrets += [cred.partition(":")[2] for _, cred in self.config.url_auth]  # a URL's password
         fut = self.snapshots.start(
@@ -167,6 +170,8 @@ class ActionKeys(App[int]):
             alerts=[a.to_json() for a in self.alerts],
             screen_svg=self.export_screenshot(),
             actions=[rec.to_json() for rec in self._stops],
+            timeline=tl.lines() if tl is not None else (),
+            timeline_json=tl.to_json() if tl is not None else None,
             redact_prompts=self.config.redact_prompts,
             secrets=secrets,
             progress=self._snapshot_progress_from_thread,

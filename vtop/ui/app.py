@@ -77,6 +77,7 @@ class VtopApp(ActionKeys, ViewKeys):
         Binding("a", "toggle_probes", "Polls", show=False),
         Binding("slash", "filter_log", "Filter", key_display="/"),
         Binding("r", "requests", "Requests"),
+        Binding("h", "timeline", "Before"),
         Binding("P", "processes", "Procs", key_display="P"),
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
@@ -118,9 +119,16 @@ class VtopApp(ActionKeys, ViewKeys):
             src = make_gpu_source(config) if isinstance(gpu_source, str) else gpu_source
             kw: dict[str, Any] = {} if discover == "auto" else {"discover": discover}
             self.feed = LiveFeed(self.monitor, gpu_source=src, hang_after_s=hang_after_s, **kw)
+        #: ``--on-alert`` / ``--webhook``: each start, severity change and clear sent off the tick (never in a replay)
+        self.delivery: Any = None
+        if replay is None and config.alert_delivery and (config.on_alert or config.webhook):
+            from vtop.actions.alerts_out import delivery_for
+
+            self.delivery = delivery_for(config)
         self.cards: dict[str, ServerCard] = {}
         """The server cards, by URL."""
         self._card_versions: dict[str, tuple[int, float]] = {}
+        self._past_offered = False
         self._widgets: dict[str, Any] = {}
         self._snapshots: Any = None
         self._snapshot_busy = False
@@ -447,6 +455,8 @@ class VtopApp(ActionKeys, ViewKeys):
         if self.feed is not None:
             self.feed.collect()
         self.round()  # frozen (space): the monitor's round still closes, the screen waits
+        if self.delivery is not None:
+            self._deliver()
         self._watchdog()
         self._ticks += 1
         if self._ticks == self.SETTLE_GC_AFTER_TICKS and not self.is_headless:
@@ -454,6 +464,13 @@ class VtopApp(ActionKeys, ViewKeys):
             from vtop.gc_tuning import settle_gc
 
             settle_gc()
+
+    def _deliver(self) -> None:
+        """Hand this tick's changes of the incidents to the alert delivery (a queue: never waits) and show
+        what it says went wrong, each failure once (:mod:`vtop.actions.alerts_out`)."""
+        self.delivery.observe_monitor(self.monitor)
+        for line in self.delivery.take_notices():
+            self.notify(line, severity="error" if "failed" in line else "information", timeout=15)
 
     def _watchdog(self) -> None:
         # a call in flight past the hang bound, or readings past the monitor's stale bound (one for every face)
@@ -511,6 +528,7 @@ class VtopApp(ActionKeys, ViewKeys):
 
     def _paint_servers(self) -> None:
         now = self.chart_now()
+        self._late_note()
         for url, ws in self.monitor.servers.items():
             card = self.cards.get(url)
             if card is None:
@@ -526,7 +544,26 @@ class VtopApp(ActionKeys, ViewKeys):
                 card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
             if ws.last_view is not None:
                 card.seen = self.monitor.last_seen(ws.last_view)
+                card.backfill = self.monitor.backfill(url)
+                if card.backfill is not None and card.since_wall is None:
+                    card.since_wall = self.monitor.wall_of(card.backfill.until)
                 card.show(ws.last_view, now)
+
+    def _late_note(self) -> None:
+        """While a server card shows charts from before vtop started (its log's), the GPU panel says
+        plainly that its charts have no such past."""
+        since = next((c.since_wall for c in self.cards.values() if c.backfill is not None and c.since_wall
+                      and c.log_shown(c.content_width() or 80)), None)
+        note = (f"GPU charts start at {since}, when vtop started: NVML keeps no history before that "
+                "(the server charts before it are from the vLLM log)") if since else ""
+        past = self.monitor.has_past()
+        if past != self._past_offered:
+            self._past_offered = past
+            self.refresh_bindings()  # the timeline key shows (footer and help) once the log tells of the past
+        if note != self.w_gpu.late_note:
+            self.w_gpu.late_note = note
+            poll = self.gpu_history.last_poll
+            self.w_gpu.update_view(poll.mono if poll else 0.0)
 
     def _mount_card(self, ws: WatchedServer) -> ServerCard:
         interval = self.config.interval
@@ -641,5 +678,7 @@ class VtopApp(ActionKeys, ViewKeys):
     def on_unmount(self) -> None:
         if self.feed is not None:
             self.feed.stop()
+        if self.delivery is not None:
+            self.delivery.close()
         if self.recorder is not None:
             self.recorder.close()

@@ -435,6 +435,50 @@ class AlertsScreen(ModalScreen[None]):
         self.query_one("#alerts-scroll", VerticalScroll).scroll_relative(y=rows, animate=False)
 
 
+class TimelineScreen(ModalScreen[None]):
+    """``h``: what the vLLM log says happened before vtop started (and since): the starts with their
+    phases and durations, ready, deaths, restarts, warnings and errors with counts, the last stats
+    line (:mod:`vtop.core.timeline`, the one answer ``doctor`` and the snapshot bundle give too).
+    Follows the log while open (once a second)."""
+
+    BINDINGS = [
+        Binding("escape,q,h", "dismiss", "Close"),
+        Binding("up,k", "scroll(-1)", "Up", show=False),
+        Binding("down,j", "scroll(1)", "Down", show=False),
+        Binding("pageup", "scroll(-10)", "Page up", show=False),
+        Binding("pagedown,space", "scroll(10)", "Page down", show=False),
+    ]
+
+    def __init__(self, timeline: Callable[[], Any]) -> None:
+        super().__init__()
+        self.timeline = timeline
+        """The monitor's timeline now (a callable: the screen follows it)."""
+        self._text: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="-full"):
+            yield Label("Before vtop: what the vLLM log says happened", id="dialog-title")
+            with VerticalScroll(id="timeline-scroll"):
+                yield Static("", id="timeline-all", markup=False)
+            yield Label("esc/h close · ↑↓ PgUp PgDn scroll", id="dialog-keys")
+
+    def on_mount(self) -> None:
+        self.refresh_timeline()
+        self.set_interval(1.0, self.refresh_timeline)
+
+    def refresh_timeline(self) -> None:
+        tl = self.timeline()
+        text = "\n".join(tl.lines()) if tl is not None else (
+            "No vLLM log is followed, or nothing was read from it yet: vtop knows nothing of the time "
+            "before it started. (--log PATH names the server's log; vtop finds a local server's by itself.)")
+        if text != self._text:
+            self._text = text
+            self.query_one("#timeline-all", Static).update(text)
+
+    def action_scroll(self, rows: int) -> None:
+        self.query_one("#timeline-scroll", VerticalScroll).scroll_relative(y=rows, animate=False)
+
+
 #: What each part of the screen shows, for the help screen (``?``, F1).
 ROWS_HELP = (
     ("status line", "vtop's version, the host, the GPUs (SIMULATED with --simulate-gpus), the vLLM servers' states, "
@@ -446,7 +490,8 @@ ROWS_HELP = (
                  "right: power/limit, temperature, memory, SM clock and throttle reasons; bottom: the processes"),
     ("vLLM card", "running and waiting requests, KV cache use and generated tokens/s on the GPU cards' time axis; "
                   "right: the chart's scale, prompt tokens/s, preemptions/s, /metrics latency; then TTFT, "
-                  "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished"),
+                  "inter-token and end-to-end latency (p50/p95/p99, last minute) and how requests finished; "
+                  "before vtop started: from the log, another shade (┊ a restart)"),
     ("requests line", "requests in flight (vLLM's running + waiting), the oldest named with how long it has run "
                       "at least and the max_tokens vLLM filled in; without end lines in the log, the requests it "
                       "received in the last 10 s (r: every request known in flight, by the request log, its "

@@ -100,6 +100,9 @@ class ViewKeys(App[int]):
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "
                      "folded together, with GPU and host memory, CPU %, user, command; m c i sort",
+        "timeline": "before vtop: what the vLLM log says happened before vtop started (and since): each start "
+                    "with its phases and durations, ready, deaths, restarts, warnings and errors with counts, "
+                    "the last stats line (doctor prints the same)",
         "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
                     "and the last finished",
         "snapshot": "snapshot: an incident bundle of log, /metrics, history, processes, screen",
@@ -134,6 +137,10 @@ class ViewKeys(App[int]):
             notes.append("READ-ONLY (--readonly): the snapshot, py-spy, test-request and stop keys (s d t x) are off.")
         if self.replay is not None:
             notes.append("A replay: s, d, t and x would act on this box, not the recorded one, so they are off.")
+        delivery = getattr(self, "delivery", None)
+        if delivery is not None:  # --on-alert / --webhook (vtop/actions/alerts_out.py): URLs shown without secrets
+            notes.append("Each start, severity change and clear of an incident goes to: " + ", ".join(delivery.labels)
+                         + " (docs/watch.md).")
         return notes
 
     def action_freeze(self) -> None:
@@ -212,6 +219,11 @@ class ViewKeys(App[int]):
 
         m = self.monitor
         self.push_screen(RequestsScreen(lambda: m.in_flight, lambda: self.log_view))
+
+    def action_timeline(self) -> None:
+        from vtop.ui.screens import TimelineScreen
+
+        self.push_screen(TimelineScreen(self.monitor.timeline))
 
     def action_alert_details(self) -> None:
         from vtop.ui.screens import AlertsScreen

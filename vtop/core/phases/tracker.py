@@ -103,6 +103,12 @@ __all__ = ["DEFAULT_STALL_S", "PhaseTracker", "summarize"]
 #: Real cold starts have 18-30 s silent gaps (imports, EngineCore spawn, warmup)
 #: and first torch.compile runs of big models take several minutes.
 DEFAULT_STALL_S = 600.0
+#: the earlier starts of a log a tracker remembers (:attr:`PhaseTracker.past_starts`)
+PAST_STARTS = 8
+#: the kinds of warning and error a tracker counts apart (:attr:`PhaseTracker.problem_kinds`)
+MAX_KINDS = 64
+#: what is blanked in a message to tell its kind: numbers, hex ids, paths, quoted values
+_KIND_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-f]{8,}|/[\w./-]+|'[^']*'|\"[^\"]*\"|\d+(?:\.\d+)?")
 
 # --------------------------------------------------------------------------- phase lines, as tables
 
@@ -264,6 +270,10 @@ class PhaseTracker:
         self._restarts = 0
         self._warnings = 0
         self._errors = 0
+        #: the starts before this one, oldest first (a restart inside the log: :attr:`past_starts`)
+        self._past: deque[StartupSnapshot] = deque(maxlen=PAST_STARTS)
+        #: warnings and errors by kind (:attr:`problem_kinds`): signature -> [count, level, example, first t, last t]
+        self._kinds: dict[str, list[Any]] = {}
         self._launch_t: float | None = None
         self._launch_arrival: float | None = None
         self._launch_epoch: float | None = None
@@ -522,6 +532,7 @@ class PhaseTracker:
         old_first = self._first_t
         launch = self._launch_t
         keep = launch is not None and launch <= t + 1 and (old_first is None or launch > old_first)
+        self._past.append(self.snapshot())
         self._reset_startup()
         self._restarts += 1
         if not keep:
@@ -550,11 +561,53 @@ class PhaseTracker:
                 level = "ERROR"
             elif C10D_WARN_RE.match(msg) or PYWARN_RE.search(msg):
                 level = "WARNING"
+        # a kind is a logged warning or error, or the exception line that ends a traceback printed raw
+        # (not each line of the traceback)
+        kind = ev.level is not None or (level is not None and EXC_LINE_RE.match(ev.message.strip()) is not None)
         if level in ("WARNING",):
             self._warnings += 1
+            if kind:
+                self._note_kind(ev, "WARNING")
         elif level in ("ERROR", "CRITICAL"):
             self._errors += 1
+            if kind:
+                self._note_kind(ev, "ERROR")
         return level
+
+    def _note_kind(self, ev: LogEvent, level: str) -> None:
+        """Count a warning or an error by its kind: the message with its numbers, paths and ids
+        blanked (one kind for "... 3 s" and "... 5 s"), bounded to :data:`MAX_KINDS` kinds."""
+        raw = ev.message
+        if raw[:1].isspace() or raw.startswith("Traceback (most recent call last)"):
+            return  # a traceback's own lines (logged line by line by logger.exception): its last line counts
+        msg = raw.strip()
+        if not msg:
+            return
+        key = level + ":" + _KIND_RE.sub("#", msg)[:96]
+        t = self._anchor[0] if self._anchor is not None else None
+        rec = self._kinds.get(key)
+        if rec is None:
+            if len(self._kinds) >= MAX_KINDS:
+                return
+            self._kinds[key] = [1, level, msg[:160], t, t]
+        else:
+            rec[0] += 1
+            rec[4] = t
+
+    @property
+    def problem_kinds(self) -> list[tuple[str, int, str, float | None, float | None]]:
+        """``(level, count, an example message, first, last)`` of each kind of warning and error
+        read, errors first, then warnings, each most frequent first (times on the log's clock, None
+        when no line was stamped yet)."""
+        rows = [(r[1], r[0], r[2], r[3], r[4]) for r in self._kinds.values()]
+        rows.sort(key=lambda r: (r[0] != "ERROR", -r[1]))
+        return rows
+
+    @property
+    def past_starts(self) -> tuple[StartupSnapshot, ...]:
+        """The starts of earlier runs of the server in this log, oldest first (at most
+        :data:`PAST_STARTS`): each as its snapshot was when the next start's banner came."""
+        return tuple(self._past)
 
     def _remember(self, ev: LogEvent, t: float, level: str | None, arrival: float) -> None:
         bar = None

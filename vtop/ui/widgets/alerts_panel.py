@@ -25,7 +25,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from vtop.model.requests import ServerRequests, age_words
+from vtop.model.requests import ServerRequests, age_words, dur_text
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -134,6 +134,7 @@ class RequestsLine(Static):
     def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
         self._text = ""
+        self._shown: tuple[ServerRequests | None, Any] = (None, None)
 
     @property
     def has_text(self) -> bool:
@@ -141,30 +142,61 @@ class RequestsLine(Static):
         return bool(self._text)
 
     def show_requests(self, answer: ServerRequests | None, down: Any = None) -> None:
-        text = self.line(answer, down)
+        self._shown = (answer, down)
+        width = self.content_size.width or max(0, self.app.size.width - 2)
+        text = self.line(answer, down, width=width or None)
         if text != self._text:
             self._text = text
             self.update(text)
 
+    def on_resize(self) -> None:
+        self.show_requests(*self._shown)
+
     @staticmethod
-    def line(answer: ServerRequests | None, down: Any = None) -> str:
+    def line(answer: ServerRequests | None, down: Any = None, *, width: int | None = None) -> str:
         """``down``: the server's gauges as last seen when it is down or its engine died
-        (:meth:`vtop.monitor.Monitor.log_target_down`): then nothing is in flight any more."""
+        (:meth:`vtop.monitor.Monitor.log_target_down`): then nothing is in flight any more.
+        ``width``: the columns there are; where the whole line does not fit, the same facts in
+        fewer words (at 80 columns the oldest request's age and its limit were cut off)."""
         if down is not None:
             return f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
         if answer is None or (answer.oldest is None and not answer.request_logging):
             return ""  # nothing the server card does not say already
-        parts = [f"requests in flight: {'?' if answer.count is None else answer.count}"]
-        if answer.running is not None:
-            parts[0] += f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)"
+        count = "?" if answer.count is None else str(answer.count)
         o = answer.oldest
-        if o is not None:
-            oldest = f"oldest {o.short_name} {'in flight' if o.answer_pending else 'running'} {age_words(o)}"
-            if o.max_tokens is not None:
-                oldest += f", max_tokens {o.max_tokens:,}"
-            if o.no_client_max_tokens:
-                oldest += " (no max_tokens from client)"
-            parts.append(oldest)
-        if answer.received_recent is not None:
-            parts.append(f"{answer.received_recent} received in the last 10 s (request log)")
-        return " · ".join(parts) + " · r: all"
+        text = ""
+        # 0: every word; 1: fewer words, without the requests received lately; 2: the count and the oldest
+        # request, its id cut, its age as a bound sign; 3: the same without the id (the alert and r name it)
+        for level in range(4):
+            head = (f"requests in flight: {count}" if level == 0 else f"in flight {count}" if level == 1
+                    else f"{count} in flight")
+            if answer.running is not None and level < 2:
+                head += (f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)" if level == 0
+                         else f" ({answer.running:,.0f} run, {answer.waiting or 0:,.0f} wait)")
+            parts = [head]
+            if o is not None:
+                state = "in flight" if o.answer_pending else "running"
+                name = o.short_name  # a request id cut at the narrowest; a client's address kept whole
+                if level >= 2 and o.request_id and len(name) > 14:
+                    name = name[:13] + "…"
+                elif level >= 2 and not o.request_id and o.client:
+                    name = o.client
+                age = age_words(o)
+                if level >= 2 and o.age_min_s is not None:
+                    age = "≥" + dur_text(o.age_min_s)  # the same lower bound, as a sign
+                oldest = (f"oldest {name} {state} {age}" if level == 0 else f"oldest {name} {age}" if level < 3
+                          else f"oldest {age}")
+                if o.max_tokens is not None:
+                    oldest += f", max_tokens {o.max_tokens:,}"
+                if o.no_client_max_tokens:
+                    oldest += (" (no max_tokens from client)" if level == 0 else " (none from client)" if level == 1
+                               else " (client: unset)")
+                parts.append(oldest)
+            if answer.received_recent is not None and level == 0:
+                parts.append(f"{answer.received_recent} received in the last 10 s (request log)")
+            text = " · ".join(parts) + (" · r: all" if level == 0 else " · r" if level == 1 else "")
+            if width is None or len(text) <= width:
+                return text
+        return text
+        return text
+        return text

@@ -436,6 +436,9 @@ class GpuPanel(Container):
         self._lines_widget: GpuLines | None = None
         self.sparks = SparkLines()
         """Each chart's last sparkline, by (GPU, field, width)."""
+        self.late_note = ""
+        """Said above the cards while a server card shows charts from before vtop started (from its
+        log): the GPU charts have no such past (NVML keeps no history)."""
 
     def compose(self) -> ComposeResult:
         # Kept, not queried: a poll that lands while the app starts or shuts down
@@ -487,7 +490,7 @@ class GpuPanel(Container):
         elif poll is not None and poll.message:
             self.set_message(f"GPU: {poll.message}")
         else:
-            self.set_message("")
+            self.set_message(self.late_note if self.history.tracks else "")
         have = {c.index for c in self.cards}
         want = sorted(self.history.tracks)
         new = [GpuCard(i, self) for i in want if i not in have]

@@ -15,9 +15,10 @@ import textwrap
 
 from rich.text import Text
 
+from vtop.core.backfill import Backfill
 from vtop.core.rates import Quantiles
 from vtop.core.server import LastSeen, ServerView
-from vtop.core.spark import SparkLines
+from vtop.core.spark import GAP, SparkLines, spark
 from vtop.model.fmt import dur
 from vtop.ui.widgets.gpu_panel import RIGHT_COL, SPARK_LEFT, Run, _RunsWidget, spark_width
 
@@ -103,7 +104,7 @@ class ServerCard(_RunsWidget):
     COMPONENT_CLASSES = {
         "gpu-card--label", "gpu-card--util", "gpu-card--sm", "gpu-card--mem",
         "gpu-card--bw", "gpu-card--hot", "gpu-card--dim", "gpu-card--lost",
-        "gpu-card--warn",
+        "gpu-card--warn", "gpu-card--log",
     }
 
     def __init__(self, key: str, *, window_s: float, max_gap: float, **kw: object) -> None:
@@ -117,6 +118,11 @@ class ServerCard(_RunsWidget):
         self.seen: LastSeen | None = None
         """The gauges as last seen, as the monitor words them (:meth:`vtop.monitor.Monitor.last_seen`)."""
         self.extra_title = ""
+        self.backfill: Backfill | None = None
+        """The charts before vtop first polled the server, from the log's stats lines
+        (:meth:`vtop.monitor.Monitor.backfill`): drawn in their own shade, the legend says so."""
+        self.since_wall: str | None = None
+        """When vtop first polled the server (``HH:MM:SS``), for the legend."""
         self._nlines: int | None = None
         self._sparks = SparkLines(64)
         self._all_n: tuple[tuple[int, int], int] | None = None
@@ -173,13 +179,27 @@ class ServerCard(_RunsWidget):
             self.refresh(layout=True)
         self.repaint_changed()
 
-    def _spark(self, name: str, width: int, hi: float) -> Run:
+    def _spark(self, name: str, width: int, hi: float) -> list[Run]:
         assert self.view is not None
         s = self.view.series.get(name)
         if s is None:
-            return (" " * width, "dim")
+            return [(" " * width, "dim")]
         vals = s.buckets(self.now, width, self.window_s, max_gap=self.max_gap)
-        return (self._sparks.draw((name, width), vals, 0.0, hi), "util" if name != "kv_pct" else "mem")
+        style = "util" if name != "kv_pct" else "mem"
+        bf = self.backfill
+        if bf is not None:
+            logged, marks = bf.cells(name, self.now, width, self.window_s)
+            if marks or any(v is not None for v in logged):
+                return _merged_runs(vals, logged, marks, hi, style)
+        return [(self._sparks.draw((name, width), vals, 0.0, hi), style)]
+
+    def log_shown(self, width: int) -> bool:
+        """The log's cells are on the charts now (the legend line says so)."""
+        bf = self.backfill
+        if bf is None:
+            return False
+        logged, marks = bf.cells("running", self.now, spark_width(width), self.window_s)
+        return bool(marks) or any(v is not None for v in logged)
 
     def _scale(self, name: str) -> tuple[float, str]:
         assert self.view is not None
@@ -187,6 +207,9 @@ class ServerCard(_RunsWidget):
             return 100.0, ""
         s = self.view.series.get(name)
         peak = (s.peak() if s is not None else None) or 0.0
+        if self.backfill is not None and s is not None:
+            # the log's points count while the live series would still hold them: no jump at the switch
+            peak = max(peak, self.backfill.peak(name, self.now - s.window_s) or 0.0)
         if name == "running" and self.max_num_seqs:
             return float(max(self.max_num_seqs, peak, 1)), f"of {self.max_num_seqs}"
         return max(peak, 1.0), f"max {peak:.0f}" if name in ("running", "waiting") and peak < 100_000 else f"max {fmt_num(peak)}"
@@ -256,10 +279,12 @@ class ServerCard(_RunsWidget):
                 value = (f"{fmt_num(val):>5}", "")
             if seen is not None and name != "gen_tps":
                 value = (value[0], "dim")
-            row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), self._spark(name, spark_w, hi)]
+            row: list[Run] = [(f"{label:<{label_w}}", "label"), value, (" ", ""), *self._spark(name, spark_w, hi)]
             right = f"{note:<{note_w}} " if note_w else ""
             row += [(" ", ""), (right, "dim"), ((extras[i] if i < len(extras) else "")[: RIGHT_COL - len(right)], "label")]
             out.append(row)
+        if self.log_shown(width):
+            out.append([(_fit(log_legend(self.backfill, self.since_wall), width), "log")])
         out.append([(fmt_q("TTFT", v.ttft) + " · " + fmt_q("ITL", v.itl) + " · " + fmt_q("e2e", v.e2e), "label")])
         fin = v.finished or {}
         done = " · ".join(f"{k} {fmt_num(n)}" for k, n in sorted(fin.items()) if n) or "none"
@@ -298,6 +323,36 @@ class ServerCard(_RunsWidget):
 
     def render(self) -> Text:  # noqa: D102 - plain text for tests
         return super().render()
+
+
+#: the cell a restart of the server falls in, on a chart drawn back from its log
+RESTART_MARK = "┊"
+
+
+def log_legend(bf: Backfill | None, since: str | None) -> str:
+    """The charts' label while the log's cells are on them: what they are, and where they end."""
+    when = f" before {since}" if since else ""
+    split = f"; {RESTART_MARK} the server restarted" if bf is not None and bf.splits else ""
+    return f"charts{when} from the log's 10 s stats (vtop was not running){split}"
+
+
+def _merged_runs(live: tuple[float | None, ...], logged: tuple[float | None, ...], marks: frozenset[int],
+                 hi: float, style: str) -> list[Run]:
+    """A chart whose cells come from the live samples, or, where none and the log has one, from the log
+    (shaded ``log``), a restart's cell a mark: one scale for all."""
+    runs: list[Run] = []
+    for i, v in enumerate(live):
+        if i in marks:
+            ch, st = RESTART_MARK, "warn"
+        elif v is None and logged[i] is not None:
+            ch, st = spark((logged[i],), 0.0, hi), "log"
+        else:
+            ch, st = (GAP if v is None else spark((v,), 0.0, hi)), style
+        if runs and runs[-1][1] == st:
+            runs[-1] = (runs[-1][0] + ch, st)
+        else:
+            runs.append((ch, st))
+    return runs
 
 
 # --------------------------------------------------------------------------- issue #29's signals
