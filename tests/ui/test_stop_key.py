@@ -32,6 +32,7 @@ class Held:
         self.srv.listen()
         self.port = self.srv.getsockname()[1]
         self.client = socket.create_connection(("127.0.0.1", self.port))
+        self.client.settimeout(5)  # a connection left open fails a test, never hangs it
         self.conn, _ = self.srv.accept()
         self.server_error: str | None = None
         self.ended = threading.Event()
