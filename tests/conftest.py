@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,10 @@ from vtop.sources.fake_nvml import FakeGpu, FakeNvml
 from vtop.sources.nvml import NvmlSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# vtop keeps each start's phase times in $XDG_STATE_HOME/vtop/starts.json (vtop/sources/start_history.py):
+# no test reads or writes the history of the user who runs them (the subprocesses inherit this).
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="vtop-test-state-")
 
 
 def fake_gpus(n: int, clock: FakeClock, **kw: object) -> tuple[NvmlSource, FakeNvml]:

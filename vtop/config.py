@@ -55,6 +55,9 @@ class Config:
     """Where the snapshot key writes its incident bundles."""
     stall_threshold: float = 600.0
     """Seconds without a log line or progress before a start is flagged as a possible hang."""
+    start_history: bool = True
+    """Keep each start's phase times in ``$XDG_STATE_HOME/vtop/starts.json`` and judge a start against its
+    history (``start_history = false`` in the config file turns it off)."""
     prometheus_url: str | None = None
     """Read a fleet from this Prometheus-compatible API instead of polling servers (``--prometheus``)."""
     prometheus_token: str | None = field(default=None, repr=False)

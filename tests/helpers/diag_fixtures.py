@@ -34,6 +34,7 @@ from vtop.core.requests.conns import ConnTracker
 from vtop.core.requests.log import InFlight as RealInFlight
 from vtop.core.rules import Alert, Diagnoser, Thresholds
 from vtop.core.server import ServerTracker, ServerView
+from vtop.core.start_history import StartUsual
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
 from vtop.sources.discovery import ProcRecord, ServerProcess, discover_servers
 from vtop.sources.metrics_text import VllmMetrics, parse_vllm_metrics
@@ -220,12 +221,12 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
              log_history: LogHistoryView | None = None,
              logged_since_start: Sequence[tuple[float, int]] | None = None,
              conns: Mapping[str, ConnTracker] | None = None, wall: float | None = None,
-             proc_names: Mapping[int, str] | None = None) -> Evidence:
+             usual: StartUsual | None = None, proc_names: Mapping[int, str] | None = None) -> Evidence:
     """The :class:`Evidence` of one tick from its parts by name (a test's shorthand: the monitor
     builds it from its own state, ``Monitor.evidence``). The log's parts belong to ``log_target``."""
     log = None
     parts = (startup, startup_stall, startup_quiet, log_lines, requests, request_logging, log_history,
-             logged_since_start)
+             logged_since_start, usual)
     if log_target is not None or any(p is not None for p in parts):
         tgt = log_target
         if tgt is None and servers and len(servers) == 1:
@@ -234,7 +235,7 @@ def evidence(now: float, *, servers: Mapping[str, ServerView] | None = None, gpu
             target=tgt, snapshot=startup, stall=startup_stall, quiet=startup_quiet, lines=tuple(log_lines or ()),
             inflight=tuple((requests or {}).get(tgt, ())) if tgt is not None else (),
             request_logging=(request_logging or {}).get(tgt) if tgt is not None else None,
-            history=log_history, logged_since_start=logged_since_start,
+            history=log_history, logged_since_start=logged_since_start, usual=usual,
         )
     return Evidence(now, servers or {}, gpus, log, conns or {}, wall=wall, proc_names=proc_names or {})
 

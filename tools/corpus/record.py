@@ -67,12 +67,14 @@ WORK = Path(os.environ.get("VTOP_CORPUS_WORK", "/tmp/vtop-corpus"))
 BUDGET = {"runaway": 60.0, "engine_stall": 30.0, "engine_death": 5.0, "kv_saturation": 40.0,
           "startup_stall": 90.0, "startup_failure": 0.0,
           # the neighbour's 20 s streak, its minute before, and the hold: 45 s from its first kernel
-          "gpu_neighbour": 45.0}
+          "gpu_neighbour": 45.0,
+          # a CUDA OOM in a running engine: named within 10 s of its death being seen
+          "runtime_oom": 10.0}
 #: vtop rule names (vtop.core.rules.RULES) that count as naming each class
 EXPECT = {"runaway": ["runaway"], "engine_stall": ["engine_stall"], "engine_death": ["engine_died"],
           "kv_saturation": ["kv_saturation"], "startup_stall": ["startup_stall"],
           "startup_failure": ["startup_failure"], "restart": [], "normal": [], "clean_shutdown": [],
-          "gpu_neighbour": ["gpu_neighbour"]}
+          "gpu_neighbour": ["gpu_neighbour"], "runtime_oom": ["oom_transient", "oom_steady"]}
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile-password")
 FIXTURE_HEADER = b"# vtop test fixture"
 PROMPT = "Tell me about the quick brown fox and the lazy dog"

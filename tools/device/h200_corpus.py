@@ -845,6 +845,91 @@ def neighbour_matmul(ctx: GpuCtx) -> None:
     ctx.sleep(20)
 
 
+def _prompt_logprobs_burst(ctx: GpuCtx, n: int, prompt_tokens: int) -> list[str]:
+    """``n`` completions at once, each a prompt of ``prompt_tokens`` token ids with ``prompt_logprobs`` 5 and
+    max_tokens 1 (vLLM computes the log-softmax over the whole vocabulary for every prompt token); each
+    answer's status or error, in order."""
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    out: list[str] = [""] * n
+    body = {"model": srv.model, "prompt": [1000 + i % 500 for i in range(prompt_tokens)], "max_tokens": 1,
+            "prompt_logprobs": 5, "temperature": 0.0}
+
+    def one(i: int) -> None:
+        try:
+            with httpx.Client(timeout=httpx.Timeout(180.0, connect=5.0)) as c:
+                r = c.post(f"{srv.url}/v1/completions", json=body)
+                out[i] = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            out[i] = f"{type(e).__name__}: {str(e)[:120]}"
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    return out
+
+
+@scenario("h200-runtime-oom-prompt-logprobs", "runtime_oom", 420)
+def runtime_oom_prompt_logprobs(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0, --gpu-memory-utilization 0.97 --max-num-batched-tokens 32768 (little room beside what
+    vLLM profiled, long prefills in one step): launch to ready, 10 s idle, short requests every 2-5 s; 30 s
+    after ready, bursts of long prompts (30,000 token ids each, prompt_logprobs 5, max_tokens 1) at 2, 4, 8
+    and 16 at once, 15 s apart, until the engine dies (issue 40's runtime OOM by stage: the log-softmax over the
+    vocabulary for every prompt token outgrows what the profile run measured) or all four bursts are answered;
+    30 s after. Truth: began = the burst that killed it (oom_burst), should_alert_by = the engine's death seen
+    (health not 200 or the process gone) + 10 s. What vLLM did is in events.jsonl (each answer's status)."""
+    ctx.launch(("--gpu-memory-utilization", "0.97", "--max-num-batched-tokens", "32768"))
+    ctx.wait_ready()
+    ctx.sleep(10)
+    short = R.ShortTraffic(ctx, max_count=100, time_limit=300 * ctx.scale)  # type: ignore[arg-type]
+    short.start()
+    ctx.sleep(20)
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    for n in (2, 4, 8, 16):
+        ctx.event("oom_burst", n=n, prompt_tokens=30000)
+        answers = _prompt_logprobs_burst(ctx, n, 30000)
+        ctx.event("oom_burst_answered", n=n, answers=answers)
+        dead = not srv.is_running()
+        if not dead:
+            try:
+                with httpx.Client(timeout=5.0) as c:
+                    dead = c.get(f"{srv.url}/health").status_code != 200
+            except httpx.HTTPError:
+                dead = True
+        if dead:
+            ctx.event("engine_dead_seen", after_burst=n)
+            break
+        ctx.sleep(15)
+    else:
+        ctx.notes.append("no OOM: every burst was answered (vLLM's chunked prefill kept the logits small?)")
+    ctx.sleep(30)
+    short.stop()
+
+
+@scenario("h200-starts-history-budget", "normal", 420)
+def starts_history_budget(ctx: GpuCtx) -> None:
+    """H200, vLLM 0.26.0: three starts of the same model, each to ready and 5 s more, their logs kept as
+    start-0.log .. start-2.log: the first with the default --gpu-memory-utilization 0.5 (the compile cache as
+    the machine has it: cold on a fresh one), the second the same (the compile cache warm: its hit), the third
+    at 0.8. Issue 40's start history (this model's phase times, cold then warm) and memory budget (vLLM's
+    profiling lines at 0.5 and 0.8 beside NVML). The trace is the last start; truth: normal."""
+    cache = Path.home() / ".cache" / "vllm" / "torch_compile_cache"
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    for k, extra in enumerate(((), (), ("--gpu-memory-utilization", "0.8"))):
+        ctx.event("start_begin", k=k, extra=list(extra), compile_cache_present=cache.exists())
+        ctx.launch(extra)
+        ready_s = ctx.wait_ready()
+        ctx.sleep(5)
+        if srv.log_path is not None and srv.log_path.exists():
+            shutil.copyfile(srv.log_path, ctx.out / f"start-{k}.log")
+        ctx.event("start_kept", k=k, healthy_after_s=round(ready_s, 1), mem_used=ctx.nvml.mem_used() if ctx.nvml else None)
+        if k < 2:
+            srv.stop()
+            ctx.sleep(3)
+    ctx.sleep(10)
+
+
 @scenario("h200-normal-burst-queue", "normal", 200)
 def normal_burst_queue(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0, default flags (max_num_seqs 1024): warm launch to ready, 10 s idle, a burst of 1500
@@ -987,6 +1072,12 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
         if st is not None:
             truth["began"] = truth["detectable_from"] = st["t"]
             truth["should_alert_by"] = round((lp or st)["t"] + R.BUDGET["startup_stall"], 3)
+    if cls == "runtime_oom":
+        bursts = [e for e in ctx.events if e.get("what") == "oom_burst"]
+        dead = ctx.first("engine_dead_seen")
+        if dead is not None and bursts:
+            truth["began"] = truth["detectable_from"] = bursts[-1]["t"]
+            truth["should_alert_by"] = round(dead["t"] + R.BUDGET["runtime_oom"], 3)
     if cls == "gpu_neighbour":
         nb, end = ctx.first("neighbour_ready"), ctx.first("neighbour_end")
         if nb is not None:

@@ -35,6 +35,8 @@ case $CALL in
   F) S=h200-normal-long-nonstreaming ;;
   G) install; S=h200-engine-stall-streams-nolog ;;
   H) install; S=h200-neighbour-matmul ;;   # issue 40's noisy neighbour (needs the image's torch)
+  I) install; S=h200-runtime-oom-prompt-logprobs ;;   # issue 40's runtime OOM by stage
+  J) install; S=h200-starts-history-budget ;;   # issue 40's start history and memory budget
   *) echo "unknown call $CALL"; exit 2 ;;
 esac
 [ -x "${VTOP_H200_VLLM_BIN:-/tmp/site/bin/vllm}" ] || { echo "vLLM is not installed here (a fresh machine?): redo part00, then call A"; exit 2; }

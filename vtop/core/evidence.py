@@ -21,6 +21,7 @@ from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests.conns import ConnTracker
 from vtop.core.requests.log import InFlight
 from vtop.core.server import ServerView
+from vtop.core.start_history import StartUsual
 from vtop.model.gpu import XidEvent
 from vtop.model.procs import ServerProcess
 
@@ -52,6 +53,9 @@ class LogEvidence:
     #: ``(since, max_tokens)`` of every request logged since the server's startup (None: the request
     #: lines do not reach back to one)
     logged_since_start: Sequence[tuple[float, int]] | None = None
+    #: what this start's phases usually take on this box (:mod:`vtop.core.start_history`); None: no
+    #: earlier start of it kept
+    usual: StartUsual | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,10 @@ class Evidence:
     @property
     def quiet(self) -> Quiet | None:
         return self.log.quiet if self.log is not None else None
+
+    @property
+    def usual(self) -> StartUsual | None:
+        return self.log.usual if self.log is not None else None
 
     @property
     def log_lines(self) -> Sequence[LogLine]:

@@ -535,6 +535,8 @@ def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_as
         startup["log_problem"] = lv.problem
         dl = monitor.download_progress()
         startup["download"] = None if dl is None else dl.to_json()
+        # this start against its own history on this box, and its GPU memory budget
+        startup.update(monitor.startup_extras())
     notes = list(monitor.notes)
     if lv is not None and lv.problem:
         notes.append(lv.problem)

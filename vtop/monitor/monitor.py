@@ -40,7 +40,9 @@ from vtop.sources.urls import FALLBACK_URL, LOCAL_HOSTS, normalize_url, url_host
 if TYPE_CHECKING:
     from vtop.core.backfill import Backfill
     from vtop.core.evidence import Evidence
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.rules import Alert, Diagnoser
+    from vtop.core.start_history import StartHistory, StartUsual
     from vtop.core.timeline import Timeline
     from vtop.model.requests import ServerRequests
     from vtop.monitor.logwatch import LogView, LogWatch
@@ -179,6 +181,14 @@ class Monitor:
         self._undiagnosed = False
         self.download = DownloadTracker()
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
+        self.start_history: StartHistory | None = None
+        """This box's earlier starts (:mod:`vtop.core.start_history`), once read from its file; None in a
+        replay (a recording is judged on what it holds, not on the replaying box's history)."""
+        self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
+        self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
+        self._kept_start: float | None = None
+        if live and config.start_history:
+            self._read_start_history()
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
         self._backfill: Backfill | None = None
@@ -574,6 +584,105 @@ class Monitor:
         self.log_view = view
         self._changes.add(LOG)
         self._undiagnosed = True
+        if view.snapshot.state == "ready" and self.start_history is not None:
+            self._keep_start(view.snapshot)
+
+    # ------------------------------------------------------------ start history
+    def _read_start_history(self) -> None:
+        """Read the history file in a thread (a home on a network filesystem may hang); until it is read
+        the start is judged without it."""
+        import threading
+
+        from vtop.core.start_history import history_from
+        from vtop.sources.statefile import history_path, load_json
+
+        path = history_path()
+
+        def run() -> None:
+            data, problem = load_json(path)
+            hist, bad = history_from(data, str(path))
+            problem = problem or bad
+            if problem:
+                self.notes.append(problem)
+            self.start_history = hist
+
+        threading.Thread(target=run, name="vtop-start-history", daemon=True).start()
+
+    def _keep_start(self, snap: Any) -> None:
+        """A start that reached ready joins the history (once: the same start read again is kept once),
+        and the file is written in a thread."""
+        import threading
+
+        from vtop.core.start_history import past_of
+        from vtop.sources.statefile import history_path, save_json
+
+        hist = self.start_history
+        if hist is None or snap.started == self._kept_start:
+            return
+        got = past_of(snap)
+        if got is None or not hist.add(*got):
+            return
+        self._kept_start = snap.started
+        data = hist.to_json()  # taken here, on the loop's thread: the history may change meanwhile
+        path = history_path()
+
+        def run() -> None:
+            problem = save_json(path, data)
+            if problem:
+                self.notes.append(problem)
+
+        threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
+
+    def memory_budget(self) -> list[MemoryBudget]:
+        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`)."""
+        from vtop.core.membudget import memory_budget
+
+        if self.log_view is None:
+            return []
+        # the panel asks every redraw: computed again only when the log or the GPUs have news
+        key = (self.log_view, self.gpu_history.last_poll, self.processes, len(self.servers))
+        old = self._budget_cache[0]
+        if old is None or any(a is not b for a, b in zip(old[:3], key[:3])) or old[3] != key[3]:
+            self._budget_cache = (key, memory_budget(self.evidence()))
+        return self._budget_cache[1]
+
+    def oom_finding(self) -> Alert | None:
+        """The OOM rules' alert of a CUDA OOM of the followed server at run time (its stage and fix), while one is
+        held: what the startup panel says of an engine that died of it (one finding, one wording)."""
+        tgt = self.log_target
+        return next((a for a in self.alerts if a.rule in ("oom_transient", "oom_steady")
+                     and (tgt is None or a.target == tgt)), None)
+
+    def startup_extras(self) -> dict[str, Any]:
+        """What ``--once --json`` and the snapshot's phases.json add to the tracker's summary: this start against
+        its history (each phase's usual time, the compile cache's hit or miss) and the memory budget."""
+        lv = self.log_view
+        if lv is None:
+            return {}
+        usual = self.start_usual()
+        snap = lv.snapshot
+        cached = snap.facts.compile_cached
+        return {
+            "history": None if usual is None else usual.to_json(),
+            "compile_cache": None if cached is None else ("hit" if cached else "miss"),
+            "usually": {} if usual is None else {
+                v.phase.value: usual.phases[v.phase].words() for v in snap.phases if v.phase in usual.phases},
+            "memory_budget": [b.to_json() for b in self.memory_budget()],
+        }
+
+    def start_usual(self) -> StartUsual | None:
+        """What the followed start's phases usually take on this box (None: no earlier start of it kept,
+        or no history read)."""
+        hist, lv = self.start_history, self.log_view
+        if hist is None or lv is None:
+            return None
+        from vtop.core.start_history import key_of
+
+        key = key_of(lv.snapshot)
+        cache_key = (id(hist), hist.version, key, lv.snapshot.started)
+        if self._usual_cache[0] != cache_key:
+            self._usual_cache = (cache_key, hist.usual(key, this_start=lv.snapshot.started))
+        return self._usual_cache[1]
 
     # ----------------------------------------------------------------- download
     def download_target(self) -> tuple[int | None, str] | None:
@@ -724,7 +833,7 @@ class Monitor:
             log = LogEvidence(
                 target=self.log_target, snapshot=lv.snapshot, stall=lv.stall, quiet=lv.quiet, lines=lv.recent,
                 inflight=lv.inflight, request_logging=lv.request_logging, finishes_logged=lv.finishes_logged,
-                history=lv.history, logged_since_start=lv.logged_since_start,
+                history=lv.history, logged_since_start=lv.logged_since_start, usual=self.start_usual(),
             )
         return Evidence(
             now=self.clock.monotonic() if now is None else now,

@@ -156,7 +156,7 @@ class ActionKeys(App[int]):
                 metrics[url] = None
         src = getattr(self.log_watch, "source", None)
         log_path = src.path if isinstance(src, LogTailer) else None
-        phases = dict(summarize(self.log_view.snapshot)) if self.log_view else None
+        phases = dict(summarize(self.log_view.snapshot)) | self.monitor.startup_extras() if self.log_view else None
         tl = self.monitor.timeline()
         secrets = [k for k in (self.config.api_key, os.environ.get("VLLM_API_KEY")) if k]
         secrets += [cred.partition(":")[2] for _, cred in self.config.url_auth]  # a URL's password

@@ -229,7 +229,9 @@ class VtopApp(ActionKeys, ViewKeys):
             with Vertical(id="servers"):
                 yield Static("vLLM: looking for servers on this box…", id="servers-msg")
                 yield RequestsLine(id="requests-line")
-            yield StartupPanel(gpu_activity=self.monitor.gpu_activity, download=self.monitor.download_progress, id="startup")
+            yield StartupPanel(gpu_activity=self.monitor.gpu_activity, download=self.monitor.download_progress,
+                               usual=self.monitor.start_usual, budget=self.monitor.memory_budget,
+                               oom=self.monitor.oom_finding, id="startup")
         yield LogPane(id="log")
         yield LogFilter(placeholder="filter the log: type a text (Enter keeps it, Esc clears it)", id="log-filter")
         yield KeysBar(id="keys")

@@ -155,13 +155,25 @@ MODEL_LOADING_RE = re.compile(
     r"|Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds"
 )
 
+#: The compile cache's hit or miss, by version (vllm/compilation/backends.py and decorators.py):
+#:
+#: ============  ==========================================================  ===================================
+#: version       hit (the graphs come from the cache)                        miss (compiled afresh)
+#: ============  ==========================================================  ===================================
+#: 0.8-0.26      ``Directly load the compiled graph(s) for ... from the      ``Compiling a graph for ...``,
+#:               cache``                                                     ``Cache the graph of ...``
+#: 0.32 (AOT)    ``Directly load AOT compilation from path ...``             ``saved AOT compiled function to``
+#: ============  ==========================================================  ===================================
+#:
+#: 0.32 on the CPU backend, cold: "[backbone] saved AOT compiled function to /tmp/vllmcpu/cache/torch_compile_cache/
+#: torch_aot_compile/..." after "Warming up model for the compilation...".
 COMPILE_MARK_RE = re.compile(
     r"Starting torch\.compile|for vLLM's torch\.compile|Dynamo bytecode transform time"
     r"|Compiling a graph for|Directly load the compiled graph|Cache the graph of"
-    r"|Warming up model for the compilation"
+    r"|Warming up model for the compilation|Directly load AOT compilation from|saved AOT compiled function to"
 )
-COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph")
-COMPILE_FRESH_RE = re.compile(r"Compiling a graph for")
+COMPILE_CACHED_RE = re.compile(r"Directly load the compiled graph|Directly load AOT compilation from")
+COMPILE_FRESH_RE = re.compile(r"Compiling a graph for|saved AOT compiled function to")
 COMPILE_END_RE = re.compile(
     r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"
     r"|torch\.compile and initial profiling/warmup run together took (?P<s2>[\d.]+) s in total"
@@ -173,6 +185,39 @@ PROFILING_MARK_RE = re.compile(r"Profiling CUDA graph memory|CUDA graph memory p
 GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB total")
 KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
+
+#: The GPU memory budget vLLM reports after profiling, by version (issue 40; vllm/v1/worker/gpu_worker.py):
+#:
+#: ==========  ===========================================================================================
+#: version     line (one INFO record unless said)
+#: ==========  ===========================================================================================
+#: 0.7-0.9     "Memory profiling takes S seconds" then raw lines "the current vLLM instance can use
+#:             total_gpu_memory (T GiB) x gpu_memory_utilization (U) = R GiB" and "model weights take W GiB;
+#:             non_torch_memory takes N GiB; PyTorch activation peak memory takes A GiB; the rest of the
+#:             memory reserved for KV Cache is K GiB." (as remembered of those versions' worker; not checked against a log here)
+#: 0.26        "Free memory on device (F/T GiB) on startup. Desired GPU memory utilization is (U, R GiB).
+#:             Actual usage is W GiB for weight, A GiB for peak activation, N GiB for non-torch memory, and
+#:             G GiB for CUDAGraph memory. ... Current kv cache memory in use is K GiB." (recorded on an H200)
+#: 0.32        the same, with "Actual usage is C GiB for consumed memory (weights + non-torch), A GiB for peak
+#:             activation, and G GiB for CUDAGraph memory" (vllm 0.32.0's gpu_worker.py)
+#: all V1      "Model loading took W GiB ..." (weights), "Available KV cache memory: K GiB", "Graph capturing
+#:             finished in S secs, took G GiB" (the other rows' facts)
+#: ==========  ===========================================================================================
+BUDGET_DEVICE_RE = re.compile(
+    r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup\. Desired GPU memory"
+    r" utilization is \((?P<util>[\d.]+), (?P<req>[\d.]+) GiB\)\. Actual usage is"
+    r"(?: (?P<w>[\d.]+) GiB for weight, (?P<a>[\d.]+) GiB for peak activation, (?P<n>[\d.]+) GiB for non-torch memory,"
+    r"| (?P<c>[\d.]+) GiB for consumed memory \(weights \+ non-torch\), (?P<a2>[\d.]+) GiB for peak activation,)"
+    r" and (?P<g>[\d.]+) GiB for CUDAGraph memory"
+    r"(?:.*Current kv cache memory in use is (?P<kv>[\d.]+) GiB)?"
+)
+BUDGET_OLD_TOTAL_RE = re.compile(
+    r"total_gpu_memory \((?P<total>[\d.]+) ?GiB\) x gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<req>[\d.]+) ?GiB"
+)
+BUDGET_OLD_PARTS_RE = re.compile(
+    r"model weights take (?P<w>[\d.]+) ?GiB; non_torch_memory takes (?P<n>[\d.]+) ?GiB; PyTorch activation peak"
+    r" memory takes (?P<a>[\d.]+) ?GiB; the rest of the memory reserved for KV Cache is (?P<kv>[\d.]+) ?GiB"
+)
 
 KV_BLOCKS_RE = re.compile(r"# (?:GPU|cuda|\w+) blocks: (?P<gpu>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
 KV_TOKENS_RE = re.compile(r"(?:(?P<dev>[A-Z]+)(?: \+ host)? )?KV cache size: (?P<tok>[\d,]+) tokens")

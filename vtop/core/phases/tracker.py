@@ -35,6 +35,9 @@ from vtop.core.phases.patterns import (
     ACCESS_RE,
     API_MARK_RE,
     ARCH_RE,
+    BUDGET_DEVICE_RE,
+    BUDGET_OLD_PARTS_RE,
+    BUDGET_OLD_TOTAL_RE,
     C10D_ERR_RE,
     C10D_WARN_RE,
     CAPTURE_BAR_RE,
@@ -202,6 +205,24 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
         )),
     )),
     (Phase.KV_CACHE, (_Line(NUM_BLOCKS_RE, None, (("gpu_blocks", ("n",), int, "default"),)),)),
+    # the memory budget (facts only; vtop/core/membudget.py reads them)
+    (Phase.MEMORY_PROFILING, (
+        _Line(BUDGET_DEVICE_RE, None, (
+            ("mem_free_at_start_gib", ("free",), float, "max"), ("mem_total_gib", ("total",), float, "max"),
+            ("gpu_memory_utilization", ("util",), float, "set"), ("mem_requested_gib", ("req",), float, "max"),
+            ("weights_gib", ("w",), float, "max"), ("activation_peak_gib", ("a", "a2"), float, "max"),
+            ("non_torch_gib", ("n",), float, "max"), ("consumed_gib", ("c",), float, "max"),
+            ("cuda_graph_gib", ("g",), float, "max"), ("kv_cache_gib", ("kv",), float, "default"),
+        )),
+        _Line(BUDGET_OLD_TOTAL_RE, None, (
+            ("mem_total_gib", ("total",), float, "max"), ("gpu_memory_utilization", ("util",), float, "set"),
+            ("mem_requested_gib", ("req",), float, "max"),
+        )),
+        _Line(BUDGET_OLD_PARTS_RE, None, (
+            ("weights_gib", ("w",), float, "max"), ("non_torch_gib", ("n",), float, "max"),
+            ("activation_peak_gib", ("a",), float, "max"), ("kv_cache_gib", ("kv",), float, "default"),
+        )),
+    )),
     (Phase.CUDA_GRAPHS, (
         _Line(CAPTURE_START_RE),
         _Line(CAPTURE_END_RE, "rank_done", (

@@ -210,6 +210,16 @@ class StartupFacts:
     graph_memory_gib: float | None = None
     graph_memory_estimate_gib: float | None = None
     init_engine_s: float | None = None
+    #: the memory budget vLLM logs after profiling (GiB; per GPU, the largest over ranks)
+    mem_total_gib: float | None = None
+    mem_free_at_start_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    mem_requested_gib: float | None = None
+    weights_gib: float | None = None
+    activation_peak_gib: float | None = None
+    non_torch_gib: float | None = None
+    consumed_gib: float | None = None
+    cuda_graph_gib: float | None = None
     init_compilation_s: float | None = None
     url: str | None = None
     shm_broadcast_waits: int = 0

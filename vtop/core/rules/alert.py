@@ -190,6 +190,12 @@ class Thresholds:
     #: a start vtop has no log of (vtop/core/rules/stillness.py): starting this long from its process's
     #: start is said, busy or not (``--stall-threshold``, the log's ceiling)
     startup_ceiling_s: float = 600.0
+    #: a silent phase of a start with history (vtop/core/start_history.py): silent for this many times the
+    #: longest it took in this model's last starts here (the issue's "20 s the last three times is suspect
+    #: at a few times that") ...
+    startup_history_x: float = 5.0
+    #: ... and at least this long (a phase of a few seconds is not suspect after 15 s)
+    startup_history_floor_s: float = 60.0
     #: startup stall in downloading: a Hub download with a file in flight and no byte more for this long
     download_stall_s: float = 60.0
     #: spec_decode_low: draft-token acceptance below this percentage ...

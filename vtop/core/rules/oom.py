@@ -43,6 +43,11 @@ _OOM_GPU_RE = re.compile(
 _OOM_OTHER_RE = re.compile(r"Process (?P<pid>\d+) has (?P<amt>[\d.]+ [KMGT]?i?B) memory in use")
 _OOM_SELF_RE = re.compile(r"this process has (?P<amt>[\d.]+ [KMGT]?i?B) memory in use")
 _OOM_FRAG_RE = re.compile(r"and (?P<amt>[\d.]+ [KMGT]?i?B|\d+ bytes) is reserved by PyTorch but unallocated")
+#: a prompt-logprobs stage: the runner's frame in the OOM's traceback (vllm/v1/worker/gpu_model_runner.py), or a
+#: request that asked for them (--enable-log-requests: "Received request ...: params: SamplingParams(...,
+#: prompt_logprobs=5, ...)"; None is not asking)
+_PROMPT_LP_FRAME_RE = re.compile(r"_get_prompt_logprobs_dict|in _get_prompt_logprobs|prompt_logprobs_dict = ")
+_PROMPT_LP_REQ_RE = re.compile(r"Received request .*prompt_logprobs=(?P<n>-?\d+)")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 
@@ -165,6 +170,7 @@ OOM_CLASSES: dict[str, str] = {
     "kv_pressure": "oom_steady",  # the KV cache full with preemptions before it
     "spike": "oom_transient",  # a GPU memory spike before it
     "long_prompt": "oom_transient",  # long prompts before it
+    "prompt_logprobs": "oom_transient",  # computing prompt logprobs (its traceback, or requests asking for them)
     "fragmentation": "oom_steady",  # memory reserved but unallocated, or up for hours with no trigger
     "serving": "oom_transient",  # none of these seen
 }
@@ -200,6 +206,11 @@ class OomFinding:
     #: bytes reserved by PyTorch but unallocated, and the server's uptime
     fragmented_bytes: float | None = None
     uptime_s: float | None = None
+    #: the prompt-logprobs stage: the runner's frame in the traceback; requests that asked for them in the
+    #: window before, and the most any asked (-1: the whole vocabulary)
+    prompt_logprobs_frame: bool = False
+    prompt_logprobs_requests: int = 0
+    prompt_logprobs_max: int | None = None
 
     @property
     def rule(self) -> str:
@@ -250,8 +261,10 @@ def _runtime_finding(f: OomFinding, ctx: Evidence, mem: Memory) -> OomFinding:
         uptime = v.last_ok_t - proc.create_time
     elif st is not None and st.first_up_t is not None:
         uptime = t1 - st.first_up_t
+    frame, n_req, most = _prompt_logprobs(ctx, f.line, t1, th)
     f = replace(
-        f, max_model_len=mml, max_num_seqs=proc.max_num_seqs if proc is not None else None, kv_peak=kv_peak,
+        f, prompt_logprobs_frame=frame, prompt_logprobs_requests=n_req, prompt_logprobs_max=most,
+        max_model_len=mml, max_num_seqs=proc.max_num_seqs if proc is not None else None, kv_peak=kv_peak,
         preemptions=pre, long_prompts=long_prompts, long_prompt_edge=edge,
         spikes=tuple(_mem_spikes(ctx, mem, url, t1)), fragmented_bytes=bytes_of(fm.group("amt")) if fm else None,
         uptime_s=uptime,
@@ -259,7 +272,27 @@ def _runtime_finding(f: OomFinding, ctx: Evidence, mem: Memory) -> OomFinding:
     return replace(f, cls=_runtime_class(f, th))
 
 
+def _prompt_logprobs(ctx: Evidence, line: str, arrival: float, th: Thresholds) -> tuple[bool, int, int | None]:
+    """(the OOM's traceback passes through the prompt-logprobs code, how many requests asked for prompt logprobs
+    in ``transient_window_s`` before it, the most one asked). Judged on the log's own times where the lines have
+    them: a log read at attach (doctor) gives every line the same arrival."""
+    lines = ctx.log_lines
+    at = next((ln for ln in reversed(lines) if ln.text.strip() == line or line in ln.text), None)
+    if at is not None and at.t is not None:
+        t1 = at.t
+        win = [ln for ln in lines if ln.t is not None and t1 - th.transient_window_s <= ln.t <= t1 + 5.0]
+    else:
+        win = [ln for ln in lines if arrival - th.transient_window_s <= ln.arrival <= arrival + 5.0]
+    frame = any("prompt_logprobs" in ln.text and _PROMPT_LP_FRAME_RE.search(ln.text) for ln in win)
+    asks = [int(m.group("n")) for ln in win if "prompt_logprobs=" in ln.text
+            for m in (_PROMPT_LP_REQ_RE.search(ln.text),) if m is not None]
+    most = None if not asks else (-1 if -1 in asks else max(asks))
+    return frame, len(asks), most
+
+
 def _runtime_class(f: OomFinding, th: Thresholds) -> str:
+    if f.prompt_logprobs_frame or (f.prompt_logprobs_requests and f.long_prompts > 0):
+        return "prompt_logprobs"
     if f.kv_peak is not None and f.kv_peak >= th.kv_saturation_pct and f.preemptions > 0:
         return "kv_pressure"
     if f.spikes:
@@ -336,6 +369,14 @@ _FIX_RUNTIME: dict[str, tuple[str, ...]] = {
     ),
 }
 _FIX_RUNTIME["long_prompt"] = _FIX_RUNTIME["spike"]
+_FIX_RUNTIME["prompt_logprobs"] = (
+    "Requests ask for prompt_logprobs: vLLM computes them over every token of the prompt (the prompt's logits, "
+    "tokens x vocabulary) in the step that prefills it. Cap what a request may ask with --max-logprobs (default 20; "
+    "prompt_logprobs=-1 asks for the whole vocabulary), or drop prompt_logprobs from the clients that send it.",
+    "Bound a step's work: a lower --max-num-batched-tokens (chunked prefill) splits a long prompt, and its prompt "
+    "logprobs, into smaller steps; a lower --max-model-len rejects the longest prompts.",
+    "Leave more headroom: lower --gpu-memory-utilization a little.",
+)
 
 
 def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
@@ -370,6 +411,15 @@ def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
             "--tensor-parallel-size.",
         )
         title = f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(f.preemptions)} preemptions"
+    elif f.cls == "prompt_logprobs":
+        if f.prompt_logprobs_frame:
+            ev.append("the engine ran out while computing prompt logprobs (its traceback passes through "
+                      "_get_prompt_logprobs_dict)")
+        if f.prompt_logprobs_requests:
+            most = "the whole vocabulary (-1)" if f.prompt_logprobs_max == -1 else str(f.prompt_logprobs_max)
+            ev.append(f"{plural(f.prompt_logprobs_requests, 'request')} asked for prompt_logprobs in the {win} "
+                      f"before (up to {most})")
+        title = f"CUDA out of memory on {short} computing prompt logprobs{tried}"
     elif f.cls in ("spike", "long_prompt"):
         title = f"CUDA out of memory on {short} after {'a memory spike' if f.cls == 'spike' else 'a long prompt'}{tried}"
     elif f.cls == "fragmentation":

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from vtop.core.membudget import util_that_fits
 from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
@@ -44,6 +45,7 @@ from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, short_url
+from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
@@ -180,6 +182,23 @@ def _went_still(ctx: Evidence, mem: Memory) -> list[str] | None:
     return cpu + (gpu[1] if gpu is not None else [])
 
 
+def _past_history(ctx: Evidence, mem: Memory) -> list[str] | None:
+    """Evidence lines when a silent phase of a start with history (this model, flags and vLLM version on this
+    box) has been silent for ``startup_history_x`` times the longest it took in the last starts: a phase of
+    20 s is suspect after 100 s, not only at the 10-minute ceiling, even where vtop sees no process."""
+    q, th, usual = ctx.quiet, mem.th, ctx.usual
+    if q is None or usual is None or (q.progressing and q.step_s is not None):
+        return None
+    u = usual.of(q.phase)
+    limit = history_stall_s(u, th.startup_history_x, th.startup_history_floor_s)
+    silent = q.silent_at(ctx.now)
+    if u is None or limit is None or silent < limit:
+        return None
+    return [f"history: {q.label} took {dur(u.usual_s)} (median), {dur(u.longest_s)} at the longest, in the last "
+            f"{u.n} start{'' if u.n == 1 else 's'} of {usual.key.text()} on this box; silent {dur(silent)} now, past "
+            f"{th.startup_history_x:g}x that ({dur(limit)})"]
+
+
 def _stall_found(ctx: Evidence, mem: Memory) -> tuple[StallInfo, list[str], bool] | None:
     """(the stall, the evidence that judged it, whether the processes went still) for a start in progress:
     the ceiling (the tracker's :class:`StallInfo`), a progress bar that stopped, or a silent phase whose
@@ -198,6 +217,9 @@ def _stall_found(ctx: Evidence, mem: Memory) -> tuple[StallInfo, list[str], bool
     why = _went_still(ctx, mem)
     if why:
         return q.as_stall(ctx.now), why, True
+    why = _past_history(ctx, mem)
+    if why:
+        return q.as_stall(ctx.now), why, False
     return None
 
 
@@ -263,6 +285,9 @@ def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
         ev.append("no process readings were used (vtop sees no process for this server, or none that old): "
                   "the silence alone, past the threshold")
     ev += _log_lines(ctx.startup, stall)
+    u = ctx.usual.of(stall.phase) if ctx.usual is not None else None
+    if u is not None and not any(w.startswith("history:") for w in why):
+        ev.append(f"{stall.label} {u.words()}")
     gpu, working = _gpus_during(ctx, mem, since)
     ev += gpu
     tgt = ctx.log_target
@@ -287,9 +312,11 @@ def _kv_fit(avail: str | None) -> str:
 
 
 def _util_fit(free: str | None, total: str | None) -> str:
-    """A --gpu-memory-utilization that fits in what is free, two points under it."""
+    """A --gpu-memory-utilization that fits in what is free, two points under it (the memory budget's number,
+    vtop/core/membudget.py)."""
     try:
-        return f"{max(0.05, float(free or '') / float(total or '') - 0.02):.2f}"
+        t = float(total or "")
+        return f"{util_that_fits(t, t - float(free or '')):.2f}"
     except (ValueError, ZeroDivisionError):
         return "what is free"
 

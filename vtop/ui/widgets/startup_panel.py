@@ -18,8 +18,11 @@ from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
 
 if TYPE_CHECKING:
     from vtop.core.download import DownloadProgress
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.phases.types import Failure
+    from vtop.core.rules import Alert
     from vtop.core.rules.startup import FailureWords
+    from vtop.core.start_history import StartUsual
     from vtop.monitor.logwatch import LogView
 
 # Phases that pin the GPU at 100 % by design.
@@ -58,8 +61,11 @@ def phase_facts(v: PhaseView, snap: StartupSnapshot) -> str:
             bits.append(f"{f.model_memory_gib:.2f} GiB")
         if f.model_load_s is not None:
             bits.append(f"in {f.model_load_s:.1f} s")
-    elif v.phase is Phase.TORCH_COMPILE and f.compile_s is not None:
-        bits.append(f"{f.compile_s:.1f} s" + (" (from cache)" if f.compile_cached else ""))
+    elif v.phase is Phase.TORCH_COMPILE and (f.compile_s is not None or f.compile_cached is not None):
+        if f.compile_s is not None:
+            bits.append(f"{f.compile_s:.1f} s")
+        if f.compile_cached is not None:
+            bits.append("compile cache hit" if f.compile_cached else "compile cache miss (compiled afresh)")
     elif v.phase is Phase.KV_CACHE:
         if f.kv_cache_gib is not None:
             bits.append(f"{f.kv_cache_gib:.2f} GiB")
@@ -83,13 +89,48 @@ def progress_text(v: PhaseView) -> str:
     return "  ".join(parts)
 
 
+#: the memory budget's bar: a part's words -> its colour (others red, the rest dim)
+_PART_STYLE = {"weights": "blue", "weights + non-torch": "blue", "non-torch": "magenta", "activation peak": "yellow",
+               "CUDA graphs": "cyan", "KV cache": "green"}
+
+
+def budget_bar(out: Text, b: MemoryBudget, width: int = 40) -> None:
+    """A stacked bar of one GPU's memory (vLLM's parts, the other processes, what is left, '|' at
+    --gpu-memory-utilization), then the budget's line."""
+    total = b.total_gib
+    out.append("\n  mem ")
+    if total:
+        cells = 0
+        segs = [(g, _PART_STYLE.get(w, "white")) for w, g in b.parts] + [(b.others_gib or 0.0, "red")]
+        for g, style in segs:
+            n = min(width - cells, round(g / total * width))
+            if n > 0:
+                out.append("█" * n, style=style)
+                cells += n
+        mark = round((b.utilization or 0) * width) if b.utilization else None
+        rest = "".join("|" if mark is not None and cells + i == mark else "·" for i in range(width - cells))
+        out.append(rest, style="dim")
+        out.append(" ")
+    out.append(b.text(), style="bold red" if b.util_fit is not None else "")
+
+
 class StartupPanel(Static):
     """Timeline of the current vLLM start."""
 
     def __init__(self, *, gpu_activity: Callable[[float], tuple[float | None, float | None]],
-                 download: Callable[[], DownloadProgress | None] | None = None, **kw: object) -> None:
+                 download: Callable[[], DownloadProgress | None] | None = None,
+                 usual: Callable[[], StartUsual | None] | None = None,
+                 budget: Callable[[], list[MemoryBudget]] | None = None,
+                 oom: Callable[[], Alert | None] | None = None, **kw: object) -> None:
         super().__init__("", **kw)  # type: ignore[arg-type]
         self.gpu_activity = gpu_activity
+        #: what this start's phases usually take on this box (vtop.core.start_history), when it has history
+        self.usual = usual
+        #: the start's GPU memory budget per GPU (vtop.core.membudget)
+        self.budget = budget
+        #: the OOM rules' finding of a CUDA OOM (its stage and fix): an engine that died of one after ready is
+        #: said in those words, the alert's, not as a start's failure
+        self.oom = oom
         #: the Hub download of this start (vtop.core.download), while one is seen
         self.download = download
         self.view: LogView | None = None
@@ -182,10 +223,14 @@ class StartupPanel(Static):
             if died is not None and snap.failure is not None:
                 fl = snap.failure
                 words = _words(fl)
-                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {words.message}",
+                message, fix = words.message, words.fix
+                found = self.oom() if self.oom is not None and fl.kind == "cuda_oom" else None
+                if found is not None:  # one finding, one wording: the OOM rules' stage and fix
+                    message, fix = found.title, " ".join(found.fix)
+                out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {message}",
                            style="bold red")
                 out.append(f"\n  line: {fl.line[:300]}", style="red")
-                out.append(f"\n  fix:  {words.fix}", style="bold")
+                out.append(f"\n  fix:  {fix}", style="bold")
             if not self.unfolded:
                 return out
             out.append("\n")
@@ -206,6 +251,9 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
+        for b in self.budget() if self.budget is not None else ():
+            if b.parts or b.util_fit is not None:
+                budget_bar(out, b)
         dl = self.download() if self.download is not None and snap.state == "starting" else None
         if dl is not None:
             frac = dl.done / dl.total if dl.total else None
@@ -242,6 +290,7 @@ class StartupPanel(Static):
 
     def _timeline(self, out: Text, v: LogView) -> None:
         snap = v.snapshot
+        usual = self.usual() if self.usual is not None else None
         done = {p.phase: p for p in snap.phases}
         shown = [p for p in Phase if p in done or (snap.state == "starting" and p is not Phase.READY)]
         for i, ph in enumerate(shown):
@@ -272,3 +321,6 @@ class StartupPanel(Static):
                     extra += f"  slowest: {pv.slowest_rank.name}"
                 if extra:
                     out.append("  " + extra, style="" if not current else "bold")
+            u = usual.of(ph) if usual is not None and ph is not Phase.READY else None
+            if u is not None and (pv is not None or current):
+                out.append(f"  · {u.words()}", style="dim")

@@ -1,0 +1,109 @@
+"""Issue 40, the GPU memory budget (vtop/core/membudget.py): vLLM's profiling lines (the table in
+vtop/core/phases/patterns.py) with NVML's other processes, one answer for --once --json, the snapshot and the
+startup panel; after a start that failed for memory, the --gpu-memory-utilization that fits beside what else
+holds the GPU, the same number the startup-failure rule's fix says. Real lines: the H200 starts of vLLM 0.26.0
+(tests/fixtures/logs/vllm-0.26.0-h200-startup.log, the demo recording, and the corpus trace
+h200-startup-failure-cuda-oom with a 100 GiB process beside it); the 0.32 line is written from vLLM 0.32.0's
+source (vllm/v1/worker/gpu_worker.py), the 0.7-0.9 lines as remembered of those versions (no log of them here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vtop.config import Config
+from vtop.core.membudget import util_that_fits
+from vtop.core.phases import PhaseTracker
+from vtop.faces.demo import demo_path
+from vtop.monitor.player import open_recording
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_LOG = ROOT / "fixtures" / "logs" / "vllm-0.26.0-h200-startup.log"
+OOM_TRACE = ROOT / "corpus" / "traces" / "h200-startup-failure-cuda-oom"
+P = "(EngineCore pid=1048) INFO 11-30 09:55:14 [gpu_worker.py:857] "
+
+
+def _facts(lines: list[str]):  # type: ignore[no-untyped-def]
+    tr = PhaseTracker(year=2026)
+    for i, ln in enumerate(lines):
+        tr.feed(ln, 1000.0 + i * 0.01)
+    return tr.snapshot().facts
+
+
+def test_the_real_026_h200_line_gives_every_part() -> None:
+    f = _facts(H200_LOG.read_text().splitlines())
+    assert (f.mem_free_at_start_gib, f.mem_total_gib, f.gpu_memory_utilization, f.mem_requested_gib) == (
+        139.29, 139.8, 0.5, 69.9)
+    assert (f.weights_gib, f.activation_peak_gib, f.non_torch_gib, f.cuda_graph_gib) == (0.04, 0.18, 0.22, 0.19)
+    assert f.kv_cache_gib == 69.45 and f.consumed_gib is None
+
+
+def test_the_032_line_says_weights_and_non_torch_as_one_sum() -> None:
+    line = (P + "Free memory on device (79.1/79.6 GiB) on startup. Desired GPU memory utilization is (0.9, 71.6 GiB)."
+            " Actual usage is 15.2 GiB for consumed memory (weights + non-torch), 4.1 GiB for peak activation, and "
+            "0.8 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=1` (1 GiB) "
+            "to fit into requested memory, or `--kv-cache-memory=2` (2 GiB) to fully utilize gpu memory. Current kv "
+            "cache memory in use is 51.3 GiB.")
+    f = _facts([line])
+    assert (f.consumed_gib, f.activation_peak_gib, f.cuda_graph_gib, f.kv_cache_gib) == (15.2, 4.1, 0.8, 51.3)
+    assert f.weights_gib is None and f.non_torch_gib is None and f.gpu_memory_utilization == 0.9
+
+
+def test_the_old_multi_line_budget_is_read_too() -> None:
+    f = _facts(["INFO 02-10 10:00:00 [worker.py:267] Memory profiling takes 5.21 seconds",
+                "the current vLLM instance can use total_gpu_memory (79.15GiB) x gpu_memory_utilization (0.90) = 71.24GiB",
+                "model weights take 14.99GiB; non_torch_memory takes 0.18GiB; PyTorch activation peak memory takes "
+                "1.24GiB; the rest of the memory reserved for KV Cache is 54.83GiB."])
+    assert (f.mem_total_gib, f.gpu_memory_utilization, f.mem_requested_gib) == (79.15, 0.9, 71.24)
+    assert (f.weights_gib, f.non_torch_gib, f.activation_peak_gib, f.kv_cache_gib) == (14.99, 0.18, 1.24, 54.83)
+
+
+def test_the_budget_of_a_real_h200_start_in_json_and_on_the_panel() -> None:
+    from rich.text import Text
+
+    from vtop.ui.widgets.startup_panel import budget_bar
+
+    p = open_recording(str(demo_path()), config=Config())
+    t = p.start
+    while t < p.end and not (p.monitor.log_view is not None and p.monitor.log_view.snapshot.state == "ready"):
+        t += 2.0
+        p.feed_until(t)
+    m = p.monitor
+    budgets = m.memory_budget()
+    assert len(budgets) == 1
+    b = budgets[0]
+    assert b.gpu == 0 and b.total_gib == 139.8 and b.utilization == 0.5 and b.requested_gib == 69.9
+    parts = dict(b.parts)
+    assert parts["KV cache"] == pytest.approx(69.44, abs=0.02) and parts["activation peak"] == 0.18
+    assert b.others == () and b.util_fit is None  # vLLM alone on the GPU, and the start went well
+    js = m.startup_extras()["memory_budget"][0]
+    assert js["text"] == b.text() and js["parts_gib"]["CUDA graphs"] == 0.19 and js["others_gib"] == 0.0
+    out = Text()
+    budget_bar(out, b)
+    line = out.plain
+    assert line.startswith("\n  mem █") and b.text() in line and "|" in line  # the mark at 0.5 of the total
+
+
+def test_after_a_start_that_failed_for_memory_the_utilization_that_fits_is_the_rules_number() -> None:
+    p = open_recording(str(OOM_TRACE), config=Config())
+    t = p.start
+    alert = None
+    while t < p.end and alert is None:
+        t += 1.0
+        p.feed_until(t)
+        alert = next((a for a in p.monitor.alerts if a.rule == "startup_failure"), None)
+    assert alert is not None
+    b = p.monitor.memory_budget()[0]
+    # the 100 GiB process beside it, by NVML; the budget vLLM asked for; what fits beside it
+    assert b.others is not None and [pid for pid, _ in b.others] == [1960] and b.others_gib == pytest.approx(100.5, abs=0.1)
+    assert b.total_gib == 139.8 and b.requested_gib == 69.9 and b.free_at_start_gib == 38.77
+    assert b.util_fit == 0.26
+    assert f"--gpu-memory-utilization to {b.util_fit:.2f} or less" in alert.fix[0], alert.fix
+    assert "fits: --gpu-memory-utilization 0.26" in b.text()
+
+
+def test_util_that_fits() -> None:
+    assert util_that_fits(139.8, 139.8 - 38.77) == 0.26  # 0.277 free, two points under
+    assert util_that_fits(80.0, 0.0) == 0.98
+    assert util_that_fits(80.0, 80.0) == 0.05  # nothing free: the floor, never 0 or less

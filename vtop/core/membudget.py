@@ -1,0 +1,187 @@
+"""The GPU memory budget of a vLLM start (issue 40): where the memory went, per GPU.
+
+Pure logic: :func:`memory_budget` reads what vLLM's profiling lines said (the tracker's facts: weights,
+non-torch memory, the activation peak, CUDA graphs, the KV cache, against ``--gpu-memory-utilization`` of
+the GPU's total; the lines of each version are in :mod:`vtop.core.phases.patterns`' table) and what NVML
+says of the GPU now (its total, and the other processes that hold memory on it, by PID). One answer for
+every face: ``--once --json``, the snapshot and the startup panel show :meth:`MemoryBudget.to_json` /
+:meth:`MemoryBudget.text`.
+
+After a start that failed for memory, :attr:`MemoryBudget.util_fit` is the ``--gpu-memory-utilization``
+that fits beside what else holds the GPU (two points under what is free), from NVML's other processes
+or, without them, the free memory vLLM saw at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vtop.core.evidence import Evidence
+    from vtop.core.phases.types import Failure, StartupFacts
+
+__all__ = ["MEMORY_FAILURES", "MemoryBudget", "memory_budget", "util_that_fits"]
+
+GIB = float(1 << 30)
+#: the startup failures that are about memory (the tracker's kinds)
+MEMORY_FAILURES = frozenset({"gpu_free_at_start", "kv_no_memory", "max_model_len", "cuda_oom"})
+#: the parts of vLLM's own budget, in the order of the bar: (fact, words)
+PARTS = (("weights_gib", "weights"), ("consumed_gib", "weights + non-torch"), ("non_torch_gib", "non-torch"),
+         ("activation_peak_gib", "activation peak"), ("cuda_graph_gib", "CUDA graphs"), ("kv_cache_gib", "KV cache"))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One GPU's memory, in GiB; None: not said (a part vLLM's version does not log, no NVML)."""
+
+    gpu: int | None
+    total_gib: float | None
+    #: ``--gpu-memory-utilization`` and the GiB it asks for (its share of the total)
+    utilization: float | None
+    requested_gib: float | None
+    #: vLLM's parts as it logged them: (words, GiB), in :data:`PARTS`' order
+    parts: tuple[tuple[str, float], ...]
+    #: the other processes on this GPU: (pid, GiB); None: NVML gives none, or vtop cannot tell this server's
+    others: tuple[tuple[int, float], ...] | None
+    #: what vLLM saw free on the GPU at start (its log), and what NVML says is used now
+    free_at_start_gib: float | None = None
+    used_now_gib: float | None = None
+    #: a start that failed for memory: the ``--gpu-memory-utilization`` that fits beside the others
+    util_fit: float | None = None
+
+    @property
+    def vllm_gib(self) -> float | None:
+        return sum(g for _, g in self.parts) if self.parts else None
+
+    @property
+    def others_gib(self) -> float | None:
+        return sum(g for _, g in self.others) if self.others is not None else None
+
+    @property
+    def free_gib(self) -> float | None:
+        """What neither vLLM's budget nor the others hold (of the total)."""
+        if self.total_gib is None or self.others_gib is None:
+            return None
+        taken = self.requested_gib if self.requested_gib is not None else self.vllm_gib
+        return None if taken is None else max(0.0, self.total_gib - taken - self.others_gib)
+
+    def text(self) -> str:
+        """One line: 'gpu0 139.8 GiB: vLLM's budget 69.9 GiB (--gpu-memory-utilization 0.5): weights 0.04 ...'."""
+        head = f"gpu{self.gpu}" if self.gpu is not None else "GPU"
+        if self.total_gib is not None:
+            head += f" {self.total_gib:.1f} GiB"
+        bits = []
+        if self.requested_gib is not None:
+            u = f" (--gpu-memory-utilization {self.utilization:g})" if self.utilization is not None else ""
+            bits.append(f"vLLM's budget {self.requested_gib:.1f} GiB{u}")
+        if self.parts:
+            bits.append(" · ".join(f"{w} {g:.2f}" for w, g in self.parts) + " GiB")
+        if self.others is not None:
+            bits.append(f"other processes {self.others_gib:.1f} GiB" + (
+                " (" + ", ".join(f"pid {p} {g:.1f}" for p, g in self.others[:3]) + ")" if self.others else ""))
+        if self.free_gib is not None:
+            bits.append(f"free {self.free_gib:.1f} GiB")
+        if self.util_fit is not None:
+            bits.append(f"fits: --gpu-memory-utilization {self.util_fit:.2f}")
+        return head + ": " + "; ".join(bits) if bits else head + ": no budget logged yet"
+
+    def to_json(self) -> dict[str, Any]:
+        r = _r
+        return {"gpu": self.gpu, "total_gib": r(self.total_gib), "gpu_memory_utilization": self.utilization,
+                "requested_gib": r(self.requested_gib), "parts_gib": {w: r(g) for w, g in self.parts},
+                "vllm_gib": r(self.vllm_gib), "others": None if self.others is None else
+                [{"pid": p, "gib": r(g)} for p, g in self.others], "others_gib": r(self.others_gib),
+                "free_gib": r(self.free_gib), "free_at_start_gib": r(self.free_at_start_gib),
+                "used_now_gib": r(self.used_now_gib), "util_fit": self.util_fit, "text": self.text()}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def util_that_fits(total_gib: float, held_gib: float, margin: float = 0.02) -> float:
+    """The ``--gpu-memory-utilization`` that fits beside ``held_gib`` held by others: ``margin`` under what is
+    free (two decimals), 0.05 at least. The startup-failure rule's fix says the same number."""
+    frac = (total_gib - held_gib) / total_gib - margin if total_gib > 0 else 0.0
+    return max(0.05, round(frac, 2))
+
+
+def _parts(f: StartupFacts) -> tuple[tuple[str, float], ...]:
+    vals = {name: getattr(f, name) for name, _ in PARTS}
+    if vals["weights_gib"] is None and vals["consumed_gib"] is None:
+        vals["weights_gib"] = f.model_memory_gib  # "Model loading took W GiB"
+    if vals["cuda_graph_gib"] is None:
+        vals["cuda_graph_gib"] = f.graph_memory_gib  # "Graph capturing finished in S secs, took G GiB"
+    if vals["consumed_gib"] is not None:
+        vals["weights_gib"] = vals["non_torch_gib"] = None  # the sum is said, not its halves: no double count
+    return tuple((words, vals[name]) for name, words in PARTS if vals[name] is not None)
+
+
+def memory_budget(ev: Evidence) -> list[MemoryBudget]:
+    """The followed start's budget, one per GPU its server is on (from the last GPU samples); one without a
+    GPU index when NVML gives nothing (the log's numbers alone); [] when neither says anything."""
+    snap = ev.startup
+    f = snap.facts if snap is not None else None
+    parts = _parts(f) if f is not None else ()
+    url = ev.log_target
+    failed_for_memory = snap.failure if (snap is not None and snap.state == "failed" and snap.failure is not None
+                                         and snap.failure.kind in MEMORY_FAILURES
+                                         and snap.died_after_ready_s is None) else None
+    proc = ev.process_of(url)
+    mine: set[int] | None = {int(p) for p in proc.gpu_pids} if proc is not None else None
+    if mine is None and failed_for_memory is not None:
+        # the start failed and its processes are gone: what holds the GPU is no vLLM process vtop knows
+        mine = set(ev.pid_owner)
+    idxs = [i for i, owners in ev.gpu_owner.items() if url in owners] if url is not None else []
+    tracks = ev.gpus.tracks if ev.gpus is not None else {}
+    if not idxs and len(tracks) == 1:
+        idxs = list(tracks)  # one GPU: the start's, whoever is seen on it
+    out = []
+    for idx in sorted(idxs):
+        s = tracks[idx].last if idx in tracks else None
+        if s is None or s.lost:
+            continue
+        # vLLM's total (CUDA's, what --gpu-memory-utilization is a share of) over NVML's (with the driver's part)
+        total = f.mem_total_gib if f is not None and f.mem_total_gib else (s.mem_total / GIB if s.mem_total else None)
+        others = None
+        if mine is not None and s.procs is not None:
+            others = tuple(sorted(((int(p.pid), (p.used_bytes or 0) / GIB) for p in s.procs
+                                   if int(p.pid) not in mine and p.used_bytes), key=lambda x: -x[1]))
+        out.append(_budget(idx, total, f, parts, others, s.mem_used / GIB if s.mem_used is not None else None,
+                           failed_for_memory))
+    if not out and f is not None and (parts or f.mem_total_gib is not None or failed_for_memory is not None):
+        out.append(_budget(None, f.mem_total_gib, f, parts, None, None, failed_for_memory))
+    return out
+
+
+def _num(s: str | None, default: float | None) -> float | None:
+    try:
+        return float(s) if s else default
+    except ValueError:
+        return default
+
+
+def _budget(idx: int | None, total: float | None, f: StartupFacts | None, parts: tuple[tuple[str, float], ...],
+            others: tuple[tuple[int, float], ...] | None, used: float | None,
+            failure: Failure | None) -> MemoryBudget:
+    failed = failure is not None
+    util = f.gpu_memory_utilization if f is not None else None
+    req = f.mem_requested_gib if f is not None else None
+    if req is None and util is not None and total is not None:
+        req = util * total
+    free0 = f.mem_free_at_start_gib if f is not None else None
+    if failure is not None and failure.kind == "gpu_free_at_start":
+        # "Free memory on device cuda:0 (38.77/139.8 GiB) on startup is less than desired GPU memory
+        # utilization (0.5, 69.9 GiB)": the failure line says it all
+        free0 = _num(failure.get("free"), free0)
+        total = _num(failure.get("total"), total)  # CUDA's total, as vLLM measured it
+        util = _num(failure.get("util"), util)
+        req = _num(failure.get("req"), req)
+    fit = None
+    if failed and total:
+        if others is not None:
+            fit = util_that_fits(total, sum(g for _, g in others))
+        elif free0 is not None:
+            fit = util_that_fits(total, total - free0)
+    return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit)
