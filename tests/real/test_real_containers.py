@@ -270,6 +270,7 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
                                     f"{ws.conns.error}; reads {ws.conns.reads}; finish {ra.finish} {ra.error}")
                 assert ra.finish is None and ra.error is None
                 shot(app, "containers-docker-runaway-120x40.svg")
+                await _stop_in_container(app, pilot, root_pid, ra)
             print("alert:", alert.title)
             assert ws.conns.reads > 0 and ws.conns.error is None
             assert not app.monitor.log_view.request_logging
@@ -280,6 +281,28 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
     finally:
         print(docker.cli("logs", "--tail", "5", name, check=False).stderr[-1500:])
         docker.cli("rm", "-f", name, check=False)
+
+
+async def _stop_in_container(app: VtopApp, pilot: Any, root_pid: int, ra: Any) -> None:
+    """Issue 41: ``x`` on the runaway alert stops it: its connection closed in the container's network
+    namespace (setns, then SOCK_DESTROY), vLLM aborts it (short requests come and go meanwhile: the result
+    reads it from the polls between them), the short requests go on."""
+    from vtop.ui.screens import StopScreen
+
+    await pilot.press("x")
+    await until(pilot, lambda: isinstance(app.screen, StopScreen) and bool(app.screen.query("#stop-body")), 10,
+                lambda: f"the confirmation; screen {app.screen}")
+    scr = app.screen
+    assert isinstance(scr, StopScreen) and scr.why_not is None, getattr(scr, "why_not", None)
+    assert scr.target is not None and scr.target.netns_pid == root_pid and scr.target.port == 8000
+    await pilot.press("y")
+    await until(pilot, lambda: scr.outcome is not None, 40, lambda: f"the result; {scr.result_line}")
+    shot(app, "containers-docker-stop-120x40.svg")
+    print("stop:", scr.result_line)
+    assert scr.outcome is True and "network namespace" in str(scr.query_one("#stop-body").render()), scr.result_line
+    await until(pilot, lambda: ra.error is not None or ra.finish is not None, 15, lambda: "the runaway's stream to end")
+    assert ra.finish is None, ra.finish  # ended by the stop
+    await pilot.press("escape")
 
 
 # --------------------------------------------------------------------------- CRI

@@ -535,6 +535,7 @@ def make_bundle(
     phases_json: Any | None,
     alerts: Sequence[Any],
     screen_svg: str | None,
+    actions: Sequence[Any] = (),
     timeline: Sequence[str] = (),
     timeline_json: Any | None = None,
     redact_prompts: bool = True,
@@ -598,6 +599,8 @@ def make_bundle(
         attempt("history.json", lambda: w.write("history.json", _safe_json(history_json)))
         attempt("phases.json", lambda: w.write("phases.json", _safe_json(phases_json)))
         attempt("alerts.json", lambda: w.write("alerts.json", _safe_json(list(alerts))))
+        if actions:  # what vtop did to the box since the last bundle (x: the requests it stopped)
+            attempt("actions.json", lambda: w.write("actions.json", _safe_json(list(actions))))
         if timeline_json is not None:
             attempt("timeline.json", lambda: w.write("timeline.json", _safe_json(timeline_json),
                                                      "what the vLLM log says happened before vtop started"))

@@ -8,7 +8,7 @@ thresholds, ``--simulate-gpus``...) works as on the terminal.
 Safe by default:
 
 * it binds 127.0.0.1 unless ``--host`` is given;
-* the screen is read-only (``--readonly``: ``s``, ``d``, ``t`` do nothing and say so) unless
+* the screen is read-only (``--readonly``: ``s``, ``d``, ``t``, ``x`` do nothing and say so) unless
   ``--allow-actions``;
 * it prints the URL with a random token, and the page needs it. textual-serve has no hook for that
   in its API, so :class:`TokenServer` wraps its public request handlers (``handle_index``,
@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = Parser(prog="vtop web", usage="vtop web [--host HOST] [--port PORT] [--allow-actions] [vtop's arguments ...]",
                description=("Serve vtop's screen in a browser (textual-serve). Binds 127.0.0.1 unless --host; "
-                            "read-only (s, d, t off) unless --allow-actions; prints the URL with a random token "
+                            "read-only (s, d, t, x off) unless --allow-actions; prints the URL with a random token "
                             "the page needs. Every other argument is vtop's (URLs, --log, --interval, ...)."))
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this box only; 0.0.0.0 for every interface)")
@@ -151,7 +151,7 @@ def main(argv: Sequence[str], *, check_vtop_args: Callable[[list[str]], object] 
     command = app_command(rest, allow_actions=ns.allow_actions)
     server = make_server(command, ns.host, port, token, public_url=public_url,
                          say=lambda s: print(s, flush=True))
-    mode = "actions allowed (s, d, t)" if ns.allow_actions else "read-only: s, d, t off (--allow-actions turns them on)"
+    mode = "actions allowed (s, d, t, x)" if ns.allow_actions else "read-only: s, d, t, x off (--allow-actions turns them on)"
     print(f"vtop web: serving vtop on {ns.host}:{port}, {mode}; each browser tab runs its own vtop; Ctrl+C stops",
           flush=True)
     if ns.host not in ("127.0.0.1", "::1", "localhost"):

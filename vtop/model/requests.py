@@ -59,6 +59,9 @@ class InFlightRequest:
     #: its answer has not begun (a connection with no byte sent since the request came: queued, or a
     #: non-streamed answer still decoding)
     answer_pending: bool = False
+    #: bytes of its answer its client acknowledged since vtop first saw its connection (None: not known);
+    #: vLLM counts tokens per server, never per request: this is what is known of one answer so far
+    answer_bytes: int | None = None
     #: the request log says the engine took it (an ``Added request`` line)
     added: bool = True
     temperature: float | None = None

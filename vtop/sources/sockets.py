@@ -283,7 +283,7 @@ def read_conns(ports: set[int] | frozenset[int], *, timeout_s: float = TIMEOUT_S
 CLONE_NEWNET = 0x40000000
 
 
-def _setns_net(path: str) -> None:
+def setns_net(path: str) -> None:
     """Move the calling thread into the network namespace at ``path`` (``/proc/PID/ns/net``).
     ``os.setns`` is Python 3.12+; libc's ``setns(2)`` otherwise. A network namespace is per
     thread: the rest of vtop stays where it was."""
@@ -318,7 +318,7 @@ def read_conns_in(pid: int, ports: set[int] | frozenset[int], *, url: str | None
 
     def run() -> None:
         try:
-            _setns_net(f"{proc_root}/{pid}/ns/net")
+            setns_net(f"{proc_root}/{pid}/ns/net")
         except OSError as e:
             why = ("vtop may not enter it: reading a container's connections needs root (CAP_SYS_ADMIN)"
                    if e.errno in (errno.EPERM, errno.EACCES) else

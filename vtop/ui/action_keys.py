@@ -1,6 +1,11 @@
 """The keys that act on the box: ``s`` (an incident bundle), ``d`` (a py-spy dump), ``t`` (a test
-request); which keys are on (``--readonly`` dims the three; a replay hides them: they would act on this
-box, not the recorded one). A mixin of :class:`vtop.ui.app.VtopApp`.
+request), ``x`` (stop one request: the runaway alert's, or the one picked in ``r``); which keys are on
+(``--readonly`` dims the four; a replay hides them: they would act on this box, not the recorded one).
+A mixin of :class:`vtop.ui.app.VtopApp`.
+
+``x`` closes the request's connection in a thread with a deadline (:mod:`vtop.actions.stop`), then
+watches the monitor's answers for vLLM's abort, and says stopped / did not work; every stop is kept
+for the next bundle (``actions.json``).
 
 The bundle scrapes each server's ``/metrics`` afresh (through the live feed's HTTP pool, 3 s each) so
 that it holds the text as it was when ``s`` was pressed, and writes in a thread
@@ -38,6 +43,7 @@ class ActionKeys(App[int]):
         _snap_pct: int
         _snap_text: str
         _action_client: Any
+        _stops: list[Any]
 
         @property
         def log_watch(self) -> LogWatch | None: ...
@@ -50,7 +56,12 @@ class ActionKeys(App[int]):
 
         def update_status(self) -> None: ...
 
-    ACTION_KEYS = ("snapshot", "pyspy", "test_request")
+    ACTION_KEYS = ("snapshot", "pyspy", "test_request", "stop_request")
+    #: seconds ``x`` waits for vLLM to show the abort after the close (:data:`vtop.actions.stop.WAIT_S`)
+    stop_wait_s = 15.0
+    #: each action key's name in the READ-ONLY note
+    ACTION_WORDS = {"snapshot": "snapshot", "pyspy": "py-spy dump", "test_request": "test request",
+                    "stop_request": "stop a request"}
 
     @property
     def snapshots(self) -> Any:
@@ -96,7 +107,7 @@ class ActionKeys(App[int]):
             return
         for b in self.BINDINGS:
             if isinstance(b, Binding) and b.action in self.ACTION_KEYS and event.key in b.key.split(","):
-                what = {"snapshot": "snapshot", "pyspy": "py-spy dump", "test_request": "test request"}[b.action]
+                what = self.ACTION_WORDS[b.action]
                 self.notify(f"READ-ONLY: {b.key} ({what}) is off here (--readonly; "
                             "vtop web turns it on with --allow-actions)", severity="warning")
                 event.stop()
@@ -158,14 +169,18 @@ class ActionKeys(App[int]):
             phases_json=phases,
             alerts=[a.to_json() for a in self.alerts],
             screen_svg=self.export_screenshot(),
+            actions=[rec.to_json() for rec in self._stops],
             timeline=tl.lines() if tl is not None else (),
             timeline_json=tl.to_json() if tl is not None else None,
             redact_prompts=self.config.redact_prompts,
             secrets=secrets,
             progress=self._snapshot_progress_from_thread,
         )
+        kept = list(self._stops)
         res = await asyncio.wrap_future(fut)
         self.last_snapshot = res
+        if res.path is not None:  # written: the next bundle holds the stops after these
+            self._stops = [rec for rec in self._stops if rec not in kept or rec.stopped is None]
         sev: Literal["information", "warning", "error"] = (
             "information" if res.ok else ("warning" if res.refused or res.path else "error"))
         self.notify(res.message, severity=sev, timeout=10)
@@ -211,3 +226,98 @@ class ActionKeys(App[int]):
         self.push_screen(ProbeScreen(e.url, models=models, max_model_len=v.max_model_len if v else None,
                                      client=self.action_client, api_key=self.monitor.api_key_for(e.url),
                                      userinfo=self.config.credentials_for(e.url)))
+
+    # ------------------------------------------------------------------ x: stop one request
+    def action_stop_request(self) -> None:
+        """``x`` on the dashboard: the request the runaway alert names (the oldest in flight on its server)."""
+        alert = next((a for a in self.alerts if a.rule == "runaway" and a.target), None)
+        if alert is None or alert.target is None:
+            self.notify("stop: no runaway alert now; open r (requests) and press x on the request to stop",
+                        severity="warning")
+            return
+        answer = self.monitor.in_flight.get(alert.target)
+        r = answer.oldest if answer is not None else None
+        if r is None:
+            self.notify("stop: the runaway alert names no request in flight now", severity="warning")
+            return
+        self.open_stop(alert.target, r)
+
+    def open_stop(self, url: str, r: Any) -> None:
+        """The confirmation of stopping ``r`` (an :class:`~vtop.model.requests.InFlightRequest`) on ``url``;
+        from ``x`` on the dashboard and in ``r``. Off under --readonly and in a replay (said)."""
+        from vtop.actions.stop import missing_privilege, target_for
+        from vtop.sources.urls import LOCAL_HOSTS, url_hostport
+        from vtop.ui.screens import StopScreen
+
+        if self.replay is not None:
+            self.notify("stop: a replay acts on nothing (the request was on the recorded box)", severity="warning")
+            return
+        if self.config.readonly:
+            self.notify("READ-ONLY: x (stop a request) is off here (--readonly; vtop web turns it on with "
+                        "--allow-actions)", severity="warning")
+            return
+        ws = self.monitor.servers.get(url)
+        got = target_for(url, ws.process if ws is not None else None, r,
+                         local=url_hostport(url)[0] in LOCAL_HOSTS)
+        target = got if not isinstance(got, str) else None
+        why = got if isinstance(got, str) else missing_privilege(netns=got.netns_pid is not None)
+        self.push_screen(StopScreen(url, r, target, why, self.start_stop))
+
+    def observe_stop(self, url: str, request_id: str | None, after_s: float) -> Any:
+        """What vLLM shows now of the server (the monitor's latest answer: running, its abort counter,
+        the request log's abort line)."""
+        from vtop.actions.stop import Observation
+
+        answer = self.monitor.in_flight.get(url)
+        ws = self.monitor.servers.get(url)
+        m = ws.last_view.metrics if ws is not None and ws.last_view is not None else None
+        running = answer.running if answer is not None else (m.running if m is not None else None)
+        waiting = answer.waiting if answer is not None else (m.waiting if m is not None else None)
+        fin = getattr(m, "request_success_total", None) if m is not None else None
+        aborts = float(fin.get("abort", 0.0)) if fin else None
+        finished = float(sum(fin.values())) if fin else None
+        logged = None
+        lv = self.log_view
+        if request_id and lv is not None and self.monitor.log_target == url:
+            logged = any(f.request_id == request_id and f.reason == "aborted" for f in lv.recent_finished)
+        return Observation(after_s, running, aborts, logged, waiting, finished)
+
+    def start_stop(self, target: Any, show: Any) -> None:
+        """Confirmed: close the connection (a thread, with a deadline) and watch for the abort; ``show(line,
+        stopped)`` gets each result line. Runs on the app, so closing the screen does not stop it."""
+        self.run_worker(self._stop_flow(target, show), group="stop", exit_on_error=False)
+
+    async def _stop_flow(self, target: Any, show: Any) -> None:
+        import time
+
+        from vtop.actions.stop import CLOSE_TIMEOUT_S, CloseResult, StopRecord, start_close, verdict
+
+        t0 = time.monotonic()
+        rid = target.request.request_id
+        before = self.observe_stop(target.server, rid, 0.0)
+        rec = StopRecord.of(target, time.time())
+        self._stops.append(rec)
+        try:
+            res = await asyncio.wait_for(asyncio.wrap_future(start_close(target)), CLOSE_TIMEOUT_S + 2.0)
+        except asyncio.TimeoutError:
+            res = CloseResult(False, "the close did not answer in time: given up")
+        rec.close_s = round(res.elapsed_s, 3)
+        prev = None
+        while True:
+            now = self.observe_stop(target.server, rid, time.monotonic() - t0)
+            final, stopped, line = verdict(res, before, now, prev, wait_s=self.stop_wait_s)
+            show(line, stopped if final else None)
+            if final:
+                break
+            if prev is None or (now.busy, now.finished) != (prev.busy, prev.finished):
+                prev = now  # the poll before the next one that moved
+            await asyncio.sleep(0.25)
+        rec.result, rec.stopped = line, stopped
+        rec.seconds_to_abort = round(now.after_s, 2) if stopped else None
+        rec.extra = {"running_before": before.running, "running_after": now.running, "waiting_before": before.waiting,
+                     "waiting_after": now.waiting, "finished_since": None if now.finished is None or
+                     before.finished is None else now.finished - before.finished}
+        self.notify(("" if stopped else "stop: ") + line, severity="information" if stopped else "error", timeout=15)
+        say = getattr(self, "say", None)
+        if say is not None:
+            say(line, 30.0)

@@ -82,6 +82,7 @@ class VtopApp(ActionKeys, ViewKeys):
         Binding("s", "snapshot", "Snap"),
         Binding("d", "pyspy", "py-spy"),
         Binding("t", "test_request", "Test"),
+        Binding("x", "stop_request", "Stop"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
@@ -134,6 +135,8 @@ class VtopApp(ActionKeys, ViewKeys):
         self._snap_pct = -5
         self._snap_text = ""
         self._action_client: Any = None
+        self._stops: list[Any] = []
+        """The stops (``x``) not yet written into a bundle (:class:`vtop.actions.stop.StopRecord`)."""
         self.last_snapshot: Any = None
         self.gpu_hung = False
         self._status_text = ""
@@ -255,7 +258,7 @@ class VtopApp(ActionKeys, ViewKeys):
         return w
 
     def on_mount(self) -> None:
-        self._widget("alerts", AlertsPanel)
+        self._widget("alerts", AlertsPanel).stop_key = not self.config.readonly and self.replay is None
         self._widget("requests", RequestsLine).display = False
         self._widget("log", LogPane)
         self._widget("status", "#status")

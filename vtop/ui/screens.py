@@ -20,8 +20,9 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from vtop.actions.probe import ProbeResult, send_test_request
 from vtop.actions.pyspy import PySpyResult, Target, dump
+from vtop.actions.stop import StopTarget, tokens_words
 from vtop.core.rules.util import short_url
-from vtop.model.requests import EVIDENCE_WORDS, ServerRequests, dur_text
+from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, age_words, dur_text
 
 DEFAULT_MAX_TOKENS = 64
 WHY_MAX_TOKENS = (
@@ -227,7 +228,7 @@ class RequestsScreen(ModalScreen[None]):
     hold them up to vLLM 0.11; vtop keeps only their length).
     """
 
-    BINDINGS = [Binding("escape,q,r", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,r", "dismiss", "Close"), Binding("x", "stop_request", "Stop")]
 
     def __init__(self, answers: Callable[[], Mapping[str, ServerRequests]],
                  log_view: Callable[[], Any] | None = None) -> None:
@@ -236,6 +237,23 @@ class RequestsScreen(ModalScreen[None]):
         """Per server, its requests in flight (:attr:`vtop.monitor.Monitor.in_flight`)."""
         self.log_view = log_view or (lambda: None)
         """The latest log view (a :class:`~vtop.monitor.logwatch.LogView`, for the finished ones), or None."""
+        self.shown: list[tuple[str, InFlightRequest]] = []
+        """The requests of the table's rows, in order (what ``x`` stops)."""
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop_request":
+            return self.app.check_action(action, parameters)  # the app's gating: --readonly, a replay
+        return True
+
+    def action_stop_request(self) -> None:
+        from textual.widgets import DataTable
+
+        row = self.query_one("#req-table", DataTable).cursor_row
+        if not self.shown or not 0 <= row < len(self.shown):
+            self.notify("stop: no request in flight is listed", severity="warning")
+            return
+        url, r = self.shown[row]
+        self.app.open_stop(url, r)  # type: ignore[attr-defined]
 
     def compose(self) -> ComposeResult:
         from textual.widgets import DataTable
@@ -246,7 +264,8 @@ class RequestsScreen(ModalScreen[None]):
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
             yield Label("Recently finished (the vLLM request log)", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
-            yield Label("esc close · running at least: what the evidence proves · took ≤: at most (its end inferred)",
+            yield Label("esc close · x stop the selected request · running at least: what the evidence proves · "
+                        "took ≤: at most (its end inferred)",
                         id="dialog-keys")
 
     def on_mount(self) -> None:
@@ -268,10 +287,14 @@ class RequestsScreen(ModalScreen[None]):
         note = self.query_one("#req-note", Static)
         t = self.query_one("#req-table", DataTable)
         d = self.query_one("#req-done", DataTable)
+        row_at = t.cursor_row
         t.clear()
         d.clear()
         for row in request_rows(answers):
             t.add_row(*row)
+        self.shown = [(url, r) for url, a in answers.items() for r in a.requests]
+        if self.shown and 0 < row_at < len(self.shown):
+            t.move_cursor(row=row_at)
         note.update(self.note_text(answers))
         view = self.log_view()
         for f in (view.recent_finished[:30] if view is not None else ()):
@@ -294,6 +317,76 @@ class RequestsScreen(ModalScreen[None]):
                          "lines: an entry may have ended unseen, only those proven still running are listed)")
             out.append(line)
         return "\n".join(out) or "No server watched."
+
+
+def stop_text(t: StopTarget | None, r: InFlightRequest, url: str, why_not: str | None) -> Text:
+    """The confirmation: the request (its id when known), its client, its age and what is known of its
+    tokens so far (all from the one answer, :class:`~vtop.model.requests.InFlightRequest`), and how."""
+    out = Text()
+    out.append("Stop this request?\n\n" if why_not is None else "This request cannot be stopped from here.\n\n",
+               style="bold")
+    rows = [("request", r.request_id or "id not known (vLLM logs ids only with request logging on)"),
+            ("client", r.client or "not known"), ("server", short_url(url)),
+            ("in flight", age_words(r, upper=True)), ("tokens so far", tokens_words(r)),
+            ("max_tokens", "not known" if r.max_tokens is None else
+             f"{r.max_tokens:,}" + (" (vLLM's; its client sent none)" if r.no_client_max_tokens else "")),
+            ("known by", " + ".join(EVIDENCE_WORDS.get(e, e) for e in r.evidence))]
+    for k, v in rows:
+        out.append(f"{k:>14}  ", style="dim")
+        out.append(v + "\n")
+    out.append("\n")
+    if why_not is not None:
+        out.append(why_not + "\n", style="bold red")
+        return out
+    assert t is not None
+    out.append(f"vtop closes its TCP connection on the server's side (SOCK_DESTROY, as ss -K, {t.where}); vLLM "
+               "aborts a request whose client hung up, and its client sees the connection reset. Other requests "
+               "go on.\n", style="dim")
+    return out
+
+
+class StopScreen(ModalScreen[None]):
+    """``x``: the confirmation of a stop, then its result line (the close and vLLM's abort are watched by
+    the app: closing this screen does not stop the watching)."""
+
+    BINDINGS = [Binding("escape,n,q", "dismiss", "Close"), Binding("y,enter", "confirm", "Stop it")]
+
+    def __init__(self, url: str, r: InFlightRequest, target: StopTarget | None, why_not: str | None,
+                 start: Callable[[StopTarget, Callable[[str, bool | None], None]], None]) -> None:
+        super().__init__()
+        self.url, self.request, self.target, self.why_not = url, r, target, why_not
+        self.start = start
+        self.started = False
+        self.result_line = ""
+        self.outcome: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(f"Stop one request · {short_url(self.url)}", id="dialog-title")
+            yield Static(stop_text(self.target, self.request, self.url, self.why_not), id="stop-body")
+            yield Static("", id="stop-result")
+            yield Label("esc close" if self.why_not else "y / enter: stop it · n / esc: cancel", id="dialog-keys")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "confirm":
+            return self.why_not is None and not self.started
+        return True
+
+    def action_confirm(self) -> None:
+        if self.target is None or self.started:
+            return
+        self.started = True
+        self.query_one("#dialog-keys", Label).update("esc close (the result also shows in the status line)")
+        self.show_result("closing its connection …", None)
+        self.start(self.target, self.show_result)
+        self.refresh_bindings()
+
+    def show_result(self, line: str, stopped: bool | None) -> None:
+        """The result line (from the app's watch): ``stopped``: True / False when known, else None."""
+        self.result_line, self.outcome = line, stopped
+        style = "bold green" if stopped else "bold red" if stopped is False else "italic"
+        if self.is_mounted:
+            self.query_one("#stop-result", Static).update(Text(line, style=style))
 
 
 class AlertsScreen(ModalScreen[None]):

@@ -105,9 +105,10 @@ class ViewKeys(App[int]):
                     "the last stats line (doctor prints the same)",
         "requests": "requests in flight, oldest first, each running at least how long and by what evidence, "
                     "and the last finished",
-        "snapshot": "snapshot: an incident bundle (log, /metrics, history, processes, this screen) in a new folder",
+        "snapshot": "snapshot: an incident bundle of log, /metrics, history, processes, screen",
         "pyspy": "py-spy dump of the EngineCore (or the workers for TP>1)",
         "test_request": "send a test request (max_tokens required)",
+        "stop_request": "stop a request (the runaway's; in r, the selected one): closes its connection",
         "replay_pause": "pause / play",
         "replay_step": "one step (an interval) while paused",
         "replay_speed": "play faster / slower (1x to 60x)",
@@ -133,9 +134,9 @@ class ViewKeys(App[int]):
     def help_notes(self) -> list[str]:
         notes = []
         if self.config.readonly:
-            notes.append("READ-ONLY (--readonly): the snapshot, py-spy and test-request keys (s d t) are off.")
+            notes.append("READ-ONLY (--readonly): the snapshot, py-spy, test-request and stop keys (s d t x) are off.")
         if self.replay is not None:
-            notes.append("A replay: s, d and t would act on this box, not the recorded one, so they are off.")
+            notes.append("A replay: s, d, t and x would act on this box, not the recorded one, so they are off.")
         delivery = getattr(self, "delivery", None)
         if delivery is not None:  # --on-alert / --webhook (vtop/actions/alerts_out.py): URLs shown without secrets
             notes.append("Each start, severity change and clear of an incident goes to: " + ", ".join(delivery.labels)

@@ -240,8 +240,8 @@ def _connections(now: float, url: str, conns: ConnTracker | None, waiting: float
         age = max(0.0, now - c.since)
         sure = not c.pending or waiting == 0
         out.append(InFlightRequest(url, (CONNECTION,), age if sure else None, age, c.since if sure else None,
-                                   client=c.remote,
-                                   answer_pending=c.pending, detail=_conn_detail(c, age, sure)))
+                                   client=c.remote, answer_pending=c.pending, answer_bytes=c.bytes_sent,
+                                   detail=_conn_detail(c, age, sure)))
     return out
 
 
@@ -324,8 +324,8 @@ def _named(top: InFlightRequest, logged: list[InFlightRequest], proven: InFlight
     return InFlightRequest(top.server, (top.evidence[0], LOG), top.age_min_s, pick.age_max_s, top.since,
                            request_id=pick.request_id, client=top.client, endpoint=pick.endpoint,
                            max_tokens=pick.max_tokens, client_set_max_tokens=pick.client_set_max_tokens,
-                           answer_pending=top.answer_pending, added=pick.added, temperature=pick.temperature,
-                           n=pick.n, detail=top.detail)
+                           answer_pending=top.answer_pending, answer_bytes=top.answer_bytes, added=pick.added,
+                           temperature=pick.temperature, n=pick.n, detail=top.detail)
 
 
 def _same_arrival(top: InFlightRequest, logged: list[InFlightRequest]) -> InFlightRequest | None:

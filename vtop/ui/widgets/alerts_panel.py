@@ -89,6 +89,8 @@ class AlertsPanel(Static):
         self.level = FULL
         self.alerts: tuple[Any, ...] = ()
         self._key: Any = None
+        #: the ``x`` key is on (not --readonly, not a replay): a runaway alert's title says it stops it
+        self.stop_key = False
 
     def show_alerts(self, alerts: Sequence[Any]) -> None:
         key = (tuple((a.rule, a.severity, a.title, a.evidence, a.fix) for a in alerts), self.level,
@@ -101,7 +103,10 @@ class AlertsPanel(Static):
         worst = alerts[0].severity if alerts else None
         self.set_class(worst == "critical", "-critical")
         self.set_class(worst == "warning", "-warning")
-        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''} (e: all, with every fix)"
+        # a runaway whose client the alert names (its connection is known): x can stop it
+        stop = " · x: stop the runaway" if self.stop_key and any(
+            a.rule == "runaway" and "(client " in a.title for a in alerts) else ""
+        self.border_title = (f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}{stop} (e: all, with every fix)"
                              if alerts else "")
         self.update(self.render_alerts())
 
