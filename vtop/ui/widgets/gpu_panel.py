@@ -27,6 +27,7 @@ from textual.widgets import Static
 from vtop.core.gpu_history import GpuHistory, GpuTrack
 from vtop.core.spark import SparkLines
 from vtop.model.gpu import ABSENT, OFF, GpuSample
+from vtop.ui.widgets.styles import component_style
 
 GIB = 2**30
 CARD_ROWS = 5  # util, SM, power, mem, bw
@@ -229,7 +230,7 @@ class _RunsWidget(Widget):
     def _seg_style(self, key: str, base: Style) -> Style:
         st = self._styles.get(key)
         if st is None:
-            st = base if not key else base + self.get_component_rich_style(f"gpu-card--{key}", partial=True)
+            st = base if not key else base + component_style(self, f"gpu-card--{key}")
             self._styles[key] = st
         return st
 

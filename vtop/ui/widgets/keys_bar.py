@@ -22,6 +22,8 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
+from vtop.ui.widgets.styles import component_style
+
 
 class KeysBar(Static):
     COMPONENT_CLASSES = {"keys-bar--key", "keys-bar--off"}
@@ -80,8 +82,8 @@ class KeysBar(Static):
             return
         self._keys = (keys, width)
         text = Text(no_wrap=True, overflow="ellipsis")
-        key_style = self.get_component_rich_style("keys-bar--key", partial=True)
-        off_style = self.get_component_rich_style("keys-bar--off", partial=True)
+        key_style = component_style(self, "keys-bar--key")
+        off_style = component_style(self, "keys-bar--off")
         for i, ((key, desc, name, enabled), labelled) in enumerate(zip(keys, self.fit(keys, width))):
             if i:
                 text.append(" ")
