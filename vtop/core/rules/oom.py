@@ -393,7 +393,14 @@ def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
         title = f"CUDA out of memory starting {short}{where}{tried}"
         return Alert(f.rule, "critical", title, tuple(ev), _startup_fix(f), f.target, f.since)
     win = dur(th.transient_window_s)
-    ev = [detail, f"line: {f.line[:300]}"]
+    title, more, fix = _runtime_words(f, win, tried, short)
+    ev = [detail, f"line: {f.line[:300]}", *_before_lines(f, win), *more]
+    return Alert(f.rule, "critical", title, tuple(ev), fix, f.target, f.since)
+
+
+def _before_lines(f: OomFinding, win: str) -> list[str]:
+    """What the window before a runtime OOM held: the KV cache's peak, memory spikes, long prompts."""
+    ev = []
     if f.kv_peak is not None:
         ev.append(f"KV cache peaked at {f.kv_peak:.1f} % in the {win} before")
     ev += [f"gpu{idx} memory jumped from {base:.1f} % to {peak:.1f} % in the {win} before"
@@ -401,38 +408,53 @@ def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
     if f.long_prompts > 0:
         ev.append(f"{plural(f.long_prompts, 'request')} with prompts above {num(f.long_prompt_edge)} tokens "
                   f"(max_model_len {num(f.max_model_len)}) in the {win} before")
+    return ev
+
+
+def _runtime_words(f: OomFinding, win: str, tried: str, short: str) -> tuple[str, list[str], tuple[str, ...]]:
+    """A runtime OOM's title, its stage's own evidence lines and its fix, by the stage it came in."""
     fix = _FIX_RUNTIME.get(f.cls, ())
     if f.cls == "kv_pressure":
-        ev.append(f"{plural(f.preemptions, 'preemption')} in the minute before: the KV cache was full")
         fix = (
             "Lower --max-num-seqs" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
             + " so fewer sequences compete for memory.",
             "Lower --gpu-memory-utilization a little to leave activations headroom, or add GPUs with "
             "--tensor-parallel-size.",
         )
-        title = f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(f.preemptions)} preemptions"
-    elif f.cls == "prompt_logprobs":
-        if f.prompt_logprobs_frame:
-            ev.append("the engine ran out while computing prompt logprobs (its traceback passes through "
-                      "_get_prompt_logprobs_dict)")
-        if f.prompt_logprobs_requests:
-            most = "the whole vocabulary (-1)" if f.prompt_logprobs_max == -1 else str(f.prompt_logprobs_max)
-            ev.append(f"{plural(f.prompt_logprobs_requests, 'request')} asked for prompt_logprobs in the {win} "
-                      f"before (up to {most})")
-        title = f"CUDA out of memory on {short} computing prompt logprobs{tried}"
-    elif f.cls in ("spike", "long_prompt"):
-        title = f"CUDA out of memory on {short} after {'a memory spike' if f.cls == 'spike' else 'a long prompt'}{tried}"
-    elif f.cls == "fragmentation":
-        if f.fragmented_bytes is not None:
-            ev.append(f"{gib(f.fragmented_bytes)} reserved by PyTorch but unallocated: the free memory is in pieces")
-        if f.uptime_s is not None:
-            ev.append(f"server up for {dur(f.uptime_s)} with no spike, long prompt or full KV cache before it")
+        return (f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(f.preemptions)} preemptions",
+                [f"{plural(f.preemptions, 'preemption')} in the minute before: the KV cache was full"], fix)
+    if f.cls == "prompt_logprobs":
+        return f"CUDA out of memory on {short} computing prompt logprobs{tried}", _logprobs_lines(f, win), fix
+    if f.cls in ("spike", "long_prompt"):
+        cause = "a memory spike" if f.cls == "spike" else "a long prompt"
+        return f"CUDA out of memory on {short} after {cause}{tried}", [], fix
+    if f.cls == "fragmentation":
         title = f"CUDA out of memory on {short} from fragmentation" + (
             f" after {dur(f.uptime_s)} up" if f.uptime_s is not None else "")
-    else:
-        ev.append(f"no memory spike, long prompt or full KV cache seen in the {win} before")
-        title = f"CUDA out of memory on {short} while serving{tried}"
-    return Alert(f.rule, "critical", title, tuple(ev), fix, f.target, f.since)
+        return title, _fragmentation_lines(f), fix
+    return (f"CUDA out of memory on {short} while serving{tried}",
+            [f"no memory spike, long prompt or full KV cache seen in the {win} before"], fix)
+
+
+def _logprobs_lines(f: OomFinding, win: str) -> list[str]:
+    ev = []
+    if f.prompt_logprobs_frame:
+        ev.append("the engine ran out while computing prompt logprobs (its traceback passes through "
+                  "_get_prompt_logprobs_dict)")
+    if f.prompt_logprobs_requests:
+        most = "the whole vocabulary (-1)" if f.prompt_logprobs_max == -1 else str(f.prompt_logprobs_max)
+        ev.append(f"{plural(f.prompt_logprobs_requests, 'request')} asked for prompt_logprobs in the {win} "
+                  f"before (up to {most})")
+    return ev
+
+
+def _fragmentation_lines(f: OomFinding) -> list[str]:
+    ev = []
+    if f.fragmented_bytes is not None:
+        ev.append(f"{gib(f.fragmented_bytes)} reserved by PyTorch but unallocated: the free memory is in pieces")
+    if f.uptime_s is not None:
+        ev.append(f"server up for {dur(f.uptime_s)} with no spike, long prompt or full KV cache before it")
+    return ev
 
 
 def _startup_fix(f: OomFinding) -> tuple[str, ...]:

@@ -121,17 +121,20 @@ def stopped_since(st: ServerState, pids: Callable[[CpuSample], Iterable[int]] | 
     return since
 
 
-def gpu_memory_moved(ev: Evidence, mem: Memory, url: str, a: float, b: float) -> tuple[bool, list[str]] | None:
-    """Whether NVML's per-process memory of ``url``'s processes moved over ``(a, b]`` (a process
-    came to a GPU, or its memory changed by a step), with evidence lines; None without per-process
-    readings of its processes (no NVML, no GPU process yet, a container that hides the pids)."""
+def _server_pids(ev: Evidence, mem: Memory, url: str) -> set[int]:
+    """The pids of ``url``'s processes: those seen on a GPU and those discovery found."""
     st = mem.servers.get(url)
     proc = ev.process_of(url)
     pids = set(st.gpu_pids) if st is not None else set()
     if proc is not None:
         pids |= {int(c.pid) for c in proc.children} | {int(proc.pid)}
-    if not pids:
-        return None
+    return pids
+
+
+def _gpu_mem_span(mem: Memory, pids: set[int], a: float, b: float) -> tuple[bool, dict[tuple[int, int], int],
+                                                                            dict[tuple[int, int], int]]:
+    """Over ``(a, b]``: whether any GPU point had per-process readings, and each (GPU, pid)'s first and
+    last memory among ``pids``."""
     first: dict[tuple[int, int], int] = {}
     last: dict[tuple[int, int], int] = {}
     seen_any = False
@@ -144,6 +147,17 @@ def gpu_memory_moved(ev: Evidence, mem: Memory, url: str, a: float, b: float) ->
                 if int(gp.pid) in pids and gp.used_bytes is not None:
                     first.setdefault((idx, int(gp.pid)), int(gp.used_bytes))
                     last[(idx, int(gp.pid))] = int(gp.used_bytes)
+    return seen_any, first, last
+
+
+def gpu_memory_moved(ev: Evidence, mem: Memory, url: str, a: float, b: float) -> tuple[bool, list[str]] | None:
+    """Whether NVML's per-process memory of ``url``'s processes moved over ``(a, b]`` (a process
+    came to a GPU, or its memory changed by a step), with evidence lines; None without per-process
+    readings of its processes (no NVML, no GPU process yet, a container that hides the pids)."""
+    pids = _server_pids(ev, mem, url)
+    if not pids:
+        return None
+    seen_any, first, last = _gpu_mem_span(mem, pids, a, b)
     if not seen_any:
         return None
     if not last:
@@ -184,26 +198,7 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     gpu = gpu_memory_moved(ev, mem, url, since, now) if since is not None else None
     if not named_stopped and (since is None or (gpu is not None and gpu[0])):
         return _ceiling(ev, mem, url, proc, age)
-    ev_lines: list[str] = []
-    if since is not None:
-        use = tree_cpu(st, since)
-        n = len(use.used) if use is not None else len(st.cpu_samples[-1].cpu)
-        used = use.tree if use is not None else 0.0
-        ev_lines.append(f"no log: the processes have been still for {dur(now - since)}: {n} processes of the "
-                        f"server used {used:.2f} s of CPU in that time (read from the process table)")
-    if stopped_s is not None:
-        last = st.cpu_samples[-1]
-        who = [p for p, x in last.states.items() if x in STOPPED]
-        what = (f"every process of the server ({len(last.cpu)})" if len(who) >= len(last.cpu) else
-                ", ".join(f"{last.names.get(p, 'process')} (pid {p})" for p in sorted(who)))
-        ev_lines.append(f"{'no log: ' if since is None else ''}{what}: stopped (state T in the process table: a "
-                        f"SIGSTOP, or a debugger), seen so for {dur(stopped_s)}")
-    if gpu is not None:
-        ev_lines += gpu[1]
-    port = v.url.rsplit(":", 1)[-1].rstrip("/")
-    ev_lines.append(f"port {port} refuses connections: the server is not ready")
-    if age is not None:
-        ev_lines.append(f"vLLM process {proc.pid} started {dur(age)} ago")
+    ev_lines = _still_lines(st, now, since, stopped_s, gpu, v, proc.pid, age)
     held = now - since if since is not None else 0.0
     if held < th.startup_still_s and not named_stopped:
         assert since is not None
@@ -226,6 +221,33 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
            "Give vtop the server's log (`vllm serve ... 2>&1 | tee vllm.log`, then `--log vllm.log`): it names "
            "the phase the start stopped in.")
     return Alert("startup_stall", "warning", title, tuple(ev_lines), fix, url, began)
+
+
+def _still_lines(st: ServerState, now: float, since: float | None, stopped_s: float | None,
+                 gpu: tuple[bool, list[str]] | None, v: ServerView, pid: int, age: float | None) -> list[str]:
+    """The evidence of a still or stopped start without a log: the tree's CPU time, the stopped processes,
+    NVML's per-process memory, the refused port and the process's age."""
+    ev_lines: list[str] = []
+    if since is not None:
+        use = tree_cpu(st, since)
+        n = len(use.used) if use is not None else len(st.cpu_samples[-1].cpu)
+        used = use.tree if use is not None else 0.0
+        ev_lines.append(f"no log: the processes have been still for {dur(now - since)}: {n} processes of the "
+                        f"server used {used:.2f} s of CPU in that time (read from the process table)")
+    if stopped_s is not None:
+        last = st.cpu_samples[-1]
+        who = [p for p, x in last.states.items() if x in STOPPED]
+        what = (f"every process of the server ({len(last.cpu)})" if len(who) >= len(last.cpu) else
+                ", ".join(f"{last.names.get(p, 'process')} (pid {p})" for p in sorted(who)))
+        ev_lines.append(f"{'no log: ' if since is None else ''}{what}: stopped (state T in the process table: a "
+                        f"SIGSTOP, or a debugger), seen so for {dur(stopped_s)}")
+    if gpu is not None:
+        ev_lines += gpu[1]
+    port = v.url.rsplit(":", 1)[-1].rstrip("/")
+    ev_lines.append(f"port {port} refuses connections: the server is not ready")
+    if age is not None:
+        ev_lines.append(f"vLLM process {pid} started {dur(age)} ago")
+    return ev_lines
 
 
 def _ceiling(ev: Evidence, mem: Memory, url: str, proc: object, age: float | None) -> Alert | None:
