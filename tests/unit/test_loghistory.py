@@ -242,3 +242,26 @@ def test_a_backlog_ending_in_a_frame_is_dated_by_the_files_modification_time() -
     h2 = LogHistory(local_offset=lambda w: 0.0)
     h2.feed(parse_line(_line(WALL - 80, "Initializing a V1 LLM engine")), WALL, mono)
     assert abs(h2.backlog_lag(mono, WALL, written=WALL - 1.0) - 79.5) < 1e-6 and h2.lag_from == "stamp"
+
+
+def test_a_stats_line_read_after_the_first_poll_is_never_drawn_as_the_past() -> None:
+    """vtop's clock is its own: a line that came after vtop's first poll of the server is news, even when
+    its stamp (a whole second, its middle taken) places it a moment before that poll. The live screen
+    decided at the poll and the replay of the same session later: both must leave it out."""
+    from vtop.core.backfill import backfill_from
+
+    h = LogHistory(local_offset=lambda w: 0.0)
+    # the backlog at attach (mono 100): two lines 20 s and 10 s old
+    for age in (20, 10):
+        h.feed(parse_line(_line(WALL - age, _stats(2, 50.0))), WALL, 100.0)
+    first_poll = 100.6
+    # a line stamped in the second of the first poll, read 0.3 s after it
+    h.feed(parse_line(_line(WALL, _stats(3, 60.0))), WALL + 0.9, 100.9)
+    v = h.snapshot(101.0, WALL + 1.0)
+    late = [p for p in v.stats if p.running == 3]
+    assert late and late[0].mono < first_poll and late[0].arrived == 100.9  # its stamp says "before"
+    bf = backfill_from(v, first_poll)
+    assert bf is not None and [p.running for p in bf.points] == [2, 2]  # only what was there before vtop
+    # read twice (the attach's tail read and the forward read): the first read counts
+    h.feed(parse_line(_line(WALL - 10, _stats(2, 50.0))), WALL + 1.0, 101.0)
+    assert [p.arrived for p in h.snapshot(101.5, WALL + 1.5).stats if p.running == 2] == [100.0, 100.0]

@@ -124,7 +124,10 @@ def backfill_from(history: LogHistoryView | None, until: float | None,
     and this one's); None when no stats line came before ``until``."""
     if history is None or until is None:
         return None
-    pts = tuple(p for p in history.stats if p.mono < until)
+    # read before the first live sample (the backlog): a line that came after it is news, whatever its
+    # stamp says (a stamp of the second before the poll would otherwise draw a live line as the past, and
+    # the replay of the same session, computed later, would disagree with the screen)
+    pts = tuple(p for p in history.stats if p.mono < until and (p.arrived is None or p.arrived < until))
     if not pts:
         return None
     splits = sorted(m for t in starts if (m := history.to_mono(t)) is not None and pts[0].mono < m <= until)

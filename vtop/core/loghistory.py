@@ -81,6 +81,9 @@ class StatsPoint:
     waiting: int
     kv_pct: float | None
     preemptions: int | None
+    arrived: float | None = None
+    """When vtop first read it (monotonic; None: not known): a line that came after vtop's first poll of the
+    server is news, whatever its stamp says, and never part of what came before (:mod:`vtop.core.backfill`)."""
 
 
 def parse_stats(message: str) -> tuple[str, float, float, int, int, float | None, int | None] | None:
@@ -384,7 +387,10 @@ class LogHistory:
                 return
             # Keyed by stamp and engine: the attach-time tail read and the forward read
             # give the same lines (in any order); one stats line a second per engine at most.
-            self._points[(t, stats[0])] = stats[1:]
+            key = (t, stats[0])
+            if key not in self._points or self._points[key][-1] is None or (
+                    arrival is not None and arrival < self._points[key][-1]):
+                self._points[key] = (*stats[1:], arrival)  # the first read of it kept
             if len(self._points) > self.max_points:
                 cut = self._newest - self.keep_s
                 keep = sorted(k for k in self._points if k[0] >= cut)[-self.max_points // 2:]
@@ -419,12 +425,12 @@ class LogHistory:
         shift = mono - wall - off  # stamp seconds -> monotonic
         merged: dict[float, list[Any]] = {}
         cut = (self._newest or 0.0) - self.keep_s
-        for (t, _eng), (p, g, r, w, kv, pre) in self._points.items():
+        for (t, _eng), (p, g, r, w, kv, pre, arr) in self._points.items():
             if t < cut:
                 continue
             cur = merged.get(t)
             if cur is None:
-                merged[t] = [p, g, r, w, kv, pre]
+                merged[t] = [p, g, r, w, kv, pre, arr]
             else:  # another engine's line of the same second (data parallel)
                 cur[0] += p
                 cur[1] += g
@@ -432,6 +438,7 @@ class LogHistory:
                 cur[3] += w
                 cur[4] = kv if cur[4] is None else (cur[4] if kv is None else max(cur[4], kv))
                 cur[5] = pre if cur[5] is None else (cur[5] + (pre or 0))
+                cur[6] = arr if cur[6] is None else (cur[6] if arr is None else min(cur[6], arr))
         # A stamp is the second the line was written in: its middle is the best guess.
         pts = tuple(StatsPoint(min(mono, t + 0.5 + shift), *v) for t, v in sorted(merged.items()))
         return LogHistoryView(mono, pts, tuple(sorted(min(mono, t + 0.5 + shift) for t in self._shm)), off,

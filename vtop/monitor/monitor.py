@@ -192,7 +192,7 @@ class Monitor:
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
         self._backfill: Backfill | None = None
-        self._backfill_key: tuple[Any, float | None, str] | None = None
+        self._backfill_key: tuple[Any, float | None, str, tuple[int, int] | None] | None = None
 
     # ------------------------------------------------------------------ reading
     @property
@@ -270,14 +270,15 @@ class Monitor:
         ws = self.servers.get(url)
         if lv is None or ws is None or url != self.log_target or lv.history is None:
             return None
-        got = self._backfill_key
-        if got is not None and got[0] is lv and got[1] == ws.first_poll and got[2] == url:
-            return self._backfill
         from vtop.core.backfill import backfill_from
 
         starts = [s.started for s in lv.past_starts] + [lv.snapshot.started]
-        self._backfill = backfill_from(lv.history, ws.first_poll, starts)
-        self._backfill_key = (lv, ws.first_poll, url)
+        bf = backfill_from(lv.history, ws.first_poll, starts)
+        # the same answer keeps its object (the card redraws on a new one): it changes only while the
+        # backlog read at attach is still coming in
+        key = (lv, ws.first_poll, url, None if bf is None else (len(bf.points), len(bf.splits)))
+        if self._backfill_key != key:
+            self._backfill, self._backfill_key = bf, key
         return self._backfill
 
     def has_past(self) -> bool:
