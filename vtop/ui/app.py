@@ -680,6 +680,14 @@ class VtopApp(ActionKeys, ViewKeys):
     def on_unmount(self) -> None:
         if self.feed is not None:
             self.feed.stop()
+        lw = self.monitor.log_watch
+        if lw is not None and self.replay is None:
+            # an exit without q (SIGTERM, the end of a test): a followed journal's `journalctl -f` child
+            # would outlive vtop until its next line; a file is let go (closing twice is harmless)
+            try:
+                lw.close()
+            except Exception:  # noqa: BLE001 - shutting down: what is left is the OS's to close
+                pass
         if self.delivery is not None:
             self.delivery.close()
         if self.recorder is not None:
