@@ -36,3 +36,14 @@ def test_at_80_columns_the_oldest_requests_age_and_limit_are_there() -> None:
 def test_a_client_address_is_never_cut() -> None:
     text = RequestsLine.line(_answer(request_id=None, client="10.1.2.3:50312"), width=78)
     assert text == "1 in flight · oldest 10.1.2.3:50312 ≥50s, max_tokens 130,917 (client: unset)", text
+
+
+def test_a_down_server_at_80_columns_says_how_old_the_gauges_above_are() -> None:
+    from vtop.core.server import LastSeen
+
+    down = LastSeen("down", 4.0, 0.0, 0.0, 21.0, died=True)
+    full = RequestsLine.line(None, down)
+    assert full.startswith("requests in flight: none (server DOWN; 4 running, 0 waiting")
+    assert RequestsLine.line(None, down, width=len(full)) == full
+    narrow = RequestsLine.line(None, down, width=78)
+    assert len(narrow) <= 78 and narrow == "none in flight (server DOWN) · last seen 21 s ago: 4 running, 0 waiting"

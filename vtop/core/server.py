@@ -127,10 +127,13 @@ class LastSeen:
             return "?" if x is None else f"{x:.0f}"
         return f"{n(self.running)} running, {n(self.waiting)} waiting {self.when}"
 
+    def age(self) -> str:
+        """``21 s``, ``1m 05s``: how old the gauges are."""
+        return f"{self.age_s:.0f} s" if self.age_s < 60 else dur(self.age_s)
+
     def words(self) -> str:
         kv = "" if self.kv_pct is None else f", KV {self.kv_pct:.0f}%"
-        age = f"{self.age_s:.0f} s" if self.age_s < 60 else dur(self.age_s)
-        return f"last seen {age} ago: {self.lost()}{kv}"
+        return f"last seen {self.age()} ago: {self.lost()}{kv}"
 
     def to_json(self) -> dict[str, float | str | None]:
         return {"running": self.running, "waiting": self.waiting, "kv_cache_pct": self.kv_pct,

@@ -159,7 +159,15 @@ class RequestsLine(Static):
         ``width``: the columns there are; where the whole line does not fit, the same facts in
         fewer words (at 80 columns the oldest request's age and its limit were cut off)."""
         if down is not None:
-            return f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
+            text = f"requests in flight: none (server {down.state.upper()}; {down.lost()})"
+            if width is None or len(text) <= width:
+                return text
+            # narrower (80 columns, where the DOWN card has no room for its "last seen" line): the age of
+            # the gauges above is what tells them from live ones
+            run = "?" if down.running is None else f"{down.running:.0f}"
+            wait = "?" if down.waiting is None else f"{down.waiting:.0f}"
+            return (f"none in flight (server {down.state.upper()}) · last seen {down.age()} ago: {run} running, "
+                    f"{wait} waiting")
         if answer is None or (answer.oldest is None and not answer.request_logging):
             return ""  # nothing the server card does not say already
         count = "?" if answer.count is None else str(answer.count)
