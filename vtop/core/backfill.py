@@ -124,9 +124,9 @@ def backfill_from(history: LogHistoryView | None, until: float | None,
     and this one's); None when no stats line came before ``until``."""
     if history is None or until is None:
         return None
-    # read before the first live sample (the backlog): a line that came after it is news, whatever its
-    # stamp says (a stamp of the second before the poll would otherwise draw a live line as the past, and
-    # the replay of the same session, computed later, would disagree with the screen)
+    # the backlog read at attach, or a line that arrived before the first live sample: a line that came
+    # after it is news, whatever its stamp says (a stamp of the second before the poll would otherwise draw
+    # a live line as the past, and the replay of the same session, computed later, would disagree)
     pts = tuple(p for p in history.stats if p.mono < until and (p.arrived is None or p.arrived < until))
     if not pts:
         return None

@@ -82,8 +82,9 @@ class StatsPoint:
     kv_pct: float | None
     preemptions: int | None
     arrived: float | None = None
-    """When vtop first read it (monotonic; None: not known): a line that came after vtop's first poll of the
-    server is news, whatever its stamp says, and never part of what came before (:mod:`vtop.core.backfill`)."""
+    """When vtop saw it arrive (monotonic), after the backlog; None: in the backlog vtop read at attach (or
+    not known). A line that came after vtop's first poll of the server is news, whatever its stamp says, and
+    never part of what came before (:mod:`vtop.core.backfill`)."""
 
 
 def parse_stats(message: str) -> tuple[str, float, float, int, int, float | None, int | None] | None:
@@ -388,9 +389,11 @@ class LogHistory:
             # Keyed by stamp and engine: the attach-time tail read and the forward read
             # give the same lines (in any order); one stats line a second per engine at most.
             key = (t, stats[0])
-            if key not in self._points or self._points[key][-1] is None or (
-                    arrival is not None and arrival < self._points[key][-1]):
-                self._points[key] = (*stats[1:], arrival)  # the first read of it kept
+            # when vtop saw it arrive: None for the backlog read at attach (what was there before vtop)
+            arr = arrival if self.clock.is_live(arrival) else None
+            old = self._points.get(key)
+            if old is None or (old[-1] is not None and (arr is None or arr < old[-1])):
+                self._points[key] = (*stats[1:], arr)  # the first read of it kept
             if len(self._points) > self.max_points:
                 cut = self._newest - self.keep_s
                 keep = sorted(k for k in self._points if k[0] >= cut)[-self.max_points // 2:]
