@@ -48,5 +48,14 @@ def screen_text(app: object) -> str:
 
 
 def card_text(card, view, now, width: int = 96):  # type: ignore[no-untyped-def]
-    card.show(view, now)
-    return ["".join(run[0] for run in line) for line in card.lines_cached(width)]
+    """The card's rows for ``view`` at ``now``: what the server's polls say, without the cells drawn back
+    from the log before vtop's first poll. Those come from the log watch, which the live app applies a
+    moment after it reads the backlog, so a card rendered live before that moment and the same card later
+    differ; the late look's own tests check them (tests/corpus/test_late_look.py)."""
+    backfill = getattr(card, "backfill", None)
+    card.backfill = None
+    try:
+        card.show(view, now)
+        return ["".join(run[0] for run in line) for line in card.lines_cached(width)]
+    finally:
+        card.backfill = backfill
