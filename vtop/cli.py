@@ -23,18 +23,12 @@ from typing import Any
 
 from vtop import __version__
 from vtop.config import MIN_INTERVAL_S, ConfigError, add_api_key_flag, add_delivery_flags, build, parse_duration
-from vtop.exitcodes import EXIT_HELP, EXIT_USAGE
+from vtop.exitcodes import EXIT_HELP, EXIT_USAGE, UsageParser
 
 S = argparse.SUPPRESS
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with bad usage ending in exit status 3 (unknown) instead of 2,
-    which the plugin convention keeps for critical."""
-
-    def error(self, message: str) -> Any:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+Parser = UsageParser  # bad usage exits 3 (vtop/exitcodes.py)
 
 
 def _duration(name: str) -> Any:

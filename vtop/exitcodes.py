@@ -20,6 +20,10 @@ imports nothing of vtop's.
 
 from __future__ import annotations
 
+import argparse
+import sys
+from typing import Any
+
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
 EXIT_USAGE = EXIT_UNKNOWN
 
@@ -27,3 +31,12 @@ EXIT_HELP = ("exit status: 0 OK, 1 warning (a warning alert), 2 critical (a crit
              "down / its engine dead), 3 unknown (bad usage or config, no source answered, a source that never answered "
              "or stopped answering, "
              "or a server whose /metrics is not vLLM's)")
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse, with bad usage ending in exit status 3 (unknown) instead of argparse's 2, which the
+    plugin convention keeps for critical: the parser of the screen and of every face."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

@@ -31,32 +31,30 @@ import struct
 import time
 from dataclasses import dataclass
 
-from vtop.sources.sockets import port_filter
+# the netlink constants and structs of sock_diag, as the connection reader uses them (one home)
+from vtop.sources.sockets import (
+    INET_DIAG_REQ_BYTECODE,
+    MSG_HEAD,
+    MSG_SIZE,
+    NETLINK_SOCK_DIAG,
+    NLH,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    REQ,
+    RTA,
+    SOCK_DIAG_BY_FAMILY,
+    SOCKID,
+    SOCKID_REST,
+    TCP_ESTABLISHED,
+    port_filter,
+)
 
-NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
 SOCK_DESTROY = 21
-NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-TCP_ESTABLISHED = 1
-INET_DIAG_REQ_BYTECODE = 1
 #: every TCP state (the destroy request names one socket; its state is not a filter)
 ALL_STATES = 0xFFFFFFFF
-
-#: struct nlmsghdr: len, type, flags, seq, pid
-_NLH = struct.Struct("=IHHII")
-#: struct inet_diag_req_v2 head: family, protocol, ext, pad, states
-_REQ = struct.Struct("=BBBBI")
-#: struct inet_diag_sockid: sport, dport (big endian), src[16], dst[16]; then if, cookie[2] (host order)
-_SOCKID = struct.Struct("!HH16s16s")
-_SOCKID_REST = struct.Struct("=III")
-#: struct inet_diag_msg head: family, state, timer, retrans; the sockid follows (48 bytes)
-_MSG_HEAD = struct.Struct("=BBBB")
-_MSG_SIZE = 4 + 48 + 20
-_RTA = struct.Struct("=HH")
 _ERR = struct.Struct("=i")
 
 
@@ -94,19 +92,19 @@ def _addr(family: int, raw: bytes) -> str:
 
 def dump_request(family: int, port: int, seq: int) -> bytes:
     """The ``SOCK_DIAG_BY_FAMILY`` dump of the established TCP sockets whose local port is ``port``."""
-    req = _REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << TCP_ESTABLISHED)
-    req += _SOCKID.pack(0, 0, bytes(16), bytes(16)) + _SOCKID_REST.pack(0, 0, 0)
+    req = REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << TCP_ESTABLISHED)
+    req += SOCKID.pack(0, 0, bytes(16), bytes(16)) + SOCKID_REST.pack(0, 0, 0)
     bc = port_filter(frozenset({port}))
-    req += _RTA.pack(_RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
-    return _NLH.pack(_NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req
+    req += RTA.pack(RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
+    return NLH.pack(NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req
 
 
 def destroy_request(sid: SockId, seq: int) -> bytes:
     """The ``SOCK_DESTROY`` request for exactly ``sid`` (its cookie included), asking for an ack."""
-    req = _REQ.pack(sid.family, socket.IPPROTO_TCP, 0, 0, ALL_STATES)
-    req += _SOCKID.pack(sid.sport, sid.dport, sid.src, sid.dst)
-    req += _SOCKID_REST.pack(sid.ifindex, sid.cookie[0], sid.cookie[1])
-    return _NLH.pack(_NLH.size + len(req), SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, seq, 0) + req
+    req = REQ.pack(sid.family, socket.IPPROTO_TCP, 0, 0, ALL_STATES)
+    req += SOCKID.pack(sid.sport, sid.dport, sid.src, sid.dst)
+    req += SOCKID_REST.pack(sid.ifindex, sid.cookie[0], sid.cookie[1])
+    return NLH.pack(NLH.size + len(req), SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, seq, 0) + req
 
 
 @dataclass(frozen=True)
@@ -122,20 +120,20 @@ def parse_dump(data: bytes) -> Batch:
     """The ``inet_diag_msg`` records of one datagram of a dump (established sockets only)."""
     out: list[SockId] = []
     off = 0
-    while off + _NLH.size <= len(data):
-        mlen, mtype, _flags, _seq, _pid = _NLH.unpack_from(data, off)
-        if mlen < _NLH.size or off + mlen > len(data):
+    while off + NLH.size <= len(data):
+        mlen, mtype, _flags, _seq, _pid = NLH.unpack_from(data, off)
+        if mlen < NLH.size or off + mlen > len(data):
             return Batch(tuple(out), True, 0)
         if mtype == NLMSG_DONE:
             return Batch(tuple(out), True, 0)
         if mtype == NLMSG_ERROR:
-            err = _ERR.unpack_from(data, off + _NLH.size)[0] if mlen >= _NLH.size + 4 else 0
+            err = _ERR.unpack_from(data, off + NLH.size)[0] if mlen >= NLH.size + 4 else 0
             return Batch(tuple(out), True, -err)
-        body = data[off + _NLH.size: off + mlen]
-        if len(body) >= _MSG_SIZE:
-            family, state, _timer, _retrans = _MSG_HEAD.unpack_from(body, 0)
-            sport, dport, src, dst = _SOCKID.unpack_from(body, 4)
-            ifindex, c0, c1 = _SOCKID_REST.unpack_from(body, 4 + _SOCKID.size)
+        body = data[off + NLH.size: off + mlen]
+        if len(body) >= MSG_SIZE:
+            family, state, _timer, _retrans = MSG_HEAD.unpack_from(body, 0)
+            sport, dport, src, dst = SOCKID.unpack_from(body, 4)
+            ifindex, c0, c1 = SOCKID_REST.unpack_from(body, 4 + SOCKID.size)
             if state == TCP_ESTABLISHED:
                 out.append(SockId(family, sport, dport, src, dst, ifindex, (c0, c1)))
         off += (mlen + 3) & ~3
@@ -145,12 +143,12 @@ def parse_dump(data: bytes) -> Batch:
 def parse_ack(data: bytes, seq: int) -> int | None:
     """The errno of the kernel's answer to request ``seq`` (0: done); None when ``data`` holds none."""
     off = 0
-    while off + _NLH.size <= len(data):
-        mlen, mtype, _flags, mseq, _pid = _NLH.unpack_from(data, off)
-        if mlen < _NLH.size:
+    while off + NLH.size <= len(data):
+        mlen, mtype, _flags, mseq, _pid = NLH.unpack_from(data, off)
+        if mlen < NLH.size:
             return None
-        if mtype == NLMSG_ERROR and mseq == seq and mlen >= _NLH.size + 4:
-            return -_ERR.unpack_from(data, off + _NLH.size)[0]
+        if mtype == NLMSG_ERROR and mseq == seq and mlen >= NLH.size + 4:
+            return -_ERR.unpack_from(data, off + NLH.size)[0]
         off += (mlen + 3) & ~3
     return None
 

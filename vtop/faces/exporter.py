@@ -359,13 +359,9 @@ async def serve(cfg: Config, host: str, port: int, *, out: Any = None, gpu_sourc
 def parser() -> argparse.ArgumentParser:
     from vtop.config import add_api_key_flag
     from vtop.exitcodes import EXIT_USAGE
+    from vtop.exitcodes import UsageParser as Parser
 
     S = argparse.SUPPRESS
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:
-            self.print_usage(sys.stderr)
-            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     p = Parser(prog="vtop export",
                description=("Run vtop headless (NVML, the servers, the log, the rules) and serve what only vtop "

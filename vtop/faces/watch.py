@@ -148,13 +148,9 @@ class Watch:
 def parser() -> argparse.ArgumentParser:
     from vtop.config import add_api_key_flag, add_delivery_flags
     from vtop.exitcodes import EXIT_USAGE
+    from vtop.exitcodes import UsageParser as Parser
 
     S = argparse.SUPPRESS
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:
-            self.print_usage(sys.stderr)
-            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     p = Parser(prog="vtop watch",
                description=("Run vtop headless until stopped (NVML, the servers, the log, the rules) and print one "

@@ -103,12 +103,7 @@ def make_server(command: str, host: str, port: int, token: str, *, public_url: s
 
 
 def parser() -> argparse.ArgumentParser:
-    from vtop.exitcodes import EXIT_USAGE
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:
-            self.print_usage(sys.stderr)
-            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+    from vtop.exitcodes import UsageParser as Parser
 
     p = Parser(prog="vtop web", usage="vtop web [--host HOST] [--port PORT] [--allow-actions] [vtop's arguments ...]",
                description=("Serve vtop's screen in a browser (textual-serve). Binds 127.0.0.1 unless --host; "

@@ -51,17 +51,17 @@ INET_DIAG_REQ_BYTECODE = 1  # a request's attribute: the filter
 _BC_OP = struct.Struct("=BBH")
 _BC_JMP, _BC_S_GE, _BC_S_LE = 1, 2, 3
 #: struct nlmsghdr: len, type, flags, seq, pid
-_NLH = struct.Struct("=IHHII")
+NLH = struct.Struct("=IHHII")
 #: struct inet_diag_req_v2: family, protocol, ext, pad, states; then struct inet_diag_sockid:
 #: sport, dport (big endian), src[4], dst[4] (big endian words), if, cookie[2]
-_REQ = struct.Struct("=BBBBI")
-_SOCKID = struct.Struct("!HH16s16s")
-_SOCKID_REST = struct.Struct("=III")
+REQ = struct.Struct("=BBBBI")
+SOCKID = struct.Struct("!HH16s16s")
+SOCKID_REST = struct.Struct("=III")
 #: struct inet_diag_msg: family, state, timer, retrans, the sockid (48 bytes), expires, rqueue,
 #: wqueue, uid, inode
-_MSG_HEAD = struct.Struct("=BBBB")
-_MSG_SIZE = 4 + 48 + 20
-_RTA = struct.Struct("=HH")
+MSG_HEAD = struct.Struct("=BBBB")
+MSG_SIZE = 4 + 48 + 20
+RTA = struct.Struct("=HH")
 #: struct tcp_info offsets (linux/tcp.h): 8 one-byte fields, then u32 tcpi_rto at 8 ... so
 #: tcpi_last_data_sent at 44, tcpi_last_data_recv at 52; u64 tcpi_bytes_acked at 120 and
 #: tcpi_bytes_received at 128 (kernel 4.1+)
@@ -171,20 +171,20 @@ def _addr(family: int, raw: bytes, port: int) -> str:
 
 
 def _parse(family: int, body: bytes, ports: frozenset[int]) -> Conn | None:
-    if len(body) < _MSG_SIZE:
+    if len(body) < MSG_SIZE:
         return None
-    _fam, state, _timer, _retrans = _MSG_HEAD.unpack_from(body, 0)
-    sport, dport, src, dst = _SOCKID.unpack_from(body, 4)
+    _fam, state, _timer, _retrans = MSG_HEAD.unpack_from(body, 0)
+    sport, dport, src, dst = SOCKID.unpack_from(body, 4)
     if state != TCP_ESTABLISHED or sport not in ports:
         return None
     info: bytes | None = None
-    off = _MSG_SIZE
-    while off + _RTA.size <= len(body):
-        rlen, rtype = _RTA.unpack_from(body, off)
-        if rlen < _RTA.size:
+    off = MSG_SIZE
+    while off + RTA.size <= len(body):
+        rlen, rtype = RTA.unpack_from(body, off)
+        if rlen < RTA.size:
             break
         if rtype == INET_DIAG_INFO:
-            info = body[off + _RTA.size: off + rlen]
+            info = body[off + RTA.size: off + rlen]
         off += (rlen + 3) & ~3
 
     def u32(o: int) -> int | None:
@@ -221,33 +221,33 @@ def _dump(family: int, ports: frozenset[int], deadline: float, filtered: bool = 
     out: list[Conn] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
         s.settimeout(max(0.05, deadline - time.monotonic()))
-        req = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED)
-        req += _SOCKID.pack(0, 0, bytes(16), bytes(16)) + _SOCKID_REST.pack(0, 0, 0)
+        req = REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED)
+        req += SOCKID.pack(0, 0, bytes(16), bytes(16)) + SOCKID_REST.pack(0, 0, 0)
         if filtered:
             bc = port_filter(ports)
-            req += _RTA.pack(_RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
+            req += RTA.pack(RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
         seq = os.getpid() & 0xFFFF
-        s.send(_NLH.pack(_NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
+        s.send(NLH.pack(NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError("the kernel's socket dump took too long")
             data = s.recv(1 << 16)
             off = 0
-            while off + _NLH.size <= len(data):
-                mlen, mtype, _flags, _seq, _pid = _NLH.unpack_from(data, off)
-                if mlen < _NLH.size:
+            while off + NLH.size <= len(data):
+                mlen, mtype, _flags, _seq, _pid = NLH.unpack_from(data, off)
+                if mlen < NLH.size:
                     return out
                 if mtype == NLMSG_DONE:
                     return out
                 if mtype == NLMSG_ERROR:
-                    err = struct.unpack_from("=i", data, off + _NLH.size)[0] if mlen >= _NLH.size + 4 else 0
+                    err = struct.unpack_from("=i", data, off + NLH.size)[0] if mlen >= NLH.size + 4 else 0
                     if err == 0:
                         return out
                     raise OSError(-err, os.strerror(-err))
                 # the local port first, without copying: most of a box's sockets are not the server's
                 # (a full parse of each cost 7 us; a box with 1,000 connections read in 4 ms)
-                if mlen >= _NLH.size + 6 and _PORT.unpack_from(data, off + _NLH.size + 4)[0] in ports:
-                    c = _parse(family, data[off + _NLH.size: off + mlen], ports)
+                if mlen >= NLH.size + 6 and _PORT.unpack_from(data, off + NLH.size + 4)[0] in ports:
+                    c = _parse(family, data[off + NLH.size: off + mlen], ports)
                     if c is not None:
                         out.append(c)
                 off += (mlen + 3) & ~3
