@@ -131,10 +131,13 @@ PYSPY = Path(sys.executable).parent / "py-spy"
 @pytest.mark.skipif(not PYSPY.exists(), reason="py-spy not installed in this venv")
 def test_a_pyspy_dump_of_a_server_started_with_a_key_shows_no_key(tmp_path: Path) -> None:
     # a process whose command line carries the key and whose environment carries HF_TOKEN
-    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)",
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.2)",
                              "serve", "/tmp/tiny", "--api-key", KEY],
-                            env={**os.environ, "HF_TOKEN": HF})
+                            env={**os.environ, "HF_TOKEN": HF}, stdout=subprocess.PIPE, text=True)
     try:
+        # dumped only once its interpreter runs: py-spy on a process still starting finds no interpreter
+        # ("Failed to find a python interpreter in the .data section"; failed once on a loaded box)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
         res = asyncio.run(dump(proc.pid, pyspy=str(PYSPY), timeout_s=60))
         if res.kind == "permission":
             pytest.skip(res.message)
