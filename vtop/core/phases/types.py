@@ -132,6 +132,9 @@ class Failure:
     arrival: float
     detail: tuple[tuple[str, str], ...] = ()
     """What the telling line says, by name (``amt``, ``req``, ``avail``, ``mod``, ``code``...)."""
+    #: the engine whose log it is ("sglang" where the log's format said so; None: vLLM's or not known): the
+    #: fix's flags are that engine's (:data:`vtop.core.engines.ENGINE_FLAGS`)
+    engine: str | None = None
 
     def get(self, name: str) -> str | None:
         return next((v for k, v in self.detail if k == name), None)
@@ -186,6 +189,8 @@ class StartupFacts:
     """Numbers the log reports during a start. ``None`` means not (yet) reported."""
 
     version: str | None = None
+    #: the engine whose log this is, by its line format: "sglang", else None (vLLM's)
+    engine: str | None = None
     model: str | None = None
     architecture: str | None = None
     engine_version: str | None = None
