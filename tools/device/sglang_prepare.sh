@@ -6,8 +6,11 @@
 # and builds what the GPU machine (no internet; CPython 3.12.3, torch 2.11.0+cu130, an H200) needs to run
 # SGLang 0.5.17, the newest release whose wheel pins torch==2.11.0 (0.5.18 to 0.5.21 pin torch 2.13.0,
 # 0.5.22 and 0.5.23 torch 2.14.1; tools/device/README-sglang.md has the table):
-#     TARGET/part00, part01, ...  the bundle, split into equal parts of at most $PART_MIB MiB (default 56)
-#     TARGET/device/              sglang_install.sh and MANIFEST (sha256 of the bundle and of each part)
+#     TARGET/part00, part01, ...  the bundle, split into equal parts of at most $PART_MIB MiB (default 40: the
+#                                 project's own files, about 17 MiB, travel with every call, and a call carries
+#                                 64 MiB in all)
+#     TARGET/device/              sglang_install.sh, sglang_serve.sh, sglang_tiny.py and MANIFEST (sha256 of
+#                                 the bundle and of each part)
 #     TARGET/cache/               the downloads, reused by the next run
 # The bundle: whl/ (the wheels the image lacks, less SKIP below), sgl-kernel-site.tar.xz (sglang-kernel
 # 0.4.5 without the kernels a bf16 Llama on the H200 never loads) and device/.
@@ -20,7 +23,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TARGET=$(realpath -m "${1:-.sglang-gpu}")
-PART_MIB=${PART_MIB:-56}
+PART_MIB=${PART_MIB:-40}
 PY=${PYTHON:-python3}
 LOCK=$HERE/sglang-wheels.lock
 KERNEL_WHL=sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl
@@ -144,7 +147,7 @@ while read -r sha size file; do
   kept=$((kept + 1)); kept_b=$((kept_b + size))
 done < "$LOCK"
 ln -f "$KSITE" "$STAGE/sgl-kernel-site.tar.xz" 2>/dev/null || cp "$KSITE" "$STAGE/sgl-kernel-site.tar.xz"
-cp "$HERE/sglang_install.sh" "$STAGE/device/"
+cp "$HERE/sglang_install.sh" "$HERE/sglang_serve.sh" "$HERE/sglang_tiny.py" "$STAGE/device/"
 BUNDLE=$CACHE/bundle.tar
 tar --sort=name --format=gnu --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=u+rw,go+r,go-w \
     --hard-dereference -cf "$BUNDLE" -C "$STAGE" device sgl-kernel-site.tar.xz whl
@@ -155,7 +158,7 @@ split -b "$CHUNK" -d -a 2 "$BUNDLE" "$TARGET/part"
 rm -rf "$STAGE" "$BUNDLE"
 
 rm -rf "$TARGET/device"; mkdir -p "$TARGET/device"
-cp "$HERE/sglang_install.sh" "$TARGET/device/"
+cp "$HERE/sglang_install.sh" "$HERE/sglang_serve.sh" "$HERE/sglang_tiny.py" "$TARGET/device/"
 {
   echo "# written by sglang_prepare.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): sglang 0.5.17 bundle for the GPU machine"
   echo "bundle_sha256 $SHA"
