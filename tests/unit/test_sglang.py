@@ -262,3 +262,16 @@ def test_rule_modules_name_no_sglang() -> None:
     hits = [f"{p.name}:{i}" for p in sorted((ROOT / "vtop" / "core" / "rules").glob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if words.search(line)]
     assert hits == []
+
+
+def test_a_stalled_sglang_capture_is_hinted_in_sglangs_flags() -> None:
+    tr = PhaseTracker(year=2026)
+    lines = (SGL / "startup-0.5.17-handmade.log").read_text().splitlines(keepends=True)
+    upto = next(i for i, ln in enumerate(lines) if "Capturing batches" in ln)  # the first frame, 1/4
+    for i, line in enumerate(lines[: upto + 1]):
+        tr.feed(line, 100.0 + i)
+    st = tr.stalled(100.0 + upto + 700.0)
+    assert st is not None and st.phase is Phase.CUDA_GRAPHS
+    assert "--disable-cuda-graph" in st.hint and "--enforce-eager" not in st.hint
+    q = tr.quiet(100.0 + upto + 30.0)
+    assert q is not None and q.progressing and "--disable-cuda-graph" in q.hint

@@ -98,7 +98,6 @@ from vtop.core.phases.types import (
     _FACT_NAMES,
     _INDEX,
     _ORDER,
-    _STALL_HINTS,
     Failure,
     LogLine,
     Phase,
@@ -109,6 +108,7 @@ from vtop.core.phases.types import (
     StallInfo,
     StartupFacts,
     StartupSnapshot,
+    stall_hint,
 )
 from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE
 
@@ -481,7 +481,7 @@ class PhaseTracker:
         if silent <= threshold_s:
             return None
         phase = self._current
-        return StallInfo(phase, silent, self._last_line, _STALL_HINTS.get(phase, "") if phase else "")
+        return StallInfo(phase, silent, self._last_line, stall_hint(phase, self._facts.get("engine")))
 
     def quiet(self, now: float) -> Quiet | None:
         """How long a start in progress has been silent at monotonic ``now`` (whatever the
@@ -496,7 +496,7 @@ class PhaseTracker:
             progressing = any(n < tot for n, tot in bars)
             step = self._step_max.get(phase)
         return Quiet(phase, max(0.0, now - self._last_activity), self._last_line,
-                     _STALL_HINTS.get(phase, "") if phase else "", progressing, step, now)
+                     stall_hint(phase, self._facts.get("engine")), progressing, step, now)
 
     @property
     def state(self) -> str:
