@@ -275,3 +275,33 @@ def test_a_stalled_sglang_capture_is_hinted_in_sglangs_flags() -> None:
     assert "--disable-cuda-graph" in st.hint and "--enforce-eager" not in st.hint
     q = tr.quiet(100.0 + upto + 30.0)
     assert q is not None and q.progressing and "--disable-cuda-graph" in q.hint
+
+
+# --------------------------------------------------------------------------- --once --json
+
+
+def test_once_json_says_the_engine_and_reads_sglangs_numbers(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A stand-in HTTP server (tests/helpers/metrics_server.py) answering /metrics with the hand-made SGLang
+    payload: the report's server says engine sglang, with running, waiting and KV from SGLang's families."""
+    import json
+
+    import jsonschema
+
+    from tests.helpers.metrics_server import MetricsServer
+    from vtop.cli import main
+
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
+    for k in ("VTOP_INTERVAL", "VTOP_NO_GPU", "VTOP_SIMULATE_GPUS", "VTOP_URLS", "VTOP_LOG"):
+        monkeypatch.delenv(k, raising=False)
+    schema = json.loads((ROOT / "vtop" / "schema" / "report-v2.schema.json").read_text())
+    with MetricsServer([(SGL / "metrics-0.5.17-handmade.txt").read_text()], model="tiny") as srv:
+        rc = main(["--once", "--json", "--interval", "30", "--simulate-gpus", "1", srv.url])
+    out = capsys.readouterr().out
+    rep = json.loads(out)
+    jsonschema.validate(rep, schema)
+    (s,) = rep["servers"]
+    assert s["engine"] == "sglang"
+    assert (s["running"], s["waiting"], s["kv_cache_pct"]) == (3, 7, 25.0)
+    assert rc == rep["exit_code"]
