@@ -305,3 +305,49 @@ def test_once_json_says_the_engine_and_reads_sglangs_numbers(monkeypatch: pytest
     assert s["engine"] == "sglang"
     assert (s["running"], s["waiting"], s["kv_cache_pct"]) == (3, 7, 25.0)
     assert rc == rep["exit_code"]
+
+
+def test_version_of_a_server_without_version_comes_from_server_info() -> None:
+    """SGLang 0.5.17 serves no /version (404); its /server_info has "version" (entrypoints/http_server.py)."""
+    import asyncio
+    import json
+
+    from vtop.clock import SystemClock
+    from vtop.sources.http11 import HttpPool
+    from vtop.sources.vllm import VllmScraper
+
+    seen: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = (await reader.readline()).decode()
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        path = line.split()[1]
+        seen.append(path)
+        if path == "/server_info":
+            code, body = 200, json.dumps({"version": "0.5.17", "tp_size": 1}).encode()
+        elif path == "/health":
+            code, body = 200, b""
+        elif path.startswith("/metrics"):
+            code, body = 200, (SGL / "metrics-0.5.17-handmade.txt").read_bytes()
+        elif path == "/v1/models":
+            code, body = 200, json.dumps({"data": [{"id": "tiny", "root": "/tmp/tiny"}]}).encode()
+        else:
+            code, body = 404, b'{"detail":"Not Found"}'
+        writer.write(f"HTTP/1.1 {code} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+
+    async def run() -> object:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        async with srv:
+            pool = HttpPool()
+            try:
+                return await VllmScraper(f"http://127.0.0.1:{port}", client=pool, clock=SystemClock()).poll()
+            finally:
+                await pool.aclose()
+
+    p = asyncio.run(run())
+    assert getattr(p, "version", None) == "0.5.17"
+    assert "/version" in seen and "/server_info" in seen
