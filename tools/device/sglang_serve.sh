@@ -27,7 +27,7 @@ echo "$PID" > /tmp/sglang/serve.pid
 echo "sglang pid $PID, log /tmp/sglang/serve.log"
 [ -n "$WAIT" ] || exit 0
 for ((i = 0; i < WAIT; i++)); do
-  if curl -sf -o /dev/null --max-time 2 http://127.0.0.1:30000/health; then
+  if "$PY" -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:30000/health", timeout=2)' 2>/dev/null; then
     echo "ready: /health 200 after $(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"; exit 0
   fi
   kill -0 "$PID" 2>/dev/null || { echo "sglang exited before ready; the log's end:"; tail -n 60 /tmp/sglang/serve.log; exit 4; }
