@@ -7,6 +7,7 @@ has not run beside vtop yet.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -264,6 +265,23 @@ def test_rule_modules_name_no_sglang() -> None:
     assert hits == []
 
 
+def test_rule_modules_take_every_engine_flag_from_the_table() -> None:
+    """No rule module spells a flag the engines' table holds (vLLM's --max-num-seqs, --enable-log-requests,
+    --kv-cache-memory-bytes...): each takes it from vtop/core/engines.py by the server's engine."""
+    flags = {w for fl in ENGINE_FLAGS.values() for v in fl.values() for w in re.findall(r"--[a-z][a-z0-9-]+", v)}
+    assert {"--max-num-seqs", "--enable-log-requests", "--kv-cache-memory-bytes", "--log-requests"} <= flags
+    lit = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, flags), key=len, reverse=True)) + r")(?![\w-])")
+    hits = []
+    for p in sorted((ROOT / "vtop" / "core" / "rules").glob("*.py")):
+        tree = ast.parse(p.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        hits += [f"{p.name}:{n.lineno}: {n.value}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                 and isinstance(n.value, str) and id(n) not in docs and lit.search(n.value)]
+    assert hits == []
+
+
 def test_a_stalled_sglang_capture_is_hinted_in_sglangs_flags() -> None:
     tr = PhaseTracker(year=2026)
     lines = (SGL / "startup-0.5.17-handmade.log").read_text().splitlines(keepends=True)
@@ -351,3 +369,59 @@ def test_version_of_a_server_without_version_comes_from_server_info() -> None:
     p = asyncio.run(run())
     assert getattr(p, "version", None) == "0.5.17"
     assert "/version" in seen and "/server_info" in seen
+
+
+# --------------------------------------------------------------------------- every rule's fix in the engine's words
+
+
+def _both(make):  # type: ignore[no-untyped-def]
+    """The alert's title, evidence and fix as one text, for vLLM's server and SGLang's."""
+    out = []
+    for engine in ("vllm", "sglang"):
+        a = make(engine)
+        out.append(" ".join((a.title, *a.evidence, *a.fix)))
+    return out
+
+
+def test_every_rules_fix_names_the_servers_engines_flags() -> None:
+    from vtop.core.rules.flags import FlagFinding, risky_flags_alert
+    from vtop.core.rules.gpu import SmIdleFinding, sm_idle_alert
+    from vtop.core.rules.kv import KvFinding, kv_alert
+    from vtop.core.rules.queue import WedgeFinding, wedge_alert
+    from vtop.core.rules.runaway import _runaway_fixes
+
+    th = Thresholds()
+    u = "http://h:30000"
+    cases = {
+        "kv": lambda e: kv_alert(KvFinding(u, 0.0, 60.0, 99.0, 8, 30.0, 12.0, 2.0, 5.0, 64, engine=e), th),
+        "sm_idle": lambda e: sm_idle_alert(SmIdleFinding(0, 0.0, 60.0, 90.0, 3.0, (), (u,), (u,), (), e), th),
+        "wedge": lambda e: wedge_alert(WedgeFinding(u, 0.0, 60.0, 3.0, {}, 1.0, 1.0, 5.0, 200, None, e), th),
+        "flags": lambda e: risky_flags_alert(u, [
+            FlagFinding("seqs_over_kv", "info", max_num_seqs=256, max_concurrency=4.0, max_concurrency_len=4096,
+                        engine=e),
+            FlagFinding("mem_util_no_room", "warning", gpu=0, util=0.9, others_bytes=2**36, others=("x",),
+                        mem_total=2**37, engine=e)], 0.0),
+    }
+    for name, make in cases.items():
+        vll, sgl = _both(make)
+        own = [w for w in ("--max-num-seqs", "--gpu-memory-utilization", "--enforce-eager", "--tensor-parallel-size")
+               if w in vll]
+        assert own, name
+        assert not any(w in sgl for w in own), (name, sgl)
+        assert any(w in sgl for w in ("--max-running-requests", "--mem-fraction-static", "--disable-cuda-graph")), name
+    sgl = " ".join(_runaway_fixes(32768, True, None, "sglang"))
+    vll = " ".join(_runaway_fixes(32768, True, None, "vllm"))
+    assert "--enable-log-requests" in vll and "--override-generation-config" in vll
+    assert "--log-requests" in sgl and "--enable-log-requests" not in sgl and "--override-generation-config" not in sgl
+    assert "SGLang has no server-side cap" in sgl
+
+
+def test_startup_failure_words_name_the_engines_flags() -> None:
+    from vtop.core.phases.types import Failure
+
+    for kind, d in (("gpu_free_at_start", {"free": "38.77", "total": "139.8", "util": "0.5", "req": "69.9"}),
+                    ("max_model_len", {"est": "4096", "len": "32768"}), ("model_len_too_long", {"len": "9", "pos": "8"})):
+        det = tuple(d.items())
+        words = {e: failure_words(Failure(kind, "x", None, None, 0.0, det, engine=e)) for e in ("vllm", "sglang")}
+        v, s = (" ".join(words[e]) for e in ("vllm", "sglang"))
+        assert "--max-model-len" in v and "--context-length" in s and "--max-model-len" not in s, kind

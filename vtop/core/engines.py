@@ -7,18 +7,32 @@ SGLang 0.5.17's ``python/sglang/srt/server_args.py`` (``--mem-fraction-static``:
 memory for weights and the KV pool, what is left is for activations and CUDA graphs, so an OOM while serving
 asks for a lower one and "Not enough memory" at start for a higher one, as vLLM's
 ``--gpu-memory-utilization``; ``--max-running-requests``; ``--context-length``; ``--chunked-prefill-size``;
-``--tp-size``; ``--disable-cuda-graph``; ``--cuda-graph-max-bs``, the largest batch captured).
+``--tp-size``; ``--disable-cuda-graph``; ``--cuda-graph-max-bs``, the largest batch captured;
+``--kv-cache-dtype`` with ``fp8_e4m3`` among its choices; ``--log-requests``, "Log the inputs and outputs of all
+requests"). SGLang has no flag for a few roles: no server-side cap on generated tokens (its
+``--preferred-sampling-params`` are only returned in ``/get_model_info``), no absolute KV cache size in bytes (its
+``--max-total-tokens`` counts tokens), no multimodal processor cache flag: there the role's words are ``""`` and a
+fix leaves that advice out.
+
+vLLM's ``--kv-cache-memory-bytes`` (``kv_bytes``): an absolute KV cache size per GPU that bypasses
+``--gpu-memory-utilization``, since vLLM 0.11 (``kv_bytes_since``); its parser is ``human_readable_int`` (vLLM's
+``vllm/utils/argparse_utils.py``): ``12G`` is 12 GiB (upper-case suffixes are binary, lower-case decimal).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of"]
+__all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 
 #: role -> the engine's words. ``mem``: the memory fraction it takes; ``seqs``: the cap on requests in a
 #: batch; ``len``: the longest request; ``chunk``: a step's prefill budget (``chunk_how``: how to lower it);
-#: ``tp``: tensor parallelism; ``eager``: no CUDA graphs; ``graph_bs``: fewer CUDA graph sizes; ``name``.
+#: ``tp``: tensor parallelism; ``eager``: no CUDA graphs; ``graph_bs``: fewer CUDA graph sizes; ``name``;
+#: ``kv_fp8``: an fp8 KV cache; ``log_requests``: log each request; ``gen_cap``: a server-side cap on generated
+#: tokens (``{n}``: the cap); ``gen_cap_flag``: the flag that carries it; ``kv_bytes``: an absolute KV cache size
+#: (``kv_bytes_since``: the first version with it); ``mm_cache``: the multimodal processor cache's size;
+#: ``gen_config``: where generation defaults come from (vLLM's ``auto``/``vllm``/a folder).
+#: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
         "name": "vLLM", "mem": "--gpu-memory-utilization", "seqs": "--max-num-seqs", "len": "--max-model-len",
@@ -26,12 +40,19 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "chunk_how": "--enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, e.g. 2048",
         "tp": "--tensor-parallel-size", "eager": "--enforce-eager",
         "graph_bs": "--max-num-seqs (fewer graph sizes)",
+        "kv_fp8": "--kv-cache-dtype fp8", "log_requests": "--enable-log-requests",
+        "gen_cap": "--override-generation-config '{\"max_new_tokens\": {n}}'",
+        "gen_cap_flag": "--override-generation-config", "kv_bytes": "--kv-cache-memory-bytes",
+        "kv_bytes_since": "0.11", "mm_cache": "--mm-processor-cache-gb", "gen_config": "--generation-config",
     },
     "sglang": {
         "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length",
         "chunk": "--chunked-prefill-size", "chunk_how": "a lower --chunked-prefill-size, e.g. 2048",
         "tp": "--tp-size", "eager": "--disable-cuda-graph",
         "graph_bs": "--cuda-graph-max-bs (fewer, smaller graphs)",
+        "kv_fp8": "--kv-cache-dtype fp8_e4m3", "log_requests": "--log-requests",
+        "gen_cap": "", "gen_cap_flag": "", "kv_bytes": "", "kv_bytes_since": "", "mm_cache": "",
+        "gen_config": "",
     },
 }
 #: the engines known, in the order vtop tries them
@@ -41,3 +62,21 @@ ENGINES: tuple[str, ...] = tuple(ENGINE_FLAGS)
 def flags_of(engine: str | None) -> Mapping[str, str]:
     """The words of ``engine`` ("vllm", "sglang"); vLLM's for None or an engine not in the table."""
     return ENGINE_FLAGS.get(engine or "vllm", ENGINE_FLAGS["vllm"])
+
+
+def kv_bytes_flag(engine: str | None, version: str | None) -> str | None:
+    """The engine's flag for an absolute KV cache size where its version has it (vLLM from 0.11); None for an
+    engine without one, or a version before it. An unknown version is taken to have it (a current vLLM)."""
+    fl = flags_of(engine)
+    if not fl["kv_bytes"]:
+        return None
+    since, ver = _ver(fl["kv_bytes_since"]), _ver(version)
+    return None if since is not None and ver is not None and ver < since else fl["kv_bytes"]
+
+
+def _ver(v: str | None) -> tuple[int, int] | None:
+    parts = (v or "").lstrip("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import RANK, Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
+from vtop.core.engines import flags_of
 from vtop.core.rules.util import cap_suggestion, flag, gib, json_keys, num, short_url, version_tuple
 from vtop.model.fmt import to_float
 from vtop.model.procs import ServerProcess
@@ -53,6 +54,8 @@ class FlagFinding:
     others_bytes: float = 0.0
     others: tuple[str, ...] = ()
     mem_total: float | None = None
+    #: the server's engine (:data:`vtop.core.engines.ENGINES`; None: vLLM's words): the words name its flags
+    engine: str | None = None
 
 
 def risky_flags(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
@@ -71,31 +74,37 @@ def flag_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState, pr
     """Every risky flag of a server's command line."""
     th = mem.th
     mml = v.max_model_len or proc.max_model_len or (facts.max_model_len if facts is not None else None)
+    fl = flags_of(proc.engine)
     out: list[FlagFinding] = []
-    # A long context with no generation cap: one chat client without max_tokens runs to max_model_len.
-    ogc = flag(proc, "--override-generation-config")
-    capped = bool(ogc) and "max_new_tokens" in json_keys(ogc)
-    unknown = flag(proc, "--generation-config") not in (None, "", "auto", "vllm")
-    if mml and mml >= th.long_context_len and not capped and not unknown:
-        out.append(FlagFinding("no_cap", "info", max_model_len=mml))
-    mm = flag(proc, "--mm-processor-cache-gb")
+    # A long context with no generation cap: one chat client without max_tokens runs to max_model_len (an
+    # engine with no server-side cap has no fix to name: the runaway rule tells its clients to set one).
+    if fl["gen_cap_flag"]:
+        ogc = flag(proc, fl["gen_cap_flag"])
+        capped = bool(ogc) and "max_new_tokens" in json_keys(ogc)
+        unknown = flag(proc, fl["gen_config"]) not in (None, "", "auto", "vllm")
+        if mml and mml >= th.long_context_len and not capped and not unknown:
+            out.append(FlagFinding("no_cap", "info", max_model_len=mml, engine=proc.engine))
+    mm = flag(proc, fl["mm_cache"]) if fl["mm_cache"] else None
     if mm is not None and to_float(mm) == 0.0:
-        out.append(FlagFinding("mm_cache_off", "info"))
+        out.append(FlagFinding("mm_cache_off", "info", engine=proc.engine))
     seqs = proc.max_num_seqs
     if seqs and facts is not None and facts.max_concurrency and seqs / facts.max_concurrency >= th.risky_seqs_ratio:
         out.append(FlagFinding("seqs_over_kv", "info", max_num_seqs=seqs, max_concurrency=facts.max_concurrency,
-                               max_concurrency_len=facts.max_concurrency_len, kv_cache_tokens=facts.kv_cache_tokens))
+                               max_concurrency_len=facts.max_concurrency_len, kv_cache_tokens=facts.kv_cache_tokens,
+                               engine=proc.engine))
     out += _mem_util_findings(ctx, mem, v, st, proc)
     return out
 
 
 def _mem_util_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState,
                        proc: ServerProcess) -> list[FlagFinding]:
-    """--gpu-memory-utilization next to the other processes on the same GPU."""
-    util = to_float(flag(proc, "--gpu-memory-utilization"))
+    """The memory fraction flag (vLLM's utilization) next to the other processes on the same GPU."""
+    util = to_float(flag(proc, flags_of(proc.engine)["mem"]))
     if util is None:
         util = proc.gpu_memory_utilization
     default = util is None
+    if util is None and proc.engine not in (None, "vllm"):
+        return []  # another engine's default fraction is its own computation: nothing to compare
     if util is None:
         ver = version_tuple(v.version)
         util = 0.92 if ver is not None and ver >= (0, 20) else 0.9
@@ -111,50 +120,51 @@ def _mem_util_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerStat
         if used > 0 and used + util * p.mem_total > p.mem_total:
             out.append(FlagFinding("mem_util_no_room", "warning", gpu=idx, util=util, util_default=default,
                                    others_bytes=used, others=tuple(mem.proc_names(ctx, others)),
-                                   mem_total=p.mem_total))
+                                   mem_total=p.mem_total, engine=proc.engine))
     return out
 
 
 def _flag_words(f: FlagFinding) -> tuple[str, str, str]:
     """(headline, evidence line, fix) of one risky flag."""
+    fl = flags_of(f.engine)
     if f.kind == "no_cap":
         mml = f.max_model_len
         return (
             f"no generation cap with max_model_len {num(mml)}",
-            f"max_model_len {num(mml)} and no --override-generation-config max_new_tokens: a chat request without "
+            f"max_model_len {num(mml)} and no {fl['gen_cap_flag']} max_new_tokens: a chat request without "
             f"max_tokens may generate up to {num(mml)} - prompt tokens",
-            "Cap generation: --override-generation-config "
-            f"'{{\"max_new_tokens\": {cap_suggestion(mml)}}}' (a hard cap since 0.20, and the default for "
+            "Cap generation: " + fl["gen_cap"].replace("{n}", str(cap_suggestion(mml))) + " (a hard cap since 0.20, "
+            "and the default for "
             "requests that omit max_tokens).",
         )
     if f.kind == "mm_cache_off":
         return (
-            "multimodal processor cache off (--mm-processor-cache-gb 0)",
-            "--mm-processor-cache-gb 0 turns the multimodal processor cache off: every image or video is "
+            f"multimodal processor cache off ({fl['mm_cache']} 0)",
+            f"{fl['mm_cache']} 0 turns the multimodal processor cache off: every image or video is "
             "preprocessed again on the CPU, even when clients resend the same one",
-            "Drop --mm-processor-cache-gb 0 (default 4 GiB) or use a small cache such as --mm-processor-cache-gb 1 "
+            f"Drop {fl['mm_cache']} 0 (default 4 GiB) or use a small cache such as {fl['mm_cache']} 1 "
             "if host RAM was the reason (it is held once per API server and per engine core).",
         )
     if f.kind == "seqs_over_kv":
         seqs, conc = f.max_num_seqs or 0, f.max_concurrency or 1.0
         per = (f.kv_cache_tokens / seqs) if f.kv_cache_tokens else None
         return (
-            f"--max-num-seqs {seqs} is {seqs / conc:.0f}x the KV cache's concurrency",
-            f"--max-num-seqs {seqs}, but the KV cache holds {conc:g} requests of "
+            f"{fl['seqs']} {seqs} is {seqs / conc:.0f}x the KV cache's concurrency",
+            f"{fl['seqs']} {seqs}, but the KV cache holds {conc:g} requests of "
             f"{num(f.max_concurrency_len)} tokens"
             + (f" ({num(f.kv_cache_tokens)} tokens: {num(per)} per sequence when all run)" if per else "")
             + "; long requests will preempt each other",
-            f"Lower --max-num-seqs towards {max(1, int(conc * 2))}, or give the KV cache more "
-            "memory (--gpu-memory-utilization, --kv-cache-dtype fp8).",
+            f"Lower {fl['seqs']} towards {max(1, int(conc * 2))}, or give the KV cache more "
+            f"memory ({fl['mem']}, {fl['kv_fp8']}).",
         )
     util, total, used = f.util or 0.0, f.mem_total or 1.0, f.others_bytes
     room = max(0.0, (total - used) / total - 0.02)
     return (
-        f"--gpu-memory-utilization {util:g} leaves no room on gpu{f.gpu}",
+        f"{fl['mem']} {util:g} leaves no room on gpu{f.gpu}",
         f"gpu{f.gpu}: other processes hold {gib(used)} ({', '.join(f.others)}); "
-        f"--gpu-memory-utilization {util:g}{' (default)' if f.util_default else ''} asks for "
+        f"{fl['mem']} {util:g}{' (default)' if f.util_default else ''} asks for "
         f"{gib(util * total)} of {gib(total)}: together {gib(used + util * total)}",
-        f"Lower --gpu-memory-utilization to {math.floor(room * 100) / 100:.2f} or less (what is left next "
+        f"Lower {fl['mem']} to {math.floor(room * 100) / 100:.2f} or less (what is left next "
         "to the other processes), or move them to another GPU; as it is, a restart of this server or the "
         "other process's next allocation fails.",
     )

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
-from vtop.core.rules.util import dur, flag, num, short_url
+from vtop.core.engines import flags_of
+from vtop.core.rules.util import dur, engine_of, flag, num, short_url
 from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class SmIdleFinding:
     owners: tuple[str, ...]
     eager: tuple[str, ...]
     stuck: tuple[tuple[str, float], ...]
+    #: the engine of the first server on it (:data:`vtop.core.engines.ENGINES`; None: vLLM's words)
+    engine: str | None = None
 
 
 def sm_idle(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
@@ -89,7 +92,7 @@ def sm_idle_finding(ctx: Evidence, mem: Memory, idx: int) -> SmIdleFinding | Non
         return None
     owners = tuple(ctx.gpu_owner.get(idx, []))
     eager = tuple(u for u in owners if (pr := ctx.process_of(u)) is not None
-                  and flag(pr, "--enforce-eager") is not None)
+                  and flag(pr, flags_of(pr.engine)["eager"]) is not None)
     stuck = []
     for url in owners:
         st = mem.servers.get(url)
@@ -98,12 +101,14 @@ def sm_idle_finding(ctx: Evidence, mem: Memory, idx: int) -> SmIdleFinding | Non
             if r0 is not None and r0.gen is not None and st.last.gen is not None and st.last.gen <= r0.gen:
                 stuck.append((url, st.last.running))
     return SmIdleFinding(idx, gs.idle_since, ctx.now, fmean(gs.idle_util), fmean(gs.idle_sm),
-                         tuple(mem.proc_names(ctx, p.procs)), owners, eager, tuple(stuck))
+                         tuple(mem.proc_names(ctx, p.procs)), owners, eager, tuple(stuck),
+                         engine_of(ctx, owners[0]) if owners else None)
 
 
 def sm_idle_alert(f: SmIdleFinding, th: Thresholds) -> Alert:
     """The words of an sm_idle finding."""
     span = dur(f.now - f.since)
+    fl = flags_of(f.engine)
     ev = [
         f"GPU-Util {f.util:.0f} % but SM activity {f.sm:.1f} % for {span} "
         f"(>= {th.sm_idle_util:.0f} % vs < {th.sm_idle_active:.0f} %)",
@@ -114,13 +119,13 @@ def sm_idle_alert(f: SmIdleFinding, th: Thresholds) -> Alert:
         ev.append("processes: " + ", ".join(f.procs))
     for url in f.owners:
         if url in f.eager:
-            ev.append(f"{short_url(url)} runs with --enforce-eager: no CUDA graphs, one launch per kernel")
+            ev.append(f"{short_url(url)} runs with {fl['eager']}: no CUDA graphs, one launch per kernel")
         ev += [f"{short_url(u)} has {num(n)} running but no token in 30 s" for u, n in f.stuck if u == url]
     fix = []
     if f.owners:
         if f.eager:
-            fix.append("Drop --enforce-eager so vLLM captures CUDA graphs (far fewer kernel launches).")
-        fix.append("Batch more work per step: more concurrent requests, or a higher --max-num-seqs.")
+            fix.append(f"Drop {fl['eager']} so {fl['name']} captures CUDA graphs (far fewer kernel launches).")
+        fix.append(f"Batch more work per step: more concurrent requests, or a higher {fl['seqs']}.")
     fix.append(
         "If tokens/s is flat too, press d for a py-spy dump: a tensor-parallel worker stuck in an NCCL collective "
         "shows 100 % GPU-Util with idle SMs."

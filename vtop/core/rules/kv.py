@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.rules.util import LIVE, dur, num, plural, short_url
+from vtop.core.engines import flags_of
+from vtop.core.rules.util import LIVE, dur, engine_of, num, plural, short_url
 from vtop.core.stats import median
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ class KvFinding:
     #: most waiting), when that is what names it; and the preemption counter then (since the start)
     bursts: tuple[tuple[float, float, float, int], ...] = ()
     preempt_total: float | None = None
+    #: the engine (:data:`vtop.core.engines.ENGINES`; None: vLLM's words): the fix names its flags
+    engine: str | None = None
 
     @property
     def preempt_ps(self) -> float:
@@ -156,7 +159,8 @@ def kv_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     pre = (s.preempt - w0.preempt) if s.preempt is not None and w0.preempt is not None else 0.0
     proc = ctx.process_of(url)
     f = KvFinding(url, mem.started("kv_saturation", url, since), now, s.kv, s.running, s.t - w0.t, pre,
-                  w0.waiting or 0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None)
+                  w0.waiting or 0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None,
+                  engine=engine_of(ctx, url))
     return f if f.preemptions > 0 or f.queue_growing else None
 
 
@@ -196,7 +200,7 @@ def _burst_finding(ctx: Evidence, mem: Memory, url: str, st: ServerState) -> KvF
     proc = ctx.process_of(url)
     return KvFinding(url, mem.started("kv_saturation", url, bursts[0][0]), ctx.now, s.kv or 0.0, s.running, 0.0, 0.0,
                      0.0, s.waiting or 0.0, proc.max_num_seqs if proc is not None else None, tuple(bursts),
-                     s.preempt)
+                     s.preempt, engine_of(ctx, url))
 
 
 def _burst_alert(f: KvFinding, th: Thresholds, fix: tuple[str, ...]) -> Alert:
@@ -225,12 +229,13 @@ def kv_alert(f: KvFinding, th: Thresholds) -> Alert:
         f"waiting {num(f.waiting_then)} -> {num(f.waiting_now)}",
     ]
     target = max(1, int((f.running or 0) * 0.75)) if f.running else None
+    fl = flags_of(f.engine)
     fix = (
-        "Lower --max-num-seqs" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
+        f"Lower {fl['seqs']}" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
         + (f", e.g. to {target}, " if target else " ")
         + "so the running sequences fit in the KV cache.",
-        "Give the KV cache more room: raise --gpu-memory-utilization if the GPU has headroom, --kv-cache-dtype fp8, "
-        "or more GPUs with --tensor-parallel-size.",
+        f"Give the KV cache more room: raise {fl['mem']} if the GPU has headroom, {fl['kv_fp8']}, "
+        f"or more GPUs with {fl['tp']}.",
         "Limit concurrency upstream and set max_tokens in clients so sequences stay short.",
     )
     # a storm with requests waiting: the cache cannot hold the work it is given (a queue that holds

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from vtop.core.engines import flags_of
+from vtop.core.engines import ENGINE_FLAGS, flags_of
 from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert, Thresholds
@@ -380,8 +380,8 @@ _FIX_RUNTIME["prompt_logprobs"] = (
     "Requests ask for prompt_logprobs: vLLM computes them over every token of the prompt (the prompt's logits, "
     "tokens x vocabulary) in the step that prefills it. Cap what a request may ask with --max-logprobs (default 20; "
     "prompt_logprobs=-1 asks for the whole vocabulary), or drop prompt_logprobs from the clients that send it.",
-    "Bound a step's work: a lower --max-num-batched-tokens (chunked prefill) splits a long prompt, and its prompt "
-    "logprobs, into smaller steps; a lower --max-model-len rejects the longest prompts.",
+    "Bound a step's work: a lower {chunk} (chunked prefill) splits a long prompt, and its prompt "
+    "logprobs, into smaller steps; a lower {len} rejects the longest prompts.",
     "Leave more headroom: lower {mem} a little.",
 )
 
@@ -531,8 +531,9 @@ def oom_risk(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
     if grow and grow[0][1] > 0:
         ev.append(f"growing most: {mem.name_pid(ctx, grow[0][0])}, +{gib(grow[0][1])} in {dur(span)}")
     fix = [
-        "Find what grows (the process above) before it hits an out-of-memory error; for vLLM, set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and lower --gpu-memory-utilization.",
+        "Find what grows (the process above) before it hits an out-of-memory error; for an LLM server, set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and lower its memory fraction ("
+        + ", ".join(f"{fl['name']}: {fl['mem']}" for fl in ENGINE_FLAGS.values()) + ").",
         "Keep other jobs off a GPU that vLLM serves from: vLLM sized its KV cache for the memory it saw at start.",
     ]
     title = f"gpu{idx} memory climbing towards full: {p.mem_pct:.1f} %, +{rise:.1f} points in {dur(span)}"

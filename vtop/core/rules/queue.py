@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.rules.util import LIVE, dur, num, short_url
+from vtop.core.engines import flags_of
+from vtop.core.rules.util import LIVE, dur, engine_of, num, short_url
 
 if TYPE_CHECKING:
     from vtop.core.loghistory import LogHistoryView
@@ -58,6 +59,8 @@ class WedgeFinding:
     kv_pct: float | None
     health: int | None
     log_line: str | None
+    #: the server's engine (:data:`vtop.core.engines.ENGINES`; None: vLLM's words): the fix names its flags
+    engine: str | None = None
 
 
 def queue_wedge(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
@@ -98,7 +101,8 @@ def wedge_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
         return None
     m = v.metrics
     return WedgeFinding(url, mem.started("queue_wedge", url, since), ctx.now, s.waiting,
-                        dict(m.waiting_by_reason) if m is not None else {}, s.gen, s.prompt, s.kv, v.health, log_line)
+                        dict(m.waiting_by_reason) if m is not None else {}, s.gen, s.prompt, s.kv, v.health, log_line,
+                        engine_of(ctx, url))
 
 
 _WEDGE_FIX = (
@@ -108,7 +112,7 @@ _WEDGE_FIX = (
     "Restart the server: a scheduler that stopped admitting does not recover by itself, and /health stays 200, "
     "so a health check alone will not restart it.",
     "Check the scheduler's setup: a KV-offloading or KV-transfer connector (--kv-transfer-config, "
-    "--kv-offloading-size), --scheduling-policy priority and a --max-num-seqs that deferred requests fill are "
+    "--kv-offloading-size), --scheduling-policy priority and a {seqs} that deferred requests fill are "
     "where this was seen (vllm#53868, vllm#39863, vllm#45414); upgrade vLLM if your version predates their fixes.",
 )
 
@@ -129,4 +133,5 @@ def wedge_alert(f: WedgeFinding, th: Thresholds) -> Alert:
     if f.health is not None:
         ev.append(f"/health answers {f.health}: the API server is alive, the scheduler admits nothing")
     title = f"Queue wedged on {short_url(f.url)}: {num(f.waiting)} waiting, nothing running for {span}"
-    return Alert("queue_wedge", "critical", title, tuple(ev), _WEDGE_FIX, f.url, f.since)
+    return Alert("queue_wedge", "critical", title, tuple(ev),
+                 tuple(t.format_map(flags_of(f.engine)) for t in _WEDGE_FIX), f.url, f.since)

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.rules.util import LIVE, cap_suggestion, dur, hist_count_at_least, num, plural, short_url
+from vtop.core.engines import flags_of
+from vtop.core.rules.util import LIVE, cap_suggestion, dur, engine_of, hist_count_at_least, num, plural, short_url
 from vtop.core.stats import fmean
 from vtop.model.requests import METRICS_BOUND, InFlightRequest, age_words
 
@@ -221,7 +222,7 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
                      tuple(lines), ("It has a cap: it ends by itself. If it should not take this long, lower "
                                     "max_tokens in the client.",), url, f.since)
     client = o.client if o is not None and f.path == "age" else None
-    fix = _runaway_fixes(v.max_model_len, ev.request_logging_of(url) is False, client)
+    fix = _runaway_fixes(v.max_model_len, ev.request_logging_of(url) is False, client, engine_of(ev, url))
     sev = "critical" if (s.waiting or 0.0) > 0 else "warning"
     return Alert("runaway", sev, _title(short, s, f), tuple(lines), tuple(fix), url, f.since)
 
@@ -323,20 +324,26 @@ def _finished_max_tokens_lines(mem: Memory, st: ServerState, s: Sample, mml: int
     return [line]
 
 
-def _runaway_fixes(mml: int | None, no_request_log: bool, client: str | None = None) -> list[str]:
+def _runaway_fixes(mml: int | None, no_request_log: bool, client: str | None = None,
+                   engine: str | None = None) -> list[str]:
+    fl = flags_of(engine)
     fix = [
         "Set max_tokens (or max_completion_tokens) in every client request; chat requests without it may run "
         f"to max_model_len{f' ({num(mml)})' if mml else ''}.",
-        "Cap it on the server: restart vLLM with --override-generation-config "
-        f"'{{\"max_new_tokens\": {cap_suggestion(mml)}}}' (there is no --max-tokens serve flag).",
-        "To stop it now, cancel the client request: vLLM aborts a request when its client disconnects.",
     ]
+    if fl["gen_cap"]:
+        fix.append(f"Cap it on the server: restart {fl['name']} with "
+                   + fl["gen_cap"].replace("{n}", str(cap_suggestion(mml))) + " (there is no --max-tokens serve flag).")
+    else:
+        fix.append(f"{fl['name']} has no server-side cap on generated tokens: the clients must set it.")
+    fix.append(f"To stop it now, cancel the client request: {fl['name']} aborts a request when its client "
+               "disconnects.")
     if client:
         port = client.rsplit(":", 1)[-1]
         fix.append(f"The client is {client}: on its host, ss -tnp 'sport = :{port}' names its process "
                    "(killing that connection also aborts the request).")
     if no_request_log:
-        fix.append("Start vLLM with --enable-log-requests to let vtop name the request.")
+        fix.append(f"Start {fl['name']} with {fl['log_requests']} to let vtop name the request.")
     return fix
 
 # ------------------------------------------------------------------ rule 2: engine stall

@@ -352,35 +352,35 @@ def _kv_no_memory(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]
             f"GPU of other processes, use a quantized model, or add GPUs with {fl['tp']}.")
 
 
-def _kv_host_memory(g: _Get, where: str) -> tuple[str, str]:
+def _kv_host_memory(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     req, avail, total, node = g("req"), g("avail"), g("total"), g("node")
     return (f"out of memory for the KV cache: {req} GiB asked, {avail} of {total} GiB available on NUMA node {node}",
             f"Size the KV cache to what the host has: on the CPU backend VLLM_CPU_KVCACHE_SPACE={_kv_fit(avail)} (GiB) "
-            f"or less, or --kv-cache-memory-bytes {_kv_fit(avail)}G; or free host memory that other processes hold. "
-            "A shorter --max-model-len or a lower --max-num-seqs lets a smaller cache serve. On a GPU the same "
-            "failure is sized with --gpu-memory-utilization, --max-model-len, --max-num-seqs or "
-            "--kv-cache-memory-bytes.")
+            f"or less, or {fl['kv_bytes']} {_kv_fit(avail)}G; or free host memory that other processes hold. "
+            f"A shorter {fl['len']} or a lower {fl['seqs']} lets a smaller cache serve. On a GPU the same "
+            f"failure is sized with {fl['mem']}, {fl['len']}, {fl['seqs']} or {fl['kv_bytes']}.")
 
 
-def _gpu_free_at_start(g: _Get, where: str) -> tuple[str, str]:
+def _gpu_free_at_start(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     free, total, util, req = g("free"), g("total"), g("util"), g("req")
-    return (f"not enough free GPU memory at start: {free} of {total} GiB free, --gpu-memory-utilization {util} "
+    return (f"not enough free GPU memory at start: {free} of {total} GiB free, {fl['mem']} {util} "
             f"asks for {req} GiB",
             "Another process holds GPU memory (nvidia-smi shows it): stop or move it, or lower "
-            f"--gpu-memory-utilization to {_util_fit(free, total)} or less (what is free beside it). A lower "
-            "--max-model-len or --max-num-seqs, or --kv-cache-memory-bytes, makes vLLM need less.")
+            f"{fl['mem']} to {_util_fit(free, total)} or less (what is free beside it). A lower "
+            f"{fl['len']} or {fl['seqs']}" + (f", or {fl['kv_bytes']}," if fl["kv_bytes"] else "")
+            + f" makes {fl['name']} need less.")
 
 
-def _max_model_len(g: _Get, where: str) -> tuple[str, str]:
+def _max_model_len(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     est = g("est")
     length = g("len") or g("len0")
-    target = f"--max-model-len {est}" if est else "a smaller --max-model-len"
+    target = f"{fl['len']} {est}" if est else f"a smaller {fl['len']}"
     return (f"the KV cache cannot hold one request of max_model_len {length}" if length else "max_model_len too large",
-            f"Pass {target}, raise --gpu-memory-utilization, or add GPUs with --tensor-parallel-size "
+            f"Pass {target}, raise {fl['mem']}, or add GPUs with {fl['tp']} "
             "so one full-length request fits in the KV cache.")
 
 
-def _module_not_found(g: _Get, where: str) -> tuple[str, str]:
+def _module_not_found(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     mod = g("mod") or "?"
     top = mod.split(".")[0]
     if top == "flashinfer":
@@ -392,49 +392,47 @@ def _module_not_found(g: _Get, where: str) -> tuple[str, str]:
     return f"Python module '{mod}' is missing", fix
 
 
-def _model_len_too_long(g: _Get, where: str) -> tuple[str, str]:
+def _model_len_too_long(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     length, pos = g("len"), g("pos")
-    return (f"--max-model-len {length} is longer than the model allows" + (f" ({pos} positions)" if pos else ""),
-            f"Pass --max-model-len {pos or 'N'} or less (the model's max_position_embeddings), or set "
+    return (f"{fl['len']} {length} is longer than the model allows" + (f" ({pos} positions)" if pos else ""),
+            f"Pass {fl['len']} {pos or 'N'} or less (the model's max_position_embeddings), or set "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 only for a model whose position encoding (RoPE scaling) really "
             "supports more: past it, outputs go wrong.")
 
 
-def _worker_died(g: _Get, where: str) -> tuple[str, str]:
+def _worker_died(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     code = g("code")
     who = g("who") or ""
     if code == "-9":
         return (f"worker {who} was killed (signal 9), most likely by the kernel's OOM killer".replace("  ", " "),
                 "Confirm it was the OOM killer: dmesg -T | grep -i -e 'killed process' -e 'out of memory' (or "
-                "journalctl -k). Then give it less to hold: lower --max-num-seqs or --max-model-len, or size the KV "
-                "cache (--kv-cache-memory-bytes; on the CPU backend VLLM_CPU_KVCACHE_SPACE), or free host memory.")
+                f"journalctl -k). Then give it less to hold: lower {fl['seqs']} or {fl['len']}, or size the KV "
+                f"cache ({fl['kv_bytes'] or fl['mem']}; on the CPU backend VLLM_CPU_KVCACHE_SPACE), or free host "
+                "memory.")
     return (f"worker {who} died".replace("  ", " ") + (f" (exit code {code})" if code else ""),
             "The worker's traceback is just above this line (filter the log to errors).")
 
 
-def _engine_died(g: _Get, where: str) -> tuple[str, str]:
+def _engine_died(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     return ("the engine process died",
             "Look for the engine's traceback or an OOM kill (dmesg | grep -i 'killed process') just before this "
             "line; the API server exits afterwards, and its exit code says nothing.")
 
 
-def _engine_init_failed(g: _Get, where: str) -> tuple[str, str]:
+def _engine_init_failed(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     return (f"engine failed to start{where}",
             "The root cause is the first error or traceback before this line (filter the log to errors).")
 
 
-def _exception(g: _Get, where: str) -> tuple[str, str]:
+def _exception(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     return (f"{g('exc') or 'exception'}{where}",
             "The process raised this during startup and exited; the traceback above shows where.")
 
 
 #: a failure's kind (the tracker's decision) -> its words
-#: the kinds whose fix names the engine's flags (:data:`vtop.core.engines.ENGINE_FLAGS`)
-_ENGINE_WORDS: dict[str, Callable[[_Get, str, Mapping[str, str]], tuple[str, str]]] = {
-    "cuda_oom": _cuda_oom, "kv_no_memory": _kv_no_memory,
-}
-_WORDS: dict[str, Callable[[_Get, str], tuple[str, str]]] = {
-    "kv_host_memory": _kv_host_memory,
+#: each fix names the flags of the failing engine (:data:`vtop.core.engines.ENGINE_FLAGS`)
+_WORDS: dict[str, Callable[[_Get, str, Mapping[str, str]], tuple[str, str]]] = {
+    "cuda_oom": _cuda_oom, "kv_no_memory": _kv_no_memory, "kv_host_memory": _kv_host_memory,
     "gpu_free_at_start": _gpu_free_at_start, "max_model_len": _max_model_len, "module_not_found": _module_not_found,
     "model_len_too_long": _model_len_too_long, "worker_died": _worker_died, "engine_died": _engine_died,
     "engine_init_failed": _engine_init_failed,
@@ -445,7 +443,4 @@ def _fix_text(kind: str, g: _Get, phase: Phase | None, engine: str | None = None
     """(short message, usual fix) for a failure kind; ``g`` reads the telling line's details by name; the
     flags named are ``engine``'s."""
     where = f" during {phase.label}" if phase and phase is not Phase.READY else ""
-    worded = _ENGINE_WORDS.get(kind)
-    if worded is not None:
-        return worded(g, where, flags_of(engine))
-    return _WORDS.get(kind, _exception)(g, where)
+    return _WORDS.get(kind, _exception)(g, where, flags_of(engine))

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vtop.core.rates import HistogramDelta
 from vtop.model.fmt import dur
 from vtop.model.gpu import XidEvent
 from vtop.model.procs import ServerProcess
+
+if TYPE_CHECKING:
+    from vtop.core.evidence import Evidence
 
 __all__ = ["GIB", "LIVE", "cap_suggestion", "dur", "flag", "gib", "hist_count_at_least", "json_keys",
            "num", "plural", "short_url", "version_tuple", "xid_short"]
@@ -42,6 +46,21 @@ def short_url(url: str | None) -> str:
 
 def plural(n: float, word: str) -> str:
     return f"{n:,.0f} {word}" + ("" if round(n) == 1 else "s")
+
+
+def engine_of(ctx: Evidence, url: str | None) -> str | None:
+    """The engine serving ``url`` (:data:`vtop.core.engines.ENGINES`): by the command line
+    discovery found, else the families its /metrics serves, else the followed log's line format; None: not
+    known (the fixes then name vLLM's flags)."""
+    proc = ctx.process_of(url)
+    if proc is not None and proc.engine:
+        return proc.engine
+    v = ctx.servers.get(url) if url is not None else None
+    if v is not None and v.metrics is not None and v.metrics.engine_kind:
+        return v.metrics.engine_kind
+    if ctx.startup is not None and (url is None or ctx.log_target == url):
+        return ctx.startup.facts.engine
+    return None
 
 
 def flag(proc: ServerProcess, name: str) -> str | None:
