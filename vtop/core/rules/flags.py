@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import RANK, Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.engines import flags_of
 from vtop.core.rules.util import cap_suggestion, flag, gib, json_keys, num, short_url, version_tuple
 from vtop.model.fmt import to_float
 from vtop.model.procs import ServerProcess

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
-from vtop.core.engines import flags_of
 from vtop.core.rules.util import dur, engine_of, flag, num, short_url
 from vtop.core.stats import fmean
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.engines import flags_of
 from vtop.core.rules.util import LIVE, dur, engine_of, num, plural, short_url
 from vtop.core.stats import median
 

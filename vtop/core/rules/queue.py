@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.engines import flags_of
 from vtop.core.rules.util import LIVE, dur, engine_of, num, short_url
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rates import histogram_delta, histogram_quantile
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
-from vtop.core.engines import flags_of
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, engine_of, hist_count_at_least, num, plural, short_url
 from vtop.core.stats import fmean
 from vtop.model.requests import METRICS_BOUND, InFlightRequest, age_words
