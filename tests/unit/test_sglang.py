@@ -425,3 +425,23 @@ def test_startup_failure_words_name_the_engines_flags() -> None:
         words = {e: failure_words(Failure(kind, "x", None, None, 0.0, det, engine=e)) for e in ("vllm", "sglang")}
         v, s = (" ".join(words[e]) for e in ("vllm", "sglang"))
         assert "--max-model-len" in v and "--context-length" in s and "--max-model-len" not in s, kind
+
+
+def test_a_second_sglang_launch_in_the_same_log_is_a_restart() -> None:
+    """SGLang prints no version banner: its launch line ``server_args=ServerArgs(...)`` after a start that got
+    anywhere (ready here, failed for memory next) begins a new start, the old one kept among the past starts."""
+    start = (SGL / "startup-0.5.17-handmade.log").read_text().splitlines(keepends=True)
+    oom = (SGL / "oom-0.5.17-handmade.log").read_text().splitlines(keepends=True)
+    tr = PhaseTracker(year=2026)
+    for i, line in enumerate(start):
+        tr.feed(line, 100.0 + i)
+    assert tr.snapshot().state == "ready" and tr.snapshot().restarts == 0
+    for i, line in enumerate(oom):
+        tr.feed(line, 200.0 + i)
+    snap = tr.snapshot()
+    assert snap.restarts == 1 and snap.state == "failed" and len(tr.past_starts) == 1
+    assert tr.past_starts[0].state == "ready" and snap.facts.engine == "sglang"
+    for i, line in enumerate(start[:4]):
+        tr.feed(line, 300.0 + i)
+    snap = tr.snapshot()
+    assert snap.restarts == 2 and snap.state == "starting" and snap.failure is None

@@ -281,6 +281,11 @@ READY_RE = re.compile(r"Application startup complete\.")
 # real SGLang log: tests/fixtures/sglang/ holds a start written by hand from these sources.
 #: ``entrypoints/engine.py``: ``logger.info(f"{server_args=}")`` at launch: the whole config
 SGL_SERVER_ARGS_RE = re.compile(r"server_args=ServerArgs\(")
+#: the line an engine prints once per launch, by engine (its log's record format): a new one after a start
+#: that got anywhere is a restart in the same log. vLLM's is its version banner (``BANNER_RES``); SGLang
+#: 0.5.17 prints no version at launch, its first line is ``server_args=ServerArgs(...)``
+#: (``entrypoints/engine.py`` ``_launch_subprocesses``).
+LAUNCH_RES: dict[str, re.Pattern[str]] = {"sglang": SGL_SERVER_ARGS_RE}
 SGL_CFG_RES = {
     "model": re.compile(r"\bmodel_path='(?P<v>[^']*)'"),
     "tensor_parallel_size": re.compile(r"\btp_size=(?P<v>\d+)"),

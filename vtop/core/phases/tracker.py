@@ -79,6 +79,7 @@ from vtop.core.phases.patterns import (
     SGL_LIMITS_RE,
     SGL_POOL_END_RE,
     SGL_READY_RE,
+    LAUNCH_RES,
     SGL_SERVER_ARGS_RE,
     SGL_WEIGHTS_BEGIN_RE,
     SGL_WEIGHTS_END_RE,
@@ -876,6 +877,10 @@ class PhaseTracker:
         msg = ev.message
         if ev.kind == "blank":
             return True
+        launch = LAUNCH_RES.get(ev.engine or "")
+        if launch is not None and launch.search(msg) and self._progressed():
+            self._restart(t)  # the engine's launch line after a start that got anywhere: a new start
+            self._first_t = t
         if ev.engine is not None and "engine" not in self._facts:
             self._facts["engine"] = ev.engine
 
@@ -926,11 +931,14 @@ class PhaseTracker:
         self._on_phase_line(ev, msg, t, arrival)
         return True
 
-    def _on_banner(self, m: re.Match[str], t: float, arrival: float, *, logo: bool) -> None:
-        progressed = self._state in ("ready", "failed", "stopped") or any(
+    def _progressed(self) -> bool:
+        """Whether the current start got past its first line (a launch line now is a new start's)."""
+        return self._state in ("ready", "failed", "stopped") or any(
             self._phases[p].start is not None for p in _ORDER[1:]
         )
-        if progressed:
+
+    def _on_banner(self, m: re.Match[str], t: float, arrival: float, *, logo: bool) -> None:
+        if self._progressed():
             self._restart(t)
             self._first_t = t
         self._fact("version", m.group("ver").rstrip(","))
