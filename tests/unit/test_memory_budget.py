@@ -107,3 +107,62 @@ def test_util_that_fits() -> None:
     assert util_that_fits(139.8, 139.8 - 38.77) == 0.26  # 0.277 free, two points under
     assert util_that_fits(80.0, 0.0) == 0.98
     assert util_that_fits(80.0, 80.0) == 0.05  # nothing free: the floor, never 0 or less
+
+
+# --------------------------------------------------------------------------- the --kv-cache-memory-bytes that fits
+
+
+def _failed_budget(facts, others):  # type: ignore[no-untyped-def]
+    """The budget of a start that failed for memory (kv_no_memory, after profiling) with these facts and
+    these other processes on the GPU."""
+    from vtop.core.membudget import _budget, _parts
+    from vtop.core.phases.types import Failure
+
+    fail = Failure("kv_no_memory", "x", None, None, 0.0)
+    return _budget(0, facts.mem_total_gib, facts, _parts(facts), others, None, fail)
+
+
+def test_the_kv_cache_bytes_that_fit_beside_the_hog_from_the_real_parts() -> None:
+    """The real H200 start's parts (vLLM 0.26.0, /tmp/tiny: weights 0.04, activation peak 0.18, non-torch 0.22,
+    CUDA graphs 0.19 GiB) beside the corpus trace's 100.5 GiB process: the KV cache that fits is what is free
+    less the utilization fix's margin (two points of the total) less those parts, and the words are whole GiB."""
+    from vtop.core.membudget import kv_bytes_words
+
+    f = _facts(H200_LOG.read_text().splitlines())
+    assert f.version == "0.26.0"
+    b = _failed_budget(f, ((1960, 100.5),))
+    assert b.util_fit == 0.26 and b.kv_bytes_fit is not None and b.kv_bytes_flag == "--kv-cache-memory-bytes"
+    gib = b.kv_bytes_fit / 2**30
+    non_kv = 0.04 + 0.18 + 0.22 + 0.19
+    free = 139.8 - 100.5
+    # it fits with the margin, and leaves no more than a MiB of the room unused
+    assert gib + non_kv + 0.02 * 139.8 <= free < gib + non_kv + 0.02 * 139.8 + 1 / 1024
+    words = kv_bytes_words(b.kv_bytes_fit)
+    assert words == f"{int(gib)}G" and int(words[:-1]) * 2**30 <= b.kv_bytes_fit
+    assert f"fits: --gpu-memory-utilization 0.26 or --kv-cache-memory-bytes {words}" in b.text()
+    assert b.to_json()["kv_cache_memory_bytes_fit"] == b.kv_bytes_fit
+
+
+def test_no_kv_cache_bytes_for_a_version_or_engine_without_the_flag_or_without_the_parts() -> None:
+    from dataclasses import replace
+
+    from vtop.core.membudget import kv_bytes_words
+
+    f = _facts(H200_LOG.read_text().splitlines())
+    for other in (replace(f, version="0.10.2"), replace(f, engine="sglang")):
+        b = _failed_budget(other, ((1960, 100.5),))
+        assert b.util_fit == 0.26 and b.kv_bytes_flag is None and "--kv-cache-memory-bytes" not in b.text()
+        assert b.to_json()["kv_cache_memory_bytes_fit"] is None
+    # a hog that leaves less than the parts and the margin: no KV cache fits, none is proposed
+    assert _failed_budget(f, ((1960, 139.0),)).kv_bytes_fit is None
+    assert kv_bytes_words(512 * 2**20) == "512M" and kv_bytes_words(3 * 2**30 + 5) == "3G"
+
+
+def test_the_recorded_oom_start_failed_before_profiling_so_no_kv_bytes_are_guessed() -> None:
+    """h200-startup-failure-cuda-oom: vLLM 0.26.0 raised at its free-memory check, before loading weights or
+    profiling: the log has no parts, so the budget proposes the utilization alone, no KV cache size."""
+    p = open_recording(str(OOM_TRACE), config=Config())
+    p.feed_until(p.end)
+    b = p.monitor.memory_budget()[0]
+    assert b.util_fit == 0.26 and not dict(b.parts).get("activation peak")
+    assert b.kv_bytes_fit is None and "--kv-cache-memory-bytes" not in b.text()

@@ -9,7 +9,12 @@ every face: ``--once --json``, the snapshot and the startup panel show :meth:`Me
 
 After a start that failed for memory, :attr:`MemoryBudget.util_fit` is the ``--gpu-memory-utilization``
 that fits beside what else holds the GPU (two points under what is free), from NVML's other processes
-or, without them, the free memory vLLM saw at start.
+or, without them, the free memory vLLM saw at start. Where the log gave the parts (the weights and the
+activation peak at least: a start that failed after profiling) and the engine's version has an absolute KV
+cache size (vLLM's ``--kv-cache-memory-bytes``, from 0.11: :func:`vtop.core.engines.kv_bytes_flag`),
+:attr:`MemoryBudget.kv_bytes_fit` is the KV cache that fits in the same room: what is free beside the others,
+less the same margin (two points of the total), less the weights, non-torch memory, activation peak and CUDA
+graphs; said whole (``30G``: vLLM's parser takes binary suffixes on whole numbers only).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vtop.core.engines import kv_bytes_flag
+
 if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
     from vtop.core.phases.types import Failure, StartupFacts
 
-__all__ = ["MEMORY_FAILURES", "MemoryBudget", "memory_budget", "util_that_fits"]
+__all__ = ["MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words", "memory_budget", "util_that_fits"]
 
 GIB = float(1 << 30)
 #: the startup failures that are about memory (the tracker's kinds)
@@ -49,6 +56,10 @@ class MemoryBudget:
     used_now_gib: float | None = None
     #: a start that failed for memory: the ``--gpu-memory-utilization`` that fits beside the others
     util_fit: float | None = None
+    #: the same start: the absolute KV cache size (bytes) that fits, and the engine's flag for it (None: the
+    #: parts were not logged, no room is left for a KV cache, or the engine or its version has no such flag)
+    kv_bytes_fit: int | None = None
+    kv_bytes_flag: str | None = None
 
     @property
     def vllm_gib(self) -> float | None:
@@ -83,7 +94,9 @@ class MemoryBudget:
         if self.free_gib is not None:
             bits.append(f"free {self.free_gib:.1f} GiB")
         if self.util_fit is not None:
-            bits.append(f"fits: --gpu-memory-utilization {self.util_fit:.2f}")
+            kv = (f" or {self.kv_bytes_flag} {kv_bytes_words(self.kv_bytes_fit)}"
+                  if self.kv_bytes_fit is not None and self.kv_bytes_flag else "")
+            bits.append(f"fits: --gpu-memory-utilization {self.util_fit:.2f}{kv}")
         return head + ": " + "; ".join(bits) if bits else head + ": no budget logged yet"
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +106,8 @@ class MemoryBudget:
                 "vllm_gib": r(self.vllm_gib), "others": None if self.others is None else
                 [{"pid": p, "gib": r(g)} for p, g in self.others], "others_gib": r(self.others_gib),
                 "free_gib": r(self.free_gib), "free_at_start_gib": r(self.free_at_start_gib),
-                "used_now_gib": r(self.used_now_gib), "util_fit": self.util_fit, "text": self.text()}
+                "used_now_gib": r(self.used_now_gib), "util_fit": self.util_fit,
+                "kv_cache_memory_bytes_fit": self.kv_bytes_fit if self.kv_bytes_flag else None, "text": self.text()}
 
 
 def _r(x: float | None) -> float | None:
@@ -105,6 +119,27 @@ def util_that_fits(total_gib: float, held_gib: float, margin: float = 0.02) -> f
     free (two decimals), 0.05 at least. The startup-failure rule's fix says the same number."""
     frac = (total_gib - held_gib) / total_gib - margin if total_gib > 0 else 0.0
     return max(0.05, round(frac, 2))
+
+
+def kv_bytes_that_fit(total_gib: float, held_gib: float, parts: tuple[tuple[str, float], ...],
+                      margin: float = 0.02) -> int | None:
+    """The KV cache (bytes) that fits beside ``held_gib`` held by others: what is free less :func:`util_that_fits`'
+    margin (``margin`` of the total), less every part of the budget but the KV cache (weights, non-torch
+    memory, the activation peak, CUDA graphs), rounded down to whole MiB. None without the weights and the
+    activation peak (a start that failed before profiling), or when nothing is left."""
+    got = dict(parts)
+    if "activation peak" not in got or not ({"weights", "weights + non-torch"} & set(got)):
+        return None
+    room = total_gib - held_gib - margin * total_gib - sum(g for w, g in parts if w != "KV cache")
+    return int(room * 1024) * (1 << 20) if room * 1024 >= 1 else None
+
+
+def kv_bytes_words(n: int | None) -> str:
+    """``--kv-cache-memory-bytes``' words for ``n`` bytes, rounded down: whole GiB (``30G``) from 1 GiB, else
+    whole MiB (``512M``); vLLM's ``human_readable_int`` reads an upper-case suffix as binary, whole numbers only."""
+    if n is None:
+        return "?"
+    return f"{n >> 30}G" if n >= 1 << 30 else f"{n >> 20}M"
 
 
 def _parts(f: StartupFacts) -> tuple[tuple[str, float], ...]:
@@ -178,10 +213,11 @@ def _budget(idx: int | None, total: float | None, f: StartupFacts | None, parts:
         total = _num(failure.get("total"), total)  # CUDA's total, as vLLM measured it
         util = _num(failure.get("util"), util)
         req = _num(failure.get("req"), req)
-    fit = None
-    if failed and total:
-        if others is not None:
-            fit = util_that_fits(total, sum(g for _, g in others))
-        elif free0 is not None:
-            fit = util_that_fits(total, total - free0)
-    return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit)
+    fit = kv = None
+    held = sum(g for _, g in others) if others is not None else (total - free0 if total and free0 is not None
+                                                                  else None)
+    if failed and total and held is not None:
+        fit = util_that_fits(total, held)
+        kv = kv_bytes_that_fit(total, held, parts)
+    flag = kv_bytes_flag(f.engine, f.version) if f is not None else None
+    return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit, kv, flag if kv is not None else None)
