@@ -264,3 +264,39 @@ def test_the_connection_age_is_exported_while_the_runaway_streams() -> None:
     assert one(fams, "vtop_oldest_request_age_seconds", server=server, source="log") is None
     p.feed_until(ev["runaway_end"] + 8 - off)
     assert one(families(p.monitor), "vtop_oldest_request_age_seconds", server=server, source="connection") is None
+
+
+def test_the_engine_is_an_info_series_per_server(demo) -> None:  # type: ignore[no-untyped-def]
+    """vtop_server_info{server,engine}: the demo recording's server is vLLM (its command line and its vllm:
+    families)."""
+    demo.feed_until(demo.start + 30.0)
+    fams = list(text_string_to_metric_families(exposition(demo.monitor)))
+    url = next(iter(demo.monitor.servers))
+    assert one(fams, "vtop_server_info", server=url, engine="vllm") == 1.0
+    assert one(fams, "vtop_server_info", server=url, engine="sglang") is None
+
+
+def test_vtop_export_says_sglang_for_a_server_serving_sglangs_families() -> None:
+    """A stand-in serving the hand-made SGLang 0.5.17 payload (tests/fixtures/sglang/): no process on this box,
+    so the engine comes from the /metrics families, as --once --json's."""
+    payload = (ROOT / "tests" / "fixtures" / "sglang" / "metrics-0.5.17-handmade.txt").read_text()
+    with MetricsServer([payload], model="tiny") as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "vtop", "export", "--listen", "127.0.0.1:0", srv.url,
+                                 "--simulate-gpus", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("vtop export: serving http://127.0.0.1:"), line
+            url = line.split()[3]
+            text = ""
+            while "vtop_server_info{" not in text:  # the first scrape, however slow the box
+                time.sleep(0.1)
+                text = urllib.request.urlopen(url, timeout=30).read().decode()
+                assert proc.poll() is None
+            fams = list(text_string_to_metric_families(text))
+            assert one(fams, "vtop_server_info", server=srv.url, engine="sglang") == 1.0
+            assert one(fams, "vtop_server_info", server=srv.url, engine="vllm") is None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)

@@ -34,7 +34,10 @@ Names (documented in the README; the fleet view reads them):
   ``vtop_alert_info{subject,rule,severity,title}`` 1 while on, with the title as it
   was when the alert came (its numbers then: the title's live numbers would make a new
   series every second). ``subject``: the server URL, ``gpuN``, or ``box``.
-* ``vtop_server_state{server,state}`` (1 for the current state), ``vtop_server_polls_total``.
+* ``vtop_server_state{server,state}`` (1 for the current state), ``vtop_server_polls_total``;
+  ``vtop_server_info{server,engine}`` 1, ``engine`` the engine serving it (``vllm``, ``sglang``: by the
+  command line discovery found, else the families its /metrics serves; the same answer as ``--once --json``'s
+  ``engine``), absent while not known.
 * ``vtop_gpu_*{gpu,uuid}``: the NVML fields vtop reads, in base units (ratios 0-1, bytes,
   watts, celsius, hertz); ``vtop_gpu_throttle{gpu,uuid,reason}``; ``vtop_gpu_lost``.
 """
@@ -56,6 +59,7 @@ from vtop import __version__
 from vtop.config import Config
 from vtop.core.phases.types import Phase
 from vtop.core.server import STATES
+from vtop.faces.headless import server_engine
 from vtop.model.gpu import THROTTLE_BITS
 from vtop.model.redact import scrub_secrets
 from vtop.monitor.live import LiveFeed
@@ -172,6 +176,7 @@ def _alerts(monitor: Monitor, state: ExportState) -> list[Metric]:
 def _servers(monitor: Monitor) -> list[Metric]:
     st = _gauge("vtop_server_state", "1 for the state vtop sees the server in, 0 for the others", ["server", "state"])
     polls = CounterMetricFamily("vtop_server_polls", "Polls of the server's /metrics since vtop started", labels=["server"])
+    info = InfoMetricFamily("vtop_server", "The engine serving the server (vllm, sglang)", labels=["server", "engine"])
     for url, ws in monitor.servers.items():
         v = ws.last_view
         if v is None:
@@ -179,7 +184,10 @@ def _servers(monitor: Monitor) -> list[Metric]:
         for s in STATES:
             st.add_metric([url, s], 1.0 if s == v.state else 0.0)
         polls.add_metric([url], float(ws.polls))
-    return [st, polls]
+        engine = server_engine(v, monitor.process_arg(ws))
+        if engine is not None:
+            info.add_metric([url, engine], {})
+    return [st, polls, info]
 
 
 #: (name, help, GpuSample field, scale): the NVML readings, in base units
