@@ -19,9 +19,11 @@ network namespace bind-mounted (``exec/netns/<id>``, nsfs) with a veth and 172.1
 went to the dead namespace and the published port never answered (CI failed twice so).
 
 iptables stays on, as on any docker host. Every daemon's start flushes the shared ``DOCKER`` chains
-(another test daemon's DNAT and ACCEPT rules go, until it adds new ones), which does not part two
-test daemons: their published ports are on 127.0.0.1, where docker-proxy, not the DNAT rule, carries
-a connection (docker's ``OUTPUT`` jump leaves 127.0.0.0/8 alone), and each has a bridge of its own.
+(another running test daemon loses its DNAT rules: seen with two daemons here), which does not part
+two test daemons: their published ports are on 127.0.0.1, where docker-proxy, not the DNAT rule,
+carries a connection (docker's ``OUTPUT`` jump leaves 127.0.0.0/8 alone; the first daemon's port
+answered through and after the second's start and stop), and each has a bridge of its own. A
+dead daemon's folder can also hold its data root bind-mounted on itself; every mount under it goes.
 
 If ``dockerd`` is not installed, :meth:`Docker.start` raises :class:`NoDocker` with what to install.
 """
