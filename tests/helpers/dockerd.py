@@ -9,14 +9,15 @@ network, mount, IPC and UTS namespaces and its own cgroup (``/docker/<id>``, or 
 ``--cgroup-parent``), as any ``docker run`` does; its port is published with ``-p`` (docker-proxy
 and a DNAT rule).
 
-Its network is its own: dockerd runs with ``--bridge none`` (no ``docker0``, whose default
-172.17.0.0/16 every daemon on the box would share) and the container joins a user-defined bridge
-network (``docker network create``: a bridge ``vtb<pid>``, a /24 out of 10.213.0.0/16 that no route
-or address of the host overlaps), as a compose project's containers do. Before a daemon starts, what
-dead test daemons left is cleaned (:func:`clean_leftovers`): a killed run left its container's
-network namespace bind-mounted (``exec/netns/<id>``, nsfs) with a veth and 172.17.0.2 still on
-``docker0``, and every later daemon's first container got 172.17.0.2 again: docker-proxy's connections
-went to the dead namespace and the published port never answered (CI failed twice so).
+Its network is its own: a bridge ``vtb<pid>`` made here with a /24 out of 10.213.0.0/16 that no
+route or address of the host overlaps, given to dockerd with ``--bridge`` (docker's "build your own
+bridge"): its default network is on that bridge, not on ``docker0``, whose 172.17.0.0/16 every
+daemon of the box would share. (Not ``--bridge none`` and a ``docker network create``: with the
+bridge disabled dockerd deletes the host's ``docker0`` at its start, a system docker's too.) Before a
+daemon starts, what dead test daemons left is cleaned (:func:`clean_leftovers`): a killed run left its
+container's network namespace bind-mounted (``exec/netns/<id>``, nsfs) with a veth and 172.17.0.2
+still on ``docker0``, and every later daemon's first container got 172.17.0.2 again: docker-proxy's
+connections went to the dead namespace and the published port never answered (CI failed twice so).
 
 iptables stays on, as on any docker host. Every daemon's start flushes the shared ``DOCKER`` chains
 (another running test daemon loses its DNAT rules: seen with two daemons here), which does not part
@@ -54,8 +55,8 @@ HOST_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ssl", "/etc/altern
 SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 #: a test daemon's folder is ``/tmp/vtop-docker-<pid of the test process>``
 ROOT_PREFIX = "vtop-docker-"
-#: the daemon's own bridge network (a name in its own data root: two daemons never share it)
-NETWORK = "vtop-net"
+#: the daemon's default network, on its own bridge (a name in the daemon's data root)
+NETWORK = "bridge"
 
 
 class NoDocker(RuntimeError):
@@ -64,7 +65,7 @@ class NoDocker(RuntimeError):
 
 class Docker:
     """One dockerd of the test's own (its data root, exec root and socket under ``root``) and its own
-    bridge network (:data:`NETWORK`, bridge :attr:`bridge`, subnet :attr:`subnet`)."""
+    bridge (:attr:`bridge` on :attr:`subnet`, the daemon's network :data:`NETWORK`)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -90,11 +91,19 @@ class Docker:
         for lo in self.cleaned:
             print(f"dockerd: cleaned what a dead test daemon left: {lo}")
         self.root.mkdir(parents=True, exist_ok=True)
+        self._make_bridge()
+        try:
+            self._start_daemon(timeout)
+        except BaseException:
+            self.stop()  # the bridge goes with it
+            raise
+
+    def _start_daemon(self, timeout: float) -> None:
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 - the daemon's, closed with it
         self.proc = subprocess.Popen(
             ["dockerd", "--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver", "vfs",
              "--data-root", str(self.data_root), "--exec-root", str(self.root / "exec"),
-             "-H", f"unix://{self.sock}", "--pidfile", str(self.root / "dockerd.pid"), "--bridge", "none"],
+             "-H", f"unix://{self.sock}", "--pidfile", str(self.root / "dockerd.pid"), "--bridge", self.bridge],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,28 +115,32 @@ class Docker:
             time.sleep(0.5)
         else:
             raise NoDocker("dockerd did not answer in time: " + (self.root / "dockerd.log").read_text()[-1500:])
-        self._make_network()
         if self.cli("image", "inspect", IMAGE, check=False).returncode != 0:
             subprocess.run(["docker", "import", "-", IMAGE], input=_empty_tar(), env=self.env, check=True,
                            capture_output=True, timeout=60)
 
-    def _make_network(self, tries: int = 5) -> None:
-        """The daemon's bridge network on a /24 that no route or address of the host overlaps; made
-        again elsewhere if another daemon took the same /24 meanwhile (checked once the bridge has its
+    def _make_bridge(self, tries: int = 5) -> None:
+        """The daemon's bridge on a /24 that no route or address of the host overlaps; made again
+        elsewhere if another daemon took the same /24 meanwhile (checked once the bridge has its
         address)."""
         (self.root / "bridge").write_text(self.bridge + "\n")  # named before made: a leftover's is found
         _del_link(self.bridge)  # a dead run of a test process with this pid left it
         rng = random.Random()
         for _ in range(tries):
             subnet = pick_subnet(host_networks(), rng)
-            self.cli("network", "create", "--driver", "bridge", "--subnet", str(subnet),
-                     "-o", f"com.docker.network.bridge.name={self.bridge}", self.network)
+            gateway = f"{next(subnet.hosts())}/{subnet.prefixlen}"
+            for cmd in (["link", "add", self.bridge, "type", "bridge"], ["addr", "add", gateway, "dev", self.bridge],
+                        ["link", "set", self.bridge, "up"]):
+                r = subprocess.run(["ip", *cmd], capture_output=True, text=True, timeout=30)
+                if r.returncode != 0:
+                    _del_link(self.bridge)
+                    raise NoDocker(f"ip {' '.join(cmd)} failed: {r.stderr.strip()}")
             others = [(ifname, net) for ifname, net in _addr_networks(_ip_json("addr"))
                       if ifname != self.bridge and net.overlaps(subnet)]
             if not others:
                 self.subnet = subnet
                 return
-            self.cli("network", "rm", self.network, check=False)
+            _del_link(self.bridge)
         raise NoDocker(f"no free /24 in {SUBNET_POOL} for the test daemon's bridge after {tries} tries")
 
     def stop(self) -> None:
@@ -135,8 +148,6 @@ class Docker:
             ids = self.cli("ps", "-aq", check=False, timeout=30).stdout.split()
             if ids:
                 self.cli("rm", "-f", *ids, check=False, timeout=60)
-        with contextlib.suppress(Exception):
-            self.cli("network", "rm", self.network, check=False, timeout=30)
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -152,8 +163,8 @@ class Docker:
         return json.loads(self.cli("inspect", name).stdout)[0]  # type: ignore[no-any-return]
 
     def ip(self, name: str) -> str:
-        """The container's address on the daemon's network (``NetworkSettings.IPAddress`` is only the
-        default bridge's: empty here)."""
+        """The container's address on the daemon's network (``NetworkSettings.Networks``: a container on
+        a user-defined network has no ``NetworkSettings.IPAddress``)."""
         return str(self.inspect(name)["NetworkSettings"]["Networks"][self.network]["IPAddress"])
 
     def why_unreachable(self, name: str, port: int = 8000) -> str:
