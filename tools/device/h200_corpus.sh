@@ -18,6 +18,10 @@ CALL=${1:?A, B, C, D, E, F or G}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 install() {
+  # nothing carried and vLLM already installed on this (warm) machine: an earlier call installed it
+  if ! ls .vllm-gpu/part0* > /dev/null 2>&1 && [ -x /tmp/site/bin/vllm ] && [ -d /tmp/tiny ]; then
+    echo "vLLM installed by an earlier call: no install"; return 0
+  fi
   # the parts this call carries (part01, or the last of three with PART_MIB=40)
   for P in .vllm-gpu/part0*; do [ -f "$P" ] && { bash .vllm-gpu/device/receive.sh "$P" || exit 1; }; done
   bash /tmp/vllm-gpu/install.sh > "$D/install.log" 2>&1 || { tail -n 30 "$D/install.log"; exit 1; }
