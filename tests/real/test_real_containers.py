@@ -132,15 +132,21 @@ class Srv:
         self.url, self.model = url, model
 
 
-def wait_models(url: str, timeout: float) -> str:
+def wait_models(url: str, timeout: float, why: Callable[[], str] = lambda: "") -> str:
+    """The served model once ``url`` answers /v1/models; else an AssertionError with the last error and
+    ``why()`` (for a published port: :meth:`Docker.why_unreachable`)."""
     deadline = time.monotonic() + timeout
+    last = "no answer"
     while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
+        try:
             r = httpx.get(url + "/v1/models", timeout=5)
             if r.status_code == 200:
                 return str(r.json()["data"][0]["id"])
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = repr(e)
         time.sleep(1)
-    raise AssertionError(f"{url} never answered /v1/models")
+    raise AssertionError(f"{url} never answered /v1/models (last: {last})\n{why()}")
 
 
 async def until(pilot: Any, cond: Callable[[], Any], timeout: float, what: Callable[[], str] | str) -> Any:
@@ -191,12 +197,12 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
     port = _free_port()
     model = LONG_MODEL if LONG_MODEL.exists() else MODEL_DIR
     mml = "65536" if model == LONG_MODEL else "2048"
-    args = run_args(name, VENV, model, publish=port,
+    args = run_args(name, VENV, model, publish=port, network=docker.network,
                     extra=("--log-opt", "max-size=10k", "--log-opt", "max-file=50"),
                     vllm_args=("--max-model-len", mml))
     docker.cli(*args)
     info = docker.inspect(name)
-    cid, root_pid, ip = info["Id"], info["State"]["Pid"], info["NetworkSettings"]["IPAddress"]
+    cid, root_pid, ip = info["Id"], info["State"]["Pid"], docker.ip(name)
     log_path = Path(info["LogPath"])
     app = VtopApp(Config(interval=0.5), gpu_source=StandinGpu(model_proc(lambda: root_pid)), hostname="cpu-box")
     url = f"http://127.0.0.1:{port}"
@@ -257,7 +263,7 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
             # a runaway among short requests, request logging off: named by its connection, read in the
             # container's namespace (the runaway connects to the container's address, so the server sees
             # its own client port; the short ones come through docker-proxy)
-            srv = Srv(url, wait_models(url, 30))
+            srv = Srv(url, wait_models(url, 30, lambda: docker.why_unreachable(name)))
             direct = Srv(f"http://{ip}:8000", srv.model)
             with ShortTraffic(srv) as short, Runaway(direct) as ra:
                 def named() -> Any:
@@ -317,7 +323,7 @@ def test_cri_log_of_a_pod_attached_after_ready_keeps_the_writers_times(docker: D
     monkeypatch.setenv("VTOP_POD_LOG_ROOT", str(pods))
     writer = CriWriter(str(d / "0.log"))
     port = _free_port()
-    args = run_args("vtop-vllm-cri", VENV, MODEL_DIR, publish=port,
+    args = run_args("vtop-vllm-cri", VENV, MODEL_DIR, publish=port, network=docker.network,
                     extra=("--log-driver", "none", "--cgroup-parent", f"/kubepods/besteffort/pod{pod_uid}",
                            ),
                     vllm_args=("--max-model-len", "2048"))
@@ -336,7 +342,7 @@ def test_cri_log_of_a_pod_attached_after_ready_keeps_the_writers_times(docker: D
         while time.monotonic() < deadline and (d / "0.log").stat().st_size < 8000:  # the start is ~17 KB
             time.sleep(0.5)
         rotated = writer.rotate()
-        wait_models(url, STARTUP_TIMEOUT_S)
+        wait_models(url, STARTUP_TIMEOUT_S, lambda: docker.why_unreachable("vtop-vllm-cri"))
         time.sleep(3)
         attached_wall = time.time()
         app = VtopApp(Config(interval=0.5), gpu_source=StandinGpu(lambda: None), hostname="cpu-box")
