@@ -32,6 +32,8 @@ async def test_x_on_a_logging_server_and_vllm_logs_the_abort(real_vllm: Any, tmp
     async with app.run_test(size=(120, 40)) as pilot:
         w = Watch(app, srv.url)
         await w.until(pilot, lambda: (v := w.view()) is not None and v.state == "up", 60, "the server up")
+        # the alert names the oldest request: a request an earlier test on this server left running would be it
+        await w.until(pilot, lambda: _running(w) == 0, 120, "no request left running by an earlier test")
         with Runaway(srv) as ra:
             await w.until(pilot, lambda: ra.client is not None and ra.id is not None, 60, "the runaway's first chunk")
             assert ra.client is not None and ra.id is not None
