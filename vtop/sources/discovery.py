@@ -241,10 +241,26 @@ def _server_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
     """
     if not argv:
         return None
-    sgl = _sglang_args(argv)
-    if sgl is not None:
-        return sgl
-    if os.path.basename(argv[0]) == "vllm":
+    for script, servers, clis, forms in _ENTRY_POINTS:
+        got = _entry_args(argv, script, servers, clis, forms)
+        if got is not None:
+            return got
+    return None
+
+
+#: each engine's entry points: the console script, the ``-m`` modules that are the server itself, the
+#: ``-m`` modules of the CLI (then ``serve``), and the two forms' names (server module, ``serve``)
+_ENTRY_POINTS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, str]], ...] = (
+    # ``python -m sglang.launch_server ...``; ``sglang serve ...`` (run directly or by Python, or -m sglang.cli.main)
+    ("sglang", _SGLANG_MODULES, _SGLANG_CLI_MODULES, ("sglang", "sglang_serve")),
+    ("vllm", _API_SERVER_MODULES, _CLI_MODULES, ("api_server", "serve")),
+)
+
+
+def _entry_args(argv: tuple[str, ...], script: str, servers: tuple[str, ...], clis: tuple[str, ...],
+                forms: tuple[str, str]) -> tuple[str, list[str]] | None:
+    """``(form, arguments after the entry point)`` if ``argv`` runs this engine's server, else None."""
+    if os.path.basename(argv[0]) == script:
         i = 1
     else:
         j = _skip_python(argv)
@@ -252,41 +268,17 @@ def _server_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
             return None
         if argv[j] == "-m" and j + 1 < len(argv):
             mod = argv[j + 1]
-            if mod in _API_SERVER_MODULES:
-                return "api_server", list(argv[j + 2:])
-            if mod not in _CLI_MODULES:
+            if mod in servers:
+                return forms[0], list(argv[j + 2:])
+            if mod not in clis:
                 return None
             i = j + 2
-        elif os.path.basename(argv[j]) == "vllm":
+        elif os.path.basename(argv[j]) == script:
             i = j + 1
         else:
             return None
     if i < len(argv) and argv[i] == "serve":
-        return "serve", list(argv[i + 1:])
-    return None
-
-
-def _sglang_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
-    """``("sglang", args)`` for ``python -m sglang.launch_server ...``, ``("sglang_serve", args)`` for
-    ``sglang serve ...`` (the console script, run directly or by Python, or ``-m sglang.cli.main``)."""
-    if os.path.basename(argv[0]) == "sglang":
-        i = 1
-    else:
-        j = _skip_python(argv)
-        if j is None or j >= len(argv):
-            return None
-        if argv[j] == "-m" and j + 1 < len(argv):
-            if argv[j + 1] in _SGLANG_MODULES:
-                return "sglang", list(argv[j + 2:])
-            if argv[j + 1] not in _SGLANG_CLI_MODULES:
-                return None
-            i = j + 2
-        elif os.path.basename(argv[j]) == "sglang":
-            i = j + 1
-        else:
-            return None
-    if i < len(argv) and argv[i] == "serve":
-        return "sglang_serve", list(argv[i + 1:])
+        return forms[1], list(argv[i + 1:])
     return None
 
 

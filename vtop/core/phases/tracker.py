@@ -157,47 +157,38 @@ class _Line:
     engine: str | None = "*"
 
 
-def _engine_config(tr: PhaseTracker, msg: str) -> None:
-    """The engine's config dump: model, parallel sizes (the world size), eager mode, max_seq_len."""
-    for name, rx in CFG_RES.items():
-        c = rx.search(msg)
-        if not c:
-            continue
-        v = c.group("v")
-        if name == "enforce_eager":
-            tr._fact(name, v == "True")
-        elif name == "model":
-            tr._facts.setdefault("model", v)
-        else:
-            tr._fact(name, int(v))
-    tp = int(tr._facts.get("tensor_parallel_size", 1) or 1)
-    pp = int(tr._facts.get("pipeline_parallel_size", 1) or 1)
-    tr._world = tp * pp
+def _config_facts(table: dict[str, re.Pattern[str]]) -> Callable[[PhaseTracker, str], None]:
+    """The reader of an engine's config dump, by its table of facts (vLLM's ``CFG_RES``: model, parallel
+    sizes, eager mode, max_seq_len; SGLang's ``SGL_CFG_RES`` of ``server_args=ServerArgs(...)``): the
+    facts it names and the world size (tensor x pipeline parallel)."""
+
+    def read(tr: PhaseTracker, msg: str) -> None:
+        for name, rx in table.items():
+            c = rx.search(msg)
+            if not c:
+                continue
+            v = c.group("v")
+            if name == "enforce_eager":
+                tr._fact(name, v == "True")
+            elif name == "model":
+                tr._facts.setdefault("model", v)
+            else:
+                tr._fact(name, int(v))
+        tp = int(tr._facts.get("tensor_parallel_size", 1) or 1)
+        pp = int(tr._facts.get("pipeline_parallel_size", 1) or 1)
+        tr._world = tp * pp
+
+    return read
+
+
+_engine_config = _config_facts(CFG_RES)
+_sglang_config = _config_facts(SGL_CFG_RES)
 
 
 _SGL = "sglang"
 #: engines whose server sends itself requests before it is ready (SGLang's warmup: GET /model_info, POST
 #: /generate, then "The server is fired up and ready to roll!"): an access line is no ready there
 _OWN_WARMUP_TRAFFIC = frozenset({_SGL})
-
-
-def _sglang_config(tr: PhaseTracker, msg: str) -> None:
-    """SGLang's ``server_args=ServerArgs(...)``: model path, parallel sizes (the world size), context length,
-    CUDA graphs off."""
-    for name, rx in SGL_CFG_RES.items():
-        c = rx.search(msg)
-        if not c:
-            continue
-        v = c.group("v")
-        if name == "enforce_eager":
-            tr._fact(name, v == "True")
-        elif name == "model":
-            tr._facts.setdefault("model", v)
-        else:
-            tr._fact(name, int(v))
-    tp = int(tr._facts.get("tensor_parallel_size", 1) or 1)
-    pp = int(tr._facts.get("pipeline_parallel_size", 1) or 1)
-    tr._world = tp * pp
 
 
 def _sglang_kv(tr: PhaseTracker, msg: str) -> None:
