@@ -445,3 +445,45 @@ def test_a_second_sglang_launch_in_the_same_log_is_a_restart() -> None:
         tr.feed(line, 300.0 + i)
     snap = tr.snapshot()
     assert snap.restarts == 2 and snap.state == "starting" and snap.failure is None
+
+
+# --------------------------------------------------------------------------- the requests screen's note
+
+
+def test_requests_note_names_the_engines_request_log_flag() -> None:
+    """The ``r`` screen's note where the log has no request lines: SGLang's ``--log-requests`` for a SGLang
+    server, vLLM's ``--enable-log-requests`` (0.10+) for vLLM's or an engine not known, from the engine table."""
+    from vtop.model.requests import ServerRequests
+    from vtop.ui.screens import RequestsScreen
+
+    def note(engine: str | None) -> str:
+        return RequestsScreen.note_text({"http://127.0.0.1:30000": ServerRequests(
+            "http://127.0.0.1:30000", 0.0, count=1, request_logging=False, engine=engine)})
+
+    sgl, vll, unknown = note("sglang"), note("vllm"), note(None)
+    assert "SGLang logs them with --log-requests" in sgl and "--enable-log-requests" not in sgl
+    assert "vLLM 0.10+ logs them with --enable-log-requests" in vll
+    assert unknown == vll
+
+
+def test_the_monitors_requests_answer_carries_the_servers_engine() -> None:
+    """The one answer of requests in flight (what the ``r`` screen reads) says whose server it is: SGLang's
+    by its /metrics families (``engine_kind``), vLLM's by its."""
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.model.metrics import VllmMetrics
+    from vtop.model.server import ServerPoll
+    from vtop.monitor.monitor import Monitor
+
+    clock = FakeClock(start=1000.0)
+    mon = Monitor(Config(urls=()), clock=clock, find_logs=False)
+    urls = {"sglang": "http://127.0.0.1:30000", "vllm": "http://127.0.0.1:8000"}
+    for i in range(3):
+        for engine, url in urls.items():
+            m = VllmMetrics(running=1.0, waiting=0.0, generation_tokens_total=10.0 * i, is_vllm=True,
+                            engine_kind=engine)
+            mon.apply_server(url, ServerPoll(clock.time(), clock.monotonic(), url, True, None, "", None, 0,
+                                             metrics=m))
+        mon.tick()
+        clock.advance(1.0)
+    assert {e: mon.in_flight[u].engine for e, u in urls.items()} == {"sglang": "sglang", "vllm": "vllm"}

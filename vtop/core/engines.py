@@ -28,7 +28,8 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: role -> the engine's words. ``mem``: the memory fraction it takes; ``seqs``: the cap on requests in a
 #: batch; ``len``: the longest request; ``chunk``: a step's prefill budget (``chunk_how``: how to lower it);
 #: ``tp``: tensor parallelism; ``eager``: no CUDA graphs; ``graph_bs``: fewer CUDA graph sizes; ``name``;
-#: ``kv_fp8``: an fp8 KV cache; ``log_requests``: log each request; ``gen_cap``: a server-side cap on generated
+#: ``kv_fp8``: an fp8 KV cache; ``log_requests``: log each request (``log_requests_since``: the first version
+#: that needs the flag, vLLM's 0.10: before it requests were logged by default); ``gen_cap``: a server-side cap on generated
 #: tokens (``{n}``: the cap); ``gen_cap_flag``: the flag that carries it; ``kv_bytes``: an absolute KV cache size
 #: (``kv_bytes_since``: the first version with it); ``mm_cache``: the multimodal processor cache's size;
 #: ``gen_config``: where generation defaults come from (vLLM's ``auto``/``vllm``/a folder).
@@ -40,7 +41,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "chunk_how": "--enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, e.g. 2048",
         "tp": "--tensor-parallel-size", "eager": "--enforce-eager",
         "graph_bs": "--max-num-seqs (fewer graph sizes)",
-        "kv_fp8": "--kv-cache-dtype fp8", "log_requests": "--enable-log-requests",
+        "kv_fp8": "--kv-cache-dtype fp8", "log_requests": "--enable-log-requests", "log_requests_since": "0.10",
         "gen_cap": "--override-generation-config '{\"max_new_tokens\": {n}}'",
         "gen_cap_flag": "--override-generation-config", "kv_bytes": "--kv-cache-memory-bytes",
         "kv_bytes_since": "0.11", "mm_cache": "--mm-processor-cache-gb", "gen_config": "--generation-config",
@@ -50,7 +51,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "chunk": "--chunked-prefill-size", "chunk_how": "a lower --chunked-prefill-size, e.g. 2048",
         "tp": "--tp-size", "eager": "--disable-cuda-graph",
         "graph_bs": "--cuda-graph-max-bs (fewer, smaller graphs)",
-        "kv_fp8": "--kv-cache-dtype fp8_e4m3", "log_requests": "--log-requests",
+        "kv_fp8": "--kv-cache-dtype fp8_e4m3", "log_requests": "--log-requests", "log_requests_since": "",
         "gen_cap": "", "gen_cap_flag": "", "kv_bytes": "", "kv_bytes_since": "", "mm_cache": "",
         "gen_config": "",
     },

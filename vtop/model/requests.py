@@ -126,6 +126,9 @@ class ServerRequests:
     #: the request log's open entries (no end line, no abort), oldest first: in ``requests`` too where the
     #: log has end lines; else each only "came at most N s ago" (it may have ended unseen)
     logged: tuple[InFlightRequest, ...] = field(default_factory=tuple)
+    #: the server's engine ("vllm", "sglang": :data:`vtop.core.engines.ENGINES`; None: not known, read as vLLM):
+    #: what a face names when it says how to turn the request log on
+    engine: str | None = None
 
 
 def dur_text(seconds: float | None) -> str:

@@ -21,6 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 from vtop.actions.probe import ProbeResult, send_test_request
 from vtop.actions.pyspy import PySpyResult, Target, dump
 from vtop.actions.stop import StopTarget, tokens_words
+from vtop.core.engines import flags_of
 from vtop.core.rules.util import short_url
 from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, age_words, dur_text
 
@@ -304,12 +305,15 @@ class RequestsScreen(ModalScreen[None]):
 
     @staticmethod
     def note_text(answers: Mapping[str, ServerRequests]) -> str:
-        """Per server: how many in flight (vLLM's running + waiting), and what the request log says."""
+        """Per server: how many in flight (the engine's running + waiting), and what the request log says
+        (where it has no request lines: the flag of the server's engine that turns them on)."""
         out = []
         for url, a in answers.items():
             line = f"{short_url(url)}: {'?' if a.count is None else a.count} in flight"
             if a.request_logging is False or a.request_logging is None:
-                line += " · no request lines in the log (vLLM 0.10+ logs them with --enable-log-requests)"
+                fl = flags_of(a.engine)  # the engine's own words, from its table (as the rules' fixes)
+                since = f" {fl['log_requests_since']}+" if fl["log_requests_since"] else ""
+                line += f" · no request lines in the log ({fl['name']}{since} logs them with {fl['log_requests']})"
             elif a.finishes_logged:
                 line += " · the request log has end lines: its ages are exact"
             else:

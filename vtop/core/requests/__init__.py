@@ -94,14 +94,15 @@ class ServerMemory(Protocol):
 def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: LogSide | None = None,
                        conns: ConnTracker | None = None, history: LogHistoryView | None = None,
                        logged_since_start: Sequence[tuple[float, int]] | None = None,
-                       short_history_s: float = 45.0) -> ServerRequests:
+                       short_history_s: float = 45.0, engine: str | None = None) -> ServerRequests:
     """The requests in flight on ``url`` at monotonic ``now``, oldest first, and the oldest of them.
 
     ``mem``: what ``/metrics`` showed (None: nothing yet); ``log``: the followed log when it is this
     server's; ``conns``: its connections (a server on this box); ``history``: the log's stats lines
     (this server's), which stand in while what ``/metrics`` showed is shorter than ``short_history_s``
     (``doctor --window 15``, an attach); ``logged_since_start``: every request the log logged since
-    the server's startup (lets a late attach prove a request older than vtop)."""
+    the server's startup (lets a late attach prove a request older than vtop); ``engine``: the server's
+    engine, carried on the answer (a face names its request-log flag)."""
     s = mem.last if mem is not None else None
     running = s.running if s is not None else None
     waiting = s.waiting if s is not None else None
@@ -139,7 +140,7 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
         count=count, running=running, waiting=waiting,
         request_logging=None if log is None else log.request_logging,
         finishes_logged=bool(log is not None and log.finishes_logged), received_recent=recent,
-        logged_open=len(logged), logged=tuple(logged))
+        logged_open=len(logged), logged=tuple(logged), engine=engine)
 
 
 def _cap(found: list[InFlightRequest], oldest: InFlightRequest | None,

@@ -22,7 +22,7 @@ from vtop.core.rules.spec import SpecLow
 from vtop.core.rules.stall import EngineStall
 from vtop.core.rules.startup import StartupFailure, StartupStall
 from vtop.core.rules.state import GpuPoint, GpuState, ServerState, sample_of
-from vtop.core.rules.util import LIVE
+from vtop.core.rules.util import LIVE, engine_of
 from vtop.model.gpu import SLOWDOWN_REASONS
 from vtop.model.requests import ServerRequests
 
@@ -118,7 +118,8 @@ class Diagnoser:
             out[url] = requests_in_flight(ev.now, url, self._mem.servers.get(url), log=log, conns=ev.conns.get(url),
                                           history=ev.history_of(url),
                                           logged_since_start=ev.logged_since_start if mine else None,
-                                          short_history_s=min(th.runaway_age_s, th.runaway_s))
+                                          short_history_s=min(th.runaway_age_s, th.runaway_s),
+                                          engine=engine_of(ev, url))
         return out
 
     def oldest_in_flight_s(self, url: str) -> float | None:
