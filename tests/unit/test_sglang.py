@@ -11,6 +11,7 @@ import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -487,3 +488,115 @@ def test_the_monitors_requests_answer_carries_the_servers_engine() -> None:
         mon.tick()
         clock.advance(1.0)
     assert {e: mon.in_flight[u].engine for e, u in urls.items()} == {"sglang": "sglang", "vllm": "vllm"}
+
+
+# --------------------------------------------------------------------------- the scheduler's stats lines
+
+
+def test_sglang_stats_lines_of_each_release_are_read() -> None:
+    """SGLang's Decode and Prefill batch lines (0.5.17's ``metrics_reporter.py``; 0.5.6's
+    ``scheduler_metrics_mixin.py``; older ``Decode batch.``): running, waiting, KV use of the fullest GPU pool,
+    generation tok/s, and the prompt tokens a prefill batch took; the data-parallel rank from the prefix."""
+    from vtop.core.loghistory import parse_stats
+
+    dec = ("Decode batch, #running-req: 1, #token: 90, token usage: 0.35, cuda graph: True, "
+           "gen throughput (token/s): 125.14, #queue-req: 3")
+    assert parse_stats(dec, "sglang", "TP0") == ("-", 0.0, 125.14, 1, 3, 35.0, None)
+    assert parse_stats(dec, "sglang", "DP1 TP0")[0] == "DP1"  # type: ignore[index]
+    old = ("Decode batch. #running-req: 1, #token: 90, token usage: 0.00, cuda graph: True, "
+           "gen throughput (token/s): 125.14, #queue-req: 0, ")
+    assert parse_stats(old, "sglang", "TP0") == ("-", 0.0, 125.14, 1, 0, 0.0, None)
+    pre = ("Prefill batch, #new-seq: 2, #new-token: 8192, #cached-token: 0, token usage: 0.13, #running-req: 1, "
+           "#queue-req: 2, #pending-token: 1808, cuda graph: False, input throughput (token/s): 4096.00")
+    assert parse_stats(pre, "sglang", "TP0") == ("-", 8192.0, 0.0, 1, 2, 13.0, None)
+    pre56 = ("Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, "
+             "#queue-req: 0, ")
+    assert parse_stats(pre56, "sglang", "TP0") == ("-", 6.0, 0.0, 0, 0, 0.0, None)
+    # SWA hybrid: the fullest pool; HiSparse: the GPU's pool, not the host's; the forward-iteration tag
+    swa = ("Decode batch [120], #running-req: 4, #full token: 9, full token usage: 0.10, #swa token: 4, "
+           "swa token usage: 0.52, cuda graph: True, gen throughput (token/s): 1.00, #queue-req: 2")
+    assert parse_stats(swa, "sglang", "TP0") == ("-", 0.0, 1.0, 4, 2, 52.0, None)
+    hs = ("Decode batch, #running-req: 4, #gpu token: 9, gpu token usage: 0.10, #cpu token: 4, cpu token usage: 0.92, "
+          "cuda graph: True, gen throughput (token/s): 1.00, #queue-req: 2")
+    assert parse_stats(hs, "sglang", "TP0")[5] == 10.0  # type: ignore[index]
+    # each engine's lines only where the line's format is that engine's
+    assert parse_stats(dec) is None
+    vllm = ("Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
+            "Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 50.0%")
+    assert parse_stats(vllm, "sglang", "TP0") is None and parse_stats(vllm) == ("000", 1.0, 2.0, 3, 1, 50.0, None)
+
+
+def _sglang_history(lines: list[str], wall: float, read_at: float | None = None) -> Any:
+    from vtop.core.loghistory import LogHistory
+
+    h = LogHistory(local_offset=lambda w: 0.0)
+    for line in lines:
+        h.feed(parse_line(line), wall, read_at)
+    return h
+
+
+def test_sglang_serving_log_goes_into_the_log_history() -> None:
+    """The hand-made serving excerpt: one point a second, a second's Decode and Prefill lines combined (the
+    prompt tokens of its prefill batches added, the generation rate and counts of its decode lines), and the
+    same lines read again (the attach-time tail read, then the forward read) counted once."""
+    import calendar
+
+    lines = (SGL / "serving-0.5.17-handmade.log").read_text().splitlines()
+    wall = float(calendar.timegm((2026, 12, 5, 3, 1, 10, 0, 0, 0)))
+    h = _sglang_history(lines + lines, wall)
+    v = h.snapshot(1000.0, wall)
+    pts = {int(p.mono - 1000.0 + 10.0): p for p in v.stats}  # seconds after 03:01:00 (a stamp's middle)
+    assert sorted(pts) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    p0, p2, p4 = pts[0], pts[2], pts[4]
+    assert (p0.prompt_tps, p0.gen_tps, p0.running, p0.waiting) == (24.0, 38.1, 1, 0)
+    # two chunks of a 10,000-token prefill in one second, no decode line in it
+    assert (p2.prompt_tps, p2.gen_tps, p2.running, p2.waiting, p2.kv_pct) == (10000.0, 0.0, 1, 2, 15.0)
+    # three decode lines in one second: the highest rate of them, the fullest pool
+    assert (p4.prompt_tps, p4.gen_tps, p4.running, p4.kv_pct) == (0.0, 1711.9, 5, 17.0)
+    assert [pts[s].running for s in (5, 6, 7, 8)] == [5, 4, 1, 1]
+    # no request began after the prefill at 03:01:02 (no Prefill line since; decode lines with requests running)
+    nn = v.no_new_request_since()
+    assert nn is not None and int(nn[0] - 1000.0 + 10.0) == 2
+    # SGLang logs nothing while its engine makes no step: the silence after a busy decode line is no
+    # "no token since" by the log (that needs a line with zero throughput)
+    assert v.quiet_since(1000.0 + 60.0) is None
+
+
+def test_sglang_stats_lines_are_read_back_at_attach(tmp_path: Path) -> None:
+    """The attach-time tail read looks for every engine's stats lines: an SGLang log whose forward read is far
+    from its end has its last minute of Decode lines in the history at the first poll."""
+    import time
+
+    from vtop.clock import Clock
+    from vtop.monitor.logwatch import LogWatch
+    from vtop.sources.logtail import LogTailer
+
+    now = time.time()
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    lines = [f"[{stamp(now - 600)}] server_args=ServerArgs(model_path='/tmp/tiny', port=30000)"]
+    for i in range(3000):  # ~0.5 MB of access lines, then the stats of the last minute
+        lines.append(f'[{stamp(now - 590 + i * 0.15)}] INFO:     127.0.0.1:{40000 + i % 999} - '
+                     f'"POST /v1/chat/completions HTTP/1.1" 200 OK {"x" * 100}')
+    for k in range(6):
+        lines.append(f"[{stamp(now - 55 + 10 * k)} TP0] Decode batch, #running-req: 2, #token: 90, "
+                     f"token usage: 0.{10 + k}, cuda graph: True, gen throughput (token/s): 50.00, #queue-req: 0")
+    path = tmp_path / "sglang.log"
+    path.write_text("\n".join(lines) + "\n")
+
+    class Wall(Clock):
+        def monotonic(self) -> float:
+            return 1000.0
+
+        def time(self) -> float:
+            return now
+
+    lw = LogWatch(LogTailer(path, max_read=64 * 1024), clock=Wall())
+    v = lw.poll()
+    assert v.tail.behind > 0  # the forward read is far from the end
+    assert v.history is not None and [p.kv_pct for p in v.history.stats] == [10, 11, 12, 13, 14, 15]
+    for _ in range(40):
+        v = lw.poll()
+    assert v.tail.behind == 0 and v.history is not None and len(v.history.stats) == 6  # read twice, kept once

@@ -1,4 +1,4 @@
-"""The vLLM log's history: its stamped stats lines, read back as a time series. Pure: no I/O.
+"""The server log's history: its stamped stats lines, read back as a time series. Pure: no I/O.
 
 vtop's rules judge what they saw of ``/metrics``; ``vtop doctor --window 15`` (or the
 screen just attached) sees 15 s of it. The log remembers more: while requests run, vLLM
@@ -19,6 +19,13 @@ interval, is logged at DEBUG: **silence after a line with zero throughput means 
 interval had none either** (an idle server, or a frozen engine). The shm-broadcast line
 ``No available shared memory broadcast block found in 60 seconds`` says a worker did not
 answer for a minute.
+
+SGLang's scheduler logs its own periodic lines (``Decode batch, #running-req: ...`` every 40 decode steps,
+``Prefill batch, #new-seq: ...`` for every batch of new requests; :data:`STATS_LINES` has each engine's
+patterns, the words of SGLang's are below): they go into the same history, one point a second per
+data-parallel rank. What the rules ask of the history holds for them with one difference said where it
+matters: an SGLang engine logs nothing while it makes no step (no line with zero throughput), so its silence
+is not read as "no token made" (:meth:`LogHistoryView.quiet_since` needs a line with zero throughput).
 
 :class:`LogHistory` is fed every line with when it was read (monotonic and wall clock),
 keeps the last ``keep_s`` (15 min) of stats lines by their stamps, bounded in count, and
@@ -47,7 +54,7 @@ from typing import Any
 
 from vtop.core.logclock import LAG_MIN_S, LogClock, local_offset
 
-__all__ = ["LogHistory", "LogHistoryView", "StatsPoint", "parse_stats"]
+__all__ = ["STATS_LINES", "STATS_NEEDLES", "LogHistory", "LogHistoryView", "StatsLine", "StatsPoint", "parse_stats"]
 
 STATS_RE = re.compile(
     r"(?:Engine (?P<engine>\d+): |(?P<nagg>\d+) Engines Aggregated: )?"
@@ -57,6 +64,70 @@ STATS_RE = re.compile(
     r"(?:, Preemptions: (?P<preempt>\d+))?"
     r"(?:, (?:[A-Za-z]+ )?KV cache usage: (?P<kv>[\d.]+)%)?"
 )
+
+# SGLang's scheduler logs two lines of the same kind (read in SGLang 0.5.17's
+# ``srt/managers/scheduler_components/metrics_reporter.py``, ``report_decode_stats`` and ``report_prefill_stats``;
+# 0.5.6 and older in ``srt/managers/scheduler_metrics_mixin.py``, the same fields). Only attention-TP rank 0 of
+# each data-parallel group logs them (``is_stats_logging_rank``), tagged by its ranks in the record's prefix
+# (``[2026-12-05 03:00:12 DP1 TP0]``):
+#
+# * ``Decode batch, #running-req: 1, #token: 90, token usage: 0.00, cuda graph: True, gen throughput (token/s):
+#   125.14, #queue-req: 0`` every ``--decode-log-interval`` decode steps (40 by default), while requests decode;
+#   ``gen throughput`` is the tokens made since the last such line over the time since it. Older releases end
+#   the first word with ``.`` and the line with ``, ``; ``SGLANG_LOG_FORWARD_ITERS`` puts `` [N]`` after
+#   ``batch``; speculative decoding adds ``accept len: ...``, PD disaggregation its queues, ``cpu graph`` /
+#   ``npu graph`` on other devices.
+# * ``Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0,
+#   #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 41.2`` for every batch of
+#   new requests (each chunk of a chunked prefill); 0.5.6 and older end after ``#queue-req``. vtop reads
+#   ``#new-token``: the prompt tokens taken in that line's second (the stamps are whole seconds), summed over
+#   the second's prefill lines, not SGLang's ``input throughput`` (new tokens over the time since the last
+#   prefill line, which an idle spell before it makes near zero, and older releases do not log).
+#
+# The KV use is the ``token usage`` (0..1) of the KV pool; a hybrid model logs each pool (``full token usage``,
+# ``swa token usage``, ``mamba usage``; HiSparse ``gpu token usage`` beside the host's ``cpu token usage``): the
+# fullest GPU pool is read, as SGLang's own ``sglang:token_usage`` gauge does.
+SGL_DECODE_RE = re.compile(
+    r"Decode batch(?: \[\d+\])?[.,] #running-req: (?P<running>\d+), .*?"
+    r"gen throughput \(token/s\): (?P<gtps>[\d.]+), #queue-req: (?P<waiting>\d+)"
+)
+SGL_PREFILL_RE = re.compile(
+    r"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d+, #new-token: (?P<ptok>\d+), #cached-token: \d+, .*?"
+    r"#running-req: (?P<running>\d+), #queue-req: (?P<waiting>\d+)"
+)
+SGL_USAGE_RE = re.compile(r"(?:^|, )(?:(?:full|swa|gpu) token|token|mamba) usage: (?P<v>\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True, slots=True)
+class StatsLine:
+    """One kind of an engine's periodic stats line.
+
+    ``pattern``'s named groups say what the line gives: ``running`` and ``waiting`` (requests); ``gtps``
+    generation tokens/s; ``ptps`` prompt tokens/s (a rate: lines of one second are not added), or ``ptok`` the
+    prompt tokens taken in the line's second (lines of one second add up); ``kv`` the KV cache use in %;
+    ``preempt`` preemptions in the interval; ``engine`` / ``nagg`` vLLM's data-parallel tag. A group the pattern
+    lacks is 0 (throughputs) or not known (KV use, preemptions)."""
+
+    #: a cheap test before the pattern (``in`` the message), and what the attach-time read of the log's tail
+    #: looks for (:data:`vtop.monitor.logwatch.BACKFILL_NEEDLES`)
+    needle: str
+    pattern: re.Pattern[str]
+    #: the KV pools' used fractions (0..1, group ``v``): the fullest is the line's KV use
+    usage: re.Pattern[str] | None = None
+
+
+#: Each engine's periodic stats lines, by the engine of the log's line format (:attr:`LogEvent.engine
+#: <vtop.core.phases.patterns.LogEvent.engine>`; vLLM's where it is None). The rules and the history read
+#: whichever engine's lines come: no rule names an engine.
+STATS_LINES: dict[str, tuple[StatsLine, ...]] = {
+    "vllm": (StatsLine("Avg prompt throughput", STATS_RE),),
+    "sglang": (StatsLine("Decode batch", SGL_DECODE_RE, SGL_USAGE_RE),
+               StatsLine("Prefill batch", SGL_PREFILL_RE, SGL_USAGE_RE)),
+}
+#: every engine's needles (the attach-time tail read's)
+STATS_NEEDLES: tuple[str, ...] = tuple(sl.needle for lines in STATS_LINES.values() for sl in lines)
+#: SGLang's data-parallel rank in a record's prefix (``DP1 TP0``): the lines of one rank are one series
+_DP_RANK_RE = re.compile(r"\bDP\d+\b")
 SHM_WAIT = "No available shared memory broadcast block found"
 #: vLLM's stats interval (``VLLM_LOG_STATS_INTERVAL``, 10 s by default; V0 logs every 5 s)
 STATS_INTERVAL_S = 10.0
@@ -87,22 +158,61 @@ class StatsPoint:
     never part of what came before (:mod:`vtop.core.backfill`)."""
 
 
-def parse_stats(message: str) -> tuple[str, float, float, int, int, float | None, int | None] | None:
+def parse_stats(message: str, engine: str | None = None,
+                rank: str | None = None) -> tuple[str, float, float, int, int, float | None, int | None] | None:
     """(engine, prompt tok/s, generation tok/s, running, waiting, KV %, preemptions) of a stats
-    line's message, or None for any other line."""
-    if "Avg prompt throughput" not in message:
-        return None
-    m = STATS_RE.search(message)
-    if m is None:
-        return None
-    try:
-        kv = float(m.group("kv")) if m.group("kv") is not None else None
-        return (m.group("engine") or (f"agg{m.group('nagg')}" if m.group("nagg") else "-"),
-                float(m.group("ptps")), float(m.group("gtps")), int(m.group("running")), int(m.group("waiting")),
-                kv if kv is None or math.isfinite(kv) else None,
-                int(m.group("preempt")) if m.group("preempt") is not None else None)
-    except ValueError:
-        return None
+    line's message (:data:`STATS_LINES` of ``engine``, vLLM's when None), or None for any other line.
+    The first item is the series the line belongs to: vLLM's data-parallel engine (``000``, ``agg2``), SGLang's
+    data-parallel rank read from the record's prefix ``rank`` (``DP1``), ``-`` for the only one."""
+    got = _parse(message, engine, rank)
+    return None if got is None else got[0]
+
+
+def _parse(message: str, engine: str | None,
+           rank: str | None) -> tuple[tuple[str, float, float, int, int, float | None, int | None], bool] | None:
+    """:func:`parse_stats`, and whether the line's prompt figure is tokens of its second (lines of one second add)."""
+    for sl in STATS_LINES.get(engine or "vllm", ()):
+        if sl.needle not in message:
+            continue
+        m = sl.pattern.search(message)
+        if m is None:
+            return None
+        g = m.groupdict()
+        try:
+            kv = float(g["kv"]) if g.get("kv") is not None else None
+            if kv is None and sl.usage is not None:
+                kv = max((round(100.0 * float(u.group("v")), 9) for u in sl.usage.finditer(message)), default=None)
+            if g.get("engine") is not None:
+                key = g["engine"]
+            elif g.get("nagg") is not None:
+                key = f"agg{g['nagg']}"
+            else:
+                dp = _DP_RANK_RE.search(rank) if rank else None
+                key = dp.group(0) if dp is not None else "-"
+            ptok = g.get("ptok")
+            prompt = float(ptok if ptok is not None else g.get("ptps") or 0.0)
+            return ((key, prompt, float(g.get("gtps") or 0.0), int(g["running"]), int(g["waiting"]),
+                     kv if kv is None or math.isfinite(kv) else None,
+                     int(g["preempt"]) if g.get("preempt") is not None else None), ptok is not None)
+        except ValueError:
+            return None
+    return None
+
+
+_NEEDLES: dict[str, tuple[str, ...]] = {e: tuple(sl.needle for sl in lines) for e, lines in STATS_LINES.items()}
+
+
+def _combine(old: tuple[Any, ...], new: tuple[Any, ...], arr: float | None, *, adds: bool) -> tuple[Any, ...]:
+    """Two distinct stats lines of one second and one engine (SGLang's Decode and Prefill batches): the prompt
+    tokens of the second added where the lines count tokens (``adds``), else the larger rate; the larger
+    generation rate, running, waiting and KV use (counts of one moment each, of the same requests); the
+    preemptions added; the earliest arrival (None, the backlog, first)."""
+    p, g, r, w, kv, pre, a = old
+    p2, g2, r2, w2, kv2, pre2 = new
+    return (p + p2 if adds else max(p, p2), max(g, g2), max(r, r2), max(w, w2),
+            kv if kv2 is None else (kv2 if kv is None else max(kv, kv2)),
+            pre if pre2 is None else (pre2 if pre is None else pre + pre2),
+            None if a is None or arr is None else min(a, arr))
 
 
 def _stamp_seconds(stamp: tuple[int, int, int, int, int], year: int) -> float | None:
@@ -304,6 +414,8 @@ class LogHistory:
         self.keep_s = keep_s
         self.max_points = max_points
         self._points: dict[tuple[float, str], tuple[Any, ...]] = {}
+        #: the lines each point was made of (their hashes): a line read again is not added twice
+        self._seen: dict[tuple[float, str], set[int]] = {}
         self._newest: float | None = None
         self._shm: deque[float] = deque(maxlen=64)
         self.clock = LogClock(local_offset)
@@ -319,6 +431,7 @@ class LogHistory:
 
     def reset(self) -> None:
         self._points.clear()
+        self._seen.clear()
         self._newest = None
         self._shm.clear()
         self.clock.reset()
@@ -371,7 +484,9 @@ class LogHistory:
                 self._last_arrival = arrival
             return
         msg: str = event.message
-        stats = parse_stats(msg) if "throughput" in msg else None
+        got = _parse(msg, getattr(event, "engine", None), getattr(event, "proc", None)) \
+            if any(n in msg for n in _NEEDLES.get(getattr(event, "engine", None) or "vllm", ())) else None
+        stats = got[0] if got is not None else None
         shm = SHM_WAIT in msg
         if stamp == self._last_stamp:
             t = self._last_t  # lines of one second share a stamp: converted once
@@ -387,17 +502,27 @@ class LogHistory:
             if t < self._newest - self.keep_s:
                 return
             # Keyed by stamp and engine: the attach-time tail read and the forward read
-            # give the same lines (in any order); one stats line a second per engine at most.
+            # give the same lines (in any order). vLLM logs one stats line a second per engine at
+            # most; SGLang several (a Decode and Prefill batches): the distinct lines of one second
+            # are combined (:func:`_combine`), a line read twice counted once.
             key = (t, stats[0])
             # when vtop saw it arrive: None for the backlog read at attach (what was there before vtop)
             arr = arrival if self.clock.is_live(arrival) else None
             old = self._points.get(key)
-            if old is None or (old[-1] is not None and (arr is None or arr < old[-1])):
-                self._points[key] = (*stats[1:], arr)  # the first read of it kept
+            seen = self._seen.setdefault(key, set())
+            h = hash(msg)
+            if old is None:
+                self._points[key] = (*stats[1:], arr)
+            elif h not in seen:
+                self._points[key] = _combine(old, stats[1:], arr, adds=got is not None and got[1])
+            elif old[-1] is not None and (arr is None or arr < old[-1]):
+                self._points[key] = (*old[:-1], arr)  # the first read of it kept
+            seen.add(h)
             if len(self._points) > self.max_points:
                 cut = self._newest - self.keep_s
                 keep = sorted(k for k in self._points if k[0] >= cut)[-self.max_points // 2:]
                 self._points = {k: self._points[k] for k in keep}
+                self._seen = {k: self._seen[k] for k in keep if k in self._seen}
         elif shm and t not in self._shm:
             self._shm.append(t)
         if not shm and arrival is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from vtop.clock import Clock, SystemClock
 from vtop.core.logclock import OLD_LOG_S
-from vtop.core.loghistory import LogHistory, LogHistoryView
+from vtop.core.loghistory import SHM_WAIT, STATS_NEEDLES, LogHistory, LogHistoryView
 from vtop.core.phases.tracker import DEFAULT_STALL_S, PhaseTracker
 from vtop.core.phases.types import LogLine, Phase, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests.log import FinishedRequest, InFlight, RequestTracker
@@ -25,8 +25,9 @@ from vtop.sources.logtail import LogSource, TailState, open_log
 RECENT_LINES = 400
 #: the kinds of warning and error a view carries (the most frequent)
 MAX_KINDS_SHOWN = 8
-#: what the attach-time tail read keeps: the stats lines and the shm-broadcast waits
-BACKFILL_NEEDLES = (b"Avg prompt throughput", b"No available shared memory broadcast block")
+#: what the attach-time tail read keeps: every engine's stats lines (:data:`vtop.core.loghistory.STATS_LINES`)
+#: and vLLM's shm-broadcast waits
+BACKFILL_NEEDLES = (*(n.encode() for n in STATS_NEEDLES), SHM_WAIT.encode())
 
 
 @dataclass(frozen=True)
