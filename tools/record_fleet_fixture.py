@@ -12,10 +12,18 @@ A real Prometheus (Debian's 2.42, :mod:`tests.helpers.prom_harness`) scrapes, ev
 * ``gpu-e:8000`` nothing either, but ``vtop export`` on gpu-e (``gpu-e:9464``, a replay of its
   text) says the server there is starting, in CUDA graph capture for 42 s;
 * ``gpu-d:8000`` the real CPU vLLM 0.32.0 /metrics, idle;
+* ``gpu-f:30000`` an SGLang server under a steady load: SGLang 0.5.17's ``sglang:`` families, from the
+  HAND-MADE payload ``tests/fixtures/sglang/metrics-0.5.17-handmade.txt`` (written from SGLang's source, not
+  recorded: no real SGLang has run beside vtop yet), moved on at each scrape by :func:`sglang_busy` (requests
+  finishing at 2 a second with 150 prompt and 450 generated tokens each, three first tokens a scrape, running
+  and queued moving as a busy server's do);
+* ``gpu-g:30000`` the same hand-made SGLang payload, frozen (3 running, 7 queued, nothing moving: a stalled
+  scheduler);
 * ``gpu-a:9400``, ``gpu-b:9400``, ``gpu-d:9400`` dcgm-exporter replays (:func:`dcgm_text`),
   gpu-d's GPU 5 with XID 79.
 
-When the runaway's replay reaches payload 108 the answers of every query the fleet sends (the four of a refresh, the two
+Prometheus scrapes the SGLang targets with the vLLM ones in the one ``vllm`` job (a fleet's job is often
+"the inference servers"). When the runaway's replay reaches payload 108 the answers of every query the fleet sends (the four of a refresh, the two
 of its history, the drill-in's GPU range) are saved with the time they were asked at, to
 ``tests/fixtures/prometheus/fleet-4.json``. The fast tier replays them (:mod:`tests.helpers.prom_replay`).
 """
@@ -43,6 +51,40 @@ vtop_startup_phase_seconds{server="http://127.0.0.1:8000"} 42
 vtop_alert{subject="http://127.0.0.1:8000",rule="startup_stall",severity="warning"} 1
 """
 STEP_S = 5.0
+SGLANG = Path(__file__).parent.parent / "tests" / "fixtures" / "sglang" / "metrics-0.5.17-handmade.txt"
+
+
+def sglang_busy(base: str, n: int) -> list[str]:
+    """``n`` scrapes of the hand-made SGLang payload ``base`` under a steady load: SGLang counts prompt and
+    generated tokens when a request finishes (``observe_one_finished_request``); at 2 s a scrape, 4 requests of
+    150 + 450 tokens finish a scrape; 3 first tokens a scrape, 2 of them within 0.1 s; running and queued move."""
+    running, queued = (3, 2, 4, 3, 1, 3), (7, 5, 6, 4, 7, 6)
+    adds = {  # sample (name and the labels that tell it) -> what one scrape adds
+        ('sglang:prompt_tokens_total', 'is_streaming="false"'): 600.0,
+        ('sglang:generation_tokens_total', 'is_streaming="false"'): 1800.0,
+        ('sglang:time_to_first_token_seconds_bucket', 'is_streaming="false",le="0.1"'): 2.0,
+        ('sglang:time_to_first_token_seconds_bucket', 'is_streaming="false",le="1.0"'): 3.0,
+        ('sglang:time_to_first_token_seconds_bucket', 'is_streaming="false",le="+Inf"'): 3.0,
+        ('sglang:time_to_first_token_seconds_count', 'is_streaming="false"'): 3.0,
+        ('sglang:time_to_first_token_seconds_sum', 'is_streaming="false"'): 0.5,
+    }
+    out = []
+    for i in range(n):
+        lines = []
+        for line in base.splitlines():
+            name, _, rest = line.partition("{")
+            if name == "sglang:num_running_reqs":
+                line = line.rsplit(" ", 1)[0] + f" {running[i % len(running)]}.0"
+            elif name == "sglang:num_queue_reqs":
+                line = line.rsplit(" ", 1)[0] + f" {queued[i % len(queued)]}.0"
+            else:
+                for (n_, tell), d in adds.items():
+                    if name == n_ and tell in rest:
+                        head, v = line.rsplit(" ", 1)
+                        line = f"{head} {float(v) + d * i}"
+            lines.append(line)
+        out.append("\n".join(lines) + "\n")
+    return out
 
 
 def queries(end: float) -> dict[str, tuple[str, dict[str, str]]]:
@@ -58,7 +100,7 @@ def queries(end: float) -> dict[str, tuple[str, dict[str, str]]]:
         "vllm_range": ("query_range", {"query": q.vllm_query(), **rng}),
         "up_range": ("query_range", {"query": q.up_query(), **rng}),
         **{f"gpu_detail_{h}": ("query_range", {"query": q.gpu_detail_query(h), **rng})
-           for h in ("gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e")},
+           for h in ("gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e", "gpu-f", "gpu-g")},
     }
 
 
@@ -72,7 +114,9 @@ def main() -> None:
             MetricsServer([dcgm_text("gpu-b", gpus=1, util=0, sm=0.0, fb_used=20_000, model="NVIDIA L4",
                                      fb_total=23_034, power=31)]) as db, \
             MetricsServer([dcgm_text("gpu-d", util=61, sm=0.45, xid={5: 79})]) as dd, \
-            MetricsServer([VTOP_EXPORT_GPU_E]) as vc:
+            MetricsServer([VTOP_EXPORT_GPU_E]) as vc, \
+            MetricsServer(sglang_busy(SGLANG.read_text(), 400), model="tiny") as f, \
+            MetricsServer([SGLANG.read_text()], model="tiny") as g:
         ts = [Target("vllm", f"127.0.0.1:{a.port}", "gpu-a:8000"),
               Target("vllm", f"127.0.0.1:{b.port}", "gpu-b:8000"),
               Target("vllm", f"127.0.0.1:{free_port()}", "gpu-c:8000"),
@@ -81,7 +125,9 @@ def main() -> None:
               Target("dcgm", f"127.0.0.1:{db.port}", "gpu-b:9400"),
               Target("dcgm", f"127.0.0.1:{dd.port}", "gpu-d:9400"),
               Target("vllm", f"127.0.0.1:{free_port()}", "gpu-e:8000"),
-              Target("vtop", f"127.0.0.1:{vc.port}", "gpu-e:9464")]
+              Target("vtop", f"127.0.0.1:{vc.port}", "gpu-e:9464"),
+              Target("vllm", f"127.0.0.1:{f.port}", "gpu-f:30000"),
+              Target("vllm", f"127.0.0.1:{g.port}", "gpu-g:30000")]
         with Prometheus(ts, scrape=2.0) as p:
             p.wait_for("vllm:num_requests_running", 3)
             print(f"Prometheus {p.url} scraping; waiting for the runaway's replay to reach payload 108")

@@ -1,6 +1,6 @@
 """A local HTTP server that answers the fleet's queries as a real Prometheus did.
 
-The answers were recorded from Debian's prometheus 2.42 scraping replayed vLLM and DCGM
+The answers were recorded from Debian's prometheus 2.42 scraping replayed vLLM, hand-made SGLang and DCGM
 exporters (``python -m tools.record_fleet_fixture``); a query is matched by its PromQL text
 (the same functions build it), whatever its time parameters. An instant query made of some of
 a recorded query's tagged parts (``or``-joined, as :func:`vtop.sources.fleet.ts_query` or
@@ -43,10 +43,10 @@ def _parts(rec: dict[str, Any]) -> dict[str, list[Any]]:
 
     out: dict[str, list[Any]] = {q.ts_query(): pick("vllm", tag("ts"))}
     gauges, rest = q.vllm_queries()
-    out[gauges] = pick("vllm", named(q.VLLM_NAMES, "running", "waiting", "gen", "prompt", "preempt", "kv"))
-    assert any(q.VLLM_NAMES.get(s["metric"].get("__name__", "")) == "kv" for s in out[gauges]), "no KV in the recording"
-    out[rest] = pick("vllm", lambda m: named(q.VLLM_NAMES, "fin")(m) or tag("engines", "ts")(m))
-    out[q.vllm_queries(ts=False)[1]] = pick("vllm", lambda m: named(q.VLLM_NAMES, "fin")(m) or tag("engines")(m))
+    out[gauges] = pick("vllm", named(q.NAMES, "running", "waiting", "gen", "prompt", "preempt", "kv"))
+    assert any(q.NAMES.get(s["metric"].get("__name__", "")) == "kv" for s in out[gauges]), "no KV in the recording"
+    out[rest] = pick("vllm", lambda m: named(q.NAMES, "fin")(m) or tag("engines", "ts")(m))
+    out[q.vllm_queries(ts=False)[1]] = pick("vllm", lambda m: named(q.NAMES, "fin")(m) or tag("engines")(m))
     for p in ("ttft_p50", "ttft_p99"):
         out[q.rates_query(parts=(p,))] = pick("rates", tag(p))
     gpu_part = {"n": tag("n"), "xid": tag("xid"), "util_sm": named(q.GPU_NAMES, "util", "sm"),

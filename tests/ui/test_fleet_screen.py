@@ -29,21 +29,25 @@ async def test_table_alerts_sort_filter_and_drill_in() -> None:
             await app.first()
             await pilot.pause()
             rows = app.fleet_rows_text()
-            assert len(rows) == 5
-            # worst first: the three criticals, then the runaway's warning, then gpu-e (starting, no alert)
-            assert rows[3].startswith("▲ UP gpu-a:8000") and "Runaway decode" in rows[3] and "ssh gpu-a vtop" in rows[3]
-            assert rows[4].startswith(" STARTING gpu-e:8000") and "vtop on the box: starting: CUDA graph capture" in rows[4]
+            assert len(rows) == 7
+            # worst first: the four criticals, then the runaway's warning, then gpu-e (starting, no alert) and the
+            # busy SGLang server (no alert)
+            assert rows[4].startswith("▲ UP gpu-a:8000 vLLM") and "Runaway decode" in rows[4]
+            assert "ssh gpu-a vtop" in rows[4]
+            assert rows[5].startswith(" STARTING gpu-e:8000") and "vtop on the box: starting: CUDA graph capture" in rows[5]
+            assert rows[6].startswith(" UP gpu-f:30000 SGLang tiny")
             assert any(r.startswith("✖ DOWN gpu-c:8000") for r in rows)
+            assert any(r.startswith("✖ UP gpu-g:30000 SGLang") and "Engine stalled" in r for r in rows)
             panel = app.query_one("#alerts", AlertsPanel)
-            assert [a.severity for a in panel.alerts] == ["critical", "critical", "critical", "warning"]
+            assert [a.severity for a in panel.alerts] == ["critical", "critical", "critical", "critical", "warning"]
             table = app.query_one(FleetTable)
             # sort by a column: o steps to the next one (the state), again to the instance
             await pilot.press("o", "o")
             assert table.sort_key == "instance"
             assert [r.instance for r in table.rows] == ["gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
-                                                        "gpu-e:8000"]
+                                                        "gpu-e:8000", "gpu-f:30000", "gpu-g:30000"]
             await pilot.press("r")
-            assert [r.instance for r in table.rows][0] == "gpu-e:8000"
+            assert [r.instance for r in table.rows][0] == "gpu-g:30000"
             # / filters (k9s habits), Esc clears
             await pilot.press("slash", *"runaway")
             assert [r.instance for r in table.rows] == ["gpu-a:8000"]
@@ -66,7 +70,7 @@ async def test_table_alerts_sort_filter_and_drill_in() -> None:
             await pilot.press("escape")
             assert not isinstance(app.screen, FleetDrill)
             await pilot.press("escape")
-            assert len(table.rows) == 5
+            assert len(table.rows) == 7
 
 
 async def test_a_failing_prometheus_shows_its_error_and_stale_rows_not_a_frozen_screen() -> None:
@@ -113,7 +117,8 @@ def test_narrow_tables_keep_state_instance_and_alert() -> None:
     keys = [c.key for c in fit_columns(80)]
     assert {"state", "instance", "alert", "running", "waiting", "kv"} <= set(keys)
     assert "finished" not in keys
-    assert [c.key for c in fit_columns(200)][-1] == "alert" and len(fit_columns(200)) == 14
+    assert [c.key for c in fit_columns(200)][-1] == "alert" and len(fit_columns(200)) == 15
+    assert "engine" in [c.key for c in fit_columns(200)] and "engine" not in keys  # the first to go
 
 
 async def test_a_prometheus_down_at_start_is_read_back_with_its_history_when_it_returns() -> None:

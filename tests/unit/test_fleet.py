@@ -1,5 +1,6 @@
 """The fleet from Prometheus (issue 27), over answers recorded from a real Prometheus 2.42
-(tools/record_fleet_fixture.py: 4 replayed vLLM instances and 3 dcgm-exporter replays) and a
+(tools/record_fleet_fixture.py: 4 replayed vLLM instances, 2 SGLang targets served from the payload
+HAND-MADE from SGLang 0.5.17's source (issue 42: no real SGLang scraped yet) and 3 dcgm-exporter replays) and a
 local server that fails the ways a Prometheus fails. No wall-clock assertions: the clock is the
 recording's."""
 
@@ -43,7 +44,11 @@ def test_the_recorded_answers_are_the_queries_vtop_sends_now() -> None:
 
 def test_one_row_per_instance_from_the_aggregated_answer() -> None:
     inst = q.parse_vllm(answer("vllm"))
-    assert sorted(k[1] for k in inst) == ["gpu-a:8000", "gpu-b:8000", "gpu-d:8000"]  # gpu-c, gpu-e never answered
+    # gpu-c, gpu-e never answered; gpu-f and gpu-g serve SGLang's names
+    assert sorted(k[1] for k in inst) == ["gpu-a:8000", "gpu-b:8000", "gpu-d:8000", "gpu-f:30000", "gpu-g:30000"]
+    assert {k[1]: i.engine for k, i in inst.items()} == {"gpu-a:8000": "vllm", "gpu-b:8000": "vllm",
+                                                         "gpu-d:8000": "vllm", "gpu-f:30000": "sglang",
+                                                         "gpu-g:30000": "sglang"}
     a = inst[("vllm", "gpu-a:8000")]
     assert a.running == 1 and a.gen is not None and a.gen > 300_000  # the H200 runaway's counters
     assert a.finished.get("length") == 1700  # zero reasons are left out by the query
@@ -98,8 +103,20 @@ async def test_the_same_rules_name_each_incident_on_its_row() -> None:
         assert "CUDA graph capture for 42s" in e.message
         assert e.on_box.alerts == [("startup_stall", "warning")]
         # worst first: the criticals, then the runaway's warning
-        assert [a.severity for a in f.alerts] == ["critical", "critical", "critical", "warning"]
-        assert [r.instance for r in f.sorted_rows()][-2:] == ["gpu-a:8000", "gpu-e:8000"]
+        assert [a.severity for a in f.alerts] == ["critical", "critical", "critical", "critical", "warning"]
+        assert [r.instance for r in f.sorted_rows()][-3:] == ["gpu-a:8000", "gpu-e:8000", "gpu-f:30000"]
+        # SGLang's instances (issue 42), scraped by the same Prometheus: rows of engine sglang, judged by the
+        # same rules. The busy one: its TTFT p50 worked out by Prometheus from SGLang's buckets (3 first tokens
+        # a scrape, 2 within 0.1 s: 0.075 s), its tok/s by the tracker (1,800 generated a 2 s scrape), no
+        # alert, its finishes a gap (SGLang counts no finish reason). The frozen one: an engine stall, and the
+        # box's fix line names SGLang's log, not vLLM's.
+        sf, sg = rows["gpu-f:30000"], rows["gpu-g:30000"]
+        assert (sf.engine, sf.model, sf.kv_pct) == ("sglang", "tiny", 25.0) and not sf.alerts
+        assert sf.ttft_p50 == pytest.approx(0.075) and sf.finished is None
+        assert sf.gen_tps is not None and 800 < sf.gen_tps < 1000
+        assert sg.engine == "sglang" and [a.rule for a in sg.alerts] == ["engine_stall"]
+        assert sg.box == "ssh gpu-g vtop" and any("no SGLang log" in line for line in sg.alerts[0].fix)
+        assert rows["gpu-b:8000"].engine == "vllm" and any("no vLLM log" in line for line in rows["gpu-b:8000"].alerts[0].fix)
         # the rates come from the trackers' windows over the counters
         assert rows["gpu-a:8000"].gen_tps is not None and 150 < rows["gpu-a:8000"].gen_tps < 600
         assert rows["gpu-b:8000"].gen_tps == 0
@@ -281,8 +298,9 @@ def test_once_json_over_a_recorded_prometheus_end_to_end() -> None:
     rep = json.loads(r.stdout)
     jsonschema.validate(rep, FLEET_SCHEMA)
     assert r.returncode == rep["exit_code"] == 2
-    assert {i["instance"] for i in rep["instances"]} == {"gpu-a:8000", "gpu-b:8000", "gpu-c:8000", "gpu-d:8000",
-                                                         "gpu-e:8000"}
+    assert {i["instance"]: i["engine"] for i in rep["instances"]} == {
+        "gpu-a:8000": "vllm", "gpu-b:8000": "vllm", "gpu-c:8000": None, "gpu-d:8000": "vllm", "gpu-e:8000": None,
+        "gpu-f:30000": "sglang", "gpu-g:30000": "sglang"}
     assert rep["queries_per_refresh"] == 10
 
 
@@ -331,6 +349,87 @@ def test_counters_going_back_read_restarted_and_a_flat_scrape_is_no_stall() -> N
     f._judge(clock.monotonic())
     assert f.rows["vllm/h1:8000"].state == "restarted"
 
+
+
+def test_the_fleets_sglang_names_come_from_the_one_names_table() -> None:
+    """Every query the fleet sends asks for SGLang's names beside vLLM's, taken from the one table
+    (``SGLANG_BESIDE_VLLM``): the fleet's module spells no ``sglang:`` name of its own."""
+    import ast
+
+    from vtop.sources.metrics_text import SGLANG_BESIDE_VLLM
+
+    tree = ast.parse(Path(q.__file__).read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    spelled = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and id(n) not in docs and "sglang:" in n.value]
+    assert not spelled, spelled
+    beside = {sg for sg, v in SGLANG_BESIDE_VLLM.items() if v in q.VLLM_NAMES}
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+            "sglang:generation_tokens_total"} <= beside
+    sent = " ".join((q.vllm_query(), q.ts_query(), q.up_query()))
+    assert all(sg in sent for sg in beside), [sg for sg in beside if sg not in sent]
+    assert "sglang:num_running_reqs" in q.ts_query() and "sglang:num_running_reqs" in q.up_query()
+    assert "sglang:time_to_first_token_seconds_bucket" in q.rates_query()
+    assert {q.ENGINE_OF[sg] for sg in beside} == {"sglang"} and q.FINISH_ENGINES == {"vllm"}
+
+
+def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
+    """SGLang's series in the aggregated answer make an instance of engine sglang (its ``__name__``
+    says so), with running, queued, KV use and counters read as vLLM's are; no finishes (a gap)."""
+    vec: list[tuple[dict[str, str], float | None]] = [
+        ({"__name__": "sglang:num_running_reqs", "job": "llm", "instance": "g:30000", "model_name": "tiny"}, 3.0),
+        ({"__name__": "sglang:num_queue_reqs", "job": "llm", "instance": "g:30000"}, 7.0),
+        ({"__name__": "sglang:generation_tokens_total", "job": "llm", "instance": "g:30000"}, 6000.0),
+        ({"__name__": "sglang:num_retracted_requests_total", "job": "llm", "instance": "g:30000"}, 2.0),
+        ({"__name__": "sglang:token_usage", "job": "llm", "instance": "g:30000", "vtop_m": "kv"}, 0.25),
+        ({"job": "llm", "instance": "g:30000", "vtop_m": "ts"}, 1_796_000_000.0),
+        ({"__name__": "vllm:num_requests_running", "job": "llm", "instance": "v:8000", "model_name": "m"}, 1.0),
+    ]
+    inst = q.parse_vllm(vec)
+    g, v = inst[("llm", "g:30000")], inst[("llm", "v:8000")]
+    assert (g.engine, g.model_name, g.running, g.waiting, g.kv, g.gen, g.preempt) == \
+        ("sglang", "tiny", 3.0, 7.0, 0.25, 6000.0, 2.0)
+    assert g.finished == {} and g.ts == 1_796_000_000.0
+    assert v.engine == "vllm"
+
+
+def test_the_same_rules_judge_an_sglang_instance_and_its_row_says_its_engine() -> None:
+    """Fed straight (no HTTP), as the vLLM rows are: an SGLang instance whose counters stop with requests
+    running is an engine stall on its row, the row and ``--json`` say engine sglang, and its finishes are a
+    gap (SGLang counts no finish reason), never "none finished"; a vLLM instance beside it keeps its own."""
+    from vtop.clock import FakeClock
+
+    clock = FakeClock(1000.0, 1_796_000_000.0)
+    f = Fleet(Config(), PromClient("http://prom.invalid:9090"), clock=clock)
+    f.backfilled = True
+    ks, kv = ("llm", "g:30000"), ("llm", "v:8000")
+    up = {ks: 1.0, kv: 1.0}
+    for i in range(24):  # 120 s at a 5 s refresh, a scrape every 5 s; SGLang's counters stop after 30 s
+        clock.advance(5.0)
+        ts = clock.time() - 1.0
+        sgen = 1000.0 * min(i, 6)
+        insts = {ks: q.Instance("llm", "g:30000", "tiny", "sglang", running=3.0, waiting=7.0, kv=0.25, gen=sgen,
+                                prompt=sgen / 4, preempt=0.0, ts=ts),
+                 kv: q.Instance("llm", "v:8000", "m", "vllm", running=0.0, waiting=0.0, kv=0.0, gen=10.0, prompt=10.0,
+                                preempt=0.0, finished={}, ts=ts)}
+        f._feed(clock.time(), clock.monotonic(), insts, up)
+        f._rows(clock.time(), insts, {}, up)
+        f._judge(clock.monotonic())
+    rows = {r.instance: r for r in f.rows.values()}
+    g, v = rows["g:30000"], rows["v:8000"]
+    assert g.engine == "sglang" and [a.rule for a in g.alerts] == ["engine_stall"]
+    assert g.finished is None and v.finished == {}  # SGLang's: not known; vLLM's: none finished
+    assert v.engine == "vllm" and not v.alerts
+    view = f.monitor.servers[g.url].last_view
+    assert view is not None and view.metrics is not None and view.metrics.engine_kind == "sglang"
+    by = {r["instance"]: r for r in report_json(f)["instances"]}
+    assert by["g:30000"]["engine"] == "sglang" and by["v:8000"]["engine"] == "vllm"
+    assert by["g:30000"]["finished_last_min"] is None
+    jsonschema.validate(report_json(f), FLEET_SCHEMA)
+    line = next(ln for ln in format_text(f).splitlines() if ln.startswith("g:30000"))
+    assert line.split()[1:3] == ["UP", "SGLang"], line
 
 
 async def test_a_refresh_without_a_new_scrape_reuses_the_vllm_answer_and_asks_one_slow_part() -> None:

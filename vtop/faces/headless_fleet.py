@@ -17,6 +17,7 @@ from typing import Any
 
 from vtop import __version__
 from vtop.config import Config
+from vtop.core.engines import flags_of
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
 from vtop.model.fmt import dur
 from vtop.monitor.fleet import BOX_ONLY, Fleet, FleetRow, client_from_config
@@ -79,7 +80,8 @@ def row_text(r: FleetRow) -> str:
     gpu = "-" if g is None else (f"{g.n or '?'} GPU util {_v(g.util)}% SM {_v(g.sm)}% mem {_v(g.mem_pct)}%"
                                  + (f" XID {','.join(str(int(x)) for x in g.xid.values())}" if g.xid else ""))
     fin = ",".join(f"{k} {v:.0f}" for k, v in sorted((r.finished or {}).items())) or "-"
-    return (f"{r.instance:<24} {r.state.upper():<9} run {_v(r.running):>4} wait {_v(r.waiting):>4} "
+    eng = flags_of(r.engine)["name"] if r.engine else "-"
+    return (f"{r.instance:<24} {r.state.upper():<9} {eng:<6} run {_v(r.running):>4} wait {_v(r.waiting):>4} "
             f"KV {_v(r.kv_pct, unit='%'):>5} gen {_v(r.gen_tps, unit=' tok/s'):>10} "
             f"TTFT p50/p99 {_v(r.ttft_p50, '{:.2f}')}/{_v(r.ttft_p99, '{:.2f}')} s  finished/min {fin}  {gpu}"
             + (f"  [needs the box: {r.box}]" if r.box else ""))

@@ -1,9 +1,9 @@
-"""The fleet: every vLLM instance an existing Prometheus scrapes, through the one monitor.
+"""The fleet: every vLLM or SGLang instance an existing Prometheus scrapes, through the one monitor.
 
 No third orchestration: a :class:`Fleet` turns each refresh of a handful of aggregated
 PromQL queries (:mod:`vtop.sources.fleet`) into one :class:`~vtop.model.server.ServerPoll`
-per instance (its gauges and *cumulative* counters as a :class:`~vtop.model.metrics.VllmMetrics`,
-``up == 0`` as a refused scrape, an old sample as a timeout) and feeds it to the same
+per instance (its gauges and *cumulative* counters as a :class:`~vtop.model.metrics.VllmMetrics`, its
+engine as the families it serves say, ``up == 0`` as a refused scrape, an old sample as a timeout) and feeds it to the same
 :class:`~vtop.monitor.Monitor` the local screen and ``vtop doctor`` drive: the same
 :class:`~vtop.core.server.ServerTracker` per instance, the same
 :class:`~vtop.core.rules.Diagnoser`, the same alerts (runaway, engine stall, KV saturation).
@@ -17,7 +17,7 @@ What the table shows that is computed by Prometheus (``rate``, ``increase``,
 comes from the trackers. Two fleet-only rules (:mod:`vtop.core.rules.fleet`) add DOWN servers
 and GPUs with XID errors.
 
-What the fleet cannot know that the box can (:data:`BOX_ONLY`): the vLLM log (the request
+What the fleet cannot know that the box can (:data:`BOX_ONLY`): the server's log (the request
 that runs away, by id and ``max_tokens``; the startup phase; an OOM line), the processes
 (py-spy dump, which process holds a GPU), NVML's per-process GPU memory. The rows and the
 alerts that need it say ``ssh HOST vtop``.
@@ -51,6 +51,7 @@ from vtop.model.metrics import VllmMetrics
 from vtop.model.server import ServerPoll
 from vtop.monitor.monitor import Monitor
 from vtop.sources import fleet as q
+from vtop.sources.metrics_text import ENGINE_PREFIXES
 from vtop.sources.prometheus import PromClient, PromError
 
 __all__ = ["BOX_ONLY", "DEFAULT_REFRESH_S", "Fleet", "FleetClock", "FleetRow", "client_from_config"]
@@ -59,7 +60,7 @@ DEFAULT_REFRESH_S = 5.0
 
 #: what a fleet view cannot know that vtop on the box can (the screen's help and the README say it)
 BOX_ONLY = (
-    "the vLLM log: which request runs away (its id, max_tokens, age), the startup phase, OOM and error lines",
+    "the server's log: which request runs away (its id, max_tokens, age), the startup phase, OOM and error lines",
     "the processes: py-spy dumps of the engine, which process holds each GPU and its memory, launch flags",
     "the kernel's counters of the server's connections: which client's request has streamed longest, since when",
     "NVML on the box: clocks, throttle reasons, temperature; per-second samples (Prometheus scrapes every 15-60 s)",
@@ -94,7 +95,7 @@ class FleetClock:
 
 @dataclass
 class FleetRow:
-    """One vLLM instance as the table and ``--json`` show it."""
+    """One vLLM or SGLang instance as the table and ``--json`` show it."""
 
     key: str
     job: str
@@ -102,6 +103,8 @@ class FleetRow:
     url: str
     host: str
     model: str | None = None
+    engine: str | None = None
+    """Whose families it serves ("vllm", "sglang"; None: none seen yet)."""
     state: str = "unknown"
     message: str = ""
     running: float | None = None
@@ -536,10 +539,10 @@ class Fleet:
         if inst is None:
             if upv is not None:
                 return ServerPoll(t, mono, url, False, "not vllm",
-                                  f"Prometheus scrapes {instance} (up == 1) but it has no vllm:* series "
-                                  "(--disable-log-stats?)", None, 0)
+                                  f"Prometheus scrapes {instance} (up == 1) but it has no {_FAMILIES} series "
+                                  "(vLLM's --disable-log-stats? SGLang without --enable-metrics?)", None, 0)
             return ServerPoll(t, mono, url, False, "refused",
-                              f"{instance} is gone from Prometheus (no up, no vllm:* series)", None, 0)
+                              f"{instance} is gone from Prometheus (no up, no {_FAMILIES} series)", None, 0)
         if inst.ts is not None and now - inst.ts > self.stale_after_s:
             return ServerPoll(t, mono, url, False, "timeout",
                               f"Prometheus' newest sample of {instance} is {dur(now - inst.ts)} old", None, 0)
@@ -548,6 +551,7 @@ class Fleet:
         m = VllmMetrics(model_name=inst.model_name, running=inst.running, waiting=inst.waiting,
                         kv_cache_usage=inst.kv, prompt_tokens_total=inst.prompt, generation_tokens_total=inst.gen,
                         preemptions_total=inst.preempt, request_success_total=inst.finished, is_vllm=True,
+                        engine_kind=inst.engine,
                         model_names=(inst.model_name,) if inst.model_name else (), waiting_by_reason=_NONE,
                         spec_accepted_per_pos=_NONE, prompt_tokens_by_source=_NONE, sleep_state=_NONE,
                         http_requests_by_status=_NONE)
@@ -585,6 +589,7 @@ class Fleet:
                 row.on_box = None
             if inst is not None:
                 row.model = inst.model_name or row.model
+                row.engine = inst.engine or row.engine
                 row.running, row.waiting = inst.running, inst.waiting
                 row.kv_pct = None if inst.kv is None else 100.0 * inst.kv
                 row.engines = inst.engines
@@ -597,7 +602,7 @@ class Fleet:
             if upv is not None and upv < 1:
                 row.state, row.message = "down", f"Prometheus cannot scrape it (up == 0, job {job})"
             elif inst is None:
-                row.state, row.message = ("not vllm", "up, but no vllm:* series") if upv is not None else \
+                row.state, row.message = ("not vllm", f"up, but no {_FAMILIES} series") if upv is not None else \
                     ("down", "gone from Prometheus")
             elif row.sample_age_s is not None and row.sample_age_s > stale_after:
                 row.state, row.message = "stale", f"newest sample {dur(row.sample_age_s)} old"
@@ -625,8 +630,9 @@ class Fleet:
                 fin = v.finished
                 row.finished = None if fin is None else {a: b for a, b in fin.items() if b} if fin else {}
                 if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
-                        and not v.metrics.request_success_total:
-                    row.finished = {}  # no reason above zero: none finished (not a gap)
+                        and not v.metrics.request_success_total and (row.engine or "vllm") in q.FINISH_ENGINES:
+                    row.finished = {}  # no reason above zero: none finished (not a gap; an engine without the
+                    # counter, SGLang's, stays a gap)
                 b = row.on_box
                 if st == "down" and b is not None and b.phase:
                     # Prometheus only sees a refused port; vtop on the box reads the start in the log
@@ -638,13 +644,13 @@ class Fleet:
                     last = v.last_ok_mono
                     alerts.append(down_alert(row.url, row.instance, row.host, since=since, now=now,
                                              why=v.last_error_message or row.message,
-                                             last_ok_ago=None if last is None else now - last))
+                                             last_ok_ago=None if last is None else now - last, engine=row.engine))
             elif row.state == "down" and self.error is None:
                 alerts.append(down_alert(row.url, row.instance, row.host, since=now, now=now, why=row.message,
-                                         last_ok_ago=None))
+                                         last_ok_ago=None, engine=row.engine))
         for a in mon.alerts:
             owner = by_url.get(a.target or "")
-            alerts.append(on_the_box(a, owner.host) if owner is not None else a)
+            alerts.append(on_the_box(a, owner.host, owner.engine) if owner is not None else a)
         seen: set[int] = set()
         for h in self.hosts.values():
             if h.xid and id(h) not in seen:
@@ -717,6 +723,8 @@ _NEEDS_BOX = ("runaway", "engine_stall", "startup_stall", "startup_failure", "en
 
 #: what the fleet's polls carry for a labelled family Prometheus does not give it
 _NONE: Mapping[str, float] = MappingProxyType({})
+#: every engine's families, as a row's message says them ("vllm:* or sglang:*")
+_FAMILIES = " or ".join(f"{p}*" for p in ENGINE_PREFIXES)
 
 
 def _url(instance: str) -> str:
@@ -738,7 +746,8 @@ def fleet_json(f: Fleet) -> dict[str, Any]:
     for r in f.sorted_rows():
         g = r.gpus
         rows.append({
-            "job": r.job, "instance": r.instance, "host": r.host, "model": r.model, "state": r.state,
+            "job": r.job, "instance": r.instance, "host": r.host, "engine": r.engine, "model": r.model,
+            "state": r.state,
             "message": r.message, "running": _r(r.running, 0), "waiting": _r(r.waiting, 0),
             "kv_cache_pct": _r(r.kv_pct), "gen_tokens_per_s": _r(r.gen_tps), "preemptions_per_s": _r(r.preempt_ps, 2),
             "ttft_p50_s": _r(r.ttft_p50, 3), "ttft_p99_s": _r(r.ttft_p99, 3),

@@ -1,6 +1,6 @@
 """The fleet's PromQL: a handful of aggregated queries per refresh, whatever the fleet's size.
 
-One row per vLLM instance (``job``, ``instance``; its ``model_name``), data-parallel
+One row per vLLM or SGLang instance (``job``, ``instance``; its ``model_name``), data-parallel
 ``engine`` rows summed (counts, counters) or averaged (KV usage, as vLLM's own log
 aggregator does) by the query itself. Each query puts several expressions into one
 answer with ``or``, each tagged by ``label_replace`` with a ``vtop_m`` label saying what
@@ -27,6 +27,15 @@ one), both 0..1; counters always end in ``_total`` on the wire; ``engine`` is th
 data-parallel index (absent in V0 and 0.7); finish reasons are the ``finished_reason``
 label of ``vllm:request_success_total``.
 
+SGLang (``--enable-metrics``) serves its own names: each query asks for them beside vLLM's, the names
+taken from the one table of them (:data:`vtop.sources.metrics_text.SGLANG_BESIDE_VLLM`: each SGLang
+family and the vLLM family it is read as), so an instance of either engine is a row, and the answer's
+``__name__`` says which engine it is (:data:`ENGINE_OF`). SGLang labels its scheduler's gauges with its
+ranks (``tp_rank``, ``pp_rank``, ``dp_rank``...) and its tokenizer's counters with ``is_streaming``: the
+same sums over the other labels read them, as the local scrape does (:mod:`vtop.sources.metrics_text`). Its
+data-parallel groups are told apart by ``dp_rank`` as vLLM's engines by ``engine``. SGLang has no
+finish-reason counter: its rows have no finishes (a gap, not a zero).
+
 DCGM names and labels: NVIDIA's dcgm-exporter, its default counters file
 ``etc/default-counters.csv`` (``DCGM_FI_DEV_GPU_UTIL`` gauge, GPU utilization in %;
 ``DCGM_FI_PROF_SM_ACTIVE`` gauge, the ratio 0..1 of cycles an SM has a warp resident;
@@ -45,6 +54,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vtop.sources.metrics_text import ENGINE_PREFIXES, SGLANG_BESIDE_VLLM
 from vtop.sources.prometheus import Series, Vector
 
 __all__ = [
@@ -73,6 +83,9 @@ __all__ = [
     "vllm_query",
     "vllm_queries",
     "VLLM_NAMES",
+    "NAMES",
+    "ENGINE_OF",
+    "FINISH_ENGINES",
     "GPU_NAMES",
     "vtop_query",
     "parse_vtop",
@@ -130,6 +143,34 @@ VLLM_NAMES = {
 }
 
 
+def _beside(vllm_name: str) -> tuple[str, ...]:
+    """``vllm_name`` and every other engine's name read as it (the one table, ``SGLANG_BESIDE_VLLM``)."""
+    return (vllm_name, *(n for n, v in SGLANG_BESIDE_VLLM.items() if v == vllm_name))
+
+
+#: what each metric of the fleet's queries is, every engine's names (vLLM's and those the table reads as them)
+NAMES: dict[str, str] = {n: what for v, what in VLLM_NAMES.items() for n in _beside(v)}
+#: the engine of each of those names ("vllm", "sglang"), by its prefix
+ENGINE_OF: dict[str, str] = {n: e for n in NAMES for p, e in ENGINE_PREFIXES.items() if n.startswith(p)}
+#: the engines that count finished requests by reason (a row of another engine has no finishes: a gap)
+FINISH_ENGINES: frozenset[str] = frozenset(ENGINE_OF[n] for n, what in NAMES.items() if what == "fin")
+#: the labels that tell an instance's data-parallel engines apart: vLLM's ``engine``, SGLang's ``dp_rank``
+DP_LABELS = "engine, dp_rank"
+
+
+def _any(vllm_names: Iterable[str], sel: str = "", suffix: str = "") -> str:
+    """A selector of the given vLLM names and every other engine's read as them
+    (``{__name__=~"vllm:a|sglang:b", ...sel}``; one name alone as ``name{sel}``)."""
+    names = [n + suffix for v in vllm_names for n in _beside(v)]
+    if len(names) == 1:
+        return names[0] + sel
+    inner = sel[1:-1] if sel.startswith("{") and sel.endswith("}") else ""
+    return "{" + f'__name__=~"{"|".join(names)}"' + (f",{inner}" if inner else "") + "}"
+
+
+_RUNNING = ("vllm:num_requests_running",)
+
+
 def vllm_queries(sel: str = "", ts: bool = True) -> tuple[str, str]:
     """:func:`vllm_query` in two halves of about equal cost, asked at once: Prometheus evaluates
     each on its own core (1,000 instances, Debian's 2.42 on 2 cores: ~35 ms each, against 92 ms
@@ -140,18 +181,19 @@ def vllm_queries(sel: str = "", ts: bool = True) -> tuple[str, str]:
     the data-parallel engine count, the sample time). ``ts=False``: without the sample time, for a
     refresh that asks :func:`ts_query` at the same moment (1,000 instances: ~10 ms of Prometheus' CPU
     not spent twice)."""
+    counters = ("vllm:num_requests_waiting", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                "vllm:num_preemptions_total")
     return (
         " or ".join((
-            f"sum by ({G}, __name__) (vllm:num_requests_running{sel})",
-            f"sum by ({J}, __name__) "
-            f"({_names(('num_requests_waiting', 'generation_tokens_total', 'prompt_tokens_total', 'num_preemptions_total'), sel)})",
+            f"sum by ({G}, __name__) ({_any(_RUNNING, sel)})",
+            f"sum by ({J}, __name__) ({_any(counters, sel)})",
             # ``or`` matches label sets without the metric name: an untagged KV part would be taken
             # for the counters' (the same job, instance) and dropped
-            _tag("kv", f"avg by ({J}, __name__) ({_names(('kv_cache_usage_perc', 'gpu_cache_usage_perc'), sel)})"),
+            _tag("kv", f"avg by ({J}, __name__) ({_any(('vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc'), sel)})"),
         )),
         " or ".join((
-            f"(sum by ({J}, __name__, finished_reason) (vllm:request_success_total{sel}) > 0)",
-            _tag("engines", f"count by ({J}) (vllm:num_requests_running{sel}) > 1"),
+            f"(sum by ({J}, __name__, finished_reason) ({_any(('vllm:request_success_total',), sel)}) > 0)",
+            _tag("engines", f"count by ({J}) (group by ({J}, {DP_LABELS}) ({_any(_RUNNING, sel)})) > 1"),
             *((ts_query(sel),) if ts else ()),
         )),
     )
@@ -174,7 +216,7 @@ def ts_query(sel: str = "") -> str:
     (1,000 instances: ~8 ms for Prometheus, ~90 kB). A refresh asks it first and asks the whole
     :func:`vllm_query` only when an instance has a scrape vtop has not read: Prometheus answers the
     same samples until the next scrape."""
-    return _tag("ts", f"max by ({J}) (timestamp(vllm:num_requests_running{sel}))")
+    return _tag("ts", f"max by ({J}) (timestamp({_any(_RUNNING, sel)}))")
 
 
 def rates_query(window: str = "1m", sel: str = "", parts: tuple[str, ...] = ("ttft_p50", "ttft_p99")) -> str:
@@ -182,14 +224,14 @@ def rates_query(window: str = "1m", sel: str = "", parts: tuple[str, ...] = ("tt
     the buckets, computed by Prometheus (the buckets of 1,000 instances are ~23,000 series);
     an instance with no first token in the window gives no series (NaN is dropped). ``parts``: one
     quantile alone costs Prometheus half (1,000 instances: ~0.14 s each)."""
-    b = f"sum by ({J}, le) (rate(vllm:time_to_first_token_seconds_bucket{sel}[{window}]))"
+    b = f"sum by ({J}, le) (rate({_any(('vllm:time_to_first_token_seconds',), sel, '_bucket')}[{window}]))"
     qs = {"ttft_p50": "0.5", "ttft_p99": "0.99"}
     return " or ".join(_tag(p, f"histogram_quantile({qs[p]}, {b}) >= 0") for p in parts)
 
 
 def up_query(lookback: str = "15m") -> str:
-    """``up`` of every target of a job that had vLLM series within ``lookback``."""
-    return f"up and on(job) group by (job) (last_over_time(vllm:num_requests_running[{lookback}]))"
+    """``up`` of every target of a job that had vLLM or SGLang series within ``lookback``."""
+    return f"up and on(job) group by (job) (last_over_time({_any(_RUNNING)}[{lookback}]))"
 
 
 GPU_PARTS = ("n", "util_sm", "mem_power", "xid")
@@ -250,11 +292,13 @@ def host_of(instance: str) -> str:
 
 @dataclass(slots=True)
 class Instance:
-    """What one refresh says about one vLLM instance (None: no number)."""
+    """What one refresh says about one vLLM or SGLang instance (None: no number)."""
 
     job: str
     instance: str
     model_name: str | None = None
+    engine: str | None = None
+    """Whose families it serves ("vllm", "sglang": :data:`ENGINE_OF` of its names)."""
     running: float | None = None
     waiting: float | None = None
     kv: float | None = None
@@ -282,6 +326,8 @@ def _put(inst: Instance, labels: dict[str, str], what: str, v: float | None) -> 
     mn = labels.get("model_name")
     if mn and inst.model_name is None:
         inst.model_name = mn
+    if inst.engine is None:
+        inst.engine = ENGINE_OF.get(labels.get("__name__", ""))
     if what in _SCALARS:
         if v is None:
             return
@@ -304,7 +350,7 @@ def parse_vllm(vec: Vector) -> dict[tuple[str, str], Instance]:
     """:func:`vllm_query`'s answer -> one :class:`Instance` per (job, instance)."""
     out: dict[tuple[str, str], Instance] = {}
     for labels, v in vec:
-        what = VLLM_NAMES.get(labels.get("__name__", "")) or labels.get(TAG)
+        what = NAMES.get(labels.get("__name__", "")) or labels.get(TAG)
         if what is None:
             continue
         k = _key(labels)
@@ -319,7 +365,7 @@ def parse_vllm_range(series: Iterable[Series]) -> dict[float, dict[tuple[str, st
     """:func:`vllm_query`'s range answer -> per step time, the instances as :func:`parse_vllm` makes them."""
     steps: dict[float, dict[tuple[str, str], Instance]] = {}
     for s in series:
-        what = VLLM_NAMES.get(s.labels.get("__name__", "")) or s.labels.get(TAG)
+        what = NAMES.get(s.labels.get("__name__", "")) or s.labels.get(TAG)
         if what is None:
             continue
         k = _key(s.labels)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert
 from vtop.model.fmt import dur
 
@@ -28,7 +29,7 @@ __all__ = ["BOX_RULES", "FLEET_RULES", "box_hint", "down_alert", "on_the_box", "
 
 FLEET_RULES = ("server_down", "gpu_xid")
 
-#: rules whose evidence or fix needs the box itself: the vLLM log (the request named, the startup
+#: rules whose evidence or fix needs the box itself: the server's log (the request named, the startup
 #: phase, an OOM line) or a py-spy dump of the engine; Prometheus has neither
 BOX_RULES = ("runaway", "engine_stall", "startup_stall", "startup_failure", "engine_died", "oom_startup",
              "oom_transient", "oom_steady", "api_unresponsive")
@@ -55,25 +56,29 @@ def box_hint(host: str) -> str:
     return f"ssh {host} vtop"
 
 
-def on_the_box(a: Alert, host: str) -> Alert:
-    """``a`` with a last fix line saying what the box knows that Prometheus does not."""
+def on_the_box(a: Alert, host: str, engine: str | None = None) -> Alert:
+    """``a`` with a last fix line saying what the box knows that Prometheus does not (the server's
+    ``engine``: its name, from the engine table; vLLM's when not known)."""
     if a.rule not in BOX_RULES:
         return a
-    line = (f"Prometheus has no vLLM log and no process: `{box_hint(host)}` names the request (the log), dumps "
-            "the engine's stack (d: py-spy) and shows the startup phase.")
+    line = (f"Prometheus has no {flags_of(engine)['name']} log and no process: `{box_hint(host)}` names the request "
+            "(the log), dumps the engine's stack (d: py-spy) and shows the startup phase.")
     return Alert(a.rule, a.severity, a.title, a.evidence, (*a.fix, line), a.target, a.since)
 
 
-def down_alert(url: str, label: str, host: str, *, since: float, now: float, why: str, last_ok_ago: float | None
-               ) -> Alert:
+def down_alert(url: str, label: str, host: str, *, since: float, now: float, why: str, last_ok_ago: float | None,
+               engine: str | None = None) -> Alert:
+    """An instance Prometheus cannot scrape; ``engine``: the one it served when last seen (its name from the
+    engine table; vLLM's when never seen)."""
+    name = flags_of(engine)["name"]
     ev = [why]
     if last_ok_ago is not None:
         ev.append(f"its last good sample in Prometheus is {dur(last_ok_ago)} old")
-    fix = (f"On the box: `{box_hint(host)}` says whether vLLM is starting, crashed or was stopped (its log and "
+    fix = (f"On the box: `{box_hint(host)}` says whether {name} is starting, crashed or was stopped (its log and "
            "process); `systemctl status` / `docker ps -a` / `kubectl get pod` for how it was run.",
            "A target that is up but unreachable from Prometheus (a firewall, a moved port) reads the same: "
            f"curl http://{label}/metrics from the Prometheus host.")
-    return Alert("server_down", "critical", f"vLLM {label} is DOWN for {dur(max(0.0, now - since))}", tuple(ev), fix,
+    return Alert("server_down", "critical", f"{name} {label} is DOWN for {dur(max(0.0, now - since))}", tuple(ev), fix,
                  url, since)
 
 

@@ -1,4 +1,4 @@
-"""The fleet table: one row per vLLM instance, drawn a visible line at a time.
+"""The fleet table: one row per vLLM or SGLang instance (its engine in a column), drawn a visible line at a time.
 
 A :class:`~textual.scroll_view.ScrollView` with the Line API, not a ``DataTable``: with
 1,000 instances refreshed every 5 s, a ``DataTable`` rebuilt (or diffed cell by cell) on
@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from vtop.core.engines import flags_of
 from vtop.ui.widgets.server_panel import STATE_WORDS, fmt_num, fmt_secs
 
 _SEV_WORD = {0: "✖", 1: "▲", 2: "●", 3: ""}
@@ -94,6 +95,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("worst", "!", 1, 0, lambda r: _SEV_WORD[r.worst], lambda r: (r.worst, r.instance)),
     Column("state", "STATE", 9, 0, lambda r: STATE_WORDS.get(r.state, r.state.upper()), lambda r: (r.state, r.instance)),
     Column("instance", "INSTANCE", 20, 0, lambda r: r.instance, lambda r: r.instance),
+    Column("engine", "ENGINE", 6, 1, lambda r: flags_of(r.engine)["name"] if r.engine else "-",
+           lambda r: (r.engine or "", r.instance)),
     Column("model", "MODEL", 16, 3, lambda r: (r.model or "-").rsplit("/", 1)[-1], lambda r: r.model or ""),
     Column("running", "RUN", 5, 9, lambda r: fmt_num(r.running) if r.running is not None else "-",
            lambda r: _num_key(r.running), True),
@@ -180,6 +183,7 @@ class FleetTable(ScrollView, can_focus=True):
         if self.filter:
             f = self.filter
             rows = [r for r in rows if f in r.instance.lower() or f in (r.model or "").lower() or f in r.job.lower()
+                    or f in (r.engine or "")
                     or f in r.state or any(f in a.rule or f in a.title.lower() for a in r.alerts)]
         rows = sorted(rows, key=col.sort, reverse=self.reverse)
         self.rows = rows
