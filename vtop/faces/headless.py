@@ -284,6 +284,7 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "state": v.state,
         "message": v.message,
         "model": v.model_id,
+        "engine": server_engine(v, process),
         "version": v.version,
         "max_model_len": v.max_model_len,
         "running": _r(m.running, 0) if m else None,
@@ -309,6 +310,16 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
     }
     row.update(signal_fields(v, m))
     return row
+
+
+def server_engine(v: ServerView, process: Any) -> str | None:
+    """Which engine serves: "vllm" or "sglang", by the command line discovery found, else by the families
+    its /metrics serves (``vllm:`` or ``sglang:``); None when neither is known (a URL given with no
+    process on this box, not scraped yet)."""
+    engine = getattr(process, "engine", None) if process not in (None, UNKNOWN) else None
+    if engine is None and v.metrics is not None:
+        engine = v.metrics.engine_kind
+    return engine if isinstance(engine, str) else None
 
 
 SLEEP_STATES = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}

@@ -86,9 +86,12 @@ class VllmMetrics(_Values):
     (as vLLM's own log aggregator does).
     """
 
-    #: Any ``vllm:`` family seen. False with ``--disable-log-stats`` (V1
+    #: Any engine family (``vllm:``, ``sglang:``) seen. False with ``--disable-log-stats`` (V1
     #: then exports no ``vllm:*`` at all) or when this is not vLLM.
     is_vllm: bool = False
+    #: whose families the payload holds: "vllm" (``vllm:``), "sglang" (``sglang:``, with
+    #: ``--enable-metrics``), None when neither (the first seen where a payload had both)
+    engine_kind: str | None = None
     engines: tuple[EngineMetrics, ...] = ()
     model_names: tuple[str, ...] = ()
     #: Human-readable, one per thing that could not be read.

@@ -89,6 +89,8 @@ class ServerProcess:
     published: tuple[str, ...] = ()
     #: the state letter of /proc/PID/stat of this process (T: stopped by a signal); None: not read
     state: str | None = None
+    #: which engine's server: "vllm" or "sglang" (by its command line)
+    engine: str = "vllm"
 
     @property
     def inner_port(self) -> int:

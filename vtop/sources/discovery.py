@@ -63,6 +63,26 @@ __all__ = [
 
 DEFAULT_PORT = 8000
 
+#: The engines vtop finds by their command lines, as tables (the forms :func:`_server_args` returns):
+#: form -> engine. vLLM: ``vllm serve``, ``python -m vllm.entrypoints.openai.api_server``. SGLang (read in
+#: SGLang 0.5.17's source: ``sglang/launch_server.py``, ``sglang/cli/main.py`` and ``cli/serve.py``, the
+#: ``sglang`` console script of its wheel): ``python -m sglang.launch_server --model-path M ...`` and
+#: ``sglang serve [M] --model-path M ...``.
+ENGINE_OF_FORM: dict[str, str] = {"serve": "vllm", "api_server": "vllm", "sglang": "sglang", "sglang_serve": "sglang"}
+#: each engine's default port (vLLM's ``--port`` 8000; SGLang's ``ServerArgs.port`` 30000)
+DEFAULT_PORTS: dict[str, int] = {"vllm": DEFAULT_PORT, "sglang": 30000}
+#: SGLang's spellings of the flags a server record holds (``server_args.py`` 0.5.17: ``--model-path`` with
+#: the alias ``--model``, ``--tp-size`` / ``--tensor-parallel-size``, ``--dp-size`` / ``--data-parallel-size``,
+#: ``--pp-size`` / ``--pipeline-parallel-size``, ``--context-length``, ``--max-running-requests``,
+#: ``--mem-fraction-static``), read as vLLM's
+_SGLANG_FLAGS: dict[str, str] = {
+    "--model-path": "--model", "--tp-size": "--tensor-parallel-size", "--tp": "--tensor-parallel-size",
+    "--dp-size": "--data-parallel-size", "--dp": "--data-parallel-size", "--pp-size": "--pipeline-parallel-size",
+    "--context-length": "--max-model-len", "--max-running-requests": "--max-num-seqs",
+}
+_SGLANG_MODULES = ("sglang.launch_server",)
+_SGLANG_CLI_MODULES = ("sglang.cli.main",)
+
 # --- records -------------------------------------------------------------------
 
 
@@ -221,6 +241,9 @@ def _server_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
     """
     if not argv:
         return None
+    sgl = _sglang_args(argv)
+    if sgl is not None:
+        return sgl
     if os.path.basename(argv[0]) == "vllm":
         i = 1
     else:
@@ -240,6 +263,30 @@ def _server_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
             return None
     if i < len(argv) and argv[i] == "serve":
         return "serve", list(argv[i + 1:])
+    return None
+
+
+def _sglang_args(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """``("sglang", args)`` for ``python -m sglang.launch_server ...``, ``("sglang_serve", args)`` for
+    ``sglang serve ...`` (the console script, run directly or by Python, or ``-m sglang.cli.main``)."""
+    if os.path.basename(argv[0]) == "sglang":
+        i = 1
+    else:
+        j = _skip_python(argv)
+        if j is None or j >= len(argv):
+            return None
+        if argv[j] == "-m" and j + 1 < len(argv):
+            if argv[j + 1] in _SGLANG_MODULES:
+                return "sglang", list(argv[j + 2:])
+            if argv[j + 1] not in _SGLANG_CLI_MODULES:
+                return None
+            i = j + 2
+        elif os.path.basename(argv[j]) == "sglang":
+            i = j + 1
+        else:
+            return None
+    if i < len(argv) and argv[i] == "serve":
+        return "sglang_serve", list(argv[i + 1:])
     return None
 
 
@@ -264,18 +311,24 @@ def parse_human_int(s: str | None) -> int | None:
 
 
 def _parse_server_argv(form: str, args: list[str]) -> dict[str, Any]:
+    engine = ENGINE_OF_FORM.get(form, "vllm")
     model: str | None = None
     rest = args
-    if form == "serve" and args and not args[0].startswith("-"):
+    positional = form in ("serve", "sglang_serve")
+    if positional and args and not args[0].startswith("-"):
         model, rest = args[0], args[1:]  # the positional right after `serve`
     flags, pos, multi = _split_args(rest)
+    if engine == "sglang":
+        for name, same in _SGLANG_FLAGS.items():
+            if name in flags:
+                flags.setdefault(same, flags[name])
     if model is None and form == "serve" and pos:
         model = pos[0]
     if model is None:
         model = flags.get("--model") or None
     port = _int(flags.get("--port"))
     if port is None or not 0 < port < 65536:
-        port = DEFAULT_PORT
+        port = DEFAULT_PORTS[engine]
     bind = flags.get("--host")
     host, url = url_for(bind, port)
     return {
@@ -290,9 +343,12 @@ def _parse_server_argv(form: str, args: list[str]) -> dict[str, Any]:
         "pipeline_parallel_size": _int(flags.get("--pipeline-parallel-size")),
         "max_model_len": parse_human_int(flags.get("--max-model-len")),
         "max_num_seqs": _int(flags.get("--max-num-seqs")),
-        "gpu_memory_utilization": _float(flags.get("--gpu-memory-utilization")),
+        # SGLang's --mem-fraction-static is not the same budget (weights + KV pool, not all of vLLM's):
+        # not read as one
+        "gpu_memory_utilization": _float(flags.get("--gpu-memory-utilization")) if engine == "vllm" else None,
         "headless": "--headless" in flags,
         "api_key": flags.get("--api-key") or None,
+        "engine": engine,
     }
 
 
@@ -312,17 +368,32 @@ def _title(rec: ProcRecord, *, any_prefix: bool = True) -> str | None:
     """
     for text in (" ".join(rec.cmdline).strip(), rec.name.strip()):
         m = _TITLE_RE.match(text)
-        if m and m.group(1) != "ray" and (any_prefix or m.group(1) == "VLLM"):
+        if m and m.group(1) != "ray" and (any_prefix or m.group(1) in _ORPHAN_PREFIXES):
             return m.group(0)
     return None
+
+
+#: the title prefixes that count on their own, with no server above them (a leaked process)
+_ORPHAN_PREFIXES = ("VLLM", "sglang")
+#: SGLang's process titles (setproctitle in 0.5.17: ``sglang::scheduler`` + ``_DP0``/``_PP0``/``_TP1``/``_EP0``
+#: as the parallel sizes ask, ``sglang::detokenizer``, ``sglang::data_parallel_controller``,
+#: ``sglang::tokenizer_worker:PID``, ``sglang::detokenizer_router``), by the start of the name -> role.
+#: Each scheduler holds its rank's GPU: a worker. (``comm`` keeps 15 characters: ``sglang::schedul``.)
+SGLANG_ROLES: tuple[tuple[str, str], ...] = (
+    ("schedul", "worker"), ("data_parallel", "coordinator"), ("tokenizer_worker", "api_server"),
+    ("detokeni", "other"),
+)
 
 
 def _classify(title: str) -> tuple[str, int | None, tuple[tuple[str, int], ...]]:
     """``(role, rank, ranks)`` from a title. Truncated ``comm`` names
     (``VLLM::EngineCor``, ``VLLM::Worker_TP``) still classify, without ranks."""
-    name = title.split("::", 1)[1]
+    prefix, name = title.split("::", 1)
     ranks = tuple((k.lower(), int(v)) for k, v in _RANK_RE.findall(name))
     rd = dict(ranks)
+    if prefix == "sglang":
+        role = next((r for start, r in SGLANG_ROLES if name.startswith(start)), "other")
+        return role, rd.get("tp") if role == "worker" else rd.get("dp"), ranks
     base = name.split("_", 1)[0]
     if "EngineCor" in base and "_TP" in name:
         role = "worker"  # 0.10 fork: EngineCore_TP0 is a worker
@@ -419,7 +490,7 @@ def read_processes() -> list[ProcRecord]:
 
 # comm (the kernel's 15-character name) of processes that may be vLLM or its children:
 # "vllm" (the launcher), "python3.12", "VLLM::EngineCor", "pt_main_thread", "ray::..".
-_MAYBE_VLLM = ("python", "vllm", "pt_main", "ray", "uv", "pypy",
+_MAYBE_VLLM = ("python", "vllm", "sglang", "pt_main", "ray", "uv", "pypy",
                # where a container's server is published and its files are (vtop/sources/containers.py)
                "docker-pr", "dockerd")
 

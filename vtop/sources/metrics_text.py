@@ -122,6 +122,8 @@ __all__ = [
     "HISTOGRAM_FAMILIES",
     "HISTOGRAM_SAMPLE_NAMES",
     "HIST_ATTRS",
+    "SGLANG_BESIDE_VLLM",
+    "ENGINE_PREFIXES",
     "SLOW_SAMPLE_NAMES",
     "WANTED_SAMPLE_NAMES",
     "EngineMetrics",
@@ -144,6 +146,59 @@ _CACHE_MAX_ENTRIES = 16384
 
 # --- what we read ---------------------------------------------------------
 
+# --- SGLang's names beside vLLM's ----------------------------------------------
+#
+# SGLang (``--enable-metrics``) serves its own families under ``sglang:``; the ones that say what a vLLM
+# family says are read into the same fields. Read in SGLang 0.5.17's source
+# (``python/sglang/srt/observability/metrics_collector.py``; in 0.4.x-0.5.x ``srt/metrics/collector.py``):
+# not yet checked against a real SGLang server's payload. What differs:
+#
+# * Labels: no ``engine`` label. The scheduler's families carry ``model_name``, ``engine_type``,
+#   ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (+ ``dp_rank`` with data parallelism, ``priority`` with
+#   priority scheduling); the tokenizer's (the counters and latency histograms) ``model_name`` and
+#   ``is_streaming``. So a SGLang payload is one row (engine None): counts, counters and histograms
+#   are summed over the other labels (by default only attention-TP rank 0 of each DP group reports, so
+#   the sum over ``dp_rank`` is the server's; ``--enable-metrics-for-all-schedulers`` makes every TP rank
+#   report the same batch, which this sum would count once per rank).
+# * ``sglang:token_usage`` is the used fraction of the KV pool (0..1; since 0.5.x the largest of the
+#   full / SWA / Mamba pools), one gauge per scheduler: averaged over series, never summed.
+# * ``sglang:num_retracted_requests_total`` (requests pushed back from decode when the KV pool runs out)
+#   is SGLang's preemption; older releases have only the ``sglang:num_retracted_reqs`` gauge (not read).
+# * Inter-token latency: ``sglang:inter_token_latency_seconds`` (0.5.x), else the older
+#   ``sglang:time_per_output_token_seconds`` (0.3-0.4; some releases serve both).
+# * 0.3.x labelled its families ``name=`` instead of ``model_name=``: read, without a model name.
+# * Not read: ``sglang:gen_throughput`` and ``sglang:cache_hit_rate`` (SGLang's own moving figures: vtop
+#   computes rates from the counters over its window), ``sglang:num_used_tokens``, the PD-disaggregation,
+#   grammar, LoRA-pool, HiCache and speculative gauges.
+#
+# SGLang name -> (vtop attribute, the vLLM family it stands beside).
+_SGLANG_GAUGES: dict[str, tuple[str, str]] = {
+    "sglang:num_running_reqs": ("running", "vllm:num_requests_running"),
+    "sglang:num_queue_reqs": ("waiting", "vllm:num_requests_waiting"),
+    "sglang:token_usage": ("kv_mean", "vllm:kv_cache_usage_perc"),
+}
+_SGLANG_COUNTERS: dict[str, tuple[str, str]] = {
+    "sglang:prompt_tokens_total": ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+    "sglang:generation_tokens_total": ("generation_tokens_total", "vllm:generation_tokens_total"),
+    "sglang:num_retracted_requests_total": ("preemptions_total", "vllm:num_preemptions_total"),
+}
+_SGLANG_HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "sglang:time_to_first_token_seconds": ("time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    "sglang:inter_token_latency_seconds": ("itl_new", "vllm:inter_token_latency_seconds"),
+    "sglang:time_per_output_token_seconds": ("itl_old", "vllm:time_per_output_token_seconds"),
+    "sglang:e2e_request_latency_seconds": ("e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"),
+    "sglang:queue_time_seconds": ("request_queue_time_seconds", "vllm:request_queue_time_seconds"),
+    "sglang:prompt_tokens_histogram": ("request_prompt_tokens", "vllm:request_prompt_tokens"),
+    "sglang:generation_tokens_histogram": ("request_generation_tokens", "vllm:request_generation_tokens"),
+}
+#: The name table (SGLang family -> the vLLM family it is read as), for docs and tests.
+SGLANG_BESIDE_VLLM: dict[str, str] = {
+    name: vllm for t in (_SGLANG_GAUGES, _SGLANG_COUNTERS, _SGLANG_HISTOGRAMS) for name, (_a, vllm) in t.items()
+}
+#: the engines by the prefix of their families
+ENGINE_PREFIXES: dict[str, str] = {"vllm:": "vllm", "sglang:": "sglang"}
+
+
 # Plain gauges: sample name -> attribute.
 _GAUGES: dict[str, str] = {
     "vllm:num_requests_running": "running",
@@ -151,6 +206,7 @@ _GAUGES: dict[str, str] = {
     "vllm:num_requests_swapped": "swapped",  # V0 only (0.6-0.8.5)
     "vllm:kv_cache_usage_perc": "kv_new",  # 0.9.2+
     "vllm:gpu_cache_usage_perc": "kv_old",  # <=0.11
+    **{name: attr for name, (attr, _vllm) in _SGLANG_GAUGES.items()},
 }
 # Plain counters (the ``_total`` suffix is always on the wire).
 _COUNTERS: dict[str, str] = {
@@ -166,6 +222,7 @@ _COUNTERS: dict[str, str] = {
     "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens_total",  # V0 and V1
     "vllm:kv_offload_store_bytes_total": "kv_offload_store_bytes_total",  # recorded 0.26.0 (H200); 0.32 source
     "vllm:kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
+    **{name: attr for name, (attr, _vllm) in _SGLANG_COUNTERS.items()},
 }
 # Gauges/counters split by one label: sample name -> (attribute, label).
 _LABELLED: dict[str, tuple[str, str]] = {
@@ -196,6 +253,7 @@ _HISTOGRAMS: dict[str, str] = {
     "vllm:request_prompt_tokens": "request_prompt_tokens",
     "vllm:request_generation_tokens": "request_generation_tokens",
     "vllm:request_queue_time_seconds": "request_queue_time_seconds",
+    **{name: attr for name, (attr, _vllm) in _SGLANG_HISTOGRAMS.items()},
 }
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -227,7 +285,7 @@ class _Rec:
     only converts the value token and files it.
     """
 
-    __slots__ = ("key", "name", "kind", "attr", "engine", "model", "sub", "bad")
+    __slots__ = ("key", "name", "kind", "attr", "engine", "model", "sub", "bad", "series")
 
     def __init__(self, name: str, labels: Mapping[str, str]) -> None:
         kind, attr, extra = _WANTED[name]
@@ -243,6 +301,9 @@ class _Rec:
         self.sub: Any = extra
         #: why the sample cannot be used, or "".
         self.bad = ""
+        #: a histogram sample's series without its ``le`` (SGLang splits one family by ``is_streaming``:
+        #: the series are summed, a bucket bound at a time)
+        self.series = repr(tuple(kv for kv in items if kv[0] != "le")) if kind.startswith("hist") else ""
         if kind == "labelled" or kind == "server":
             self.sub = labels.get(extra)
             if self.sub is None:
@@ -479,6 +540,8 @@ class _Collector:
         # engine -> family -> {"le": {bound: count}, "sum": x, "count": y}
         self.hists: dict[str | None, dict[str, dict[str, Any]]] = {}
         self.models: dict[str | None, str] = {}
+        #: the engines whose families were filed ("vllm", "sglang"), in the order first seen
+        self.kinds: list[str] = []
         self.model_names: list[str] = []
         self.seen: set[str] = set()
         self.duplicates = 0
@@ -506,12 +569,18 @@ class _Collector:
             self._add_server_level(rec, value)
             return
         self.vllm = True
+        if not self.kinds or rec.name[:4] != self.kinds[0][:4]:
+            self._kind(rec.name)
         engine = rec.engine
         if rec.model is not None and engine not in self.models:
             self._model(engine, rec.model)
         if kind == "hist_bucket":
             family, bound = rec.sub
-            self._hist(engine, family)["le"][bound] = value
+            le = self._hist(engine, family)["le"]
+            per = le.get(bound)
+            if per is None:
+                per = le[bound] = {}
+            per[rec.series] = value
         elif kind == "gauge" or kind == "counter" or kind == "labelled":
             if not (0.0 <= value < math.inf):  # also False for NaN
                 self.problems.add(f"{rec.key}: unusable value {value!r}")
@@ -520,7 +589,12 @@ class _Collector:
             else:
                 self.plain.setdefault(engine, {}).setdefault(rec.attr, {})[rec.key] = value
         else:
-            self._hist(engine, rec.sub)["sum" if kind == "hist_sum" else "count"] = value
+            self._hist(engine, rec.sub)["sum" if kind == "hist_sum" else "count"][rec.series] = value
+
+    def _kind(self, name: str) -> None:
+        for prefix, kind in ENGINE_PREFIXES.items():
+            if name.startswith(prefix) and kind not in self.kinds:
+                self.kinds.append(kind)
 
     def _duplicate(self, rec: _Rec) -> None:
         self.duplicates += 1
@@ -535,8 +609,9 @@ class _Collector:
             self.server.setdefault(rec.attr, {}).setdefault(rec.sub, {})[rec.key] = value
         else:
             self.infos.setdefault(rec.attr, []).append((rec.engine, rec.sub, value))
-        if rec.name.startswith("vllm:"):
+        if rec.name.startswith(_ENGINE_FAMILY_PREFIXES):
             self.vllm = True
+            self._kind(rec.name)
 
     def _model(self, engine: str | None, model: str) -> None:
         self.models[engine] = model
@@ -549,13 +624,15 @@ class _Collector:
             fams = self.hists[engine] = {}
         h = fams.get(family)
         if h is None:
-            h = fams[family] = {"le": {}}
+            h = fams[family] = {"le": {}, "sum": {}, "count": {}}
         return h
 
 
 def _build_histogram(family: str, engine: str | None, raw: dict[str, Any], problems: _Problems) -> Histogram:
-    buckets = _interned_buckets(sorted(raw["le"].items()))
+    buckets = _interned_buckets(sorted((b, math.fsum(per.values())) for b, per in raw["le"].items()))
     where = f"{family}{{engine={engine!r}}}"
+    raw = {"sum": math.fsum(raw["sum"].values()) if raw["sum"] else None,
+           "count": math.fsum(raw["count"].values()) if raw["count"] else None}
     if buckets:
         counts = [c for _, c in buckets]
         if any(b < a for a, b in zip(counts, counts[1:])):
@@ -581,6 +658,9 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         return None
 
     kv = plain.get("kv_new", plain.get("kv_old"))
+    if kv is None and "kv_mean" in plain:  # SGLang's token_usage: one fraction per scheduler, averaged
+        series = col.plain[engine]["kv_mean"]
+        kv = math.fsum(series.values()) / len(series)
     if kv is not None and kv > 1.0 + 1e-9:
         problems.add(f"KV-cache usage {kv!r} on engine {engine!r} is above 1 (expected a fraction)")
         kv = None
@@ -601,8 +681,7 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         prefix_cache_hits_total=plain.get("pc_hits_new" if use_new_pc else "pc_hits_old"),
         request_success_total=dict(lab.get("request_success_total", {})),
         time_to_first_token_seconds=hist("time_to_first_token_seconds"),
-        inter_token_latency_seconds=hists.get("vllm:inter_token_latency_seconds")
-        or hists.get("vllm:time_per_output_token_seconds"),
+        inter_token_latency_seconds=hist("itl_new") or hist("itl_old"),
         e2e_request_latency_seconds=hist("e2e_request_latency_seconds"),
         request_params_max_tokens=hist("request_params_max_tokens"),
         request_prompt_tokens=hist("request_prompt_tokens"),
@@ -755,7 +834,7 @@ def _parse(payload: object, problems: _Problems, use_cache: bool) -> VllmMetrics
     if not scan.is_vllm:
         problems.add(_not_vllm(text, scan.saw_sample_shape))
     else:
-        _missing_core(rows, problems)
+        _missing_core(rows, problems, col.kinds[0] if col.kinds else None)
     return _metrics(rows, col, scan, problems)
 
 
@@ -789,10 +868,12 @@ def _cut_off_last_line(lines: list[str], problems: _Problems) -> int:
     return 0
 
 
-#: a comment line that says the payload is vLLM's
-_VLLM_COMMENTS = ("# TYPE vllm:", "# HELP vllm:")
+#: the prefixes of an engine's own families (a server-level family alone does not make a payload an engine's)
+_ENGINE_FAMILY_PREFIXES = tuple(ENGINE_PREFIXES)
+#: a comment line that says the payload is an engine's (vLLM's or SGLang's)
+_VLLM_COMMENTS = tuple(f"# {w} {p}" for p in _ENGINE_FAMILY_PREFIXES for w in ("TYPE", "HELP"))
 #: the sample lines that may hold a name we read
-_READ_PREFIXES = ("vllm:", "http_requests_total")
+_READ_PREFIXES = (*_ENGINE_FAMILY_PREFIXES, "http_requests_total")
 #: the line cache when it is not used (``use_cache=False``): every line misses
 _NO_CACHE: dict[str, _Rec | None] = {}
 
@@ -955,23 +1036,34 @@ def _not_vllm(text: str, saw_sample_shape: bool) -> str:
         return "payload looks like HTML, not Prometheus text"
     if not saw_sample_shape and "# TYPE " not in text:
         return "payload does not look like Prometheus text"
-    return "no vllm: metrics (V1 with --disable-log-stats exports none)"
+    return ("no vllm: metrics (V1 with --disable-log-stats exports none)"
+            "; no sglang: metrics either (SGLang serves them only with --enable-metrics)")
 
 
-#: the families every vLLM serves: said missing when no engine has them, partial when some lack them
-_CORE: tuple[tuple[str, str], ...] = (
-    ("vllm:num_requests_running", "running"),
-    ("vllm:num_requests_waiting", "waiting"),
-    ("vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc", "kv_cache_usage"),
-    ("vllm:prompt_tokens_total", "prompt_tokens_total"),
-    ("vllm:generation_tokens_total", "generation_tokens_total"),
-)
+#: the families every server of an engine serves: said missing when no engine row has them, partial when
+#: some lack them
+_CORE: dict[str, tuple[tuple[str, str], ...]] = {
+    "vllm": (
+        ("vllm:num_requests_running", "running"),
+        ("vllm:num_requests_waiting", "waiting"),
+        ("vllm:kv_cache_usage_perc / vllm:gpu_cache_usage_perc", "kv_cache_usage"),
+        ("vllm:prompt_tokens_total", "prompt_tokens_total"),
+        ("vllm:generation_tokens_total", "generation_tokens_total"),
+    ),
+    "sglang": (
+        ("sglang:num_running_reqs", "running"),
+        ("sglang:num_queue_reqs", "waiting"),
+        ("sglang:token_usage", "kv_cache_usage"),
+        # the tokenizer's counters: a series only from the first request that finished (prometheus_client
+        # makes a labelled family's series at its first .labels() call)
+    ),
+}
 
 
-def _missing_core(rows: tuple[EngineMetrics, ...], problems: _Problems) -> None:
+def _missing_core(rows: tuple[EngineMetrics, ...], problems: _Problems, kind: str | None = None) -> None:
     if not rows:
         return
-    for what, attr in _CORE:
+    for what, attr in _CORE.get(kind or "vllm", _CORE["vllm"]):
         vals = [getattr(r, attr) for r in rows]
         if all(v is None for v in vals):
             problems.add(f"{what} missing")
@@ -1008,6 +1100,7 @@ def _metrics(rows: tuple[EngineMetrics, ...], col: _Collector, scan: _Scan, prob
     totals.update({attr: _sum_maps(getattr(r, attr) for r in rows) for attr in _SUMMED_MAPS})
     return VllmMetrics(
         is_vllm=scan.is_vllm,
+        engine_kind=col.kinds[0] if col.kinds else None,
         engines=rows,
         model_name=col.model_names[0] if col.model_names else None,
         model_names=tuple(col.model_names),
@@ -1019,10 +1112,13 @@ def _metrics(rows: tuple[EngineMetrics, ...], col: _Collector, scan: _Scan, prob
         problems=problems.result(),
         skipped_lines=scan.skipped,
         kv_cache_metric=_spelling(col.plain.values(), "kv_new", "vllm:kv_cache_usage_perc",
-                                  "kv_old", "vllm:gpu_cache_usage_perc"),
+                                  "kv_old", "vllm:gpu_cache_usage_perc")
+        or _spelling(col.plain.values(), "kv_mean", "sglang:token_usage", "", ""),
         inter_token_metric=_spelling(col.hists.values(), "vllm:inter_token_latency_seconds",
                                      "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
-                                     "vllm:time_per_output_token_seconds"),
+                                     "vllm:time_per_output_token_seconds")
+        or _spelling(col.hists.values(), "sglang:inter_token_latency_seconds", "sglang:inter_token_latency_seconds",
+                     "sglang:time_per_output_token_seconds", "sglang:time_per_output_token_seconds"),
         **totals,
         **hists,
     )

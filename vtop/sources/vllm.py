@@ -670,7 +670,14 @@ class VllmScraper:
         return ModelsInfo(tuple(ids), max_len, root)
 
     async def _version(self) -> str:
-        doc = await self._json("/version", auth=False)
+        try:
+            doc = await self._json("/version", auth=False)
+        except _Fail as e:
+            if e.status != 404:
+                raise
+            # SGLang serves no /version: its /server_info (0.5.x; read in 0.5.17's http_server.py) carries
+            # "version" beside its whole config (a few KB; with --api-key it asks for the key)
+            doc = await self._json("/server_info", auth=True)
         v = doc.get("version") if isinstance(doc, dict) else None
         if not isinstance(v, str):
             raise _Fail("garbage", "no version in the answer")

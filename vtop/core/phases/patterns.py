@@ -65,6 +65,9 @@ class LogEvent:
     source: str | None = None
     source_line: int | None = None
     stamp: tuple[int, int, int, int, int] | None = None  # month, day, hour, minute, second
+    #: the engine whose line format this is: "sglang" for SGLang's record (:data:`SGLANG_RECORD_RE`), else
+    #: None (vLLM's formats, and lines of no engine's format)
+    engine: str | None = None
 
 
 def _from_record(text: str, m: re.Match[str]) -> LogEvent:
@@ -82,7 +85,34 @@ def _from_record(text: str, m: re.Match[str]) -> LogEvent:
     )
 
 
+#: SGLang's log record (``configure_logger`` in 0.5.17's ``srt/utils/common.py``: the format
+#: ``[%(asctime)s{ms}{prefix}] %(message)s`` with ``datefmt="%Y-%m-%d %H:%M:%S"``, the prefix the process's
+#: ranks: ``" TP0"``, ``" DP1 TP0"``, ``" PP0 TP3 EP3"``, none in the HTTP server). No level in it. Uvicorn's
+#: lines go through the same format: ``[2026-07-27 08:54:44] INFO:     127.0.0.1:58310 - "POST /generate ..."``.
+SGLANG_RECORD_RE = re.compile(
+    r"\[\d{4}-(?P<mon>\d\d)-(?P<day>\d\d) (?P<hh>\d\d):(?P<mi>\d\d):(?P<ss>\d\d)(?:[.,]\d+)?"
+    r"(?: (?P<proc>[A-Z][A-Z_]*\d+(?: [A-Z][A-Z_]*\d+)*))?\] (?P<msg>.*)$"
+)
+_UVICORN_MSG_RE = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(?P<msg>.*)$")
+
+
+def _parse_sglang(text: str) -> LogEvent | None:
+    m = SGLANG_RECORD_RE.match(text)
+    if m is None:
+        return None
+    mon, day, hh, mi, ss, proc, msg = m.groups()
+    stamp = (int(mon), int(day), int(hh), int(mi), int(ss))
+    u = _UVICORN_MSG_RE.match(msg)
+    if u:
+        return LogEvent(text, u.group("msg"), "uvicorn", u.group("level"), proc, None, None, None, stamp, "sglang")
+    return LogEvent(text, msg, "record", None, proc, None, None, None, stamp, "sglang")
+
+
 def _parse_anchored(text: str) -> LogEvent | None:
+    if text[:2] == "[2":  # SGLang's "[2026-..." (vLLM's lines never start so: "[W1130" and "[rank0]" do not)
+        ev = _parse_sglang(text)
+        if ev is not None:
+            return ev
     m = _LINE_RE.match(text)
     if m is None:  # pragma: no cover - the last alternative matches anything
         return None
@@ -117,7 +147,8 @@ def parse_line(line: str) -> LogEvent:
     if c:
         ev = _parse_anchored(text[c.end() :])
         if ev is not None:
-            return LogEvent(text, ev.message, ev.kind, ev.level, ev.proc, ev.pid, ev.source, ev.source_line, ev.stamp)
+            return LogEvent(text, ev.message, ev.kind, ev.level, ev.proc, ev.pid, ev.source, ev.source_line, ev.stamp,
+                            ev.engine)
     # VLLM_LOGGING_PREFIX or any other prefix: find the record further in.
     if " " in text and any(lv in text for lv in _LEVELS):
         m = _RECORD_RE.search(text)
@@ -244,6 +275,57 @@ API_MARK_RE = re.compile(
 SERVER_URL_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>\S+)|Uvicorn running on (?P<u2>\S+)")
 READY_RE = re.compile(r"Application startup complete\.")
 
+# --------------------------------------------------------------------------- SGLang's startup lines
+# Read in SGLang 0.5.17's source (file and function named on each); older releases' spellings where they
+# differ (from the sglang repository's history and logs quoted in its issues). Not yet checked against a
+# real SGLang log: tests/fixtures/sglang/ holds a start written by hand from these sources.
+#: ``entrypoints/engine.py``: ``logger.info(f"{server_args=}")`` at launch: the whole config
+SGL_SERVER_ARGS_RE = re.compile(r"server_args=ServerArgs\(")
+SGL_CFG_RES = {
+    "model": re.compile(r"\bmodel_path='(?P<v>[^']*)'"),
+    "tensor_parallel_size": re.compile(r"\btp_size=(?P<v>\d+)"),
+    "pipeline_parallel_size": re.compile(r"\bpp_size=(?P<v>\d+)"),
+    "max_model_len": re.compile(r"\bcontext_length=(?P<v>\d+)"),
+    "enforce_eager": re.compile(r"\bdisable_cuda_graph=(?P<v>True|False)"),
+}
+#: ``distributed/bootstrap.py``
+SGL_DIST_RE = re.compile(r"Init torch distributed begin\.")
+#: ``model_executor/model_runner.py`` ``load_model``: "Load weight begin. avail mem=78.97 GB", "Load weight end.
+#: elapsed=1.23 s, type=LlamaForCausalLM, avail mem=78.88 GB, mem usage=0.09 GB." (before 0.5: "Load weight end.
+#: type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=..., mem usage=... GB."). SGLang's "GB" is 2**30 bytes
+#: (``get_available_gpu_memory`` divides by ``1 << 30``).
+SGL_WEIGHTS_BEGIN_RE = re.compile(r"Load weight begin\. avail mem=(?P<avail>[\d.]+) GB")
+SGL_WEIGHTS_END_RE = re.compile(
+    r"Load weight end\.(?: elapsed=(?P<s>[\d.]+) s,)?.*?\bmem usage=(?P<gib>[\d.]+) GB"
+)
+#: ``mem_cache/memory_pool.py``: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 383872, KV size: 19.36
+#: GB" (MHA pools log "K size: .. GB, V size: .. GB"; before 0.5 no dtype), then
+#: ``mem_cache/kv_cache_configurator.py``: "Memory pool end. avail mem=10.30 GB" (each TP rank)
+SGL_KV_ALLOC_RE = re.compile(
+    r"KV Cache is allocated\.(?: dtype: \S+,)? #tokens: (?P<tok>\d+),"
+    r" (?:KV size: (?P<kv>[\d.]+) GB|K size: (?P<k>[\d.]+) GB, V size: (?P<v>[\d.]+) GB)"
+)
+SGL_POOL_END_RE = re.compile(r"Memory pool end\. avail mem=(?P<avail>[\d.]+) GB")
+#: ``managers/scheduler.py``: "max_total_num_tokens=383872, chunked_prefill_size=8192, max_prefill_tokens=16384,
+#: max_running_requests=2048, context_len=32768, available_gpu_mem=10.30 GB"
+SGL_LIMITS_RE = re.compile(
+    r"max_total_num_tokens=(?P<tok>\d+),.*?max_running_requests=(?P<mrr>\d+),.*?context_len=(?P<ctx>\d+)"
+)
+#: ``model_runner_components/cuda_graph_setup.py``: "Capture target decode CUDA graph begin. backend=..., bs=[1,
+#: 2, 4, ...], avail mem=..." / "... end. elapsed=8.04 s, mem usage=0.80 GB, avail mem=10.30 GB." (0.5.17; the
+#: target prefill graph too where enabled); before: "Capture cuda graph begin. This can take up to several
+#: minutes. avail mem=..." / "Capture cuda graph end. Time elapsed: 8.04 s. mem usage=0.80 GB. avail mem=..."
+SGL_CAPTURE_BEGIN_RE = re.compile(r"Capture (?:[\w ]+? )?(?:cuda|CUDA) graph begin\.")
+SGL_CAPTURE_END_RE = re.compile(
+    r"Capture (?:[\w ]+? )?(?:cuda|CUDA) graph end\. (?:Time elapsed: (?P<s>[\d.]+) s|elapsed=(?P<s2>[\d.]+) s)"
+    r"(?:.*?mem usage=(?P<gib>[\d.]+) GB)?"
+)
+#: ``runner/decode_cuda_graph_runner.py``: tqdm "Capturing batches (bs=160 avail_mem=70.29 GB):  45%|####5 | 23/52
+#: [00:03<00:04,  6.72it/s]" on TP rank 0
+SGL_CAPTURE_BAR_RE = re.compile(r"Capturing batches \([^)]*\):\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)")
+#: ``entrypoints/http_server.py`` after its warmup request
+SGL_READY_RE = re.compile(r"The server is fired up and ready to roll!")
+
 
 SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
 STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
@@ -271,7 +353,11 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
         ),
         3,
     ),
-    ("kv_no_memory", re.compile(r"No available memory for the cache blocks"), 3),
+    # vLLM; SGLang (0.5.17 model_executor/pool_configurator.py, older model_runner.py): "RuntimeError: Not enough
+    # memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.5"
+    ("kv_no_memory", re.compile(r"No available memory for the cache blocks"
+                                r"|Not enough memory\. Please try to increase --mem-fraction-static\."
+                                r"(?: Current value: mem_fraction_static=(?P<frac>[\d.]+))?"), 3),
     # The CPU backend (0.32, cpu_worker.determine_available_memory): "ValueError: Available memory on node 0
     # (6.91/8.84 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB). Decrease
     # --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes."
@@ -321,6 +407,9 @@ ERROR_PATTERNS: tuple[tuple[str, re.Pattern[str], int], ...] = (
         re.compile(
             r"Engine core proc(?:ess)? (?P<who>\S+) died unexpectedly"
             r"|EngineDeadError: EngineCore encountered an issue|AsyncLLM output_handler failed"
+            # SGLang 0.5.17: managers/scheduler.py (the scheduler's last words), entrypoints/engine.py (the
+            # launcher, when a child sends SIGQUIT)
+            r"|Scheduler hit an exception|Received sigquit from a child process"
         ),
         1,
     ),

@@ -70,6 +70,18 @@ from vtop.core.phases.patterns import (
     PYWARN_RE,
     READY_RE,
     SERVER_URL_RE,
+    SGL_CAPTURE_BAR_RE,
+    SGL_CAPTURE_BEGIN_RE,
+    SGL_CAPTURE_END_RE,
+    SGL_CFG_RES,
+    SGL_DIST_RE,
+    SGL_KV_ALLOC_RE,
+    SGL_LIMITS_RE,
+    SGL_POOL_END_RE,
+    SGL_READY_RE,
+    SGL_SERVER_ARGS_RE,
+    SGL_WEIGHTS_BEGIN_RE,
+    SGL_WEIGHTS_END_RE,
     SHARDS_RE,
     SHM_WAIT_RE,
     SHUTDOWN_RE,
@@ -86,7 +98,6 @@ from vtop.core.phases.types import (
     _FACT_NAMES,
     _INDEX,
     _ORDER,
-    _STALL_HINTS,
     Failure,
     LogLine,
     Phase,
@@ -97,6 +108,7 @@ from vtop.core.phases.types import (
     StallInfo,
     StartupFacts,
     StartupSnapshot,
+    stall_hint,
 )
 from vtop.model.logtext import BANNER_RES, LOGO_MODEL_RE
 
@@ -138,6 +150,10 @@ class _Line:
     extra: Callable[[PhaseTracker, str], None] | None = None
     #: the line may carry the next rows' facts too: look on; when the group ends, enter its phase
     more: bool = False
+    #: whose log the row reads: "*" any; None vLLM's (no engine fact); "sglang" SGLang's (the engine fact
+    #: its record format sets). Uvicorn's "Application startup complete." comes before SGLang's warmup
+    #: request, so it is no ready there.
+    engine: str | None = "*"
 
 
 def _engine_config(tr: PhaseTracker, msg: str) -> None:
@@ -158,6 +174,42 @@ def _engine_config(tr: PhaseTracker, msg: str) -> None:
     tr._world = tp * pp
 
 
+_SGL = "sglang"
+#: engines whose server sends itself requests before it is ready (SGLang's warmup: GET /model_info, POST
+#: /generate, then "The server is fired up and ready to roll!"): an access line is no ready there
+_OWN_WARMUP_TRAFFIC = frozenset({_SGL})
+
+
+def _sglang_config(tr: PhaseTracker, msg: str) -> None:
+    """SGLang's ``server_args=ServerArgs(...)``: model path, parallel sizes (the world size), context length,
+    CUDA graphs off."""
+    for name, rx in SGL_CFG_RES.items():
+        c = rx.search(msg)
+        if not c:
+            continue
+        v = c.group("v")
+        if name == "enforce_eager":
+            tr._fact(name, v == "True")
+        elif name == "model":
+            tr._facts.setdefault("model", v)
+        else:
+            tr._fact(name, int(v))
+    tp = int(tr._facts.get("tensor_parallel_size", 1) or 1)
+    pp = int(tr._facts.get("pipeline_parallel_size", 1) or 1)
+    tr._world = tp * pp
+
+
+def _sglang_kv(tr: PhaseTracker, msg: str) -> None:
+    """SGLang's KV pool size: one number (MLA, "KV size") or K and V apart (MHA), in GiB."""
+    m = SGL_KV_ALLOC_RE.search(msg)
+    if m is None:
+        return
+    if m.group("kv"):
+        tr._facts.setdefault("kv_cache_gib", float(m.group("kv")))
+    elif m.group("k") and m.group("v"):
+        tr._facts.setdefault("kv_cache_gib", round(float(m.group("k")) + float(m.group("v")), 2))
+
+
 def _compile_cache(tr: PhaseTracker, msg: str) -> None:
     """Whether torch.compile loads its graphs from the cache or compiles them afresh."""
     if COMPILE_CACHED_RE.search(msg):
@@ -170,7 +222,7 @@ def _compile_cache(tr: PhaseTracker, msg: str) -> None:
 #: row that matches decides, unless it says ``more``). Progress frames (shards, graph capture) are
 #: :meth:`PhaseTracker._on_progress`'s.
 _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
-    (Phase.READY, (_Line(READY_RE, "ready"),)),
+    (Phase.READY, (_Line(READY_RE, "ready", engine=None),)),
     (Phase.ENGINE_INIT, (
         _Line(ENGINE_INIT_RE, facts=(("engine_version", ("ver",), str, "set"),), extra=_engine_config),
         _Line(ENGINE_WAIT_RE),
@@ -236,6 +288,31 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
         _Line(WARMUP_MARK_RE),
     )),
     (Phase.API_SERVER, (_Line(SERVER_URL_RE), _Line(API_MARK_RE))),
+    # SGLang's start, the same phases (patterns.py names each line's source): its config, weights, the KV pool
+    # (each rank's "Memory pool end" ends it), CUDA graphs (progress: SGL_CAPTURE_BAR_RE), ready.
+    (Phase.READY, (_Line(SGL_READY_RE, "ready", engine=_SGL),)),
+    (Phase.ENGINE_INIT, (_Line(SGL_SERVER_ARGS_RE, extra=_sglang_config, engine=_SGL),
+                         _Line(SGL_DIST_RE, engine=_SGL))),
+    (Phase.WEIGHTS, (
+        _Line(SGL_WEIGHTS_BEGIN_RE, engine=_SGL),
+        _Line(SGL_WEIGHTS_END_RE, "rank_done", (
+            ("weights_load_s", ("s",), float, "max"), ("model_memory_gib", ("gib",), float, "max"),
+        ), engine=_SGL),
+    )),
+    (Phase.KV_CACHE, (
+        _Line(SGL_KV_ALLOC_RE, facts=(("kv_cache_tokens", ("tok",), int, "default"),), extra=_sglang_kv,
+              engine=_SGL),
+        _Line(SGL_POOL_END_RE, "rank_done", engine=_SGL),
+        _Line(SGL_LIMITS_RE, None, (
+            ("kv_cache_tokens", ("tok",), int, "default"), ("max_model_len", ("ctx",), int, "default"),
+        ), engine=_SGL),
+    )),
+    (Phase.CUDA_GRAPHS, (
+        _Line(SGL_CAPTURE_BEGIN_RE, engine=_SGL),
+        _Line(SGL_CAPTURE_END_RE, "rank_done", (
+            ("graph_capture_s", ("s", "s2"), float, "max"), ("graph_memory_gib", ("gib",), float, "max"),
+        ), engine=_SGL),
+    )),
 )
 
 # --------------------------------------------------------------------------- tracker
@@ -404,7 +481,7 @@ class PhaseTracker:
         if silent <= threshold_s:
             return None
         phase = self._current
-        return StallInfo(phase, silent, self._last_line, _STALL_HINTS.get(phase, "") if phase else "")
+        return StallInfo(phase, silent, self._last_line, stall_hint(phase, self._facts.get("engine")))
 
     def quiet(self, now: float) -> Quiet | None:
         """How long a start in progress has been silent at monotonic ``now`` (whatever the
@@ -419,7 +496,7 @@ class PhaseTracker:
             progressing = any(n < tot for n, tot in bars)
             step = self._step_max.get(phase)
         return Quiet(phase, max(0.0, now - self._last_activity), self._last_line,
-                     _STALL_HINTS.get(phase, "") if phase else "", progressing, step, now)
+                     stall_hint(phase, self._facts.get("engine")), progressing, step, now)
 
     @property
     def state(self) -> str:
@@ -707,7 +784,7 @@ class PhaseTracker:
         """A per-rank end line ("Model loading took", "Graph capturing finished", ...)."""
         self._enter(phase, t, arrival)
         rec = self._phases[phase]
-        key = str(ev.pid) if ev.pid else "main"
+        key = str(ev.pid) if ev.pid else (ev.proc or "main")  # SGLang's records name the rank, no pid
         self._rank_names[key] = ev.proc or "main"
         rec.rank_end[key] = max(rec.rank_end.get(key, t), t)
         if rec.end is not None:
@@ -781,7 +858,8 @@ class PhaseTracker:
             return
         if self._candidate is not None and self._candidate[1] > prio and self._recent(self._candidate[0], failure.at):
             cand = self._candidate[0]
-            failure = Failure(cand.kind, cand.line, failure.phase, failure.at, failure.arrival, cand.detail)
+            failure = Failure(cand.kind, cand.line, failure.phase, failure.at, failure.arrival, cand.detail,
+                              engine=cand.engine)
             prio = self._candidate[1]
         for p in _ORDER[:-1]:
             rec = self._phases[p]
@@ -798,6 +876,8 @@ class PhaseTracker:
         msg = ev.message
         if ev.kind == "blank":
             return True
+        if ev.engine is not None and "engine" not in self._facts:
+            self._facts["engine"] = ev.engine
 
         if "version" in msg:
             for i, rx in enumerate(BANNER_RES):
@@ -836,6 +916,7 @@ class PhaseTracker:
             return True
         if ("throughput" in msg and STATS_RE.search(msg)) or (
             ev.kind == "uvicorn" and "HTTP/" in msg and ACCESS_RE.search(msg)
+            and self._facts.get("engine") not in _OWN_WARMUP_TRAFFIC
         ):
             self._ready(t, arrival, "inferred")
             return True
@@ -876,13 +957,20 @@ class PhaseTracker:
                 # 0.21+ may capture graphs to measure their memory while profiling.
                 phase = Phase.MEMORY_PROFILING
             return self._progress(phase, label, int(m.group("n")), int(m.group("tot")), t, arrival, elapsed)
+        m = SGL_CAPTURE_BAR_RE.search(msg) if self._facts.get("engine") == _SGL else None
+        if m:
+            return self._progress(Phase.CUDA_GRAPHS, "batches", int(m.group("n")), int(m.group("tot")), t, arrival,
+                                  elapsed)
         return True
 
     def _on_phase_line(self, ev: LogEvent, msg: str, t: float, arrival: float) -> None:
         """Apply the first row of :data:`_PHASE_LINES` that matches ``msg``."""
+        engine = self._facts.get("engine")
         for phase, rows in _PHASE_LINES:
             pending = False
             for row in rows:
+                if row.engine != "*" and row.engine != engine:
+                    continue
                 m = row.rx.search(msg)
                 if m is None:
                     continue
@@ -932,7 +1020,7 @@ class PhaseTracker:
         # what the telling line says (sizes, a module, an exit code): the words and the fix are the
         # startup rules' (vtop.core.rules.startup.failure_words)
         detail = tuple((k, v) for k, v in match.groupdict().items() if v is not None) if match else ()
-        failure = Failure(kind, ev.text, self._current, t, arrival, detail)
+        failure = Failure(kind, ev.text, self._current, t, arrival, detail, engine=self._facts.get("engine"))
         if self._state == "failed":
             self._fail(failure, prio)
             return

@@ -61,6 +61,32 @@ _STALL_HINTS = {
     Phase.WARMUP: "warmup after graph capture is silent for ~20 s normally; longer means a hang",
     Phase.API_SERVER: "the engine is up but the HTTP server has not started; check the API server process",
 }
+#: the hints that differ where the log is SGLang's (by the engine fact its record format sets); the others
+#: hold for both. SGLang's processes: the launcher, ``sglang::scheduler`` (one per GPU rank), ``sglang::detokenizer``.
+_STALL_HINTS_BY_ENGINE: dict[str, dict[Phase, str]] = {
+    "sglang": {
+        Phase.PROCESS_START: "no line since the start: imports and the scheduler's spawn take 20-60 s; far longer "
+        "usually means a hung import or a slow filesystem (py-spy dump shows where)",
+        Phase.ENGINE_INIT: "the scheduler waits on torch distributed init: often NCCL blocked by a busy or missing "
+        "GPU (check nvidia-smi, NCCL_DEBUG=INFO)",
+        Phase.MEMORY_PROFILING: "the memory pool sizing is stuck; py-spy dump of sglang::scheduler shows where",
+        Phase.KV_CACHE: "KV pool allocation is stuck; check GPU memory and the sglang::scheduler process",
+        Phase.CUDA_GRAPHS: "CUDA graph capture can hang; --disable-cuda-graph skips it, a lower --cuda-graph-max-bs "
+        "captures fewer",
+        Phase.WARMUP: "the first kernels are compiled (JIT) on first use; a long silence here is that or a hang "
+        "(py-spy dump of sglang::scheduler)",
+        Phase.API_SERVER: "the HTTP server is up and sends itself a warmup request; no 'fired up' line means the "
+        "scheduler does not answer it",
+    },
+}
+
+
+def stall_hint(phase: Phase | None, engine: str | None = None) -> str:
+    """What usually stalls ``phase``, in the words of the engine whose log it is (None: vLLM's)."""
+    if phase is None:
+        return ""
+    own = _STALL_HINTS_BY_ENGINE.get(engine or "", {})
+    return own.get(phase) or _STALL_HINTS.get(phase, "")
 
 
 @dataclass(frozen=True)
@@ -132,6 +158,9 @@ class Failure:
     arrival: float
     detail: tuple[tuple[str, str], ...] = ()
     """What the telling line says, by name (``amt``, ``req``, ``avail``, ``mod``, ``code``...)."""
+    #: the engine whose log it is ("sglang" where the log's format said so; None: vLLM's or not known): the
+    #: fix's flags are that engine's (:data:`vtop.core.engines.ENGINE_FLAGS`)
+    engine: str | None = None
 
     def get(self, name: str) -> str | None:
         return next((v for k, v in self.detail if k == name), None)
@@ -186,6 +215,8 @@ class StartupFacts:
     """Numbers the log reports during a start. ``None`` means not (yet) reported."""
 
     version: str | None = None
+    #: the engine whose log this is, by its line format: "sglang", else None (vLLM's)
+    engine: str | None = None
     model: str | None = None
     architecture: str | None = None
     engine_version: str | None = None

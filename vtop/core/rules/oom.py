@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.phases.types import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert, Thresholds
@@ -211,6 +212,9 @@ class OomFinding:
     prompt_logprobs_frame: bool = False
     prompt_logprobs_requests: int = 0
     prompt_logprobs_max: int | None = None
+    #: the engine of the server or log (one of :data:`vtop.core.engines.ENGINES`; None: not known, read as the
+    #: first): the fixes name its flags (:data:`vtop.core.engines.ENGINE_FLAGS`)
+    engine: str | None = None
 
     @property
     def rule(self) -> str:
@@ -222,10 +226,13 @@ def oom_finding(e: OomEvent, ctx: Evidence, mem: Memory) -> OomFinding:
     line = e.line.strip()
     m = _OOM_RE.search(line)
     gm = _OOM_GPU_RE.search(line)
+    proc = ctx.process_of(e.target)
+    engine = proc.engine if proc is not None else (ctx.startup.facts.engine if ctx.startup is not None else None)
     base = OomFinding(
         "serving", e.target, e.arrival, line,
         amount=m.group("amt") if m and m.groupdict().get("amt") else None,
         gpu_free=(gm.group("gpu"), gm.group("free"), gm.group("total")) if gm else None,
+        engine=engine,
     )
     if e.startup:
         return _startup_finding(base, e, ctx, mem)
@@ -242,7 +249,7 @@ def _startup_finding(f: OomFinding, e: OomEvent, ctx: Evidence, mem: Memory) -> 
     return replace(
         f, cls="startup", phase=e.phase, other_procs=tuple(mem.other_procs_lines(ctx, f.target, e.arrival)),
         torch_others=torch_others, max_model_len=mml,
-        gpu_mem_util=to_float(flag(proc, "--gpu-memory-utilization")) if proc is not None else None,
+        gpu_mem_util=to_float(flag(proc, flags_of(f.engine)["mem"])) if proc is not None else None,
     )
 
 
@@ -351,20 +358,20 @@ def _mem_spikes(ctx: Evidence, mem: Memory, url: str | None, t1: float) -> list[
 
 # ------------------------------------------------------------------ wording: the alert of a finding
 
+#: the fixes by class; ``{mem}``, ``{len}``, ``{chunk}``... are the engine's flags (vtop.core.engines)
 _FIX_RUNTIME: dict[str, tuple[str, ...]] = {
     "spike": (
-        "Bound a step's work: --enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, "
-        "e.g. 2048.",
-        "Limit concurrency and prompt length upstream; a lower --max-model-len rejects oversized prompts.",
-        "Leave more headroom: lower --gpu-memory-utilization a little.",
+        "Bound a step's work: {chunk_how}.",
+        "Limit concurrency and prompt length upstream; a lower {len} rejects oversized prompts.",
+        "Leave more headroom: lower {mem} a little.",
     ),
     "fragmentation": (
-        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in vLLM's environment to avoid fragmentation.",
-        "Restart the server to get contiguous memory back; lower --gpu-memory-utilization a little for headroom.",
+        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in {name}'s environment to avoid fragmentation.",
+        "Restart the server to get contiguous memory back; lower {mem} a little for headroom.",
     ),
     "serving": (
-        "Bound a step's work with a lower --max-num-batched-tokens and limit concurrency upstream.",
-        "Lower --gpu-memory-utilization a little for activation headroom; set "
+        "Bound a step's work with a lower {chunk} and limit concurrency upstream.",
+        "Lower {mem} a little for activation headroom; set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
     ),
 }
@@ -375,7 +382,7 @@ _FIX_RUNTIME["prompt_logprobs"] = (
     "prompt_logprobs=-1 asks for the whole vocabulary), or drop prompt_logprobs from the clients that send it.",
     "Bound a step's work: a lower --max-num-batched-tokens (chunked prefill) splits a long prompt, and its prompt "
     "logprobs, into smaller steps; a lower --max-model-len rejects the longest prompts.",
-    "Leave more headroom: lower --gpu-memory-utilization a little.",
+    "Leave more headroom: lower {mem} a little.",
 )
 
 
@@ -413,13 +420,14 @@ def _before_lines(f: OomFinding, win: str) -> list[str]:
 
 def _runtime_words(f: OomFinding, win: str, tried: str, short: str) -> tuple[str, list[str], tuple[str, ...]]:
     """A runtime OOM's title, its stage's own evidence lines and its fix, by the stage it came in."""
-    fix = _FIX_RUNTIME.get(f.cls, ())
+    fl = flags_of(f.engine)
+    fix = tuple(t.format_map(fl) for t in _FIX_RUNTIME.get(f.cls, ()))
     if f.cls == "kv_pressure":
         fix = (
-            "Lower --max-num-seqs" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
+            f"Lower {fl['seqs']}" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
             + " so fewer sequences compete for memory.",
-            "Lower --gpu-memory-utilization a little to leave activations headroom, or add GPUs with "
-            "--tensor-parallel-size.",
+            f"Lower {fl['mem']} a little to leave activations headroom, or add GPUs with "
+            f"{fl['tp']}.",
         )
         return (f"CUDA out of memory on {short} under KV pressure: KV cache full, {num(f.preemptions)} preemptions",
                 [f"{plural(f.preemptions, 'preemption')} in the minute before: the KV cache was full"], fix)
@@ -458,20 +466,21 @@ def _fragmentation_lines(f: OomFinding) -> list[str]:
 
 
 def _startup_fix(f: OomFinding) -> tuple[str, ...]:
+    fl = flags_of(f.engine)
     fix: list[str] = []
     if f.other_procs or f.torch_others:
         fix.append(
-            "Another process holds memory on this GPU: stop it or move it, or lower --gpu-memory-utilization"
+            f"Another process holds memory on this GPU: stop it or move it, or lower {fl['mem']}"
             + (f" (now {f.gpu_mem_util:g})" if f.gpu_mem_util else "") + " to what is free next to it."
         )
     if f.phase is Phase.WEIGHTS:
-        fix.append("The weights do not fit: use a quantized model or spread it with --tensor-parallel-size.")
+        fix.append(f"The weights do not fit: use a quantized model or spread it with {fl['tp']}.")
     elif f.phase is Phase.CUDA_GRAPHS:
-        fix.append("CUDA graph capture ran out: --enforce-eager skips it, or lower --max-num-seqs (fewer graph sizes).")
+        fix.append(f"CUDA graph capture ran out: {fl['eager']} skips it, or lower {fl['graph_bs']}.")
     fix.append(
-        "Lower --max-model-len" + (f" (now {num(f.max_model_len)})" if f.max_model_len else "")
-        + " or --max-num-batched-tokens so the profiling run and the KV cache need less, or lower "
-        "--gpu-memory-utilization if the GPU is shared."
+        f"Lower {fl['len']}" + (f" (now {num(f.max_model_len)})" if f.max_model_len else "")
+        + f" or {fl['chunk']} so the profiling run and the KV cache need less, or lower "
+        f"{fl['mem']} if the GPU is shared."
     )
     return tuple(fix)
 

@@ -34,9 +34,10 @@ startup-failure-kv-too-small.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from vtop.core.engines import flags_of
 from vtop.core.membudget import util_that_fits
 from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
@@ -331,22 +332,24 @@ class FailureWords(NamedTuple):
 def failure_words(f: Failure) -> FailureWords:
     """The words of a failure the tracker decided on (its kind, the telling line's details, its phase):
     one place for them, the startup panel's, the startup-failure and engine-death rules'."""
-    msg, fix = _fix_text(f.kind, f.get, f.phase)
+    msg, fix = _fix_text(f.kind, f.get, f.phase, f.engine)
     return FailureWords(msg, fix)
 
 
-def _cuda_oom(g: _Get, where: str) -> tuple[str, str]:
+def _cuda_oom(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
     amt = g("amt")
     return (f"CUDA out of memory{where}" + (f" (tried to allocate {amt})" if amt else ""),
-            "Check no other process holds GPU memory (nvidia-smi). Then lower --max-model-len or --max-num-seqs, "
-            "use a smaller or quantized model, or spread it with --tensor-parallel-size; lower "
-            "--gpu-memory-utilization if the GPU is shared. During CUDA graph capture, --enforce-eager avoids it.")
+            f"Check no other process holds GPU memory (nvidia-smi). Then lower {fl['len']} or {fl['seqs']}, "
+            f"use a smaller or quantized model, or spread it with {fl['tp']}; lower "
+            f"{fl['mem']} if the GPU is shared. During CUDA graph capture, {fl['eager']} avoids it.")
 
 
-def _kv_no_memory(g: _Get, where: str) -> tuple[str, str]:
+def _kv_no_memory(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
+    now = g("frac")
     return ("no GPU memory left for the KV cache",
-            "The weights and activations left nothing for the KV cache: raise --gpu-memory-utilization, free the "
-            "GPU of other processes, use a quantized model, or add GPUs with --tensor-parallel-size.")
+            f"The weights and activations left nothing for the KV cache: raise {fl['mem']}"
+            + (f" (now {now})" if now else "") + ", free the "
+            f"GPU of other processes, use a quantized model, or add GPUs with {fl['tp']}.")
 
 
 def _kv_host_memory(g: _Get, where: str) -> tuple[str, str]:
@@ -426,15 +429,23 @@ def _exception(g: _Get, where: str) -> tuple[str, str]:
 
 
 #: a failure's kind (the tracker's decision) -> its words
+#: the kinds whose fix names the engine's flags (:data:`vtop.core.engines.ENGINE_FLAGS`)
+_ENGINE_WORDS: dict[str, Callable[[_Get, str, Mapping[str, str]], tuple[str, str]]] = {
+    "cuda_oom": _cuda_oom, "kv_no_memory": _kv_no_memory,
+}
 _WORDS: dict[str, Callable[[_Get, str], tuple[str, str]]] = {
-    "cuda_oom": _cuda_oom, "kv_no_memory": _kv_no_memory, "kv_host_memory": _kv_host_memory,
+    "kv_host_memory": _kv_host_memory,
     "gpu_free_at_start": _gpu_free_at_start, "max_model_len": _max_model_len, "module_not_found": _module_not_found,
     "model_len_too_long": _model_len_too_long, "worker_died": _worker_died, "engine_died": _engine_died,
     "engine_init_failed": _engine_init_failed,
 }
 
 
-def _fix_text(kind: str, g: _Get, phase: Phase | None) -> tuple[str, str]:
-    """(short message, usual fix) for a failure kind; ``g`` reads the telling line's details by name."""
+def _fix_text(kind: str, g: _Get, phase: Phase | None, engine: str | None = None) -> tuple[str, str]:
+    """(short message, usual fix) for a failure kind; ``g`` reads the telling line's details by name; the
+    flags named are ``engine``'s."""
     where = f" during {phase.label}" if phase and phase is not Phase.READY else ""
+    worded = _ENGINE_WORDS.get(kind)
+    if worded is not None:
+        return worded(g, where, flags_of(engine))
     return _WORDS.get(kind, _exception)(g, where)
