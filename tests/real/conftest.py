@@ -25,8 +25,11 @@ first, in the order they are met, the defaults last); in a group a test that wat
 a fresh start goes first (its launch is the group's start), and each test that leaves
 the server dead (``@pytest.mark.vllm_leaves_down``: it kills the engine) is followed
 by one that launches a new server anyway (a fresh start), so no test pays a restart
-for the one before it.  The tests that need no server run first.  Only the tests
-that watch a start, kill a server or stop and start it themselves cost a start.
+for the one before it.  A test that launches the server itself with a model, env
+or clock of its own and leaves it stopped (``@pytest.mark.vllm_own_start``) gets
+no server brought up for it and goes first in its group, before the group's own
+start.  The tests that need no server run first.  Only the tests that watch a
+start, kill a server or stop and start it themselves cost a start.
 
 ``real_vllm_fresh_start`` (function scoped, the same :class:`RealVllm`)
     Stops the server and launches a new one, returning right after the launch,
@@ -127,6 +130,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "vllm_leaves_down: the test leaves the real vLLM server dead or stopped (it kills its engine); "
         "the run puts a test that launches a new server anyway after it (tests/real only)",
     )
+    config.addinivalue_line(
+        "markers",
+        "vllm_own_start: the test launches the session's server itself (its own model, env or clock) and "
+        "leaves it stopped: no server is brought up for it, and it runs first in its group (tests/real only)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
@@ -166,10 +174,13 @@ def _server_order(items: list[pytest.Item]) -> list[pytest.Item]:
     keys = [k for k in groups if k != default] + ([default] if default in groups else [])
     out = list(no_server)
     for k in keys:
-        fresh = [it for it in groups[k] if "real_vllm_fresh_start" in it.fixturenames]
-        down = [it for it in groups[k] if it not in fresh and it.get_closest_marker("vllm_leaves_down")]
-        plain = [it for it in groups[k] if it not in fresh and it not in down]
-        seq = fresh[:1] + plain
+        # a test that launches its own server needs none up before it and leaves none up after it: first in the
+        # group, where the group's own start comes anyway (the previous group's server is stopped by its launch)
+        own = [it for it in groups[k] if it.get_closest_marker("vllm_own_start")]
+        fresh = [it for it in groups[k] if it not in own and "real_vllm_fresh_start" in it.fixturenames]
+        down = [it for it in groups[k] if it not in own and it not in fresh and it.get_closest_marker("vllm_leaves_down")]
+        plain = [it for it in groups[k] if it not in own and it not in fresh and it not in down]
+        seq = own + fresh[:1] + plain
         rest = fresh[1:]
         for d in down:  # each down followed by a fresh start (its launch replaces the dead server)
             seq.append(d)
@@ -749,13 +760,16 @@ class RealVllm:
         temperature: float | None = None,
         time_limit_s: float = 120.0,
         request_timeout_s: float = 120.0,
+        stop: threading.Event | None = None,
     ) -> LoadResult:
         """Send ``n`` real ``/v1/completions`` requests, ``concurrency`` at a time, on loopback.
 
         Bounded: ``n <= 2000``, ``concurrency <= 64``; no new request starts after
         ``time_limit_s`` (those are counted in ``not_sent``) and each request gives up
         after ``request_timeout_s``.  ``ignore_eos`` (a vLLM extension, default on)
-        makes every request run to ``max_tokens`` and finish with ``length``.
+        makes every request run to ``max_tokens`` and finish with ``length``.  ``stop``: once set, no
+        new request starts (the ones left count in ``not_sent``; those under way finish), so a test
+        ends its load when it has seen what it waits for instead of waiting out ``time_limit_s``.
         """
         if not 1 <= n <= MAX_LOAD_REQUESTS:
             raise ValueError(f"n must be 1..{MAX_LOAD_REQUESTS}")
@@ -825,7 +839,7 @@ class RealVllm:
         def worker(client: httpx.Client) -> None:
             while True:
                 with lock:
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                         return
                     i = next(todo, None)
                     if i is None:
@@ -929,7 +943,7 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
 def _real_vllm_guard(request: pytest.FixtureRequest) -> None:
     """Before each test that uses ``real_vllm``: resume / restart it to the flags it asks for."""
     names = request.fixturenames
-    if "real_vllm" not in names or "real_vllm_fresh_start" in names:
+    if "real_vllm" not in names or "real_vllm_fresh_start" in names or request.node.get_closest_marker("vllm_own_start"):
         return
     srv: RealVllm = request.getfixturevalue("real_vllm")
     key = _flags_key(request.node)

@@ -46,6 +46,7 @@ async def _until(pilot: Any, cond: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+@pytest.mark.vllm_own_start  # launches its own server (the Hub repo) and stops it
 async def test_download_progress_eta_and_stall(real_vllm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     srv = real_vllm
     files = padded_model(MODEL_DIR, tmp_path / "repo", PAD)

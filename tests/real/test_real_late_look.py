@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,9 @@ def capture(sess: str, ansi: bool = False) -> list[str]:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real_vllm: Any) -> None:
     srv = real_vllm
-    fut = srv.start_load(n=2000, concurrency=2, max_tokens=256, time_limit_s=BEFORE_S + 75.0)
+    # the load goes on while vtop looks (up to 75 s more) and ends once it has looked (load_done)
+    load_done = threading.Event()
+    fut = srv.start_load(n=2000, concurrency=2, max_tokens=256, time_limit_s=BEFORE_S + 75.0, stop=load_done)
     load_began = time.time()
     await asyncio.sleep(BEFORE_S)
     assert not fut.done(), "the load ended before vtop started"
@@ -157,6 +160,7 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
         print(f"load began {tmux_started - load_began:.0f} s before vtop; captures in {CAPTURES}")
     finally:
         subprocess.run([*TMUX, "kill-server"], capture_output=True)
+        load_done.set()
         res = await asyncio.wrap_future(fut)
     assert res.ok >= 10, res
 

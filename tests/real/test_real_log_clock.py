@@ -36,12 +36,13 @@ def _doctor(url: str, log: Path, window: int) -> tuple[int, dict[str, Any]]:
     return r.returncode, json.loads(r.stdout)
 
 
+@pytest.mark.vllm_own_start  # launches its own server (its clock 8 h behind) and stops it
 def test_a_real_log_stamped_8h_behind_is_no_stall_and_its_start_lasts_what_it_lasted(
         real_vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = real_vllm
     monkeypatch.setenv("TZ", "Etc/GMT+8")  # POSIX sign: UTC-8
     try:
-        log = srv.cold_restart()
+        log = srv.cold_restart(extra_args=(), max_model_len=None, log_requests=True, fresh_cache=False)  # the defaults
         t0 = time.monotonic()
         # the start, watched from its first seconds (a doctor of 20 s, then another while it goes on)
         seen: list[dict[str, Any]] = []

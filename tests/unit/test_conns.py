@@ -363,3 +363,133 @@ def test_the_conns_thread_learns_its_next_wait_before_it_resumes() -> None:
     assert feed.conns_loop.interval == FAST_READ_S
     feed._on_conns(ConnRead(1003.0, 103.0, ()), None)  # hung up
     assert feed.conns_loop.interval == READ_EVERY_S
+
+
+# ------------------------------------------------------------------ reads on a loaded box (issue 39)
+
+
+def test_an_answer_the_kernel_has_given_is_read_however_late_the_thread_gets_to_it(pair) -> None:
+    """The deadline bounds the wait for the kernel, not the reading thread's turn on the CPU: a read whose
+    deadline passed before it looked (as under load, when the thread got the CPU seconds late) still takes
+    the dump the kernel gave. The old reader judged the wall clock after each message and gave it up."""
+    port, cli, acc = pair
+    cli.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert acc.recv(100)
+    read = read_conns({port}, timeout_s=0.0)
+    assert read.error is None and [c.remote for c in read.conns] == ["127.0.0.1:{}".format(cli.getsockname()[1])]
+
+
+def test_a_read_given_up_keeps_what_was_known_and_a_denied_one_forgets() -> None:
+    from vtop.model.requests import READ_GIVEN_UP
+
+    tr = ConnTracker()
+    for i in range(3):
+        tr.feed(100.0 + i, [C("127.0.0.1:8000", "b:2", 0.1, 80.0 + i, 100 * i)])
+    assert tr.oldest(102.0) is not None
+    tr.feed(104.0, [], error=f"the kernel's socket dump {READ_GIVEN_UP}")
+    got = tr.oldest(104.0)
+    assert got is not None and got.remote == "b:2" and tr.error is not None and tr.last_mono == 102.0
+    assert tr.reads == 3
+    assert tr.oldest(102.0 + STALE_S + 1) is None  # what it knew goes stale as before
+    # the next good read goes on with the same request (its age from when it came, not from this read)
+    tr.feed(106.0, [C("127.0.0.1:8000", "b:2", 0.1, 86.0, 700)])
+    again = tr.oldest(106.0)
+    assert again is not None and again.age_s == pytest.approx(86.0) and tr.error is None
+    tr.feed(107.0, [], error="the connections in the network namespace of pid 7 could not be read: denied")
+    assert tr.oldest(107.0) is None and tr.last_mono is None
+
+
+def test_a_request_that_looks_old_and_flowing_at_its_first_read_is_read_again_soon() -> None:
+    from vtop.core.requests.conns import FAST_AFTER_S, FAST_READ_S, READ_EVERY_S
+
+    tr = ConnTracker()
+    # first sight: the request came FAST_AFTER_S + 5 s ago and a byte went out 0.2 s ago: one more read says
+    tr.feed(100.0, [C("127.0.0.1:8000", "b:2", 0.2, FAST_AFTER_S + 5, 100)])
+    assert tr.oldest(100.0) is None and tr.read_every() == FAST_READ_S
+    # a young request, or an old connection idle since its answer: the usual pace
+    young = ConnTracker()
+    young.feed(100.0, [C("127.0.0.1:8000", "b:2", 0.2, 3.0, 100)])
+    idle = ConnTracker()
+    idle.feed(100.0, [C("127.0.0.1:8000", "b:2", FAST_AFTER_S + 1, FAST_AFTER_S + 2, 100)])
+    assert young.read_every() == READ_EVERY_S and idle.read_every() == READ_EVERY_S
+
+
+def _in_new_netns(pid: int, fn):
+    """Run ``fn`` in a thread that entered ``pid``'s network namespace; its result."""
+    import threading
+
+    from vtop.sources.sockets import setns_net
+
+    out: list = []
+
+    def run() -> None:
+        setns_net(f"/proc/{pid}/ns/net")
+        out.append(fn())
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(10)
+    return out[0]
+
+
+def _can_setns() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+@pytest.mark.skipif(not _can_setns(), reason="entering another network namespace needs root")
+def test_a_socket_made_in_a_containers_namespace_is_kept_and_reads_there_and_is_let_go() -> None:
+    """A process in a network namespace of its own (``unshare --net``, as a container without
+    ``--network host``): its loopback connection is read there over one socket made once, not in vtop's
+    namespace; the socket is closed once the process is no longer read."""
+    import shutil
+    import subprocess
+
+    from vtop.sources.sockets import NetnsSockets, read_conns_in
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    proc = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up 2>/dev/null; exec sleep 60"])
+    try:
+        deadline = time.monotonic() + 10
+        import os
+
+        while os.readlink(f"/proc/{proc.pid}/ns/net") == os.readlink("/proc/self/ns/net") or \
+                "sleep" not in open(f"/proc/{proc.pid}/cmdline").read():
+            assert time.monotonic() < deadline, "unshare never entered its namespace"
+            time.sleep(0.05)
+
+        def listen_and_connect():
+            srv = socket.socket()
+            try:
+                srv.bind(("127.0.0.1", 0))
+            except OSError:  # lo down (no ip(8)): bring nothing up, skip
+                return None
+            srv.listen()
+            cli = socket.create_connection(srv.getsockname())
+            acc, _ = srv.accept()
+            cli.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            acc.recv(100)
+            return srv, cli, acc
+
+        got = _in_new_netns(proc.pid, listen_and_connect)
+        if got is None:
+            pytest.skip("no loopback in a new namespace here")
+        srv, cli, acc = got
+        port = srv.getsockname()[1]
+        try:
+            socks = NetnsSockets()
+            reads = [read_conns_in(proc.pid, {port}, url="http://x", sockets=socks) for _ in range(3)]
+            assert all(r.error is None and r.url == "http://x" for r in reads), [r.error for r in reads]
+            assert [c.local for c in reads[-1].conns] == [f"127.0.0.1:{port}"]
+            assert socks.made == 1  # one socket for three reads: no thread a read
+            assert not [c for c in read_conns({port}).conns if c.local == f"127.0.0.1:{port}"]  # not vtop's namespace
+            socks.keep_only(set())
+            assert socks.made == 1 and len(socks) == 0  # the socket let go
+        finally:
+            for s in (cli, acc, srv):
+                s.close()
+    finally:
+        proc.kill()
+        proc.wait()

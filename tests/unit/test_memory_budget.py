@@ -8,6 +8,8 @@ source (vllm/v1/worker/gpu_worker.py), the 0.7-0.9 lines as remembered of those 
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,140 @@ def test_the_recorded_oom_start_failed_before_profiling_so_no_kv_bytes_are_guess
     b = p.monitor.memory_budget()[0]
     assert b.util_fit == 0.26 and not dict(b.parts).get("activation peak")
     assert b.kv_bytes_fit is None and "--kv-cache-memory-bytes" not in b.text()
+
+
+# --------------------------------------------------------------------------- the startup-failure rule quotes the fit
+
+FIT_TAIL = "the memory budget says at most: "
+
+
+def _kv_failure_trace(tmp: Path) -> Path:
+    """The recorded H200 start beside the 100.5 GiB process (h200-startup-failure-cuda-oom: its NVML samples, its
+    processes, its log), with its log changed in two places: the real 0.26.0 H200 start's budget line (weights 0.04,
+    activation peak 0.18, non-torch 0.22, CUDA graphs 0.19 GiB; tests/fixtures/logs/vllm-0.26.0-h200-startup.log)
+    after 'Using V2 Model Runner', and vLLM's 'No available memory for the cache blocks' ValueError in place of the
+    free-memory check's. Not a real sequence: vLLM 0.26/0.32 log the budget line at the end of warm-up, after the KV
+    cache is sized (vllm/v1/worker/gpu_worker.py, compile_or_warm_up_model), so a real failure of this kind comes
+    before it. What it tests is the wiring: a budget with the parts beside a neighbour, through the monitor and
+    every face. The log index is moved with the bytes (each size at the same line boundary)."""
+    import gzip
+    import shutil
+
+    out = tmp / "h200-kv-no-memory-beside-hog"
+    shutil.copytree(OOM_TRACE, out)
+    budget = next(ln for ln in H200_LOG.read_text().splitlines() if "Actual usage is" in ln)
+    budget = budget.replace("pid=1048", "pid=2064").replace("11-30 09:55:14", "12-02 05:23:52") + "\n"
+    kv = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when " \
+         "initializing the engine."
+    old = gzip.decompress((OOM_TRACE / "log.bin.gz").read_bytes()).decode()
+    new_parts: list[str] = []
+    bounds = [(0, 0)]  # (old offset, new offset) at each line end
+    o = n = 0
+    for ln in old.splitlines(keepends=True):
+        got = ln
+        if "ValueError: Free memory on device" in ln:
+            got = ln[: ln.index("ValueError:")] + kv + "\n"
+        if "Using V2 Model Runner" in ln:
+            got = ln + budget
+        new_parts.append(got)
+        o, n = o + len(ln.encode()), n + len(got.encode())
+        bounds.append((o, n))
+    (out / "log.bin.gz").write_bytes(gzip.compress("".join(new_parts).encode()))
+    rows = [json.loads(r) for r in gzip.decompress((OOM_TRACE / "log-index.jsonl.gz").read_bytes()).splitlines()]
+    for r in rows:
+        bo, bn = max(b for b in bounds if b[0] <= r["size"])
+        assert bo == r["size"], r  # every recorded size is at a line's end
+        r["size"] = bn
+    (out / "log-index.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    return out
+
+
+def _first_failure_alert(path: Path):  # type: ignore[no-untyped-def]
+    p = open_recording(str(path), config=Config())
+    t, alert = p.start, None
+    while t < p.end and alert is None:
+        t += 1.0
+        p.feed_until(t)
+        alert = next((a for a in p.monitor.alerts if a.rule == "startup_failure"), None)
+    return p, alert
+
+
+def test_the_startup_failure_fix_quotes_the_budgets_kv_size_on_every_face(tmp_path: Path) -> None:
+    """The 35G case through the rule: the real H200 start's parts beside the trace's 100.5 GiB process. The rule's
+    fix ends with the budget's own words (MemoryBudget.fit_words: one answer), and the alert on the screen, --once
+    --json and doctor (vtop replay --doctor, text and JSON) and the startup panel all say them."""
+    import io
+
+    from vtop.faces.headless import replay_doctor
+    from vtop.ui.widgets.startup_panel import StartupPanel
+
+    trace = _kv_failure_trace(tmp_path)
+    p, alert = _first_failure_alert(trace)
+    assert alert is not None and "no GPU memory left for the KV cache" in alert.title
+    b = p.monitor.memory_budget()[0]
+    assert b.others is not None and [pid for pid, _ in b.others] == [1960]
+    # what fits: the free room less the margin less the parts, whole GiB down (35 with these numbers)
+    room = b.total_gib - b.others_gib - 0.02 * b.total_gib - (0.04 + 0.18 + 0.22 + 0.19)  # type: ignore[operator]
+    words = b.fit_words()
+    assert words == f"fits: --gpu-memory-utilization {b.util_fit:.2f} or --kv-cache-memory-bytes {int(room)}G"
+    assert int(room) == 35 and b.util_fit == 0.26
+    fix = alert.fix[0]
+    assert fix.endswith(f" Beside what else holds gpu0 now, {FIT_TAIL}{words}."), fix
+    assert fix.startswith("The weights and activations left nothing for the KV cache")  # the kind's own fix first
+    assert words in b.text()  # the budget's line: the same words
+
+    p.feed_until(p.end)
+    panel = StartupPanel(gpu_activity=lambda t: (None, None), budget=p.monitor.memory_budget)
+    panel.view = p.monitor.log_view  # type: ignore[assignment]
+    shown = panel.build().plain
+    assert f"fix:  {fix}" in shown, shown
+
+    for as_json in (True, False):
+        buf = io.StringIO()
+        replay_doctor(str(trace), Config(), as_json=as_json, out=buf)
+        if as_json:
+            rep = json.loads(buf.getvalue())["report"]
+            got = next(a for a in rep["alerts"] if a["rule"] == "startup_failure")
+            assert got["fix"][0] == fix
+            assert words in rep["startup"]["memory_budget"][0]["text"]
+            assert rep["startup"]["memory_budget"][0]["kv_cache_memory_bytes_fit"] == b.kv_bytes_fit
+        else:
+            assert f"    fix: {fix}\n" in buf.getvalue(), buf.getvalue()
+
+
+def test_the_recorded_trace_keeps_its_fix_without_a_kv_size() -> None:
+    """h200-startup-failure-cuda-oom failed at the free-memory check, before profiling: no parts, no KV size, so the
+    rule's fix is the failure kind's own words (the utilization from the failure line), nothing of the budget."""
+    from vtop.core.rules.startup import failure_words
+
+    p, alert = _first_failure_alert(OOM_TRACE)
+    assert alert is not None
+    f = p.monitor.log_view.snapshot.failure  # type: ignore[union-attr]
+    assert f is not None and f.kind == "gpu_free_at_start"
+    assert alert.fix == (failure_words(f).fix,)
+    # the kind's fix names the flag among the ways to need less, never a size for it
+    assert FIT_TAIL not in alert.fix[0] and not re.search(r"--kv-cache-memory-bytes \d", alert.fix[0])
+    assert "--gpu-memory-utilization to 0.26 or less" in alert.fix[0]
+
+
+def test_the_fix_quotes_the_fullest_gpu_and_none_without_a_kv_size() -> None:
+    """Two GPUs beside different neighbours: --kv-cache-memory-bytes is per GPU, so the fix quotes the fullest GPU's
+    budget (what fits there fits on each); a version without the flag, or an SGLang start, keeps the fix as it was."""
+    from dataclasses import replace
+
+    from vtop.core.membudget import kv_fit
+    from vtop.core.phases.types import Failure
+    from vtop.core.rules.startup import failure_words
+
+    f = _facts(H200_LOG.read_text().splitlines())
+    roomy, full = _failed_budget(f, ((7, 20.0),)), replace(_failed_budget(f, ((9, 100.5),)), gpu=1)
+    assert kv_fit([roomy, full]) is full and kv_fit([full, roomy]) is full
+    fail = Failure("kv_no_memory", "x", None, None, 0.0)
+    plain = failure_words(fail).fix
+    fix = failure_words(fail, [roomy, full]).fix
+    assert fix == plain + f" Beside what else holds gpu1 (the fullest of 2) now, {FIT_TAIL}{full.fit_words()}."
+    for other in (replace(f, version="0.10.2"), replace(f, engine="sglang")):
+        b = _failed_budget(other, ((1960, 100.5),))
+        assert kv_fit([b]) is None and failure_words(fail, [b]).fix == plain
+    # an SGLang budget's fit says SGLang's flag for the memory fraction (the engines' table)
+    assert _failed_budget(replace(f, engine="sglang"), ((1960, 100.5),)).fit_words() == "fits: --mem-fraction-static 0.26"

@@ -19,12 +19,13 @@ the dump is never the one closed.
 pyroute2's ``DiagSocket`` (pyroute2.netlink.diag) reads the table and names ``SOCK_DESTROY = 21`` but offers no call
 that sends it (its calls are the dumps); the conns reader already speaks this protocol on the stdlib's ``socket``,
 and so does this module (a hundred lines, no new dependency).
-Everything here acts in the calling thread's network namespace (:mod:`vtop.actions.stop` enters the
-server's first). Nothing here reads what a connection carries.
+Everything here acts in the calling thread's network namespace, or in that of the socket given (made in
+the server's by :func:`vtop.sources.sockets.netns_socket`). Nothing here reads what a connection carries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -157,18 +158,35 @@ def _seq() -> int:
     return (os.getpid() ^ int(time.monotonic() * 1000)) & 0x7FFFFFFF
 
 
-def find(port: int, remote: str, deadline: float) -> SockId | None:
+def _recv(s: socket.socket, deadline: float, what: str) -> bytes:
+    """The kernel's next message; the wait for it is bounded by ``deadline``, a message that has come is
+    read however late the thread gets to it (under load it may get the CPU seconds late: a deadline on
+    the wall clock after each message gave up closes the kernel had answered)."""
+    s.settimeout(max(0.05, deadline - time.monotonic()))
+    try:
+        return s.recv(1 << 16)
+    except TimeoutError:
+        raise TimeoutError(what) from None
+
+
+def _socket(sock: socket.socket | None) -> contextlib.AbstractContextManager[socket.socket]:
+    return contextlib.nullcontext(sock) if sock is not None else \
+        socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+
+
+def find(port: int, remote: str, deadline: float, sock: socket.socket | None = None) -> SockId | None:
     """The established connection to local ``port`` whose peer is ``remote`` (``addr:port``), in this
-    thread's network namespace; None when there is none. Raises OSError / TimeoutError."""
+    thread's network namespace, or ``sock``'s (made in the server's); None when there is none. Raises
+    OSError / TimeoutError."""
     for fam in (socket.AF_INET, socket.AF_INET6):
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
-            s.settimeout(max(0.05, deadline - time.monotonic()))
-            s.send(dump_request(fam, port, _seq()))
+        with _socket(sock) as s:
+            s.send(dump_request(fam, port, seq := _seq()))
             found = None
             while True:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the kernel's socket dump took too long")
-                b = parse_dump(s.recv(1 << 16))
+                data = _recv(s, deadline, "the kernel's socket dump took too long")
+                if len(data) >= NLH.size and NLH.unpack_from(data, 0)[3] != seq:
+                    continue  # a reply to something earlier on this socket
+                b = parse_dump(data)
                 if b.error:
                     raise OSError(b.error, os.strerror(b.error))
                 found = found or next((x for x in b.socks if x.sport == port and x.remote == remote), None)
@@ -179,15 +197,13 @@ def find(port: int, remote: str, deadline: float) -> SockId | None:
     return None
 
 
-def destroy(sid: SockId, deadline: float) -> int:
-    """Close ``sid`` (``SOCK_DESTROY``); the kernel's errno (0: closed). Raises OSError / TimeoutError."""
+def destroy(sid: SockId, deadline: float, sock: socket.socket | None = None) -> int:
+    """Close ``sid`` (``SOCK_DESTROY``; over ``sock`` when given); the kernel's errno (0: closed). Raises
+    OSError / TimeoutError."""
     seq = _seq()
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
-        s.settimeout(max(0.05, deadline - time.monotonic()))
+    with _socket(sock) as s:
         s.send(destroy_request(sid, seq))
         while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the kernel did not answer the close in time")
-            got = parse_ack(s.recv(1 << 16), seq)
+            got = parse_ack(_recv(s, deadline, "the kernel did not answer the close in time"), seq)
             if got is not None:
                 return got

@@ -134,55 +134,51 @@ class CloseResult:
     refused: bool = False
 
 
-def _close_here(port: int, client: str, deadline: float) -> CloseResult:
+def _close_here(port: int, client: str, deadline: float, sock: Any = None) -> CloseResult:
     from vtop.actions.sockdestroy import destroy, find
 
-    sid = find(port, client, deadline)
+    sid = find(port, client, deadline, sock)
     if sid is None:
         return CloseResult(False, f"no connection from {client} to port {port} any more: the request ended "
                                   "before it could be stopped", gone=True)
-    err = destroy(sid, deadline)
+    err = destroy(sid, deadline, sock)
     if err != 0:
         why = {errno.EPERM: "the kernel refused (no CAP_NET_ADMIN over the server's network namespace)",
                errno.ENOENT: "the connection was gone already",
                errno.EOPNOTSUPP: "this kernel cannot close a socket from outside (no CONFIG_INET_DIAG_DESTROY)"
                }.get(err, f"the kernel answered {errno.errorcode.get(err, err)}")
         return CloseResult(False, f"the connection from {client} was not closed: {why}", gone=err == errno.ENOENT)
-    gone = find(port, client, deadline) is None
+    gone = find(port, client, deadline, sock) is None
     return CloseResult(True, f"closed the connection from {client} to port {port}", gone=gone)
 
 
 def close_connection(t: StopTarget, *, timeout_s: float = CLOSE_TIMEOUT_S,
                      status_path: str = "/proc/self/status", proc_root: str = "/proc") -> CloseResult:
-    """Close ``t``'s connection; blocking (at most ``timeout_s`` and a little), never raises. The
-    netlink calls run in a thread of their own (which enters the server's network namespace when it
-    has one), joined with the deadline."""
+    """Close ``t``'s connection; blocking (each wait for the kernel bounded by ``timeout_s``), never raises.
+    A server in a network namespace of its own is reached through a socket made in it
+    (:func:`vtop.sources.sockets.netns_socket`: a thread enters the namespace to make it, nothing else
+    moves); the netlink calls run in the calling thread (:func:`start_close` gives them one). The deadline
+    bounds the waits for the kernel, not a thread's turn on the CPU: on a loaded box a close whose answers
+    had come was given up at 3 s when the whole close ran in a thread joined with the deadline."""
     t0 = time.monotonic()
     why = missing_privilege(netns=t.netns_pid is not None, status_path=status_path)
     if why is not None:
         return CloseResult(False, why, refused=True)
-    out: list[CloseResult] = []
+    deadline = t0 + timeout_s
+    sock = None
+    try:
+        if t.netns_pid is not None:
+            from vtop.sources.sockets import netns_socket
 
-    def run() -> None:
-        deadline = time.monotonic() + timeout_s
-        try:
-            if t.netns_pid is not None:
-                from vtop.sources.sockets import setns_net
-
-                setns_net(f"{proc_root}/{t.netns_pid}/ns/net")
-            out.append(_close_here(t.port, t.client, deadline))
-        except TimeoutError as e:
-            out.append(CloseResult(False, f"the connection was not closed: {e}"))
-        except OSError as e:
-            out.append(CloseResult(False, f"the connection was not closed: {e.strerror or e}"))
-
-    th = threading.Thread(target=run, name="stop-request", daemon=True)
-    th.start()
-    th.join(timeout_s + 0.5)
-    if not out:
-        return CloseResult(False, f"the close took more than {timeout_s:g} s: given up (whether it closed is not "
-                                  "known)", elapsed_s=time.monotonic() - t0)
-    r = out[0]
+            sock = netns_socket(f"{proc_root}/{t.netns_pid}/ns/net", timeout_s=timeout_s)
+        r = _close_here(t.port, t.client, deadline, sock)
+    except TimeoutError as e:
+        r = CloseResult(False, f"the connection was not closed: {e} (whether it closed is not known)")
+    except OSError as e:
+        r = CloseResult(False, f"the connection was not closed: {e.strerror or e}")
+    finally:
+        if sock is not None:
+            sock.close()
     return CloseResult(r.closed, r.message, r.gone, time.monotonic() - t0, r.refused)
 
 

@@ -17,6 +17,7 @@ from functools import cached_property
 from vtop.core.download import DownloadProgress
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.loghistory import LogHistoryView
+from vtop.core.membudget import MemoryBudget
 from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
 from vtop.core.requests.conns import ConnTracker
 from vtop.core.requests.log import InFlight
@@ -160,6 +161,14 @@ class Evidence:
                 if owner is not None and owner[0] not in out.setdefault(idx, []):
                     out[idx].append(owner[0])
         return out
+
+    @cached_property
+    def memory_budget(self) -> list[MemoryBudget]:
+        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`), computed
+        once for this tick: what the startup-failure rule's fix quotes and the monitor's faces show."""
+        from vtop.core.membudget import memory_budget
+
+        return memory_budget(self)
 
     @property
     def xids(self) -> Sequence[XidEvent]:

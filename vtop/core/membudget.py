@@ -15,20 +15,27 @@ cache size (vLLM's ``--kv-cache-memory-bytes``, from 0.11: :func:`vtop.core.engi
 :attr:`MemoryBudget.kv_bytes_fit` is the KV cache that fits in the same room: what is free beside the others,
 less the same margin (two points of the total), less the weights, non-torch memory, activation peak and CUDA
 graphs; said whole (``30G``: vLLM's parser takes binary suffixes on whole numbers only).
+
+The fit is said once, in :meth:`MemoryBudget.fit_words` ("fits: --gpu-memory-utilization 0.26 or
+--kv-cache-memory-bytes 35G", each flag the engine's, from :mod:`vtop.core.engines`): the budget's line ends with
+it, and the startup-failure rule's fix quotes it where a KV cache size fits (:func:`kv_fit`: the fullest of the
+start's GPUs), so the alert, ``--once --json``, doctor and the startup panel say the same words.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vtop.core.engines import kv_bytes_flag
+from vtop.core.engines import flags_of, kv_bytes_flag
 
 if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
     from vtop.core.phases.types import Failure, StartupFacts
 
-__all__ = ["MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words", "memory_budget", "util_that_fits"]
+__all__ = ["MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words", "kv_fit", "memory_budget",
+           "util_that_fits"]
 
 GIB = float(1 << 30)
 #: the startup failures that are about memory (the tracker's kinds)
@@ -60,6 +67,23 @@ class MemoryBudget:
     #: parts were not logged, no room is left for a KV cache, or the engine or its version has no such flag)
     kv_bytes_fit: int | None = None
     kv_bytes_flag: str | None = None
+    #: the engine of the start (its flags' words: :func:`vtop.core.engines.flags_of`); None: vLLM's
+    engine: str | None = None
+
+    @property
+    def mem_flag(self) -> str:
+        """The engine's flag for the memory fraction (vLLM's ``--gpu-memory-utilization``)."""
+        return flags_of(self.engine)["mem"]
+
+    def fit_words(self) -> str | None:
+        """After a start that failed for memory, what fits beside the others, in the engine's flags:
+        'fits: --gpu-memory-utilization 0.26 or --kv-cache-memory-bytes 35G' (the KV cache size only where the
+        parts were logged and the engine's version has the flag); None when nothing is proposed."""
+        if self.util_fit is None:
+            return None
+        kv = (f" or {self.kv_bytes_flag} {kv_bytes_words(self.kv_bytes_fit)}"
+              if self.kv_bytes_fit is not None and self.kv_bytes_flag else "")
+        return f"fits: {self.mem_flag} {self.util_fit:.2f}{kv}"
 
     @property
     def vllm_gib(self) -> float | None:
@@ -84,7 +108,7 @@ class MemoryBudget:
             head += f" {self.total_gib:.1f} GiB"
         bits = []
         if self.requested_gib is not None:
-            u = f" (--gpu-memory-utilization {self.utilization:g})" if self.utilization is not None else ""
+            u = f" ({self.mem_flag} {self.utilization:g})" if self.utilization is not None else ""
             bits.append(f"vLLM's budget {self.requested_gib:.1f} GiB{u}")
         if self.parts:
             bits.append(" · ".join(f"{w} {g:.2f}" for w, g in self.parts) + " GiB")
@@ -93,10 +117,9 @@ class MemoryBudget:
                 " (" + ", ".join(f"pid {p} {g:.1f}" for p, g in self.others[:3]) + ")" if self.others else ""))
         if self.free_gib is not None:
             bits.append(f"free {self.free_gib:.1f} GiB")
-        if self.util_fit is not None:
-            kv = (f" or {self.kv_bytes_flag} {kv_bytes_words(self.kv_bytes_fit)}"
-                  if self.kv_bytes_fit is not None and self.kv_bytes_flag else "")
-            bits.append(f"fits: --gpu-memory-utilization {self.util_fit:.2f}{kv}")
+        fit = self.fit_words()
+        if fit is not None:
+            bits.append(fit)
         return head + ": " + "; ".join(bits) if bits else head + ": no budget logged yet"
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +131,14 @@ class MemoryBudget:
                 "free_gib": r(self.free_gib), "free_at_start_gib": r(self.free_at_start_gib),
                 "used_now_gib": r(self.used_now_gib), "util_fit": self.util_fit,
                 "kv_cache_memory_bytes_fit": self.kv_bytes_fit if self.kv_bytes_flag else None, "text": self.text()}
+
+
+def kv_fit(budgets: Sequence[MemoryBudget]) -> MemoryBudget | None:
+    """The budget whose words the startup-failure rule's fix quotes: of the start's GPUs with a KV cache size that
+    fits (and the engine's flag for it), the one where the least fits (the fullest GPU: what fits there fits on
+    each, as ``--kv-cache-memory-bytes`` is per GPU); None when none has one (the fix stays without it)."""
+    fits = [b for b in budgets if b.kv_bytes_fit is not None and b.kv_bytes_flag and b.util_fit is not None]
+    return min(fits, key=lambda b: (b.kv_bytes_fit or 0, b.util_fit or 0.0)) if fits else None
 
 
 def _r(x: float | None) -> float | None:
@@ -220,4 +251,5 @@ def _budget(idx: int | None, total: float | None, f: StartupFacts | None, parts:
         fit = util_that_fits(total, held)
         kv = kv_bytes_that_fit(total, held, parts)
     flag = kv_bytes_flag(f.engine, f.version) if f is not None else None
-    return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit, kv, flag if kv is not None else None)
+    return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit, kv, flag if kv is not None else None,
+                        f.engine if f is not None else None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from vtop.model.fmt import dur
 
-__all__ = ["CONNECTION", "EVIDENCE_WORDS", "LOG", "METRICS_BOUND", "InFlightRequest", "ServerRequests",
+__all__ = ["CONNECTION", "EVIDENCE_WORDS", "LOG", "METRICS_BOUND", "READ_GIVEN_UP", "InFlightRequest", "ServerRequests",
            "age_words", "dur_text"]
 
 #: the request log (``Received request ...``; its end lines, or the max_tokens histogram, say it has not ended)
@@ -26,6 +26,11 @@ LOG = "log"
 CONNECTION = "connection"
 #: ``/metrics`` alone (the running gauge, the finishes' latencies): some request has run this long
 METRICS_BOUND = "metrics_bound"
+
+#: the words every read of the connections given up at its deadline ends its error with: such a read says
+#: nothing of now (the kernel did not answer in time), so what the read before knew stands until it goes
+#: stale; any other error (denied, the server gone) forgets it
+READ_GIVEN_UP = "took too long"
 
 #: how each evidence is said
 EVIDENCE_WORDS = {LOG: "the request log", CONNECTION: "its connection", METRICS_BOUND: "/metrics"}

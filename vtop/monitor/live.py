@@ -88,6 +88,8 @@ class LiveFeed:
         self._conn_ports: frozenset[int] = frozenset()
         #: ``(url, pid, port)`` of the servers whose connections it reads in their own network namespace
         self._conn_netns: tuple[tuple[str, int, int], ...] = ()
+        #: the sockets made in those namespaces, kept from read to read (used in the conns thread only)
+        self._netns_sockets: Any = None
         self.scrapers: dict[str, VllmScraper] = {}
         #: the sources that never answered by the end of a headless window (set by vtop.faces.headless.watch)
         self.silent: list[str] = []
@@ -138,6 +140,8 @@ class LiveFeed:
 
     async def aclose(self) -> None:
         self.stop()
+        if self._netns_sockets is not None:
+            self._netns_sockets.close()  # each keeps a container's network namespace alive
         if self._client is not None:
             await self._client.aclose()
         if self.gpu_source is not None:
@@ -251,11 +255,16 @@ class LiveFeed:
     def conns_blocking(self) -> Any:
         """In the conns thread: the kernel's connections to the local servers' ports, then those of
         each server in its own network namespace, read there (a list of reads)."""
-        from vtop.sources.sockets import read_conns, read_conns_in
+        from vtop.sources.sockets import NetnsSockets, read_conns, read_conns_in
 
         reads = [read_conns(self._conn_ports)]
+        if self._netns_sockets is None and self._conn_netns:
+            self._netns_sockets = NetnsSockets()
+        socks = self._netns_sockets
         for url, pid, port in self._conn_netns:
-            reads.append(read_conns_in(pid, {port}, url=url))
+            reads.append(read_conns_in(pid, {port}, url=url, sockets=socks))
+        if socks is not None:  # a kept socket keeps its namespace alive: none for a server no longer read
+            socks.keep_only({pid for _url, pid, _port in self._conn_netns})
         return reads
 
     def _on_conns(self, result: Any, error: BaseException | None) -> None:

@@ -635,16 +635,15 @@ class Monitor:
         threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
 
     def memory_budget(self) -> list[MemoryBudget]:
-        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`)."""
-        from vtop.core.membudget import memory_budget
-
+        """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`, the
+        evidence's :attr:`~vtop.core.evidence.Evidence.memory_budget`: what the startup-failure rule quotes)."""
         if self.log_view is None:
             return []
         # the panel asks every redraw: computed again only when the log or the GPUs have news
         key = (self.log_view, self.gpu_history.last_poll, self.processes, len(self.servers))
         old = self._budget_cache[0]
         if old is None or any(a is not b for a, b in zip(old[:3], key[:3])) or old[3] != key[3]:
-            self._budget_cache = (key, memory_budget(self.evidence()))
+            self._budget_cache = (key, self.evidence().memory_budget)
         return self._budget_cache[1]
 
     def oom_finding(self) -> Alert | None:

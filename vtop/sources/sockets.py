@@ -31,12 +31,16 @@ Only the server's listening port is kept; nothing here reads what the connection
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import os
 import socket
 import struct
 import time
 from dataclasses import dataclass
+
+from vtop.model.requests import READ_GIVEN_UP
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -75,6 +79,8 @@ _U64 = struct.Struct("=Q")
 #: the most a dump may take before it is given up (a netlink dump of a few thousand sockets
 #: takes milliseconds)
 TIMEOUT_S = 2.0
+#: the dumps' sequence numbers (each dump its own: a kept socket may hold a given-up dump's tail)
+_SEQS = itertools.count(os.getpid() & 0xFFFF)
 
 
 @dataclass(frozen=True)
@@ -217,45 +223,63 @@ def port_filter(ports: frozenset[int]) -> bytes:
     return code
 
 
-def _dump(family: int, ports: frozenset[int], deadline: float, filtered: bool = True) -> list[Conn]:
+def _dump(family: int, ports: frozenset[int], deadline: float, filtered: bool = True,
+          sock: socket.socket | None = None) -> list[Conn]:
+    """One family's dump, on ``sock`` (a socket made in another network namespace, kept by the caller)
+    or on a socket of its own. ``deadline`` bounds each wait for the kernel's next message, never a
+    dump whose messages have come: on a loaded box the reading thread may get the CPU (and the GIL)
+    seconds late, and a complete answer read late is still the kernel's answer (a deadline judged on
+    the wall clock after each message gave such reads up: seen in the container test under load)."""
+    with contextlib.nullcontext(sock) if sock is not None else \
+            socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
+        return _dump_on(s, family, ports, deadline, filtered)
+
+
+def _dump_on(s: socket.socket, family: int, ports: frozenset[int], deadline: float, filtered: bool) -> list[Conn]:
     out: list[Conn] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
+    req = REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED)
+    req += SOCKID.pack(0, 0, bytes(16), bytes(16)) + SOCKID_REST.pack(0, 0, 0)
+    if filtered:
+        bc = port_filter(ports)
+        req += RTA.pack(RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
+    seq = next(_SEQS) & 0x7FFFFFFF
+    s.send(NLH.pack(NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
+    while True:
+        # the wait for the kernel's next message is bounded; one that has come is read whatever the hour
         s.settimeout(max(0.05, deadline - time.monotonic()))
-        req = REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED)
-        req += SOCKID.pack(0, 0, bytes(16), bytes(16)) + SOCKID_REST.pack(0, 0, 0)
-        if filtered:
-            bc = port_filter(ports)
-            req += RTA.pack(RTA.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
-        seq = os.getpid() & 0xFFFF
-        s.send(NLH.pack(NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the kernel's socket dump took too long")
+        try:
             data = s.recv(1 << 16)
-            off = 0
-            while off + NLH.size <= len(data):
-                mlen, mtype, _flags, _seq, _pid = NLH.unpack_from(data, off)
-                if mlen < NLH.size:
-                    return out
-                if mtype == NLMSG_DONE:
-                    return out
-                if mtype == NLMSG_ERROR:
-                    err = struct.unpack_from("=i", data, off + NLH.size)[0] if mlen >= NLH.size + 4 else 0
-                    if err == 0:
-                        return out
-                    raise OSError(-err, os.strerror(-err))
-                # the local port first, without copying: most of a box's sockets are not the server's
-                # (a full parse of each cost 7 us; a box with 1,000 connections read in 4 ms)
-                if mlen >= NLH.size + 6 and _PORT.unpack_from(data, off + NLH.size + 4)[0] in ports:
-                    c = _parse(family, data[off + NLH.size: off + mlen], ports)
-                    if c is not None:
-                        out.append(c)
+        except TimeoutError:
+            raise TimeoutError(f"the kernel's socket dump {READ_GIVEN_UP}") from None
+        off = 0
+        while off + NLH.size <= len(data):
+            mlen, mtype, _flags, mseq, _pid = NLH.unpack_from(data, off)
+            if mlen < NLH.size:
+                return out
+            if mseq != seq:  # left over from a dump given up on this (kept) socket: not this one's
                 off += (mlen + 3) & ~3
+                continue
+            if mtype == NLMSG_DONE:
+                return out
+            if mtype == NLMSG_ERROR:
+                err = struct.unpack_from("=i", data, off + NLH.size)[0] if mlen >= NLH.size + 4 else 0
+                if err == 0:
+                    return out
+                raise OSError(-err, os.strerror(-err))
+            # the local port first, without copying: most of a box's sockets are not the server's
+            # (a full parse of each cost 7 us; a box with 1,000 connections read in 4 ms)
+            if mlen >= NLH.size + 6 and _PORT.unpack_from(data, off + NLH.size + 4)[0] in ports:
+                c = _parse(family, data[off + NLH.size: off + mlen], ports)
+                if c is not None:
+                    out.append(c)
+            off += (mlen + 3) & ~3
 
 
-def read_conns(ports: set[int] | frozenset[int], *, timeout_s: float = TIMEOUT_S) -> ConnRead:
+def read_conns(ports: set[int] | frozenset[int], *, timeout_s: float = TIMEOUT_S,
+               sock: socket.socket | None = None) -> ConnRead:
     """Every established TCP connection whose local port is in ``ports`` (IPv4 and IPv6), read
-    from the kernel. Never raises: a failure is the read's ``error`` in words."""
+    from the kernel (over ``sock`` when given: a socket made in another network namespace, read
+    there). Never raises: a failure is the read's ``error`` in words."""
     t, mono = time.time(), time.monotonic()
     want = frozenset(int(p) for p in ports)
     if not want:
@@ -267,11 +291,11 @@ def read_conns(ports: set[int] | frozenset[int], *, timeout_s: float = TIMEOUT_S
     try:
         for fam in (socket.AF_INET, socket.AF_INET6):
             try:
-                conns.extend(_dump(fam, want, deadline))
+                conns.extend(_dump(fam, want, deadline, sock=sock))
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                conns.extend(_dump(fam, want, deadline, filtered=False))  # a kernel that refuses the filter
+                conns.extend(_dump(fam, want, deadline, filtered=False, sock=sock))  # a kernel that refuses the filter
     except (OSError, TimeoutError) as e:
         return ConnRead(t, mono, (), f"the kernel's socket table could not be read: {e}")
     conns.sort(key=lambda c: (c.local, c.remote))
@@ -304,34 +328,110 @@ def setns_net(path: str) -> None:
         os.close(fd)
 
 
-def read_conns_in(pid: int, ports: set[int] | frozenset[int], *, url: str | None = None,
-                  timeout_s: float = TIMEOUT_S, proc_root: str = "/proc") -> ConnRead:
-    """:func:`read_conns` in the network namespace of process ``pid`` (a server in a container without
-    ``--network host``: its connections are in its namespace's socket table, not vtop's). The dump
-    runs in a thread of its own that enters that namespace (``setns``, which needs CAP_SYS_ADMIN,
-    i.e. root) and ends with the dump, with the same deadline; the read carries ``url``, the server
-    it is for. Never raises: no privilege is the read's ``error``, in words."""
+def netns_socket(ns_path: str, *, timeout_s: float = TIMEOUT_S) -> socket.socket:
+    """A ``NETLINK_SOCK_DIAG`` socket made in the network namespace at ``ns_path`` (``/proc/PID/ns/net``).
+    A socket stays in the namespace it was made in, whichever thread uses it after: so only its making
+    needs a thread that enters the namespace (``setns``, which needs CAP_SYS_ADMIN, i.e. root), and the
+    dumps and closes on it run where the caller runs, no thread a read. Raises OSError (no privilege,
+    the process gone) or TimeoutError (the thread did not make it within ``timeout_s``)."""
     import threading
 
-    t, mono = time.time(), time.monotonic()
-    result: list[ConnRead] = []
+    got: list[socket.socket | OSError] = []
+    abandoned = threading.Event()
 
     def run() -> None:
         try:
-            setns_net(f"{proc_root}/{pid}/ns/net")
+            setns_net(ns_path)
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
         except OSError as e:
-            why = ("vtop may not enter it: reading a container's connections needs root (CAP_SYS_ADMIN)"
-                   if e.errno in (errno.EPERM, errno.EACCES) else
-                   "the server is gone" if e.errno == errno.ENOENT else f"{e.strerror or e}")
-            result.append(ConnRead(t, mono, (), f"the connections in the network namespace of pid {pid} "
-                                                f"could not be read: {why}", url))
+            got.append(e)
             return
-        r = read_conns(ports, timeout_s=timeout_s)
-        result.append(ConnRead(r.t, r.mono, r.conns, r.error, url))
+        got.append(sock)
+        if abandoned.is_set():  # the caller gave up waiting: nobody will close it
+            sock.close()
 
-    th = threading.Thread(target=run, name=f"conns-netns-{pid}", daemon=True)
+    th = threading.Thread(target=run, name="netns-socket", daemon=True)
     th.start()
-    th.join(timeout_s + 0.5)
-    if not result:
-        return ConnRead(t, mono, (), f"the socket dump in the network namespace of pid {pid} took too long", url)
-    return result[0]
+    th.join(timeout_s)
+    abandoned.set()
+    if not got:
+        raise TimeoutError(f"entering the network namespace {ns_path} took more than {timeout_s:g} s")
+    r = got[0]
+    if isinstance(r, OSError):
+        raise r
+    return r
+
+
+class NetnsSockets:
+    """The diag sockets made in other network namespaces, one a watched process, kept from read to read
+    (the read in a container costs a dump, as on the host, not a thread: under load a thread a read cost
+    0.1-0.6 s where the dump took 2-40 ms). A socket keeps its namespace alive: :meth:`keep_only` closes
+    those of processes no longer read, :meth:`close` all."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+        #: pid -> (the namespace's inode, the socket made in it)
+        self._socks: dict[int, tuple[int, socket.socket]] = {}
+        #: sockets made so far (tests, the bench)
+        self.made = 0
+
+    def get(self, pid: int, *, timeout_s: float = TIMEOUT_S) -> socket.socket:
+        """The socket in ``pid``'s network namespace (made at the first read, or when the process now
+        has another namespace). Raises as :func:`netns_socket`."""
+        path = f"{self.proc_root}/{pid}/ns/net"
+        ino = os.stat(path).st_ino
+        kept = self._socks.get(pid)
+        if kept is not None and kept[0] == ino:
+            return kept[1]
+        self.drop(pid)
+        sock = netns_socket(path, timeout_s=timeout_s)
+        self._socks[pid] = (ino, sock)
+        self.made += 1
+        return sock
+
+    def __len__(self) -> int:
+        """The sockets kept now."""
+        return len(self._socks)
+
+    def drop(self, pid: int) -> None:
+        """Close ``pid``'s socket (a read on it failed: the next read makes a new one)."""
+        kept = self._socks.pop(pid, None)
+        if kept is not None:
+            kept[1].close()
+
+    def keep_only(self, pids: set[int] | frozenset[int]) -> None:
+        for pid in [p for p in self._socks if p not in pids]:
+            self.drop(pid)
+
+    def close(self) -> None:
+        self.keep_only(frozenset())
+
+
+def read_conns_in(pid: int, ports: set[int] | frozenset[int], *, url: str | None = None,
+                  timeout_s: float = TIMEOUT_S, proc_root: str = "/proc",
+                  sockets: NetnsSockets | None = None) -> ConnRead:
+    """:func:`read_conns` in the network namespace of process ``pid`` (a server in a container without
+    ``--network host``: its connections are in its namespace's socket table, not vtop's), over a socket
+    made there (:func:`netns_socket`; kept in ``sockets`` from read to read when given, else made for
+    this read and closed); the read carries ``url``, the server it is for. Never raises: no privilege is
+    the read's ``error``, in words."""
+    t, mono = time.time(), time.monotonic()
+    where = f"the network namespace of pid {pid}"
+    try:
+        sock = sockets.get(pid, timeout_s=timeout_s) if sockets is not None else \
+            netns_socket(f"{proc_root}/{pid}/ns/net", timeout_s=timeout_s)
+    except TimeoutError:
+        return ConnRead(t, mono, (), f"the socket dump in {where} {READ_GIVEN_UP}", url)
+    except OSError as e:
+        why = ("vtop may not enter it: reading a container's connections needs root (CAP_SYS_ADMIN)"
+               if e.errno in (errno.EPERM, errno.EACCES) else
+               "the server is gone" if e.errno in (errno.ENOENT, errno.ESRCH) else f"{e.strerror or e}")
+        return ConnRead(t, mono, (), f"the connections in {where} could not be read: {why}", url)
+    try:
+        r = read_conns(ports, timeout_s=timeout_s, sock=sock)
+    finally:
+        if sockets is None:
+            sock.close()
+    if r.error is not None and sockets is not None:
+        sockets.drop(pid)  # a socket that failed once is not trusted again: the next read makes a new one
+    return ConnRead(r.t, r.mono, r.conns, r.error, url)

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from vtop.model.requests import READ_GIVEN_UP
+
 #: data sent this recently: the answer is still flowing (a streamed completion sends a chunk per
 #: token or a few; 5 s also spans a slow decode step under load)
 FLOWING_S = 5.0
@@ -130,9 +132,15 @@ class ConnTracker:
         self.empty_reads = 0
 
     def feed(self, mono: float, conns: Iterable[Any], error: str | None = None) -> None:
-        """One read at ``mono``; ``error`` when it failed (what was known is forgotten)."""
+        """One read at ``mono``; ``error`` when it failed: a read given up at its deadline
+        (:data:`~vtop.model.requests.READ_GIVEN_UP`) says nothing of now, and what the read before knew
+        stands until it is :data:`STALE_S` old (on a loaded box one read in three was given up, and
+        forgetting made every request start over: a runaway took two good reads in a row to be seen);
+        any other failure (denied, the server gone) forgets it."""
         self.error = error
         if error is not None:
+            if READ_GIVEN_UP in error:
+                return
             self._conns.clear()
             self.last_mono = None
             return
@@ -219,9 +227,15 @@ class ConnTracker:
 
     def read_every(self) -> float:
         """Seconds until the next read should come: :data:`FAST_READ_S` while a request has been in
-        flight :data:`FAST_AFTER_S` or more at the latest read, else :data:`READ_EVERY_S`."""
+        flight :data:`FAST_AFTER_S` or more at the latest read, or one that old looks so at its first read
+        (its answer sent a byte after the request came, or none yet: one more read says whether it moves),
+        else :data:`READ_EVERY_S`. Without the second, a runaway first seen at 20 s waited 10 s more."""
         for s in self._conns.values():
-            if s.in_flight and s.mono - s.req_at >= FAST_AFTER_S:
+            if s.mono - s.req_at < FAST_AFTER_S:
+                continue
+            looks = s.unanswered or (s.sent_s is not None and s.recv_s is not None
+                                     and s.sent_s <= FLOWING_S and s.sent_s < s.recv_s)
+            if s.in_flight or looks:
                 return FAST_READ_S
         return READ_EVERY_S
 

@@ -34,11 +34,11 @@ startup-failure-kv-too-small.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from vtop.core.engines import flags_of
-from vtop.core.membudget import util_that_fits
+from vtop.core.membudget import MEMORY_FAILURES, kv_fit, util_that_fits
 from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
@@ -50,6 +50,7 @@ from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
+    from vtop.core.membudget import MemoryBudget
     from vtop.core.phases.types import Failure, StallInfo, StartupSnapshot
 
 
@@ -76,7 +77,8 @@ class StartupFailure:
         if f is None or f.phase is Phase.READY:
             return []
         where = f" during {f.phase.label}" if f.phase is not None else ""
-        words = failure_words(f)
+        # a start that failed for memory: the budget's fit (computed there, once per tick), quoted in the fix
+        words = failure_words(f, ctx.memory_budget if f.kind in MEMORY_FAILURES else ())
         # The words may name the phase already ("ValueError during memory profiling").
         message = words.message.removesuffix(where) if where else words.message
         title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {message}"
@@ -329,11 +331,29 @@ class FailureWords(NamedTuple):
     fix: str
 
 
-def failure_words(f: Failure) -> FailureWords:
+def failure_words(f: Failure, budgets: Sequence[MemoryBudget] = ()) -> FailureWords:
     """The words of a failure the tracker decided on (its kind, the telling line's details, its phase):
-    one place for them, the startup panel's, the startup-failure and engine-death rules'."""
+    one place for them, the startup panel's, the startup-failure and engine-death rules'. ``budgets``: the
+    start's memory budget (:attr:`vtop.core.evidence.Evidence.memory_budget`); where it has a KV cache size that
+    fits (a start that failed for memory after profiling, an engine and version with the flag), the fix ends with
+    the budget's own words for it (:meth:`~vtop.core.membudget.MemoryBudget.fit_words`), else it is unchanged.
+    A CUDA OOM's words stay without it: the OOM rules name those, in their own fix."""
     msg, fix = _fix_text(f.kind, f.get, f.phase, f.engine)
-    return FailureWords(msg, fix)
+    return FailureWords(msg, fix if is_oom_failure(f) else fix + _budget_fit(budgets))
+
+
+def _budget_fit(budgets: Sequence[MemoryBudget]) -> str:
+    """' Beside what else holds gpu0 now, the memory budget says at most: fits: ... or ... 35G.' ('' when the budget
+    has no KV cache size that fits): the budget's words, read, never worked out again here."""
+    b = kv_fit(budgets)
+    words = b.fit_words() if b is not None else None
+    if b is None or words is None:
+        return ""
+    gpu = "the GPU" if b.gpu is None else f"gpu{b.gpu}"
+    n = sum(1 for x in budgets if x.kv_bytes_fit is not None)
+    if n > 1:
+        gpu += f" (the fullest of {n})"
+    return f" Beside what else holds {gpu} now, the memory budget says at most: {words}."
 
 
 def _cuda_oom(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:

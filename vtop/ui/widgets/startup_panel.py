@@ -8,7 +8,7 @@ is rebuilt only when it changes, so an idle server costs no repaint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -41,11 +41,12 @@ def fmt_s(s: float | None) -> str:
     return f"{h} h {m:02d} min"
 
 
-def _words(f: Failure) -> FailureWords:
-    """A failure's words and fix: the startup rules' (loaded once a failure is drawn, not at the first frame)."""
+def _words(f: Failure, budgets: Sequence[MemoryBudget] = ()) -> FailureWords:
+    """A failure's words and fix: the startup rules' (loaded once a failure is drawn, not at the first frame),
+    with the memory budget's fit where it has a KV cache size that fits (the alert's words)."""
     from vtop.core.rules.startup import failure_words
 
-    return failure_words(f)
+    return failure_words(f, budgets)
 
 
 def bar(frac: float, width: int = 12) -> str:
@@ -251,7 +252,8 @@ class StartupPanel(Static):
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
         self._timeline(out, v)
-        for b in self.budget() if self.budget is not None else ():
+        budgets = self.budget() if self.budget is not None else []
+        for b in budgets:
             if b.parts or b.util_fit is not None:
                 budget_bar(out, b)
         dl = self.download() if self.download is not None and snap.state == "starting" else None
@@ -261,7 +263,7 @@ class StartupPanel(Static):
                        style="bold yellow" if dl.quiet_s >= 30 else "bold")
         if snap.failure is not None and died is None:
             fl = snap.failure
-            words = _words(fl)
+            words = _words(fl, budgets)
             out.append("\n✗ ", style="bold red")
             out.append(words.message, style="bold red")
             out.append(f"\n  line: {fl.line[:300]}", style="red")
