@@ -104,7 +104,8 @@ async def _stop_confirmed(pilot: Any, app: Any, w: Watch, client: str, name: str
     shot(app, f"stop-{name}-result.svg")
     assert screen.outcome is True, screen.result_line
     assert screen.result_line.startswith("stopped:"), screen.result_line
-    assert any(w in screen.result_line for w in ("left unfinished", "abort counter", "nothing in flight")), \
+    assert any(w in screen.result_line for w in ("left unfinished", "abort counter", "nothing in flight",
+                                                 "its log says Aborted request")), \
         screen.result_line
     return screen, t0, before
 

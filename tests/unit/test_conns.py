@@ -376,7 +376,7 @@ def test_an_answer_the_kernel_has_given_is_read_however_late_the_thread_gets_to_
     cli.sendall(b"GET / HTTP/1.1\r\n\r\n")
     assert acc.recv(100)
     read = read_conns({port}, timeout_s=0.0)
-    assert read.error is None and [c.remote for c in read.conns] == ["127.0.0.1:{}".format(cli.getsockname()[1])]
+    assert read.error is None and [c.remote for c in read.conns] == [f"127.0.0.1:{cli.getsockname()[1]}"]
 
 
 def test_a_read_given_up_keeps_what_was_known_and_a_denied_one_forgets() -> None:

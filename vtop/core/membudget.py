@@ -16,6 +16,14 @@ cache size (vLLM's ``--kv-cache-memory-bytes``, from 0.11: :func:`vtop.core.engi
 less the same margin (two points of the total), less the weights, non-torch memory, activation peak and CUDA
 graphs; said whole (``30G``: vLLM's parser takes binary suffixes on whole numbers only).
 
+Where the parts line is missing -- the usual case for a real failure: vLLM 0.26 and 0.32 log it at the end of
+``compile_or_warm_up_model``, after the KV cache is sized, so "No available memory for the cache blocks" and the
+max_model_len check (``kv_cache_utils.py``) raise before it -- but vLLM logged "Available KV cache memory: K GiB"
+and the utilization is known (the API server's "non-default args", or the CUDA graph profiling line), everything
+but the KV cache is vLLM's own subtraction undone: requested - K (:func:`non_kv_of_available`), and the KV cache and
+the utilization that fit follow from it as from the parts. Nothing is taken from a table of defaults: without the
+line or the utilization (or the GPU's total) there is no KV size.
+
 The fit is said once, in :meth:`MemoryBudget.fit_words` ("fits: --gpu-memory-utilization 0.26 or
 --kv-cache-memory-bytes 35G", each flag the engine's, from :mod:`vtop.core.engines`): the budget's line ends with
 it, and the startup-failure rule's fix quotes it where a KV cache size fits (:func:`kv_fit`: the fullest of the
@@ -34,8 +42,8 @@ if TYPE_CHECKING:
     from vtop.core.evidence import Evidence
     from vtop.core.phases.types import Failure, StartupFacts
 
-__all__ = ["MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words", "kv_fit", "memory_budget",
-           "util_that_fits"]
+__all__ = ["GRAPH_MARGIN_GIB", "MARGIN", "MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words",
+           "kv_fit", "memory_budget", "non_kv_of_available", "non_kv_of_parts", "util_that_fits"]
 
 GIB = float(1 << 30)
 #: the startup failures that are about memory (the tracker's kinds)
@@ -43,6 +51,14 @@ MEMORY_FAILURES = frozenset({"gpu_free_at_start", "kv_no_memory", "max_model_len
 #: the parts of vLLM's own budget, in the order of the bar: (fact, words)
 PARTS = (("weights_gib", "weights"), ("consumed_gib", "weights + non-torch"), ("non_torch_gib", "non-torch"),
          ("activation_peak_gib", "activation peak"), ("cuda_graph_gib", "CUDA graphs"), ("kv_cache_gib", "KV cache"))
+#: the share of the GPU's total a fit keeps free (two points): vLLM's profiling slightly underestimates (its own
+#: suggestion keeps 150 MiB), the driver holds a part NVML's total counts, other processes grow
+MARGIN = 0.02
+#: the room kept for CUDA graphs where vLLM sized the KV cache without them and logged no estimate of its own
+#: (vLLM before 0.21; the V2 model runner of 0.26, whose ``profile_cudagraph_memory`` returns 0): graphs are
+#: captured after the KV cache is allocated, out of what the utilization leaves. The graph pools in the logs here:
+#: 0.19 GiB (the H200's tiny model, vLLM 0.26.0), 0.95 GiB (the reference's example line of a larger model)
+GRAPH_MARGIN_GIB = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,15 @@ class MemoryBudget:
     kv_bytes_flag: str | None = None
     #: the engine of the start (its flags' words: :func:`vtop.core.engines.flags_of`); None: vLLM's
     engine: str | None = None
+    #: everything but the KV cache as vLLM counted it where the parts line is missing: its budget less its
+    #: "Available KV cache memory" (:func:`non_kv_of_available`), that K, and the room kept for the CUDA graphs it
+    #: did not count (0.0: counted, or none captured); None: not worked out that way
+    non_kv_gib: float | None = None
+    kv_available_gib: float | None = None
+    graph_margin_gib: float | None = None
+    #: a start that failed for memory where no fit is proposed because none would work: why, in words (vLLM's own
+    #: use leaves no room for a KV cache beside the others, or the KV cache that fits holds no full-length request)
+    no_fit: str | None = None
 
     @property
     def mem_flag(self) -> str:
@@ -84,6 +109,15 @@ class MemoryBudget:
         kv = (f" or {self.kv_bytes_flag} {kv_bytes_words(self.kv_bytes_fit)}"
               if self.kv_bytes_fit is not None and self.kv_bytes_flag else "")
         return f"fits: {self.mem_flag} {self.util_fit:.2f}{kv}"
+
+    @property
+    def bar_parts(self) -> tuple[tuple[str, float], ...]:
+        """The parts the bar stacks: vLLM's as logged, or where everything but the KV cache came from the
+        available KV cache, that sum and the KV cache (the weights alone would be counted twice)."""
+        if self.non_kv_gib is None or self.kv_available_gib is None:
+            return self.parts
+        kv = (("KV cache", self.kv_available_gib),) if self.kv_available_gib > 0 else ()
+        return (("all but the KV cache", self.non_kv_gib), *kv)
 
     @property
     def vllm_gib(self) -> float | None:
@@ -112,6 +146,11 @@ class MemoryBudget:
             bits.append(f"vLLM's budget {self.requested_gib:.1f} GiB{u}")
         if self.parts:
             bits.append(" · ".join(f"{w} {g:.2f}" for w, g in self.parts) + " GiB")
+        if self.non_kv_gib is not None and self.kv_available_gib is not None:
+            graphs = ("; CUDA graphs not counted there, " + f"{self.graph_margin_gib:.2f} GiB kept for them"
+                      if self.graph_margin_gib else "")
+            bits.append(f"all but the KV cache {self.non_kv_gib:.2f} GiB (the budget less vLLM's available KV "
+                        f"cache {self.kv_available_gib:g} GiB{graphs})")
         if self.others is not None:
             bits.append(f"other processes {self.others_gib:.1f} GiB" + (
                 " (" + ", ".join(f"pid {p} {g:.1f}" for p, g in self.others[:3]) + ")" if self.others else ""))
@@ -120,6 +159,8 @@ class MemoryBudget:
         fit = self.fit_words()
         if fit is not None:
             bits.append(fit)
+        elif self.no_fit is not None:
+            bits.append(self.no_fit)
         return head + ": " + "; ".join(bits) if bits else head + ": no budget logged yet"
 
     def to_json(self) -> dict[str, Any]:
@@ -130,7 +171,9 @@ class MemoryBudget:
                 [{"pid": p, "gib": r(g)} for p, g in self.others], "others_gib": r(self.others_gib),
                 "free_gib": r(self.free_gib), "free_at_start_gib": r(self.free_at_start_gib),
                 "used_now_gib": r(self.used_now_gib), "util_fit": self.util_fit,
-                "kv_cache_memory_bytes_fit": self.kv_bytes_fit if self.kv_bytes_flag else None, "text": self.text()}
+                "kv_cache_memory_bytes_fit": self.kv_bytes_fit if self.kv_bytes_flag else None,
+                "non_kv_gib": r(self.non_kv_gib), "kv_available_gib": self.kv_available_gib,
+                "graph_margin_gib": r(self.graph_margin_gib), "no_fit": self.no_fit, "text": self.text()}
 
 
 def kv_fit(budgets: Sequence[MemoryBudget]) -> MemoryBudget | None:
@@ -145,24 +188,68 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def util_that_fits(total_gib: float, held_gib: float, margin: float = 0.02) -> float:
+def util_that_fits(total_gib: float, held_gib: float, margin: float = MARGIN) -> float:
     """The ``--gpu-memory-utilization`` that fits beside ``held_gib`` held by others: ``margin`` under what is
     free (two decimals), 0.05 at least. The startup-failure rule's fix says the same number."""
     frac = (total_gib - held_gib) / total_gib - margin if total_gib > 0 else 0.0
     return max(0.05, round(frac, 2))
 
 
-def kv_bytes_that_fit(total_gib: float, held_gib: float, parts: tuple[tuple[str, float], ...],
-                      margin: float = 0.02) -> int | None:
+def kv_bytes_that_fit(total_gib: float, held_gib: float, non_kv_gib: float, margin: float = MARGIN) -> int | None:
     """The KV cache (bytes) that fits beside ``held_gib`` held by others: what is free less :func:`util_that_fits`'
-    margin (``margin`` of the total), less every part of the budget but the KV cache (weights, non-torch
-    memory, the activation peak, CUDA graphs), rounded down to whole MiB. None without the weights and the
-    activation peak (a start that failed before profiling), or when nothing is left."""
+    margin (``margin`` of the total), less everything of vLLM's but the KV cache (``non_kv_gib``: the parts'
+    :func:`non_kv_of_parts`, or :func:`non_kv_of_available`), rounded down to whole MiB; None when nothing is left."""
+    room = total_gib - held_gib - margin * total_gib - non_kv_gib
+    return int(room * 1024) * (1 << 20) if room * 1024 >= 1 else None
+
+
+def non_kv_of_parts(parts: tuple[tuple[str, float], ...]) -> float | None:
+    """Every logged part of the budget but the KV cache (weights, non-torch memory, the activation peak, CUDA
+    graphs); None without the weights and the activation peak (the parts line was not logged)."""
     got = dict(parts)
     if "activation peak" not in got or not ({"weights", "weights + non-torch"} & set(got)):
         return None
-    room = total_gib - held_gib - margin * total_gib - sum(g for w, g in parts if w != "KV cache")
-    return int(room * 1024) * (1 << 20) if room * 1024 >= 1 else None
+    return sum(g for w, g in parts if w != "KV cache")
+
+
+def non_kv_of_available(requested_gib: float, available_gib: float) -> float:
+    """Everything but the KV cache as vLLM counted it when it sized the KV cache: its budget less the "Available KV
+    cache memory" it logged, its own subtraction undone. vLLM 0.32.0's ``vllm/v1/worker/gpu_worker.py``,
+    ``Worker.determine_available_memory``::
+
+        self.available_kv_cache_memory_bytes = (
+            self.requested_memory                       # request_memory(): ceil(total_memory * utilization)
+            - profile_result.non_kv_cache_memory        # mem_utils.memory_profiling(): total_consumed (weights,
+                                                        # non-torch, from free memory) + transient_peak_headroom
+            - cudagraph_memory_estimate_applied)        # the CUDA graph estimate, 0 with
+                                                        # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or no estimate
+        logger.info_once("Available KV cache memory: %s GiB", format_gib(...))
+
+    then ``vllm/v1/core/kv_cache_utils.py`` ``_check_enough_kv_cache_memory`` raises "No available memory for the
+    cache blocks" (K <= 0) or "To serve at least one request with the model's max seq len (L), (G GiB KV cache is
+    needed, which is larger than the available KV cache memory (K' GiB)" (K' is K less one block in 0.32.0's
+    ``check_enough_kv_cache_memory``), before the parts line. vLLM 0.26.0 (the V2 model runner, recorded on an
+    H200: tests/fixtures/logs/vllm-0.26.0-h200-startup.log): "Available KV cache memory: 69.45 GiB" of a 69.9 GiB
+    budget, 0.45 GiB = weights 0.04 + activation peak 0.18 + non-torch 0.22 (its parts line, logged later), the
+    0.19 GiB of CUDA graphs not in it: that runner's ``profile_cudagraph_memory`` returns 0. Where the CUDA graph
+    estimate was subtracted vLLM says so ("CUDA graph memory profiling is enabled", 0.21+:
+    :attr:`~vtop.core.phases.types.StartupFacts.graph_memory_profiled`); elsewhere :func:`_graph_margin` keeps room.
+
+    ``requested_gib`` is the utilization times the total vtop knows (NVML's where vLLM's own is not logged: larger
+    than CUDA's by the driver's part, so this comes out a little larger, never smaller, than vLLM's); K is said to
+    two decimals."""
+    return requested_gib - available_gib
+
+
+def _graph_margin(f: StartupFacts) -> float:
+    """The GiB of CUDA graphs vLLM did not subtract before sizing the KV cache: 0 where it did ("CUDA graph memory
+    profiling is enabled") or captures none (``enforce_eager=True`` in its config); its own estimate where it logged
+    one but did not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0); else :data:`GRAPH_MARGIN_GIB`."""
+    if f.graph_memory_profiled or f.enforce_eager:
+        return 0.0
+    if f.graph_memory_estimate_gib is not None and f.graph_memory_profiled is False:
+        return f.graph_memory_estimate_gib
+    return GRAPH_MARGIN_GIB
 
 
 def kv_bytes_words(n: int | None) -> str:
@@ -244,12 +331,31 @@ def _budget(idx: int | None, total: float | None, f: StartupFacts | None, parts:
         total = _num(failure.get("total"), total)  # CUDA's total, as vLLM measured it
         util = _num(failure.get("util"), util)
         req = _num(failure.get("req"), req)
-    fit = kv = None
+    fit = kv = no_fit = None
     held = sum(g for _, g in others) if others is not None else (total - free0 if total and free0 is not None
                                                                   else None)
+    # everything but the KV cache: the parts vLLM logged, else its budget less the KV cache it said was available
+    non_kv, avail, graphs = non_kv_of_parts(parts), None, 0.0
+    if non_kv is None and f is not None and f.kv_available_gib is not None and req is not None:
+        avail = f.kv_available_gib
+        non_kv, graphs = non_kv_of_available(req, avail), _graph_margin(f)
     if failed and total and held is not None:
-        fit = util_that_fits(total, held)
-        kv = kv_bytes_that_fit(total, held, parts)
+        if non_kv is None:
+            fit = util_that_fits(total, held)  # the parts are not known: the utilization alone
+        else:
+            kv = kv_bytes_that_fit(total, held + graphs, non_kv)
+            need = _num(failure.get("need"), None) if failure is not None and failure.kind == "max_model_len" else None
+            if kv is None:
+                kept = f" + CUDA graphs {graphs:.2f}" if graphs else ""
+                no_fit = (f"no KV cache fits beside the others: {total - held:.2f} GiB free, vLLM's own "
+                          f"{non_kv:.2f}{kept} GiB + the margin {MARGIN * total:.2f} GiB")
+            elif need is not None and kv < need * GIB:
+                no_fit = (f"the KV cache that fits beside the others ({kv / GIB:.2f} GiB) holds no request of the "
+                          f"full length ({need:g} GiB needed)")
+                kv = None
+            else:
+                fit = util_that_fits(total, held + graphs)
     flag = kv_bytes_flag(f.engine, f.version) if f is not None else None
     return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit, kv, flag if kv is not None else None,
-                        f.engine if f is not None else None)
+                        f.engine if f is not None else None, non_kv if avail is not None else None, avail,
+                        graphs if avail is not None else None, no_fit)

@@ -214,7 +214,26 @@ PROFILING_TAKES_RE = re.compile(r"Memory profiling takes (?P<s>[\d.]+) seconds")
 PROFILE_RUN_RE = re.compile(r"Initial profiling/warmup run took (?P<s>[\d.]+) s")
 PROFILING_MARK_RE = re.compile(r"Profiling CUDA graph memory|CUDA graph memory profiling is enabled")
 GRAPH_EST_RE = re.compile(r"Estimated CUDA graph memory: (?P<gib>[\d.]+) GiB total")
-KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+#: ``gpu_worker.py`` ``determine_available_memory`` (0.21+; vLLM 0.32.0's source), logged right after "Available KV
+#: cache memory" where the CUDA graph estimate is above 0: "CUDA graph memory profiling is enabled (default since
+#: v0.21.0). The current --gpu-memory-utilization=0.9000 is equivalent to ..." (the estimate was subtracted from
+#: the KV cache) or, with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, "CUDA graph memory profiling is disabled
+#: (...). ... increasing --gpu-memory-utilization from 0.9000 to 0.9100." (it was not); both name the utilization
+GRAPH_PROFILING_RE = re.compile(
+    r"CUDA graph memory profiling is (?P<on>enabled|disabled)"
+    r"(?:.*?(?:The current --gpu-memory-utilization=|--gpu-memory-utilization from )(?P<util>[\d.]+))?"
+)
+#: ``gpu_worker.py`` ``determine_available_memory``: "Available KV cache memory: K GiB" (0.9+, per rank; the
+#: profiling path only: an explicit --kv-cache-memory-bytes returns before it, the CPU worker never logs it). K is
+#: ``format_gib`` of bytes that can be 0 or below (``round(b / 2**30, 2)``: "-1.5") when the weights and the
+#: activations took the whole budget: then "No available memory for the cache blocks" follows. ``gib``: K at 0 or
+#: above (the KV cache's size), ``neg``: K below 0
+KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?:(?P<gib>\d[\d.]*)|(?P<neg>-\d[\d.]*)) GiB")
+#: the API server's "non-default args: {'model_tag': ..., 'gpu_memory_utilization': 0.5, ...}" (a dict's repr;
+#: 0.32.0's ``vllm/entrypoints/serve/utils/api_utils.py``, ``api_utils.py`` in the 0.26.0 H200 log): the utilization
+#: where it was given. A default one is not said there; vtop takes none from a table of defaults (0.92 in 0.32.0's
+#: ``CacheConfig``, not the same in every version)
+NONDEFAULT_UTIL_RE = re.compile(r"non-default args: \{.*'gpu_memory_utilization': (?P<util>[\d.]+)")
 KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
 
 #: The GPU memory budget vLLM reports after profiling, by version (issue 40; vllm/v1/worker/gpu_worker.py):

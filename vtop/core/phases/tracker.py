@@ -55,6 +55,7 @@ from vtop.core.phases.patterns import (
     ERROR_PATTERNS,
     EXC_LINE_RE,
     GRAPH_EST_RE,
+    GRAPH_PROFILING_RE,
     INIT_ENGINE_RE,
     KV_AVAILABLE_RE,
     KV_BLOCKS_RE,
@@ -64,6 +65,7 @@ from vtop.core.phases.patterns import (
     LAUNCH_RES,
     MAX_LEN_RE,
     MODEL_LOADING_RE,
+    NONDEFAULT_UTIL_RE,
     NUM_BLOCKS_RE,
     PROFILE_RUN_RE,
     PROFILING_MARK_RE,
@@ -134,7 +136,7 @@ def _int(s: str) -> int:
 
 
 #: a fact a line reports: (name, the match groups it is in (the first non-empty one), conversion,
-#: how it is kept: "set", "max" (the largest over ranks) or "default" (the first one seen))
+#: how it is kept: "set", "max" (the largest over ranks), "min" (the smallest) or "default" (the first one seen))
 _Fact = tuple[str, tuple[str, ...], Callable[[str], Any], str]
 
 
@@ -220,6 +222,7 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
         _Line(ENGINE_WAIT_RE),
         _Line(ARCH_RE, None, (("architecture", ("v",), str, "set"),)),
         _Line(MAX_LEN_RE, None, (("max_model_len", ("v",), int, "set"),)),
+        _Line(NONDEFAULT_UTIL_RE, None, (("gpu_memory_utilization", ("util",), float, "default"),)),
     )),
     (Phase.WEIGHTS, (
         _Line(WEIGHTS_START_RE, facts=(("model", ("model",), str, "default"),)),
@@ -236,8 +239,14 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
         _Line(PROFILING_TAKES_RE, "rank_done", (("profiling_s", ("s",), float, "max"),)),
         _Line(PROFILE_RUN_RE, facts=(("profile_run_s", ("s",), float, "max"),)),
         _Line(GRAPH_EST_RE, facts=(("graph_memory_estimate_gib", ("gib",), float, "max"),)),
+        _Line(GRAPH_PROFILING_RE, facts=(
+            ("graph_memory_profiled", ("on",), lambda s: s == "enabled", "set"),
+            ("gpu_memory_utilization", ("util",), float, "default"),
+        )),
         _Line(PROFILING_MARK_RE),
-        _Line(KV_AVAILABLE_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
+        _Line(KV_AVAILABLE_RE, "rank_done", (
+            ("kv_cache_gib", ("gib",), float, "default"), ("kv_available_gib", ("gib", "neg"), float, "min"),
+        )),
         _Line(KV_CPU_SET_RE, "rank_done", (("kv_cache_gib", ("gib",), float, "default"),)),
     )),
     (Phase.KV_CACHE, (
@@ -979,6 +988,9 @@ class PhaseTracker:
                         continue
                     if how == "default":
                         self._facts.setdefault(name, conv(raw))
+                    elif how == "min":
+                        old = self._facts.get(name)
+                        self._facts[name] = conv(raw) if old is None else min(old, conv(raw))
                     else:
                         self._fact(name, conv(raw), keep_max=how == "max")
                 if row.extra is not None:

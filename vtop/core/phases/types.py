@@ -240,6 +240,11 @@ class StartupFacts:
     graph_capture_s: float | None = None
     graph_memory_gib: float | None = None
     graph_memory_estimate_gib: float | None = None
+    #: "CUDA graph memory profiling is enabled" (True: vLLM subtracted its CUDA graph estimate from the KV cache)
+    #: or "... is disabled" (False: it did not); None: neither logged (no estimate above 0, or a version before it)
+    graph_memory_profiled: bool | None = None
+    #: "Available KV cache memory: K GiB" (GiB; the smallest over ranks; 0 or below where nothing was left)
+    kv_available_gib: float | None = None
     init_engine_s: float | None = None
     #: the memory budget vLLM logs after profiling (GiB; per GPU, the largest over ranks)
     mem_total_gib: float | None = None

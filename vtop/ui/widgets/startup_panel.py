@@ -92,7 +92,7 @@ def progress_text(v: PhaseView) -> str:
 
 #: the memory budget's bar: a part's words -> its colour (others red, the rest dim)
 _PART_STYLE = {"weights": "blue", "weights + non-torch": "blue", "non-torch": "magenta", "activation peak": "yellow",
-               "CUDA graphs": "cyan", "KV cache": "green"}
+               "CUDA graphs": "cyan", "KV cache": "green", "all but the KV cache": "blue"}
 
 
 def budget_bar(out: Text, b: MemoryBudget, width: int = 40) -> None:
@@ -102,7 +102,7 @@ def budget_bar(out: Text, b: MemoryBudget, width: int = 40) -> None:
     out.append("\n  mem ")
     if total:
         cells = 0
-        segs = [(g, _PART_STYLE.get(w, "white")) for w, g in b.parts] + [(b.others_gib or 0.0, "red")]
+        segs = [(g, _PART_STYLE.get(w, "white")) for w, g in b.bar_parts] + [(b.others_gib or 0.0, "red")]
         for g, style in segs:
             n = min(width - cells, round(g / total * width))
             if n > 0:
