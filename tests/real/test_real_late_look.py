@@ -106,7 +106,10 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
                 assert abs(s[0] + 0.5 - at) <= 1.5, (p, s)  # where the log's stamp says
                 assert (p.gen_tps, p.running) == (s[1], s[2]), (p, s)  # the line's own values
             busy = [p for p in bf.points if p.mono >= bf.until - BEFORE_S + 15.0]
-            assert busy and all(p.running >= 1 and p.gen_tps > 0 for p in busy), busy
+            # a stats line is vLLM's snapshot of one instant: between two requests of the closed loop of 2
+            # it can read 0 running (seen once at load 10); more than one such line is not the load drawn
+            idle = [p for p in busy if not (p.running >= 1 and p.gen_tps > 0)]
+            assert len(busy) >= 5 and len(idle) <= 1, (len(busy), idle)
             lines = card.lines(card.content_width())
             assert any(st == "log" and "from the log" in text for row in lines for text, st in row)
             drawn = [ch for text, st in lines[0][3:] if st == "log" for ch in text if ch.strip()]
