@@ -366,8 +366,13 @@ def test_the_fleets_sglang_names_come_from_the_one_names_table() -> None:
                and id(n) not in docs and "sglang:" in n.value]
     assert not spelled, spelled
     beside = {sg for sg, v in SGLANG_BESIDE_VLLM.items() if v in q.VLLM_NAMES}
-    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-            "sglang:generation_tokens_total"} <= beside
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"} <= beside
+    # the token counters: the per-step realtime_tokens_total by mode, never the finish-time ones (issue 42)
+    assert not {"sglang:generation_tokens_total", "sglang:prompt_tokens_total"} & set(SGLANG_BESIDE_VLLM)
+    half = q.vllm_queries()[0]
+    assert 'sglang:realtime_tokens_total{mode="decode"}' in half
+    assert 'sglang:realtime_tokens_total{mode=~"prefill_cache|prefill_compute"}' in half
+    assert "sglang:generation_tokens_total" not in q.vllm_query()
     sent = " ".join((q.vllm_query(), q.ts_query(), q.up_query()))
     assert all(sg in sent for sg in beside), [sg for sg in beside if sg not in sent]
     assert "sglang:num_running_reqs" in q.ts_query() and "sglang:num_running_reqs" in q.up_query()
@@ -381,6 +386,9 @@ def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
     vec: list[tuple[dict[str, str], float | None]] = [
         ({"__name__": "sglang:num_running_reqs", "job": "llm", "instance": "g:30000", "model_name": "tiny"}, 3.0),
         ({"__name__": "sglang:num_queue_reqs", "job": "llm", "instance": "g:30000"}, 7.0),
+        ({"job": "llm", "instance": "g:30000", "vtop_m": "gen"}, 6400.0),  # realtime_tokens_total{mode="decode"}
+        ({"job": "llm", "instance": "g:30000", "vtop_m": "prompt"}, 1900.0),
+        # the finish-time counter (were it answered) is not read
         ({"__name__": "sglang:generation_tokens_total", "job": "llm", "instance": "g:30000"}, 6000.0),
         ({"__name__": "sglang:num_retracted_requests_total", "job": "llm", "instance": "g:30000"}, 2.0),
         ({"__name__": "sglang:token_usage", "job": "llm", "instance": "g:30000", "vtop_m": "kv"}, 0.25),
@@ -389,8 +397,8 @@ def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
     ]
     inst = q.parse_vllm(vec)
     g, v = inst[("llm", "g:30000")], inst[("llm", "v:8000")]
-    assert (g.engine, g.model_name, g.running, g.waiting, g.kv, g.gen, g.preempt) == \
-        ("sglang", "tiny", 3.0, 7.0, 0.25, 6000.0, 2.0)
+    assert (g.engine, g.model_name, g.running, g.waiting, g.kv, g.gen, g.prompt, g.preempt) == \
+        ("sglang", "tiny", 3.0, 7.0, 0.25, 6400.0, 1900.0, 2.0)
     assert g.finished == {} and g.ts == 1_796_000_000.0
     assert v.engine == "vllm"
 
@@ -430,6 +438,42 @@ def test_the_same_rules_judge_an_sglang_instance_and_its_row_says_its_engine() -
     jsonschema.validate(report_json(f), FLEET_SCHEMA)
     line = next(ln for ln in format_text(f).splitlines() if ln.startswith("g:30000"))
     assert line.split()[1:3] == ["UP", "SGLang"], line
+
+
+@pytest.mark.parametrize("decode_per_scrape, stalls", [(125.0, False), (0.0, True)])
+def test_a_long_sglang_request_is_no_engine_stall_on_its_row(decode_per_scrape: float, stalls: bool) -> None:
+    """Issue 42: one SGLang request running for 2 minutes, its finish-time generation_tokens_total flat (no
+    request finished) and its per-step realtime_tokens_total{mode="decode"} rising, as Prometheus answers the
+    fleet's query: no engine stall on its row. The realtime counter flat while it runs: an engine stall."""
+    from vtop.clock import FakeClock
+
+    clock = FakeClock(1000.0, 1_796_000_000.0)
+    f = Fleet(Config(), PromClient("http://prom.invalid:9090"), clock=clock)
+    f.backfilled = True
+    k = ("llm", "g:30000")
+    for i in range(24):  # 120 s at a 5 s refresh, a scrape every 5 s
+        clock.advance(5.0)
+        lab = {"job": "llm", "instance": "g:30000"}
+        # what Prometheus answers to the query vtop sends: each series only where the query asks for it
+        sent = q.vllm_query()
+        series: list[tuple[str, dict[str, str], float]] = [
+            ("sglang:num_running_reqs", {"__name__": "sglang:num_running_reqs", **lab, "model_name": "tiny"}, 1.0),
+            ("sglang:num_queue_reqs", {"__name__": "sglang:num_queue_reqs", **lab}, 0.0),
+            ("sglang:generation_tokens_total", {"__name__": "sglang:generation_tokens_total", **lab}, 6000.0),
+            ("sglang:prompt_tokens_total", {"__name__": "sglang:prompt_tokens_total", **lab}, 1500.0),
+            ('sglang:realtime_tokens_total{mode="decode"}', {**lab, "vtop_m": "gen"}, 6400.0 + decode_per_scrape * i),
+            ('sglang:realtime_tokens_total{mode=~"prefill', {**lab, "vtop_m": "prompt"}, 1900.0),
+            ("sglang:num_running_reqs", {**lab, "vtop_m": "ts"}, clock.time() - 1.0),
+        ]
+        vec: list[tuple[dict[str, str], float | None]] = [(labels, v) for asked, labels, v in series if asked in sent]
+        insts = q.parse_vllm(vec)
+        up = {k: 1.0}
+        f._feed(clock.time(), clock.monotonic(), insts, up)
+        f._rows(clock.time(), insts, {}, up)
+        f._judge(clock.monotonic())
+    g = next(r for r in f.rows.values() if r.instance == "g:30000")
+    assert g.engine == "sglang"
+    assert ("engine_stall" in {a.rule for a in g.alerts}) == stalls, g.alerts
 
 
 async def test_a_refresh_without_a_new_scrape_reuses_the_vllm_answer_and_asks_one_slow_part() -> None:

@@ -41,8 +41,9 @@ def test_sglang_payload_reads_into_the_same_fields(use_cache: bool) -> None:
     assert m.is_vllm and m.engine_kind == "sglang"
     assert m.problems == ()
     assert (m.running, m.waiting, m.kv_cache_usage) == (3.0, 7.0, 0.25)
-    # the tokenizer's counters are split by is_streaming: summed
-    assert (m.prompt_tokens_total, m.generation_tokens_total) == (1500.0, 6000.0)
+    # the token counters are the scheduler's per-step realtime_tokens_total by mode (prefill_compute +
+    # prefill_cache, decode), not the finish-time prompt/generation_tokens_total (1500, 6000 in the payload)
+    assert (m.prompt_tokens_total, m.generation_tokens_total) == (1900.0, 6400.0)
     assert m.preemptions_total == 2.0  # num_retracted_requests_total
     assert m.model_name == "tiny"
     assert m.kv_cache_metric == "sglang:token_usage"
@@ -56,6 +57,34 @@ def test_sglang_payload_reads_into_the_same_fields(use_cache: bool) -> None:
     assert m.request_queue_time_seconds is not None and m.request_queue_time_seconds.count == 12.0
     assert m.inter_token_latency_seconds is not None and m.inter_token_latency_seconds.count == 5988.0
     assert len(m.engines) == 1 and m.engines[0].engine is None
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_sglang_without_realtime_tokens_has_no_token_counters(use_cache: bool) -> None:
+    """A release without ``sglang:realtime_tokens_total`` (0.5.6 and older) serves only the finish-time
+    token counters: vtop reads no token counter there (a gap), never those."""
+    clear_line_cache()
+    text = "\n".join(line for line in (SGL / "metrics-0.5.17-handmade.txt").read_text().splitlines()
+                     if "realtime_tokens_total" not in line) + "\n"
+    assert "sglang:generation_tokens_total{" in text
+    m = parse_vllm_metrics(text, use_cache=use_cache)
+    assert m.is_vllm and m.engine_kind == "sglang" and m.running == 3.0
+    assert (m.prompt_tokens_total, m.generation_tokens_total) == (None, None)
+
+
+def test_realtime_tokens_are_summed_over_other_labels_and_unknown_modes_ignored() -> None:
+    """Two data-parallel schedulers' realtime counters add up; a mode vtop does not know is not read."""
+    clear_line_cache()
+    lab = 'engine_type="unified",model_name="tiny",tp_rank="0"'
+    text = (f'sglang:num_running_reqs{{{lab},dp_rank="0"}} 1.0\n'
+            f'sglang:num_running_reqs{{{lab},dp_rank="1"}} 1.0\n'
+            f'sglang:realtime_tokens_total{{{lab},dp_rank="0",mode="decode"}} 10.0\n'
+            f'sglang:realtime_tokens_total{{{lab},dp_rank="1",mode="decode"}} 32.0\n'
+            f'sglang:realtime_tokens_total{{{lab},dp_rank="0",mode="prefill_compute"}} 5.0\n'
+            f'sglang:realtime_tokens_total{{{lab},dp_rank="1",mode="prefill_cache"}} 7.0\n'
+            f'sglang:realtime_tokens_total{{{lab},dp_rank="1",mode="speculative"}} 99.0\n')
+    m = parse_vllm_metrics(text)
+    assert (m.prompt_tokens_total, m.generation_tokens_total) == (12.0, 42.0)
 
 
 def test_cold_and_warm_parses_agree_on_sglang() -> None:
@@ -600,3 +629,49 @@ def test_sglang_stats_lines_are_read_back_at_attach(tmp_path: Path) -> None:
     for _ in range(40):
         v = lw.poll()
     assert v.tail.behind == 0 and v.history is not None and len(v.history.stats) == 6  # read twice, kept once
+
+
+def _sglang_scrapes(n: int, decode_per_s: float, running: int = 1) -> list[str]:
+    """``n`` one-second scrapes of the hand-made SGLang payload with ``running`` requests running and none queued:
+    the scheduler's ``realtime_tokens_total{mode="decode"}`` grows by ``decode_per_s`` a scrape, the finish-time
+    ``prompt/generation_tokens_total`` stay where they are (no request finishes)."""
+    base = (SGL / "metrics-0.5.17-handmade.txt").read_text()
+    out = []
+    for i in range(n):
+        lines = []
+        for line in base.splitlines():
+            head, _, v = line.rpartition(" ")
+            if line.startswith("sglang:num_running_reqs{"):
+                line = f"{head} {running}.0"
+            elif line.startswith("sglang:num_queue_reqs{"):
+                line = f"{head} 0.0"
+            elif line.startswith("sglang:realtime_tokens_total{") and 'mode="decode"' in line:
+                line = f"{head} {float(v) + decode_per_s * i}"
+            lines.append(line)
+        out.append("\n".join(lines) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("decode_per_s, stalls", [(25.0, False), (0.0, True)])
+def test_a_long_sglang_request_is_no_engine_stall_but_flat_realtime_tokens_are(decode_per_s: float,
+                                                                                 stalls: bool) -> None:
+    """Issue 42: SGLang's prompt/generation_tokens_total grow only when a request finishes, so one request longer
+    than the stall window left them flat while the engine decoded: read as vLLM's per-step counters, a false engine
+    stall. Its per-step ``realtime_tokens_total`` rising is an engine making tokens (no stall, through the monitor);
+    flat while a request runs is a stall."""
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.model.server import ServerPoll
+    from vtop.monitor.monitor import Monitor
+
+    clock = FakeClock(start=1000.0)
+    mon = Monitor(Config(urls=()), clock=clock, find_logs=False)
+    url = "http://127.0.0.1:30000"
+    rules: set[str] = set()
+    for text in _sglang_scrapes(90, decode_per_s):
+        m = parse_vllm_metrics(text)
+        assert m.engine_kind == "sglang" and m.running == 1.0
+        mon.apply_server(url, ServerPoll(clock.time(), clock.monotonic(), url, True, None, "", None, 0, metrics=m))
+        rules |= {a.rule for a in mon.tick() if a.target == url}
+        clock.advance(1.0)
+    assert ("engine_stall" in rules) == stalls, rules

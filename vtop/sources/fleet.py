@@ -34,7 +34,10 @@ family and the vLLM family it is read as), so an instance of either engine is a 
 ranks (``tp_rank``, ``pp_rank``, ``dp_rank``...) and its tokenizer's counters with ``is_streaming``: the
 same sums over the other labels read them, as the local scrape does (:mod:`vtop.sources.metrics_text`). Its
 data-parallel groups are told apart by ``dp_rank`` as vLLM's engines by ``engine``. SGLang has no
-finish-reason counter: its rows have no finishes (a gap, not a zero).
+finish-reason counter: its rows have no finishes (a gap, not a zero). Its token counters are one family
+split by a label (:data:`vtop.sources.metrics_text.SGLANG_BY_LABEL`: ``realtime_tokens_total`` by ``mode``,
+grown each scheduler step; the ``prompt_tokens_total`` / ``generation_tokens_total`` it also serves grow only
+when a request finishes and are not read): a tagged sum per vLLM counter (:func:`_by_label_parts`).
 
 DCGM names and labels: NVIDIA's dcgm-exporter, its default counters file
 ``etc/default-counters.csv`` (``DCGM_FI_DEV_GPU_UTIL`` gauge, GPU utilization in %;
@@ -54,7 +57,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from vtop.sources.metrics_text import ENGINE_PREFIXES, SGLANG_BESIDE_VLLM
+from vtop.sources.metrics_text import ENGINE_PREFIXES, SGLANG_BESIDE_VLLM, SGLANG_BY_LABEL
 from vtop.sources.prometheus import Series, Vector
 
 __all__ = [
@@ -171,6 +174,23 @@ def _any(vllm_names: Iterable[str], sel: str = "", suffix: str = "") -> str:
 _RUNNING = ("vllm:num_requests_running",)
 
 
+def _by_label_parts(vllm_names: Iterable[str], sel: str = "") -> tuple[str, ...]:
+    """The parts that read another engine's counter split by a label as the given vLLM counters
+    (:data:`SGLANG_BY_LABEL`): per vLLM counter, the sum per (job, instance) of the label values read
+    as it, tagged with what it is (``sum by (job, instance) (name{mode=~"a|b", ...sel})``: the sum keeps
+    no ``__name__`` to say it)."""
+    inner = sel[1:-1] if sel.startswith("{") and sel.endswith("}") else ""
+    out = []
+    for name, (label, values) in SGLANG_BY_LABEL.items():
+        for vllm_name in vllm_names:
+            vals = sorted(v for v, (_attr, beside) in values.items() if beside == vllm_name)
+            if not vals or vllm_name not in VLLM_NAMES:
+                continue
+            m = f'{label}="{vals[0]}"' if len(vals) == 1 else f'{label}=~"{"|".join(vals)}"'
+            out.append(_tag(VLLM_NAMES[vllm_name], f"sum by ({J}) ({name}{{{m}{',' + inner if inner else ''}}})"))
+    return tuple(out)
+
+
 def vllm_queries(sel: str = "", ts: bool = True) -> tuple[str, str]:
     """:func:`vllm_query` in two halves of about equal cost, asked at once: Prometheus evaluates
     each on its own core (1,000 instances, Debian's 2.42 on 2 cores: ~35 ms each, against 92 ms
@@ -190,6 +210,7 @@ def vllm_queries(sel: str = "", ts: bool = True) -> tuple[str, str]:
             # ``or`` matches label sets without the metric name: an untagged KV part would be taken
             # for the counters' (the same job, instance) and dropped
             _tag("kv", f"avg by ({J}, __name__) ({_any(('vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc'), sel)})"),
+            *_by_label_parts(counters, sel),
         )),
         " or ".join((
             f"(sum by ({J}, __name__, finished_reason) ({_any(('vllm:request_success_total',), sel)}) > 0)",

@@ -166,6 +166,15 @@ _CACHE_MAX_ENTRIES = 16384
 #   is SGLang's preemption; older releases have only the ``sglang:num_retracted_reqs`` gauge (not read).
 # * Inter-token latency: ``sglang:inter_token_latency_seconds`` (0.5.x), else the older
 #   ``sglang:time_per_output_token_seconds`` (0.3-0.4; some releases serve both).
+# * Token counters: ``sglang:prompt_tokens_total`` and ``sglang:generation_tokens_total`` grow only when a
+#   request *finishes* (``observe_one_finished_request``, called by the tokenizer manager): not vLLM's
+#   per-step counters. Read as them, every request longer than the stall window looked like an engine that
+#   made no token (a false engine stall), and "tokens rising" failed under a long request. SGLang's per-step
+#   counter is ``sglang:realtime_tokens_total{mode=...}`` (0.5.17: grown each decode step by the batch size,
+#   each prefill by its new and cached tokens: ``metrics_reporter.py`` ``report_decode_stats`` /
+#   ``report_prefill_stats``): ``decode`` is read as the generation counter, ``prefill_compute`` +
+#   ``prefill_cache`` as the prompt counter (vLLM's counts cached prompt tokens too). A release without it
+#   (0.5.6 and older) has no per-step counter: the token counters are a gap there, never the finish-time ones.
 # * 0.3.x labelled its families ``name=`` instead of ``model_name=``: read, without a model name.
 # * Not read: ``sglang:gen_throughput`` and ``sglang:cache_hit_rate`` (SGLang's own moving figures: vtop
 #   computes rates from the counters over its window), ``sglang:num_used_tokens``, the PD-disaggregation,
@@ -178,9 +187,16 @@ _SGLANG_GAUGES: dict[str, tuple[str, str]] = {
     "sglang:token_usage": ("kv_mean", "vllm:kv_cache_usage_perc"),
 }
 _SGLANG_COUNTERS: dict[str, tuple[str, str]] = {
-    "sglang:prompt_tokens_total": ("prompt_tokens_total", "vllm:prompt_tokens_total"),
-    "sglang:generation_tokens_total": ("generation_tokens_total", "vllm:generation_tokens_total"),
     "sglang:num_retracted_requests_total": ("preemptions_total", "vllm:num_preemptions_total"),
+}
+#: SGLang counters split by a label, each value read as a vLLM counter (summed over the other labels):
+#: name -> (label, {label value: (vtop attribute, the vLLM family it stands beside)})
+SGLANG_BY_LABEL: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "sglang:realtime_tokens_total": ("mode", {
+        "decode": ("generation_tokens_total", "vllm:generation_tokens_total"),
+        "prefill_compute": ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+        "prefill_cache": ("prompt_tokens_total", "vllm:prompt_tokens_total"),
+    }),
 }
 _SGLANG_HISTOGRAMS: dict[str, tuple[str, str]] = {
     "sglang:time_to_first_token_seconds": ("time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
@@ -263,6 +279,8 @@ for _n, _a in _GAUGES.items():
     _WANTED[_n] = ("gauge", _a, "")
 for _n, _a in _COUNTERS.items():
     _WANTED[_n] = ("counter", _a, "")
+for _n in SGLANG_BY_LABEL:
+    _WANTED[_n] = ("counter_by", "", _n)
 for _n, (_a, _l) in _LABELLED.items():
     _WANTED[_n] = ("labelled", _a, _l)
 for _n, (_a, _l) in _SERVER_LABELLED.items():
@@ -304,7 +322,11 @@ class _Rec:
         #: a histogram sample's series without its ``le`` (SGLang splits one family by ``is_streaming``:
         #: the series are summed, a bucket bound at a time)
         self.series = repr(tuple(kv for kv in items if kv[0] != "le")) if kind.startswith("hist") else ""
-        if kind == "labelled" or kind == "server":
+        if kind == "counter_by":  # a counter read as one attribute or another by a label's value
+            label, attrs = SGLANG_BY_LABEL[extra]
+            got = attrs.get(labels.get(label, ""))
+            self.kind, self.attr, self.sub = ("counter", got[0], "") if got is not None else ("ignored", "", "")
+        elif kind == "labelled" or kind == "server":
             self.sub = labels.get(extra)
             if self.sub is None:
                 self.bad = f"{name}: sample without the {extra!r} label"
@@ -567,6 +589,8 @@ class _Collector:
         kind = rec.kind
         if kind == "server" or kind == "info":
             self._add_server_level(rec, value)
+            return
+        if kind == "ignored":  # a split counter's value vtop does not read
             return
         self.vllm = True
         if not self.kinds or rec.name[:4] != self.kinds[0][:4]:
