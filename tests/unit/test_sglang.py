@@ -675,3 +675,31 @@ def test_a_long_sglang_request_is_no_engine_stall_but_flat_realtime_tokens_are(d
         rules |= {a.rule for a in mon.tick() if a.target == url}
         clock.advance(1.0)
     assert ("engine_stall" in rules) == stalls, rules
+
+
+def test_an_sglang_stall_says_to_dump_the_scheduler_and_a_vllm_one_the_enginecore() -> None:
+    """The stall's fixes name the engine's own processes (the engine table): SGLang's ``sglang::scheduler`` and its
+    TP ranks, no vLLM-only log line; vLLM's EngineCore and the shared-memory broadcast warning, as before."""
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.core.rules.alert import Thresholds
+    from vtop.core.rules.stall import StallFinding, stall_alert
+    from vtop.model.server import ServerPoll
+    from vtop.monitor.monitor import Monitor
+
+    clock = FakeClock(start=1000.0)
+    mon = Monitor(Config(urls=()), clock=clock, find_logs=False)
+    url = "http://127.0.0.1:30000"
+    got = []
+    for text in _sglang_scrapes(90, 0.0):  # realtime decode flat with a request running: a stall
+        m = parse_vllm_metrics(text)
+        mon.apply_server(url, ServerPoll(clock.time(), clock.monotonic(), url, True, None, "", None, 0, metrics=m))
+        got += [a for a in mon.tick() if a.target == url and a.rule == "engine_stall"]
+        clock.advance(1.0)
+    assert got, "no engine stall on a flat SGLang"
+    fix = " ".join(got[-1].fix)
+    assert "sglang::scheduler" in fix and "every TP rank's scheduler" in fix, fix
+    assert "EngineCore" not in fix and "shared memory broadcast" not in fix, fix
+    f = StallFinding(url, 0.0, 30.0, False, 1.0, 0.0, 10.0, 10.0, None, 200, None, (), (), "")
+    vfix = " ".join(stall_alert(f, Thresholds()).fix)
+    assert "the EngineCore (the workers for TP>1)" in vfix and "shared memory broadcast" in vfix, vfix

@@ -32,7 +32,11 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: that needs the flag, vLLM's 0.10: before it requests were logged by default); ``gen_cap``: a server-side cap on generated
 #: tokens (``{n}``: the cap); ``gen_cap_flag``: the flag that carries it; ``kv_bytes``: an absolute KV cache size
 #: (``kv_bytes_since``: the first version with it); ``mm_cache``: the multimodal processor cache's size;
-#: ``gen_config``: where generation defaults come from (vLLM's ``auto``/``vllm``/a folder).
+#: ``gen_config``: where generation defaults come from (vLLM's ``auto``/``vllm``/a folder); ``engine_proc``: the
+#: process that schedules and steps the engine (what ``d`` dumps first), ``engine_pid`` its pid as a fix's
+#: placeholder, ``tp_procs``: the other processes of a TP>1 engine; ``stall_log``: a log line that tells a stuck
+#: worker (vLLM's shared-memory broadcast warning); ``serve``: the command that starts a server, ``log_name``
+#: the file a fix tees its output to.
 #: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
@@ -45,6 +49,8 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "gen_cap": "--override-generation-config '{\"max_new_tokens\": {n}}'",
         "gen_cap_flag": "--override-generation-config", "kv_bytes": "--kv-cache-memory-bytes",
         "kv_bytes_since": "0.11", "mm_cache": "--mm-processor-cache-gb", "gen_config": "--generation-config",
+        "engine_proc": "the EngineCore", "engine_pid": "<EngineCore pid>", "tp_procs": "the workers",
+        "stall_log": "No available shared memory broadcast block found in 60 seconds", "serve": "vllm serve", "log_name": "vllm.log",
     },
     "sglang": {
         "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length",
@@ -54,6 +60,10 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "kv_fp8": "--kv-cache-dtype fp8_e4m3", "log_requests": "--log-requests", "log_requests_since": "",
         "gen_cap": "", "gen_cap_flag": "", "kv_bytes": "", "kv_bytes_since": "", "mm_cache": "",
         "gen_config": "",
+        # SGLang's scheduler process is titled ``sglang::scheduler`` (``sglang::scheduler_TP1`` ... per rank)
+        "engine_proc": "the scheduler (sglang::scheduler)", "engine_pid": "<scheduler pid>",
+        "tp_procs": "every TP rank's scheduler", "stall_log": "", "serve": "python -m sglang.launch_server",
+        "log_name": "sglang.log",
     },
 }
 #: the engines known, in the order vtop tries them

@@ -106,8 +106,8 @@ def wedge_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
 
 
 _WEDGE_FIX = (
-    "Collect first, before any restart: a py-spy dump of the EngineCore (press d, or py-spy dump --pid "
-    "<EngineCore pid>; the workers too for TP>1) and `curl -s <server>/metrics | grep -E "
+    "Collect first, before any restart: a py-spy dump of {engine_proc} (press d, or py-spy dump --pid "
+    "{engine_pid}; {tp_procs} too for TP>1) and `curl -s <server>/metrics | grep -E "
     "'num_requests_(running|waiting)'`: where the scheduler loops and why the queue waits (waiting_by_reason).",
     "Restart the server: a scheduler that stopped admitting does not recover by itself, and /health stays 200, "
     "so a health check alone will not restart it.",

@@ -29,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.stillness import STOPPED, stopped_since, tree_cpu
-from vtop.core.rules.util import LIVE, dur, num, short_url, xid_short
+from vtop.core.rules.util import LIVE, dur, engine_of, num, short_url, xid_short
 from vtop.core.stats import fmean
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class StallFinding:
     dated_by: str = "/metrics"
     #: the engine's processes over the silence (CPU seconds)
     proc_lines: tuple[str, ...] = ()
+    #: the engine serving it (:data:`vtop.core.engines.ENGINES`; None: not known, vLLM's words)
+    engine: str | None = None
 
 
 def engine_stall(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
@@ -165,7 +168,7 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
         url, since, now, got.about, s.running, s.waiting, s.gen, s.prompt,
         got.line, v.health, v.latency_s, tuple(gpus),
         tuple(mem.xid_lines(ctx, url, since - 60.0, now)), xid_short(mem.xids_near(ctx, url, since - 60.0, now)),
-        got.source, tuple(_process_lines(ctx, mem, url, st, since)),
+        got.source, tuple(_process_lines(ctx, mem, url, st, since)), engine_of(ctx, url),
     )
 
 
@@ -221,12 +224,16 @@ def _process_lines(ctx: Evidence, mem: Memory, url: str, st: ServerState, since:
     return out
 
 
-_STALL_FIX = (
-    "Press d for a py-spy dump of the EngineCore (the workers for TP>1): it shows where the engine waits.",
-    "Look in the log for 'No available shared memory broadcast block found in 60 seconds' (a worker is stuck).",
-    "If it does not move again, restart the server: /health stays 200 while the engine is frozen, so a health "
-    "check alone will not restart it.",
-)
+def _stall_fix(engine: str | None) -> tuple[str, ...]:
+    """The stall's fixes in the engine's words (:data:`vtop.core.engines.ENGINE_FLAGS`)."""
+    fl = flags_of(engine)
+    return (
+        f"Press d for a py-spy dump of {fl['engine_proc']} ({fl['tp_procs']} for TP>1): it shows where the engine "
+        "waits.",
+        *((f"Look in the log for '{fl['stall_log']}' (a worker is stuck).",) if fl["stall_log"] else ()),
+        "If it does not move again, restart the server: /health stays 200 while the engine is frozen, so a health "
+        "check alone will not restart it.",
+    )
 
 
 def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
@@ -254,7 +261,7 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
             gl += ": busy with idle SMs, the signature of a collective (NCCL) waiting for a peer"
         ev.append(gl)
     ev.extend(f.xid_lines)
-    fix: tuple[str, ...] = _STALL_FIX
+    fix: tuple[str, ...] = _stall_fix(f.engine)
     title = f"Engine stalled on {short_url(f.url)}: {num(f.running)} running, no token for {about}{span}"
     if f.xid_lines:
         fix = ("An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "

@@ -45,7 +45,7 @@ from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.stillness import still_start
-from vtop.core.rules.util import dur, short_url
+from vtop.core.rules.util import dur, engine_of, short_url
 from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
 
@@ -266,14 +266,15 @@ def _gpus_during(ctx: Evidence, mem: Memory, since: float) -> tuple[list[str], b
     return ev, working
 
 
-def _stall_fix(stall: StallInfo, still: bool) -> tuple[str, ...]:
+def _stall_fix(stall: StallInfo, still: bool, engine: str | None = None) -> tuple[str, ...]:
     fix = []
     if still:
         fix.append("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is "
                    "stopped, D waits on I/O); kill -CONT a stopped one.")
     if stall.hint:
         fix.append(stall.hint[0].upper() + stall.hint[1:] + ".")
-    fix.append("Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.")
+    fl = flags_of(engine)
+    fix.append(f"Press d for a py-spy dump of {fl['engine_proc']} ({fl['tp_procs']} for TP>1) to see where it waits.")
     return tuple(fix)
 
 
@@ -295,7 +296,8 @@ def startup_stall(ctx: Evidence, mem: Memory) -> Alert | None:
     ev += gpu
     tgt = ctx.log_target
     title = f"Startup of {short_url(tgt)} stalled in {stall.label}: no new log line for {dur(stall.silent_s)}"
-    return Alert("startup_stall", "info" if working else "warning", title, tuple(ev), _stall_fix(stall, still), tgt,
+    return Alert("startup_stall", "info" if working else "warning", title, tuple(ev),
+                 _stall_fix(stall, still, engine_of(ctx, tgt)), tgt,
                  since)
 
 

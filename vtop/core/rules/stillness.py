@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vtop.core.engines import flags_of
 from vtop.core.rules.alert import Alert, Pending
 from vtop.core.rules.util import dur, gib, short_url
 
@@ -215,11 +216,12 @@ def still_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
         title = (f"Startup of {short_url(url)} stalled: no log: its processes have been stopped (state T) for "
                  f"{dur(stopped_s)}")
         began = stopped
+    fl = flags_of(proc.engine)
     fix = ("Nothing runs: see whether a process is stopped or blocked (ps -o pid,stat,wchan,cmd: T is stopped, D "
            "waits on I/O); kill -CONT a stopped one.",
-           "Press d for a py-spy dump of the EngineCore (the workers for TP>1) to see where it waits.",
-           "Give vtop the server's log (`vllm serve ... 2>&1 | tee vllm.log`, then `--log vllm.log`): it names "
-           "the phase the start stopped in.")
+           f"Press d for a py-spy dump of {fl['engine_proc']} ({fl['tp_procs']} for TP>1) to see where it waits.",
+           f"Give vtop the server's log (`{fl['serve']} ... 2>&1 | tee {fl['log_name']}`, then `--log {fl['log_name']}`): "
+           "it names the phase the start stopped in.")
     return Alert("startup_stall", "warning", title, tuple(ev_lines), fix, url, began)
 
 
