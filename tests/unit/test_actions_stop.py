@@ -252,3 +252,29 @@ def test_the_close_bounds_its_waits_for_the_kernel_not_the_threads_turn() -> Non
             a1.settimeout(5)
             with pytest.raises(ConnectionAbortedError):
                 a1.recv(1)
+
+
+def test_a_close_the_face_gave_up_on_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The face waits a bounded time and cancels the future; the close that answers after must not raise in its
+    thread (a traceback on stderr: seen as InvalidStateError when the face had given up)."""
+    import threading
+
+    import vtop.actions.stop as stop_mod
+
+    gate = threading.Event()
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: errors.append(a.exc_value))
+
+    def slow(t: object, **kw: object) -> CloseResult:
+        gate.wait(5)
+        return CloseResult(True, "closed", gone=True)
+
+    monkeypatch.setattr(stop_mod, "close_connection", slow)
+    r = InFlightRequest(URL, (CONNECTION,), 60.0, 60.0, client="127.0.0.1:5000")
+    fut = stop_mod.start_close(StopTarget(r, URL, 8000, "127.0.0.1:5000"))
+    assert fut.cancel() and fut.cancelled()
+    gate.set()
+    for th in threading.enumerate():
+        if th.name == "stop-request-runner":
+            th.join(5)
+    assert errors == []

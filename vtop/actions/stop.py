@@ -187,7 +187,9 @@ def start_close(t: StopTarget, **kw: Any) -> Future[CloseResult]:
     fut: Future[CloseResult] = Future()
 
     def body() -> None:
-        fut.set_result(close_connection(t, **kw))
+        res = close_connection(t, **kw)
+        if fut.set_running_or_notify_cancel():  # False: the face gave up waiting and cancelled it
+            fut.set_result(res)
 
     threading.Thread(target=body, name="stop-request-runner", daemon=True).start()
     return fut
