@@ -291,6 +291,23 @@ def test_the_live_feed_reads_connections_only_while_a_local_server_has_a_request
     assert feed._busy_ports() == frozenset()  # idle: no dump
     poll(2)
     assert feed._busy_ports() == frozenset({8000})
+    # /metrics stops answering under load (a timeout: stale): the kernel's counters are the evidence left, read on
+    from vtop.sources.vllm import poll_from_error
+
+    m.apply_server("http://127.0.0.1:8000", poll_from_error("http://127.0.0.1:8000", "timeout", t=2.0, mono=2.0))
+    assert feed._busy_ports() == frozenset({8000})
+    # ... also where it never answered at all (vtop started while it was already too loaded to answer)
+    m2 = Monitor(Config(urls=("http://127.0.0.1:8000",), no_gpu=True), find_logs=False)
+    feed2 = LiveFeed(m2, gpu_source=None, discover=None)
+    m2.add_cli_urls()
+    m2.apply_server("http://127.0.0.1:8000", poll_from_error("http://127.0.0.1:8000", "timeout", t=2.0, mono=2.0))
+    v = m2.servers["http://127.0.0.1:8000"].last_view
+    assert v is not None and v.state == "stale" and v.metrics is None, v
+    assert feed2._busy_ports() == frozenset({8000})
+    # refused (nothing listens: down or starting): no dump
+    m2.apply_server("http://127.0.0.1:8000", poll_from_error("http://127.0.0.1:8000", "refused", t=3.0, mono=3.0))
+    assert m2.servers["http://127.0.0.1:8000"].last_view.state in ("down", "starting")
+    assert feed2._busy_ports() == frozenset()
 
 
 def test_reads_come_faster_while_a_long_answer_streams_so_a_hang_up_clears_at_once() -> None:

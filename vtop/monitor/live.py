@@ -227,28 +227,32 @@ class LiveFeed:
     def _conns_every(self) -> float:
         return max(self.config.interval, self.monitor.conns_read_every())
 
+    @staticmethod
+    def _worth_a_read(v: Any) -> bool:
+        """A server's connections are worth a read: not polled yet, a request running, or ``/metrics`` not
+        answering while the server is there (stale, or its engine dead): then the kernel's counters are the
+        evidence left. Before, a server whose ``/metrics`` had never answered (vtop started while it was too
+        loaded to answer: stale, no metrics) was not read at all."""
+        if v is None:
+            return True
+        running = v.metrics.running if v.metrics is not None else None
+        if running is not None:
+            return running >= 1
+        return v.state in ("stale", "engine dead")
+
     def _busy_ports(self) -> frozenset[int]:
-        """The ports worth a read: a local server with a request running (or not polled yet). An
-        idle box costs no dump at all; a runaway needs a request running."""
+        """The ports worth a read (:meth:`_worth_a_read`) of the local servers. An idle box costs no dump
+        at all; a runaway needs a request running."""
         m = self.monitor
         local = m.conn_ports()
-        out = set()
-        for url, ws in m.servers.items():
-            port = url_hostport(url)[1]
-            v = ws.last_view
-            running = v.metrics.running if v is not None and v.metrics is not None else None
-            if port in local and (v is None or (running is not None and running >= 1)):
-                out.add(port)
-        return frozenset(out)
+        return frozenset(url_hostport(url)[1] for url, ws in m.servers.items()
+                         if url_hostport(url)[1] in local and self._worth_a_read(ws.last_view))
 
     def _busy_netns(self) -> tuple[tuple[str, int, int], ...]:
         """The servers in a network namespace of their own worth a read there (as :meth:`_busy_ports`)."""
         out = []
         for url, pid, port in self.monitor.conn_netns():
-            ws = self.monitor.servers[url]
-            v = ws.last_view
-            running = v.metrics.running if v is not None and v.metrics is not None else None
-            if v is None or (running is not None and running >= 1):
+            if self._worth_a_read(self.monitor.servers[url].last_view):
                 out.append((url, pid, port))
         return tuple(out)
 
