@@ -50,6 +50,7 @@ from vtop.sources.sockets import (
     SOCKID_REST,
     TCP_ESTABLISHED,
     port_filter,
+    recv_within,
 )
 
 SOCK_DESTROY = 21
@@ -158,17 +159,6 @@ def _seq() -> int:
     return (os.getpid() ^ int(time.monotonic() * 1000)) & 0x7FFFFFFF
 
 
-def _recv(s: socket.socket, deadline: float, what: str) -> bytes:
-    """The kernel's next message; the wait for it is bounded by ``deadline``, a message that has come is
-    read however late the thread gets to it (under load it may get the CPU seconds late: a deadline on
-    the wall clock after each message gave up closes the kernel had answered)."""
-    s.settimeout(max(0.05, deadline - time.monotonic()))
-    try:
-        return s.recv(1 << 16)
-    except TimeoutError:
-        raise TimeoutError(what) from None
-
-
 def _socket(sock: socket.socket | None) -> contextlib.AbstractContextManager[socket.socket]:
     return contextlib.nullcontext(sock) if sock is not None else \
         socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
@@ -183,7 +173,7 @@ def find(port: int, remote: str, deadline: float, sock: socket.socket | None = N
             s.send(dump_request(fam, port, seq := _seq()))
             found = None
             while True:
-                data = _recv(s, deadline, "the kernel's socket dump took too long")
+                data = recv_within(s, deadline, "the kernel's socket dump took too long")
                 if len(data) >= NLH.size and NLH.unpack_from(data, 0)[3] != seq:
                     continue  # a reply to something earlier on this socket
                 b = parse_dump(data)
@@ -204,6 +194,6 @@ def destroy(sid: SockId, deadline: float, sock: socket.socket | None = None) -> 
     with _socket(sock) as s:
         s.send(destroy_request(sid, seq))
         while True:
-            got = parse_ack(_recv(s, deadline, "the kernel did not answer the close in time"), seq)
+            got = parse_ack(recv_within(s, deadline, "the kernel did not answer the close in time"), seq)
             if got is not None:
                 return got

@@ -226,13 +226,22 @@ def port_filter(ports: frozenset[int]) -> bytes:
 def _dump(family: int, ports: frozenset[int], deadline: float, filtered: bool = True,
           sock: socket.socket | None = None) -> list[Conn]:
     """One family's dump, on ``sock`` (a socket made in another network namespace, kept by the caller)
-    or on a socket of its own. ``deadline`` bounds each wait for the kernel's next message, never a
-    dump whose messages have come: on a loaded box the reading thread may get the CPU (and the GIL)
-    seconds late, and a complete answer read late is still the kernel's answer (a deadline judged on
-    the wall clock after each message gave such reads up: seen in the container test under load)."""
+    or on a socket of its own; ``deadline`` bounds each wait for the kernel (:func:`recv_within`)."""
     with contextlib.nullcontext(sock) if sock is not None else \
             socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
         return _dump_on(s, family, ports, deadline, filtered)
+
+
+def recv_within(s: socket.socket, deadline: float, what: str) -> bytes:
+    """The kernel's next netlink message on ``s``. The wait for it is bounded by ``deadline`` (TimeoutError(``what``)
+    past it); a message that has come is read however late the thread gets to it: under load a thread may get
+    the CPU (and the GIL) seconds late, and a deadline judged on the wall clock after each message gave up
+    answers the kernel had given (the reads and closes in a container, issue 39)."""
+    s.settimeout(max(0.05, deadline - time.monotonic()))
+    try:
+        return s.recv(1 << 16)
+    except TimeoutError:
+        raise TimeoutError(what) from None
 
 
 def _dump_on(s: socket.socket, family: int, ports: frozenset[int], deadline: float, filtered: bool) -> list[Conn]:
@@ -245,12 +254,7 @@ def _dump_on(s: socket.socket, family: int, ports: frozenset[int], deadline: flo
     seq = next(_SEQS) & 0x7FFFFFFF
     s.send(NLH.pack(NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
     while True:
-        # the wait for the kernel's next message is bounded; one that has come is read whatever the hour
-        s.settimeout(max(0.05, deadline - time.monotonic()))
-        try:
-            data = s.recv(1 << 16)
-        except TimeoutError:
-            raise TimeoutError(f"the kernel's socket dump {READ_GIVEN_UP}") from None
+        data = recv_within(s, deadline, f"the kernel's socket dump {READ_GIVEN_UP}")
         off = 0
         while off + NLH.size <= len(data):
             mlen, mtype, _flags, mseq, _pid = NLH.unpack_from(data, off)
