@@ -34,6 +34,16 @@ MODES = ("ok", "refused", "hang", "slow", "trickle", "html", "404", "500", "huge
 HUGE = 17 * 2**20  # over the scraper's 16 MiB cap
 
 
+def _advance_tokens(text: str, scrape: int) -> str:
+    """The text with its generation counter moved on 40 tokens a scrape: a healthy server that is running 8
+    makes tokens. Served unchanged, ``running 8`` with counters that never move is an engine stall in the
+    making, and ``--once`` over a window of more than a second rightly says so (seen in CI)."""
+    def bump(m: re.Match[str]) -> str:
+        return f"{m.group(1)} {float(m.group(2)) + 40.0 * scrape}"
+    return re.sub(r"^(vllm:generation_tokens_total(?:\{[^}]*\})?) (\S+)$",
+                  bump, text, flags=re.M)
+
+
 def _zero_counters(text: str) -> str:
     return re.sub(r"^(vllm:\S*_total(?:\{[^}]*\})?) \S+$", r"\1 0.0", text, flags=re.M)
 
@@ -130,7 +140,7 @@ class BadServer:
         if path != "/metrics":
             return self._send(conn, 404, b"not found")
         self.scrapes += 1
-        text = self.text.encode()
+        text = (self.text if mode in ("reset", "unknown") else _advance_tokens(self.text, self.scrapes)).encode()
         if mode in ("ok", "reset"):
             if mode == "reset" and self.scrapes > 1:
                 text = _zero_counters(self.text).encode()
