@@ -15,7 +15,8 @@ A real Prometheus (Debian's 2.42, :mod:`tests.helpers.prom_harness`) scrapes, ev
 * ``gpu-f:30000`` an SGLang server under a steady load: SGLang 0.5.17's ``sglang:`` families, from the
   HAND-MADE payload ``tests/fixtures/sglang/metrics-0.5.17-handmade.txt`` (written from SGLang's source, not
   recorded: no real SGLang has run beside vtop yet), moved on at each scrape by :func:`sglang_busy` (requests
-  finishing at 2 a second with 150 prompt and 450 generated tokens each, the scheduler's per-step
+  finishing at 2 a second with 150 prompt and 450 generated tokens each, counted in ``num_requests_total``
+  as they finish, the scheduler's per-step
   ``realtime_tokens_total`` growing as they are made, three first tokens a scrape, running and queued moving
   as a busy server's do);
 * ``gpu-g:30000`` the same hand-made SGLang payload, frozen (3 running, 7 queued, nothing moving: a stalled
@@ -57,14 +58,16 @@ SGLANG = Path(__file__).parent.parent / "tests" / "fixtures" / "sglang" / "metri
 
 def sglang_busy(base: str, n: int) -> list[str]:
     """``n`` scrapes of the hand-made SGLang payload ``base`` under a steady load: SGLang counts prompt and
-    generated tokens when a request finishes (``observe_one_finished_request``); at 2 s a scrape, 4 requests of
-    150 + 450 tokens finish a scrape; its scheduler counts them as they are made (``realtime_tokens_total`` by
-    ``mode``: 1800 decoded, 500 prompt tokens computed and 100 from the prefix cache a scrape); 3 first tokens a
-    scrape, 2 of them within 0.1 s; running and queued move."""
+    generated tokens, and the request in ``num_requests_total``, when a request finishes
+    (``observe_one_finished_request``); at 2 s a scrape, 4 requests of 150 + 450 tokens finish a scrape; its
+    scheduler counts the tokens as they are made (``realtime_tokens_total`` by ``mode``: 1800 decoded, 500 prompt
+    tokens computed and 100 from the prefix cache a scrape); 3 first tokens a scrape, 2 of them within 0.1 s;
+    running and queued move."""
     running, queued = (3, 2, 4, 3, 1, 3), (7, 5, 6, 4, 7, 6)
     adds = {  # sample (name and the labels that tell it) -> what one scrape adds
         ('sglang:prompt_tokens_total', 'is_streaming="false"'): 600.0,
         ('sglang:generation_tokens_total', 'is_streaming="false"'): 1800.0,
+        ('sglang:num_requests_total', 'is_streaming="false"'): 4.0,
         ('sglang:realtime_tokens_total', 'mode="decode"'): 1800.0,
         ('sglang:realtime_tokens_total', 'mode="prefill_compute"'): 500.0,
         ('sglang:realtime_tokens_total', 'mode="prefill_cache"'): 100.0,

@@ -21,6 +21,7 @@ from vtop.config import Config, ConfigError, build
 from vtop.faces.headless_fleet import SCHEMA, exit_code, format_text, report_json
 from vtop.monitor.fleet import Fleet
 from vtop.sources import fleet as q
+from vtop.sources.metrics_text import FINISH_ANY_REASON
 from vtop.sources.prometheus import PromClient, PromError, check_prometheus_url
 
 FLEET_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "vtop" / "schema" / "fleet-v1.schema.json")
@@ -108,11 +109,15 @@ async def test_the_same_rules_name_each_incident_on_its_row() -> None:
         # SGLang's instances (issue 42), scraped by the same Prometheus: rows of engine sglang, judged by the
         # same rules. The busy one: its TTFT p50 worked out by Prometheus from SGLang's buckets (3 first tokens
         # a scrape, 2 within 0.1 s: 0.075 s), its tok/s by the tracker (1,800 generated a 2 s scrape), no
-        # alert, its finishes a gap (SGLang counts no finish reason). The frozen one: an engine stall, and the
+        # alert, its finishes SGLang's count without a reason (num_requests_total, 4 a 2 s scrape: 120 in the
+        # last minute), read from the history too. The frozen one: an engine stall, none finished, and the
         # box's fix line names SGLang's log, not vLLM's.
         sf, sg = rows["gpu-f:30000"], rows["gpu-g:30000"]
         assert (sf.engine, sf.model, sf.kv_pct) == ("sglang", "tiny", 25.0) and not sf.alerts
-        assert sf.ttft_p50 == pytest.approx(0.075) and sf.finished is None
+        assert sf.ttft_p50 == pytest.approx(0.075)
+        assert sf.finished is not None and set(sf.finished) == {FINISH_ANY_REASON}, sf.finished
+        assert 110 <= sf.finished[FINISH_ANY_REASON] <= 130, sf.finished
+        assert sg.finished == {}
         assert sf.gen_tps is not None and 800 < sf.gen_tps < 1000
         assert sg.engine == "sglang" and [a.rule for a in sg.alerts] == ["engine_stall"]
         assert sg.box == "ssh gpu-g vtop" and any("no SGLang log" in line for line in sg.alerts[0].fix)
@@ -377,12 +382,16 @@ def test_the_fleets_sglang_names_come_from_the_one_names_table() -> None:
     assert all(sg in sent for sg in beside), [sg for sg in beside if sg not in sent]
     assert "sglang:num_running_reqs" in q.ts_query() and "sglang:num_running_reqs" in q.up_query()
     assert "sglang:time_to_first_token_seconds_bucket" in q.rates_query()
-    assert {q.ENGINE_OF[sg] for sg in beside} == {"sglang"} and q.FINISH_ENGINES == {"vllm"}
+    assert {q.ENGINE_OF[sg] for sg in beside} == {"sglang"}
+    # SGLang's finished requests (no reason): num_requests_total, beside vLLM's request_success_total
+    assert SGLANG_BESIDE_VLLM["sglang:num_requests_total"] == "vllm:request_success_total"
+    assert "sglang:num_requests_total" in q.vllm_queries()[1] and q.FINISH_ENGINES == {"vllm", "sglang"}
 
 
 def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
     """SGLang's series in the aggregated answer make an instance of engine sglang (its ``__name__``
-    says so), with running, queued, KV use and counters read as vLLM's are; no finishes (a gap)."""
+    says so), with running, queued, KV use and counters read as vLLM's are; its finished requests (no reason)
+    under one key."""
     vec: list[tuple[dict[str, str], float | None]] = [
         ({"__name__": "sglang:num_running_reqs", "job": "llm", "instance": "g:30000", "model_name": "tiny"}, 3.0),
         ({"__name__": "sglang:num_queue_reqs", "job": "llm", "instance": "g:30000"}, 7.0),
@@ -392,6 +401,7 @@ def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
         ({"__name__": "sglang:generation_tokens_total", "job": "llm", "instance": "g:30000"}, 6000.0),
         ({"__name__": "sglang:num_retracted_requests_total", "job": "llm", "instance": "g:30000"}, 2.0),
         ({"__name__": "sglang:token_usage", "job": "llm", "instance": "g:30000", "vtop_m": "kv"}, 0.25),
+        ({"__name__": "sglang:num_requests_total", "job": "llm", "instance": "g:30000"}, 12.0),
         ({"job": "llm", "instance": "g:30000", "vtop_m": "ts"}, 1_796_000_000.0),
         ({"__name__": "vllm:num_requests_running", "job": "llm", "instance": "v:8000", "model_name": "m"}, 1.0),
     ]
@@ -399,14 +409,15 @@ def test_an_sglang_instance_is_a_row_with_its_engine() -> None:
     g, v = inst[("llm", "g:30000")], inst[("llm", "v:8000")]
     assert (g.engine, g.model_name, g.running, g.waiting, g.kv, g.gen, g.prompt, g.preempt) == \
         ("sglang", "tiny", 3.0, 7.0, 0.25, 6400.0, 1900.0, 2.0)
-    assert g.finished == {} and g.ts == 1_796_000_000.0
+    assert g.finished == {FINISH_ANY_REASON: 12.0} and g.ts == 1_796_000_000.0
     assert v.engine == "vllm"
 
 
 def test_the_same_rules_judge_an_sglang_instance_and_its_row_says_its_engine() -> None:
     """Fed straight (no HTTP), as the vLLM rows are: an SGLang instance whose counters stop with requests
-    running is an engine stall on its row, the row and ``--json`` say engine sglang, and its finishes are a
-    gap (SGLang counts no finish reason), never "none finished"; a vLLM instance beside it keeps its own."""
+    running is an engine stall on its row, the row and ``--json`` say engine sglang; no finish counted (SGLang's
+    ``num_requests_total`` has no series before its first finish) is none finished, as on a vLLM row; a vLLM
+    instance beside it keeps its own."""
     from vtop.clock import FakeClock
 
     clock = FakeClock(1000.0, 1_796_000_000.0)
@@ -428,13 +439,13 @@ def test_the_same_rules_judge_an_sglang_instance_and_its_row_says_its_engine() -
     rows = {r.instance: r for r in f.rows.values()}
     g, v = rows["g:30000"], rows["v:8000"]
     assert g.engine == "sglang" and [a.rule for a in g.alerts] == ["engine_stall"]
-    assert g.finished is None and v.finished == {}  # SGLang's: not known; vLLM's: none finished
+    assert g.finished == {} and v.finished == {}  # none finished on either
     assert v.engine == "vllm" and not v.alerts
     view = f.monitor.servers[g.url].last_view
     assert view is not None and view.metrics is not None and view.metrics.engine_kind == "sglang"
     by = {r["instance"]: r for r in report_json(f)["instances"]}
     assert by["g:30000"]["engine"] == "sglang" and by["v:8000"]["engine"] == "vllm"
-    assert by["g:30000"]["finished_last_min"] is None
+    assert by["g:30000"]["finished_last_min"] == {}
     jsonschema.validate(report_json(f), FLEET_SCHEMA)
     line = next(ln for ln in format_text(f).splitlines() if ln.startswith("g:30000"))
     assert line.split()[1:3] == ["UP", "SGLang"], line
@@ -646,3 +657,66 @@ async def test_the_screen_process_keeps_the_collector_off_only_during_a_refresh(
         finally:
             gc.unfreeze()
             await f.aclose()
+
+
+@pytest.mark.parametrize("finished_per_scrape, runaway", [(45.0, False), (0.0, True)])
+def test_a_saturated_sglang_row_whose_requests_finish_is_no_runaway(finished_per_scrape: float,
+                                                                    runaway: bool) -> None:
+    """Issue 42 (the fleet bench named one SGLang row a runaway in every mixed run): an SGLang server held at its
+    cap (64 running, none queued, tokens flowing) for 4 minutes, scraped every 30 s, as Prometheus answers the
+    fleet's query. Its requests finish (``sglang:num_requests_total`` rising, SGLang's count of finished requests
+    without a reason): no runaway, its finishes on its row. They do not (the counter flat): a runaway, nothing
+    finished for 2 min. A vLLM server beside it, saturated and finishing, is judged as before. On the old code the
+    query asked no finish count of SGLang, a finish was only ``running`` falling, and the first case was a runaway."""
+    from vtop.clock import FakeClock
+
+    clock = FakeClock(1000.0, 1_796_000_000.0)
+    f = Fleet(Config(), PromClient("http://prom.invalid:9090"), clock=clock)
+    f.backfilled = True
+    ks, kv = ("sglang", "g:30000"), ("vllm", "v:8000")
+    up = {ks: 1.0, kv: 1.0}
+    sent = q.vllm_query()
+    scrape = -1
+    for i in range(48):  # 240 s at a 5 s refresh, a scrape every 30 s
+        clock.advance(5.0)
+        if i % 6 == 0:
+            scrape += 1
+            ts = clock.time() - 1.0
+        sg = {"job": "sglang", "instance": "g:30000"}
+        vl = {"job": "vllm", "instance": "v:8000"}
+        # what Prometheus answers to the query vtop sends: each series only where the query asks for it
+        series: list[tuple[str, dict[str, str], float]] = [
+            ("sglang:num_running_reqs", {"__name__": "sglang:num_running_reqs", **sg, "model_name": "tiny"}, 64.0),
+            ("sglang:num_queue_reqs", {"__name__": "sglang:num_queue_reqs", **sg}, 0.0),
+            ('sglang:realtime_tokens_total{mode="decode"}', {**sg, "vtop_m": "gen"}, 45_000.0 * (scrape + 1)),
+            ('sglang:realtime_tokens_total{mode=~"prefill', {**sg, "vtop_m": "prompt"}, 9_000.0 * (scrape + 1)),
+            ("sglang:num_requests_total", {"__name__": "sglang:num_requests_total", **sg},
+             500.0 + finished_per_scrape * scrape),
+            ("sglang:num_running_reqs", {**sg, "vtop_m": "ts"}, ts),
+            ("vllm:num_requests_running", {"__name__": "vllm:num_requests_running", **vl, "model_name": "m"}, 64.0),
+            ("vllm:num_requests_waiting", {"__name__": "vllm:num_requests_waiting", **vl}, 0.0),
+            ("vllm:generation_tokens_total", {"__name__": "vllm:generation_tokens_total", **vl}, 45_000.0 * (scrape + 1)),
+            ("vllm:prompt_tokens_total", {"__name__": "vllm:prompt_tokens_total", **vl}, 9_000.0 * (scrape + 1)),
+            ("vllm:request_success_total", {"__name__": "vllm:request_success_total", **vl, "finished_reason": "stop"},
+             500.0 + 45.0 * scrape),
+            ("vllm:num_requests_running", {**vl, "vtop_m": "ts"}, ts),
+        ]
+        vec: list[tuple[dict[str, str], float | None]] = [(labels, v) for asked, labels, v in series if asked in sent]
+        insts = q.parse_vllm(vec)
+        f._feed(clock.time(), clock.monotonic(), insts, up)
+        f._rows(clock.time(), insts, {}, up)
+        f._judge(clock.monotonic())
+    rows = {r.instance: r for r in f.rows.values()}
+    g, v = rows["g:30000"], rows["v:8000"]
+    assert g.engine == "sglang" and g.running == 64 and g.gen_tps is not None and g.gen_tps > 1000
+    said = [a.title for a in g.alerts if a.rule == "runaway"]
+    assert bool(said) == runaway, g.alerts
+    if runaway:
+        assert "nothing finished for" in said[0], said
+        assert g.finished == {}  # counted, none in the last minute: "none", not a gap
+    else:
+        assert g.finished is not None and set(g.finished) == {FINISH_ANY_REASON} and g.finished[FINISH_ANY_REASON] > 0
+    assert v.engine == "vllm" and not v.alerts and v.finished is not None and set(v.finished) == {"stop"}
+    by = {r["instance"]: r for r in report_json(f)["instances"]}
+    assert by["g:30000"]["finished_last_min"] == g.finished
+    jsonschema.validate(report_json(f), FLEET_SCHEMA)

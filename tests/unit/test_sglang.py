@@ -57,6 +57,8 @@ def test_sglang_payload_reads_into_the_same_fields(use_cache: bool) -> None:
     assert m.request_queue_time_seconds is not None and m.request_queue_time_seconds.count == 12.0
     assert m.inter_token_latency_seconds is not None and m.inter_token_latency_seconds.count == 5988.0
     assert len(m.engines) == 1 and m.engines[0].engine is None
+    # num_requests_total, is_streaming "false" + "true": every finished request, no reason (the e2e count)
+    assert dict(m.request_success_total) == {metrics_text.FINISH_ANY_REASON: 12.0}
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -755,3 +757,60 @@ def test_an_sglang_stall_says_to_dump_the_scheduler_and_a_vllm_one_the_enginecor
     f = StallFinding(url, 0.0, 30.0, False, 1.0, 0.0, 10.0, 10.0, None, 200, None, (), (), "")
     vfix = " ".join(stall_alert(f, Thresholds()).fix)
     assert "the EngineCore (the workers for TP>1)" in vfix and "shared memory broadcast" in vfix, vfix
+
+
+def _saturated_sglang_scrapes(n: int, finished_per_s: float) -> list[str]:
+    """``n`` one-second scrapes of the hand-made SGLang payload held at a cap of 64 running, none queued, decoding
+    1,500 tokens a second; ``finished_per_s`` requests finish a second, each after 32 s (64 / 2 a second): counted
+    in ``num_requests_total`` and the e2e histogram (its ``+Inf`` bucket, count and sum), as SGLang's
+    ``observe_one_finished_request`` grows both."""
+    base = (SGL / "metrics-0.5.17-handmade.txt").read_text()
+    out = []
+    for i in range(n):
+        done = finished_per_s * i
+        lines = []
+        for line in base.splitlines():
+            head, _, v = line.rpartition(" ")
+            if line.startswith("sglang:num_running_reqs{"):
+                line = f"{head} 64.0"
+            elif line.startswith("sglang:num_queue_reqs{"):
+                line = f"{head} 0.0"
+            elif line.startswith("sglang:realtime_tokens_total{") and 'mode="decode"' in line:
+                line = f"{head} {float(v) + 1500.0 * i}"
+            elif 'is_streaming="false"' in line and (
+                    line.startswith(("sglang:num_requests_total{", "sglang:e2e_request_latency_seconds_count{"))
+                    or (line.startswith("sglang:e2e_request_latency_seconds_bucket{") and 'le="+Inf"' in line)):
+                line = f"{head} {float(v) + done}"
+            elif line.startswith("sglang:e2e_request_latency_seconds_sum{") and 'is_streaming="false"' in line:
+                line = f"{head} {float(v) + 32.0 * done}"
+            lines.append(line)
+        out.append("\n".join(lines) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("finished_per_s, runaway", [(2.0, False), (0.0, True)])
+def test_a_saturated_sglang_server_whose_requests_finish_is_no_runaway(finished_per_s: float, runaway: bool) -> None:
+    """Issue 42, on the box: an SGLang server held at its cap (64 running, none queued, tokens flowing) for 3
+    minutes, through the monitor. Its requests finish (``sglang:num_requests_total`` rising): no runaway, and the
+    card's finishes count them. They do not (the counter flat): a runaway. On the old code SGLang's finished
+    requests were not read, a finish was only ``running`` falling, and the first case was a runaway."""
+    from vtop.clock import FakeClock
+    from vtop.config import Config
+    from vtop.model.server import ServerPoll
+    from vtop.monitor.monitor import Monitor
+
+    clock = FakeClock(start=1000.0)
+    mon = Monitor(Config(urls=()), clock=clock, find_logs=False)
+    url = "http://127.0.0.1:30000"
+    said: list[str] = []
+    for text in _saturated_sglang_scrapes(180, finished_per_s):
+        m = parse_vllm_metrics(text)
+        assert m.engine_kind == "sglang" and m.running == 64.0
+        mon.apply_server(url, ServerPoll(clock.time(), clock.monotonic(), url, True, None, "", None, 0, metrics=m))
+        said += [a.title for a in mon.tick() if a.target == url and a.rule == "runaway"]
+        clock.advance(1.0)
+    assert bool(said) == runaway, said
+    view = mon.servers[url].last_view
+    assert view is not None and view.finished is not None
+    got = sum(view.finished.values())
+    assert got == pytest.approx(finished_per_s * view.window_s, abs=2 * finished_per_s), view.finished

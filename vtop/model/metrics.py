@@ -38,7 +38,8 @@ class _Values:
     preemptions_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
-    #: ``vllm:request_success_total`` by ``finished_reason``.
+    #: ``vllm:request_success_total`` by ``finished_reason``; SGLang's finished requests, counted without a
+    #: reason (``sglang:num_requests_total``), under the one key ``"total"`` (``metrics_text.FINISH_ANY_REASON``).
     request_success_total: Mapping[str, float] = field(default_factory=dict, hash=False)
     time_to_first_token_seconds: Histogram | None = None
     #: ``inter_token_latency_seconds`` (0.11+) or else ``time_per_output_token_seconds``.

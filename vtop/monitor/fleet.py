@@ -631,8 +631,8 @@ class Fleet:
                 row.finished = None if fin is None else {a: b for a, b in fin.items() if b} if fin else {}
                 if row.finished is None and st in ("up", "restarted") and v.metrics is not None \
                         and not v.metrics.request_success_total and (row.engine or "vllm") in q.FINISH_ENGINES:
-                    row.finished = {}  # no reason above zero: none finished (not a gap; an engine without the
-                    # counter, SGLang's, stays a gap)
+                    row.finished = {}  # no reason above zero: none finished (not a gap; an engine without a
+                    # finish counter stays a gap)
                 b = row.on_box
                 if st == "down" and b is not None and b.phase:
                     # Prometheus only sees a refused port; vtop on the box reads the start in the log

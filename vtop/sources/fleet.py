@@ -34,7 +34,9 @@ family and the vLLM family it is read as), so an instance of either engine is a 
 ranks (``tp_rank``, ``pp_rank``, ``dp_rank``...) and its tokenizer's counters with ``is_streaming``: the
 same sums over the other labels read them, as the local scrape does (:mod:`vtop.sources.metrics_text`). Its
 data-parallel groups are told apart by ``dp_rank`` as vLLM's engines by ``engine``. SGLang has no
-finish-reason counter: its rows have no finishes (a gap, not a zero). Its token counters are one family
+finish-reason counter: its finished requests are ``sglang:num_requests_total`` (one a finished request, no
+reason), which the table reads as vLLM's ``request_success_total``; its row's finishes are that count under
+one key, :data:`~vtop.sources.metrics_text.FINISH_ANY_REASON`. Its token counters are one family
 split by a label (:data:`vtop.sources.metrics_text.SGLANG_BY_LABEL`: ``realtime_tokens_total`` by ``mode``,
 grown each scheduler step; the ``prompt_tokens_total`` / ``generation_tokens_total`` it also serves grow only
 when a request finishes and are not read): a tagged sum per vLLM counter (:func:`_by_label_parts`).
@@ -57,7 +59,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from vtop.sources.metrics_text import ENGINE_PREFIXES, SGLANG_BESIDE_VLLM, SGLANG_BY_LABEL
+from vtop.sources.metrics_text import ENGINE_PREFIXES, FINISH_ANY_REASON, SGLANG_BESIDE_VLLM, SGLANG_BY_LABEL
 from vtop.sources.prometheus import Series, Vector
 
 __all__ = [
@@ -155,7 +157,7 @@ def _beside(vllm_name: str) -> tuple[str, ...]:
 NAMES: dict[str, str] = {n: what for v, what in VLLM_NAMES.items() for n in _beside(v)}
 #: the engine of each of those names ("vllm", "sglang"), by its prefix
 ENGINE_OF: dict[str, str] = {n: e for n in NAMES for p, e in ENGINE_PREFIXES.items() if n.startswith(p)}
-#: the engines that count finished requests by reason (a row of another engine has no finishes: a gap)
+#: the engines that count finished requests, by reason or not (a row of another engine has no finishes: a gap)
 FINISH_ENGINES: frozenset[str] = frozenset(ENGINE_OF[n] for n, what in NAMES.items() if what == "fin")
 #: the labels that tell an instance's data-parallel engines apart: vLLM's ``engine``, SGLang's ``dp_rank``
 DP_LABELS = "engine, dp_rank"
@@ -213,7 +215,10 @@ def vllm_queries(sel: str = "", ts: bool = True) -> tuple[str, str]:
             *_by_label_parts(counters, sel),
         )),
         " or ".join((
-            f"(sum by ({J}, __name__, finished_reason) ({_any(('vllm:request_success_total',), sel)}) > 0)",
+            # tagged: an engine's finish count without a reason (SGLang's num_requests_total) has the labels
+            # (job, instance) alone, which ``or`` (matching without the metric name) takes for the counters'
+            # in the whole query (the history's) and drops
+            _tag("fin", f"sum by ({J}, __name__, finished_reason) ({_any(('vllm:request_success_total',), sel)}) > 0"),
             _tag("engines", f"count by ({J}) (group by ({J}, {DP_LABELS}) ({_any(_RUNNING, sel)})) > 1"),
             *((ts_query(sel),) if ts else ()),
         )),
@@ -357,7 +362,9 @@ def _put(inst: Instance, labels: dict[str, str], what: str, v: float | None) -> 
         # KV usage is one pool, the larger stands
         setattr(inst, what, v if old is None else (max(old, v) if what == "kv" else old + v))
     elif what == "fin":
-        r = labels.get("finished_reason", "?")
+        # vLLM's by finished_reason; an engine's count without a reason (SGLang's, read as it by the one
+        # table) is every finish, under FINISH_ANY_REASON
+        r = labels.get("finished_reason", FINISH_ANY_REASON)
         if v is not None:
             inst.finished[r] = inst.finished.get(r, 0.0) + v
     elif what == "engines":

@@ -118,6 +118,7 @@ from typing import Any
 from vtop.model.metrics import EngineMetrics, Histogram, VllmMetrics
 
 __all__ = [
+    "FINISH_ANY_REASON",
     "FINISH_REASONS",
     "HISTOGRAM_FAMILIES",
     "HISTOGRAM_SAMPLE_NAMES",
@@ -136,6 +137,10 @@ __all__ = [
 #: Finish reasons vLLM pre-creates in V1 (``error`` since 0.15, ``repetition``
 #: since 0.20). Others are kept too if a server reports them.
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+#: The key of ``request_success_total`` under which an engine that counts its finished requests without a
+#: reason (SGLang's ``sglang:num_requests_total``) files them: every finish, whatever its reason. The sum
+#: over the map's keys is every finish for either engine; no vLLM reason is ever this key.
+FINISH_ANY_REASON = "total"
 
 # Guards against input that would make the library slow (see module doc).
 MAX_PAYLOAD_CHARS = 16 * 1024 * 1024
@@ -175,6 +180,19 @@ _CACHE_MAX_ENTRIES = 16384
 #   ``report_prefill_stats``): ``decode`` is read as the generation counter, ``prefill_compute`` +
 #   ``prefill_cache`` as the prompt counter (vLLM's counts cached prompt tokens too). A release without it
 #   (0.5.6 and older) has no per-step counter: the token counters are a gap there, never the finish-time ones.
+# * Finished requests: SGLang counts no finish reason (no ``request_success_total``), but its tokenizer counts
+#   every finished request in ``sglang:num_requests_total`` (0.5.17: ``TokenizerMetricsCollector.
+#   observe_one_finished_request`` in ``srt/observability/metrics_collector.py`` does
+#   ``self.num_requests_total.labels(**stream_labels).inc(1)``, labelled ``is_streaming`` too; the tokenizer
+#   manager's ``collect_metrics`` calls it once a request, when ``state.finished``, as it grows the e2e
+#   histogram; the same function grows it, labelled without ``is_streaming``, in the older
+#   ``srt/metrics/collector.py``, read in sgl-project/sglang at commit 00ae9c15, a 0.5.x with
+#   ``realtime_tokens_total``). Summed over its labels, it is read as vLLM's
+#   ``request_success_total`` with one key, :data:`FINISH_ANY_REASON`: the rules' finished count (a busy
+#   server whose requests finish is no runaway), the windows' finishes, the fleet's. Its series exists only
+#   from the first finish (prometheus_client makes a labelled series at its first ``.labels()``): none before.
+#   ``sglang:num_aborted_requests_total`` (``abort_request``: a client's abort as it is sent to the
+#   scheduler) is not read.
 # * 0.3.x labelled its families ``name=`` instead of ``model_name=``: read, without a model name.
 # * Not read: ``sglang:gen_throughput`` and ``sglang:cache_hit_rate`` (SGLang's own moving figures: vtop
 #   computes rates from the counters over its window), ``sglang:num_used_tokens``, the PD-disaggregation,
@@ -188,6 +206,8 @@ _SGLANG_GAUGES: dict[str, tuple[str, str]] = {
 }
 _SGLANG_COUNTERS: dict[str, tuple[str, str]] = {
     "sglang:num_retracted_requests_total": ("preemptions_total", "vllm:num_preemptions_total"),
+    # every finished request, no reason: request_success_total[FINISH_ANY_REASON] (see above)
+    "sglang:num_requests_total": ("finished_any_reason", "vllm:request_success_total"),
 }
 #: SGLang counters split by a label, each value read as a vLLM counter (summed over the other labels):
 #: name -> (label, {label value: (vtop attribute, the vLLM family it stands beside)})
@@ -668,6 +688,15 @@ def _build_histogram(family: str, engine: str | None, raw: dict[str, Any], probl
     return Histogram(buckets=buckets, sum=raw.get("sum"), count=raw.get("count"))
 
 
+def _finishes(by_reason: Mapping[str, float], any_reason: float | None) -> dict[str, float]:
+    """The finished requests by reason (vLLM's), with an engine's reason-less count (SGLang's) under
+    :data:`FINISH_ANY_REASON`."""
+    out = dict(by_reason)
+    if any_reason is not None:
+        out[FINISH_ANY_REASON] = any_reason
+    return out
+
+
 def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> EngineMetrics:
     plain = {attr: math.fsum(series.values()) for attr, series in col.plain.get(engine, {}).items()}
     lab = col.labelled.get(engine, {})
@@ -703,7 +732,7 @@ def _engine_row(engine: str | None, col: _Collector, problems: _Problems) -> Eng
         preemptions_total=plain.get("preemptions_total"),
         prefix_cache_queries_total=plain.get("pc_queries_new" if use_new_pc else "pc_queries_old"),
         prefix_cache_hits_total=plain.get("pc_hits_new" if use_new_pc else "pc_hits_old"),
-        request_success_total=dict(lab.get("request_success_total", {})),
+        request_success_total=_finishes(lab.get("request_success_total", {}), plain.get("finished_any_reason")),
         time_to_first_token_seconds=hist("time_to_first_token_seconds"),
         inter_token_latency_seconds=hist("itl_new") or hist("itl_old"),
         e2e_request_latency_seconds=hist("e2e_request_latency_seconds"),

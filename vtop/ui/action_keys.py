@@ -267,6 +267,7 @@ class ActionKeys(App[int]):
         """What vLLM shows now of the server (the monitor's latest answer: running, its abort counter,
         the request log's abort line)."""
         from vtop.actions.stop import Observation
+        from vtop.sources.metrics_text import FINISH_ANY_REASON
 
         answer = self.monitor.in_flight.get(url)
         ws = self.monitor.servers.get(url)
@@ -274,7 +275,8 @@ class ActionKeys(App[int]):
         running = answer.running if answer is not None else (m.running if m is not None else None)
         waiting = answer.waiting if answer is not None else (m.waiting if m is not None else None)
         fin = getattr(m, "request_success_total", None) if m is not None else None
-        aborts = float(fin.get("abort", 0.0)) if fin else None
+        # an engine that counts its finishes without a reason (SGLang: FINISH_ANY_REASON) counts no aborts
+        aborts = None if not fin or FINISH_ANY_REASON in fin else float(fin.get("abort", 0.0))
         finished = float(sum(fin.values())) if fin else None
         logged = None
         lv = self.log_view
