@@ -11,8 +11,10 @@
    ``model_name``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``, only TP rank 0's by default:
    ``num_running_reqs``, ``num_queue_reqs``, ``token_usage``, ``num_retracted_requests_total``,
    ``realtime_tokens_total`` by its three ``mode`` values; the tokenizer's by ``is_streaming``:
-   ``prompt_tokens_total`` / ``generation_tokens_total``, which the fleet does not read, and the TTFT
-   histogram with SGLang's 18 default bounds + ``+Inf``), and dcgm-exporter's
+   ``prompt_tokens_total`` / ``generation_tokens_total``, which the fleet does not read,
+   ``num_requests_total`` (one a finished request, as its ``observe_one_finished_request`` grows it:
+   the fleet's finishes on SGLang's rows), and the TTFT histogram with SGLang's 18 default bounds +
+   ``+Inf``), and dcgm-exporter's
    (per GPU: GPU_UTIL, PROF_SM_ACTIVE, FB_USED, FB_FREE, POWER_USAGE, XID_ERRORS with the
    ``gpu``/``UUID``/``device``/``modelName``/``Hostname`` labels), one sample every
    ``STEP_S`` seconds from 6 minutes ago to 12 minutes ahead (no scrapes run: the instant
@@ -64,7 +66,7 @@ TTFT_LE = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.2
 SGL_TTFT_LE = ("0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0", "40.0", "60.0",
                "80.0", "100.0", "200.0", "400.0", "+Inf")
 #: series an instance of each engine exports, GPUs aside
-SERIES = {"vllm": 6 + 5 + len(TTFT_LE) + 1, "sglang": 4 + 3 + 2 * 2 + 2 * len(SGL_TTFT_LE) + 1}
+SERIES = {"vllm": 6 + 5 + len(TTFT_LE) + 1, "sglang": 4 + 3 + 3 * 2 + 2 * len(SGL_TTFT_LE) + 1}
 REASONS = ("stop", "length", "abort", "error", "repetition")
 DCGM = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS")
@@ -191,6 +193,15 @@ def _sglang(w: Callable[[str], object], family: Callable[[str], None], sg: list[
                 for k, t in enumerate(times):
                     w(f"{name}{{{lb}}} {round(rate[i] * per * STEP_S * max(0, k - 1) * share)} {t}\n")
                     samples += 1
+    # one a finished request (the tokenizer's ``observe_one_finished_request``, at the same call as the two
+    # above): as many finishes as vLLM's rows count by reason, split by is_streaming
+    family("sglang:num_requests_total")
+    for i in sg:
+        for streaming, share in (("false", 0.3), ("true", 0.7)):
+            lb = tok(i, streaming)
+            for k, t in enumerate(times):
+                w(f"sglang:num_requests_total{{{lb}}} {round(rate[i] / 300 * STEP_S * max(0, k - 1) * share)} {t}\n")
+                samples += 1
     family("sglang:time_to_first_token_seconds_bucket")
     for i in sg:
         per = rate[i] / 300 * STEP_S
