@@ -170,7 +170,8 @@ def test_the_third_start_shows_the_first_two(state: Path) -> None:
     assert _row(text, "warmup").endswith("· usually 12 s here (2 starts)"), text
     # torch.compile: 3 s (10:12:41 'Model loading took' to 10:12:44 'torch.compile took 1.96 s in total') and 2 s
     assert "· usually 2.5 s here (2 starts)" in _row(text, "torch.compile"), text
-    assert "compile cache hit" in _row(text, "torch.compile"), text  # start-2's own "Directly load AOT compilation"
+    # start-2's own: "torch.compile took 1.81 s in total", "Directly load AOT compilation from path ..."
+    assert "1.8 s · compile cache hit" in _row(text, "torch.compile"), text
 
 
 def test_the_same_start_read_again_is_kept_once(state: Path) -> None:
@@ -305,10 +306,45 @@ def test_a_replay_neither_reads_nor_keeps_this_boxs_start_history(state: Path) -
     before = state.read_bytes()
     p = open_recording(str(H.TRACE), config=Config())
     p.feed_until(p.end)
-    H._join("vtop-start-history")
-    H._join("vtop-start-history-save")
+    H.join("vtop-start-history")
+    H.join("vtop-start-history-save")
     m = p.monitor
     assert m.log_view is not None and m.log_view.snapshot.state == "ready"
     assert m.start_history is None and m.start_usual() is None
     assert m.startup_extras()["history"] is None
     assert state.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- the screen
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_screen_shows_the_third_start_with_its_history_and_budget(state: Path, tmp_path: Path,
+                                                                             size: tuple[int, int]) -> None:
+    """A vtop that followed start-2 from its launch, 0.9 s into its warmup (its parts line logged), with start-0 and
+    start-1 kept by the same vtop: the warmup 'usually 12 s here (2 starts)' (22 s and 2 s in their logs), the budget at
+    0.8 beside NVML. At 80x24 the whole timeline has no room: the panel's short form (the phases done as one line, the
+    warmup, the budget), where the screen used to drop the panel of a start in progress altogether."""
+    H.keep_first_two()
+    log = tmp_path / "serve.log"
+    app, clock = H.third_start_app(log)
+    async with app.run_test(size=size) as pilot:
+        await H.feed_third_start(app, clock, log)
+        await pilot.pause()
+        panel = app.w_startup
+        assert panel.display, "the startup panel of a start in progress is not on the screen"
+        text = panel.build().plain
+        lines = text.splitlines()
+        warmup = next(ln for ln in lines if ln.startswith(" ▶ warmup"))
+        assert warmup.endswith("· usually 12 s here (2 starts)"), text
+        budget = app.monitor.memory_budget()[0]
+        assert budget.text() in text and "free 15.1 GiB" in budget.text() and "KV cache 62.96" in budget.text()
+        assert panel.compact is (size == (80, 24))
+        if panel.compact:
+            # 51 + 3 + 2 + 2 + 2 + 0 + 2 s: the process start (from its create time) to 'Graph capturing finished'
+            assert " ✓ process start … CUDA graph capture: 7 phases in 1 min 02 s" in lines, text
+            assert not any(ln.startswith(" ✓ torch.compile") for ln in lines)
+        else:
+            assert "· usually 2.5 s here (2 starts)" in next(ln for ln in lines if ln.startswith(" ✓ torch.compile"))
+        # every row of the panel is on the screen: none cut by the layout
+        assert panel.size.height >= panel.rows(panel.content_region.width, compact=panel.compact)
