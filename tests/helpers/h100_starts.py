@@ -98,13 +98,15 @@ def clock_at(t: float) -> FakeClock:
 
 
 def log_size_at(k: int, t: float) -> int:
-    """How many bytes start ``k``'s log held at wall time ``t``, by the trace's log index (its sizes are of the file of
-    that start: vLLM's log was written afresh at each launch); 0 before the start's launch."""
+    """How many bytes start ``k``'s log held at wall time ``t``, by the trace's log index; 0 before the start's launch.
+    vLLM's log was written afresh at each launch; the index's sizes count the files one after another (log.bin.gz
+    holds start-0.log, start-1.log and the last file), so the earlier starts' kept logs are taken off."""
     with gzip.open(TRACE / "log-index.jsonl.gz", "rt") as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
     begin = float(event("start_begin", k)["t"])
     sizes = [int(r["size"]) for r in rows if begin <= r["t"] <= t]
-    size = sizes[-1] if sizes else 0
+    base = sum(start_log(j).stat().st_size for j in range(k))
+    size = max(0, sizes[-1] - base) if sizes else 0
     assert size <= start_log(k).stat().st_size, "the index runs past the log kept"
     return size
 

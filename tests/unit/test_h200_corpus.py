@@ -300,3 +300,24 @@ def test_truth_of_a_start_that_never_became_ready(tmp_path: Path) -> None:
     t = _recorded(tmp_path, [LAUNCH], log)
     assert t["class"] == "startup_failure" and t["expected_phase"] == "failed"
     assert t["began"] is not None
+
+
+def test_the_recorders_log_keeps_a_file_replaced_at_the_same_path(tmp_path) -> None:
+    """serve.sh removes serve.log and starts a new one at each launch: the log the trace keeps is every file,
+    one after another, and the index's size only grows (the three-start scenario kept only the last file,
+    under an index that went back to 0)."""
+    from tools.corpus.record import LogSegments
+
+    log = tmp_path / "serve.log"
+    segs = LogSegments()
+    log.write_bytes(b"start 0 line 1\n")
+    segs.follow(log)
+    with open(log, "ab") as f:
+        f.write(b"start 0 line 2\n")
+    segs.follow(log)
+    first = segs.size()
+    log.unlink()
+    log.write_bytes(b"start 1 line 1\n")
+    segs.follow(log)
+    assert segs.size() == first + len(b"start 1 line 1\n") and first == 30
+    assert segs.data(10**6) == b"start 0 line 1\nstart 0 line 2\nstart 1 line 1\n"
