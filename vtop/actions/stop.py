@@ -39,6 +39,13 @@ CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
 #: the most the close may take (a dump of the server's port, one destroy, a dump again: milliseconds)
 CLOSE_TIMEOUT_S = 3.0
+#: the face waits this long for the close's answer before it says that it waits. The close bounds each of its
+#: waits for the kernel itself (``CLOSE_TIMEOUT_S``), but on a loaded box its thread may get the CPU seconds
+#: late: the face gave up at this bound, dropped the answer and said "did not work" while the close went on
+#: in its thread (issue 39: the docker container's vLLM left vtop's threads 0.00-0.06 of a core)
+CLOSE_ANSWER_S = CLOSE_TIMEOUT_S + 2.0
+#: ... and gives up waiting after this long (then whether the connection closed is not known)
+CLOSE_GIVE_UP_S = 60.0
 #: how long the face waits for vLLM to show the abort after the close (a streamed answer notices at its
 #: next chunk, a non-streamed one at once; /metrics is polled every interval)
 WAIT_S = 15.0
@@ -132,6 +139,8 @@ class CloseResult:
     elapsed_s: float = 0.0
     #: vtop lacked the privilege: nothing was tried
     refused: bool = False
+    #: the face stopped waiting for the close's answer: whether it closed is not known
+    unknown: bool = False
 
 
 def _close_here(port: int, client: str, deadline: float, sock: Any = None) -> CloseResult:
@@ -229,8 +238,8 @@ def left_unfinished(before: Observation, now: Observation) -> float | None:
 
 def verdict(close: CloseResult, before: Observation, now: Observation, prev: Observation | None = None,
             wait_s: float = WAIT_S) -> tuple[bool, bool, str]:
-    """``(final, stopped, line)``: whether the outcome is known, whether vLLM aborted the request, and the
-    result line. ``before``: at the confirmation; ``prev``: the observation before ``now`` (None: the first).
+    """``(final, stopped, line)``: whether the outcome is known (or past knowing: a close the face stopped
+    waiting for), whether vLLM aborted the request, and the result line. ``before``: at the confirmation; ``prev``: the observation before ``now`` (None: the first).
 
     Stopped: the connection is closed and gone, and vLLM shows the request gone: its abort line, its abort
     counter up, a request that left running + waiting without a counted finish (since the confirmation,
@@ -238,7 +247,7 @@ def verdict(close: CloseResult, before: Observation, now: Observation, prev: Obs
     poll), nothing in flight at all (it was, at the confirmation), or, where /metrics counts no finishes,
     running down. Not known until ``wait_s`` passed."""
     if not close.closed:
-        return True, False, f"did not work: {close.message}"
+        return True, False, f"{'not known' if close.unknown else 'did not work'}: {close.message}"
     if close.gone is False:
         return True, False, f"did not work: {close.message}, but the kernel still lists it"
     took = f"{now.after_s:.1f} s after the confirmation"
