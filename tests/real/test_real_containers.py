@@ -65,8 +65,8 @@ def shot(app: VtopApp, name: str) -> None:
 
 
 #: the container's CPU limit (``docker run --cpus``), as production containers have one. Without it, on the
-#: 2-core box, the vLLM CPU build's two busy threads while it decodes (its worker, 1 OpenMP thread, and its
-#: engine core polling the worker's shared-memory queue) took 1.85-1.98 of the 2 cores for a minute and more
+#: 2-core box, the vLLM CPU build's two busy threads while it decodes (its worker's one OpenMP thread, bound
+#: to CPU 0 by vLLM's auto binding, and its engine core) took 1.85-1.98 of the 2 cores for a minute and more
 #: under the box's cgroup v1 scheduling, and every process outside the container starved: the test process's
 #: 3-9 runnable threads ran 0.00-0.06 of a core, each waiting ~1 s per second (schedstat), so the screen's
 #: tick came 10-22 s late, the connection reads were applied late, the runaway was named at 49-58 s, and the
