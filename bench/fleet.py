@@ -1,11 +1,18 @@
-"""vtop's fleet view over 1,000 vLLM instances with 8 GPUs each, from a real Prometheus.
+"""vtop's fleet view over 1,000 vLLM and SGLang instances with 8 GPUs each, from a real Prometheus.
 
-    python bench/fleet.py [--instances 1000] [--gpus 8] [--seconds 60] [--json OUT]
+    python bench/fleet.py [--instances 1000] [--sglang 500] [--gpus 8] [--seconds 60] [--json OUT]
 
 1. Generates the series such a fleet exports, with vLLM 0.32's names and shapes (per
    instance, ``engine="0"``: running, waiting, ``kv_cache_usage_perc``, the generation /
    prompt / preemption counters, ``request_success_total`` by its five ``finished_reason``
-   values, the TTFT histogram with vLLM's 22 bounds + ``+Inf``, ``up``) and dcgm-exporter's
+   values, the TTFT histogram with vLLM's 22 bounds + ``+Inf``, ``up``), SGLang 0.5.17's for
+   ``--sglang`` of the instances, every other one (job ``sglang``, port 30000; read in its
+   ``srt/observability/metrics_collector.py``: the scheduler's series labelled ``engine_type``,
+   ``model_name``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``, only TP rank 0's by default:
+   ``num_running_reqs``, ``num_queue_reqs``, ``token_usage``, ``num_retracted_requests_total``,
+   ``realtime_tokens_total`` by its three ``mode`` values; the tokenizer's by ``is_streaming``:
+   ``prompt_tokens_total`` / ``generation_tokens_total``, which the fleet does not read, and the TTFT
+   histogram with SGLang's 18 default bounds + ``+Inf``), and dcgm-exporter's
    (per GPU: GPU_UTIL, PROF_SM_ACTIVE, FB_USED, FB_FREE, POWER_USAGE, XID_ERRORS with the
    ``gpu``/``UUID``/``device``/``modelName``/``Hostname`` labels), one sample every
    ``STEP_S`` seconds from 6 minutes ago to 12 minutes ahead (no scrapes run: the instant
@@ -16,7 +23,10 @@
 3. measures, in this process, the fleet's refresh (:meth:`vtop.monitor.fleet.Fleet.refresh`:
    the queries, the parse, the trackers and the rules over every instance): queries per
    refresh, bytes, wall time (median and max of ``--refreshes``), and the history's backfill
-   (``query_range`` + feeding every step through the rules);
+   (``query_range`` + feeding every step through the rules); each query alone, and each of those
+   that name the engines' metrics again with vLLM's names only (the SGLang names taken out of the
+   table for the moment: what the name-regex selectors and SGLang's parts cost Prometheus), asked in
+   turn on the same Prometheus;
 4. starts ``vtop --prometheus URL`` in tmux at 160x50 as a user would and measures the first
    frame (the status line drawn) and the first frame with the fleet's rows, then its CPU
    over ``--seconds`` at the default 5 s refresh and its RSS (VmRSS, VmHWM).
@@ -39,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,17 +60,30 @@ from tests.helpers.prom_harness import Prometheus
 STEP_S = 30
 TTFT_LE = ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5",
            "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf")
+#: SGLang 0.5.17's default TTFT bounds (``bucket_time_to_first_token`` in its metrics_collector.py) + ``+Inf``
+SGL_TTFT_LE = ("0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0", "40.0", "60.0",
+               "80.0", "100.0", "200.0", "400.0", "+Inf")
+#: series an instance of each engine exports, GPUs aside
+SERIES = {"vllm": 6 + 5 + len(TTFT_LE) + 1, "sglang": 4 + 3 + 2 * 2 + 2 * len(SGL_TTFT_LE) + 1}
 REASONS = ("stop", "length", "abort", "error", "repetition")
 DCGM = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS")
 
 
-def generate(path: Path, n: int, gpus: int, t0: int, t1: int) -> int:
+def engines_of(n: int, sglang: int) -> list[str]:
+    """Each instance's engine: ``sglang`` of the ``n`` spread evenly (every other one for half)."""
+    return ["sglang" if (i * sglang) % n < sglang else "vllm" for i in range(n)]
+
+
+def generate(path: Path, n: int, gpus: int, t0: int, t1: int, sglang: int = 0) -> int:
     """Write the OpenMetrics text; returns the number of samples."""
     rnd = random.Random(27)
     times = list(range(t0, t1 + 1, STEP_S))
     samples = 0
-    inst = [f"h{i:04d}:8000" for i in range(n)]
+    eng = engines_of(n, sglang)
+    vl = [i for i in range(n) if eng[i] == "vllm"]
+    sg = [i for i in range(n) if eng[i] == "sglang"]
+    inst = [f"h{i:04d}:{30000 if eng[i] == 'sglang' else 8000}" for i in range(n)]
     model = [("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-32B", "mistralai/Mistral-Small-24B")[i % 3]
              for i in range(n)]
     rate = [rnd.uniform(200, 3000) for _ in range(n)]
@@ -81,20 +105,20 @@ def generate(path: Path, n: int, gpus: int, t0: int, t1: int) -> int:
             ("vllm:num_preemptions_total", lambda i, k: float(k // 7)),
         ):
             family(name)
-            for i in range(n):
+            for i in vl:
                 lb = lab(i)
                 for k, t in enumerate(times):
                     w(f"{name}{{{lb}}} {fn(i, k)} {t}\n")
                     samples += 1
         family("vllm:request_success_total")
-        for i in range(n):
+        for i in vl:
             lb = lab(i)
             for r, share in zip(REASONS, (0.8, 0.17, 0.03, 0.0, 0.0)):
                 for k, t in enumerate(times):
                     w(f'vllm:request_success_total{{{lb},finished_reason="{r}"}} {round(rate[i] / 300 * STEP_S * k * share)} {t}\n')
                     samples += 1
         family("vllm:time_to_first_token_seconds_bucket")
-        for i in range(n):
+        for i in vl:
             lb = lab(i)
             per = rate[i] / 300 * STEP_S
             for j, le in enumerate(TTFT_LE):
@@ -102,10 +126,11 @@ def generate(path: Path, n: int, gpus: int, t0: int, t1: int) -> int:
                 for k, t in enumerate(times):
                     w(f'vllm:time_to_first_token_seconds_bucket{{{lb},le="{le}"}} {round(per * k * frac)} {t}\n')
                     samples += 1
+        samples += _sglang(w, family, sg, inst, model, rate, times, rnd)
         family("up")
         for i in range(n):
             for t in times:
-                w(f'up{{instance="{inst[i]}",job="vllm"}} 1 {t}\n')
+                w(f'up{{instance="{inst[i]}",job="{eng[i]}"}} 1 {t}\n')
                 samples += 1
         for name in DCGM:
             family(name)
@@ -122,6 +147,60 @@ def generate(path: Path, n: int, gpus: int, t0: int, t1: int) -> int:
                         w(f"{name}{{{lb}}} {v} {t}\n")
                         samples += 1
         w("# EOF\n")
+    return samples
+
+
+def _sglang(w: Callable[[str], object], family: Callable[[str], None], sg: list[int], inst: list[str],
+            model: list[str], rate: list[float], times: list[int], rnd: random.Random) -> int:
+    """SGLang's series of the instances ``sg`` (see the module's docstring); returns the number of samples."""
+    samples = 0
+
+    def sched(i: int) -> str:
+        return (f'engine_type="unified",instance="{inst[i]}",job="sglang",model_name="{model[i]}",moe_ep_rank="0",'
+                f'pp_rank="0",tp_rank="0"')
+
+    def tok(i: int, streaming: str) -> str:
+        return f'engine_type="unified",instance="{inst[i]}",is_streaming="{streaming}",job="sglang",model_name="{model[i]}"'
+
+    for name, fn in (
+        ("sglang:num_running_reqs", lambda i, k: float(rnd.randint(0, 64))),
+        ("sglang:num_queue_reqs", lambda i, k: float(rnd.choice((0, 0, 0, 3, 12)))),
+        ("sglang:token_usage", lambda i, k: round(rnd.uniform(0.05, 0.9), 2)),
+        ("sglang:num_retracted_requests_total", lambda i, k: float(k // 7)),
+    ):
+        family(name)
+        for i in sg:
+            lb = sched(i)
+            for k, t in enumerate(times):
+                w(f"{name}{{{lb}}} {fn(i, k)} {t}\n")
+                samples += 1
+    # grown each scheduler step: decode tokens, prompt tokens computed and taken from the cache
+    family("sglang:realtime_tokens_total")
+    for i in sg:
+        lb = sched(i)
+        for mode, per in (("decode", 1.0), ("prefill_compute", 2.4), ("prefill_cache", 0.6)):
+            for k, t in enumerate(times):
+                w(f'sglang:realtime_tokens_total{{{lb},mode="{mode}"}} {round(rate[i] * per * STEP_S * k)} {t}\n')
+                samples += 1
+    # grown when a request finishes (not read by the fleet: realtime_tokens_total is)
+    for name, per in (("sglang:prompt_tokens_total", 3.0), ("sglang:generation_tokens_total", 1.0)):
+        family(name)
+        for i in sg:
+            for streaming, share in (("false", 0.3), ("true", 0.7)):
+                lb = tok(i, streaming)
+                for k, t in enumerate(times):
+                    w(f"{name}{{{lb}}} {round(rate[i] * per * STEP_S * max(0, k - 1) * share)} {t}\n")
+                    samples += 1
+    family("sglang:time_to_first_token_seconds_bucket")
+    for i in sg:
+        per = rate[i] / 300 * STEP_S
+        for streaming, share in (("false", 0.3), ("true", 0.7)):
+            lb = tok(i, streaming)
+            for j, le in enumerate(SGL_TTFT_LE):
+                frac = min(1.0, (j + 1) / 10)
+                for k, t in enumerate(times):
+                    w(f'sglang:time_to_first_token_seconds_bucket{{{lb},le="{le}"}} {round(per * k * frac * share)} {t}\n')
+                    samples += 1
     return samples
 
 
@@ -173,20 +252,40 @@ async def in_process(url: str, refreshes: int, grid0: float) -> dict[str, object
     # each query alone (Prometheus' evaluation + the transfer + json.loads), and vtop's own share
     from vtop.sources import fleet as q
 
-    alone: dict[str, float] = {}
-    for name, promql in (("vllm", q.vllm_query()), ("ts", q.ts_query()), ("ttft", q.rates_query()),
-                         ("up", q.up_query()), ("gpu", q.gpu_query()),
-                         *((f"slow_{k}_{'+'.join(p)}", fleet._slow_query(k, p)) for k, p in fleet.SLOW_PARTS)):
-        ts = []
-        for _ in range(3):
-            t = time.perf_counter()
-            await fleet.client.query(promql, at=time.time())
-            ts.append(time.perf_counter() - t)
-        alone[name] = round(statistics.median(ts), 3)
+    def queries() -> dict[str, str]:
+        return {"vllm": q.vllm_query(), "vllm_half_1": q.vllm_queries()[0], "vllm_half_2": q.vllm_queries()[1],
+                "ts": q.ts_query(), "ttft": q.rates_query(), "up": q.up_query(), "gpu": q.gpu_query(),
+                **{f"slow_{k}_{'+'.join(p)}": fleet._slow_query(k, p) for k, p in fleet.SLOW_PARTS}}
+
+    both = queries()
+    # the same queries with vLLM's names only: the SGLang names out of the one table for the moment
+    table = q.SGLANG_BESIDE_VLLM, q.SGLANG_BY_LABEL
+    q.SGLANG_BESIDE_VLLM, q.SGLANG_BY_LABEL = {}, {}
+    try:
+        vllm_only = {k: v for k, v in queries().items() if v != both[k]}
+    finally:
+        q.SGLANG_BESIDE_VLLM, q.SGLANG_BY_LABEL = table
+    assert vllm_only and all("sglang:" not in v for v in vllm_only.values())
+    timings: dict[tuple[str, str], list[float]] = {}
+    for _ in range(5):  # in turn, so that a busy moment of the box falls on both
+        for kind, qs_ in (("both", both), ("vllm_only", vllm_only)):
+            for name, promql in qs_.items():
+                t = time.perf_counter()
+                await fleet.client.query(promql, at=time.time())
+                timings.setdefault((kind, name), []).append(time.perf_counter() - t)
+    alone = {n: round(statistics.median(timings["both", n]), 3) for n in both}
+    alone_vllm = {n: round(statistics.median(timings["vllm_only", n]), 3) for n in vllm_only}
+    engines = Counter(r.engine or "none" for r in fleet.rows.values())
+    sgl_rows = [r for r in fleet.rows.values() if r.engine == "sglang"]
     out = {
         "instances_seen": len(fleet.rows),
+        "instances_by_engine": dict(engines),
+        # what the SGLang rows show: their numbers read from its names (None would be a gap)
+        "sglang_rows_with_running_kv_gen_ttft": sum(
+            1 for r in sgl_rows if None not in (r.running, r.kv_pct, r.gen_tps, r.ttft_p50)),
         "alerts": len(fleet.alerts),
         "alert_rules": dict(Counter(a.rule for a in fleet.alerts)),
+        "alerts_said": [f"{a.rule}: {a.title}" for a in fleet.alerts][:10],
         "first_refresh_s": round(first, 3),
         "backfill_s": round(backfill, 3),
         "backfill_queries": bq,
@@ -204,6 +303,7 @@ async def in_process(url: str, refreshes: int, grid0: float) -> dict[str, object
         "refresh_all_new_scrapes_cpu_s": round(fed_cpu, 3),
         "refresh_all_new_scrapes_s_all": [round(w, 3) for w in fed_walls],
         "query_alone_s": alone,
+        "query_alone_vllm_names_only_s": alone_vllm,
         "refresh_cpu_pct_at_5s": round(100 * cpu / 5.0, 1),
         # a 30 s scrape read every 5 s: one refresh in six has every instance's new scrape
         "refresh_cpu_pct_at_5s_scrape_30s": round(100 * (5 * cpu + fed_cpu) / 6 / 5.0, 2),
@@ -231,7 +331,7 @@ def in_tmux(url: str, seconds: float) -> dict[str, object]:
         time.sleep(seconds)
         c1 = sum(cpu_seconds(vpid))
         w1 = time.monotonic()
-        out = {
+        out: dict[str, object] = {
             "first_frame_s": None if frame is None else round(frame, 2),
             "first_rows_s": None if rows is None else round(rows, 2),
             "history_done_s": None if hist is None else round(hist, 2),
@@ -249,6 +349,8 @@ def in_tmux(url: str, seconds: float) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=1000)
+    ap.add_argument("--sglang", type=int, default=None,
+                    help="how many of the instances serve SGLang's names (default: half)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--refreshes", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60.0, help="CPU window of the screen")
@@ -256,6 +358,7 @@ def main() -> None:
     ap.add_argument("--no-tmux", action="store_true")
     ap.add_argument("--no-in-process", action="store_true", help="the screen's figures only")
     a = ap.parse_args()
+    sglang = a.instances // 2 if a.sglang is None else max(0, min(a.sglang, a.instances))
     for exe in ("promtool", "prometheus"):
         if shutil.which(exe) is None:
             sys.exit(f"bench/fleet.py: needs {exe} (apt-get install prometheus)")
@@ -264,7 +367,7 @@ def main() -> None:
         now = int(time.time())
         om = work / "fleet.om"
         t = time.perf_counter()
-        samples = generate(om, a.instances, a.gpus, now - 360, now + 720)
+        samples = generate(om, a.instances, a.gpus, now - 360, now + 720, sglang)
         gen_s = time.perf_counter() - t
         print(f"generated {samples:,} samples ({om.stat().st_size / 1e6:.0f} MB) in {gen_s:.0f} s", flush=True)
         data = work / "data"
@@ -275,9 +378,10 @@ def main() -> None:
         om.unlink()
         with Prometheus([], storage=str(data)) as p:
             p.wait_for("up", a.instances, timeout=120)
-            res: dict[str, object] = {"instances": a.instances, "gpus_per_instance": a.gpus, "samples": samples,
-                                      "series_per_instance": 6 + 5 + len(TTFT_LE) + 1 + 6 * a.gpus,
-                                      "host_cpus": os.cpu_count()}
+            res: dict[str, object] = {
+                "instances": a.instances, "sglang_instances": sglang, "gpus_per_instance": a.gpus, "samples": samples,
+                "series_per_instance": {e: n + 6 * a.gpus for e, n in SERIES.items()},
+                "host_cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}
             if not a.no_in_process:
                 res["in_process"] = asyncio.run(in_process(p.url, a.refreshes, now - 360))
                 print(json.dumps(res["in_process"], indent=1), flush=True)

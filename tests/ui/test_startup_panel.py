@@ -224,6 +224,34 @@ async def test_a_stats_line_wraps_whole_in_the_log_pane_at_120_columns(tmp_path:
         assert any("Avg prompt throughput" in r and "Running: 4 reqs" in r for r in wide), wide
 
 
+async def test_sglang_batch_lines_wrap_whole_in_the_log_pane_at_120_columns() -> None:
+    # SGLang's Prefill batch line is ~210 columns (its #queue-req at ~150), its Decode batch ~150 (#queue-req
+    # last): cut at the pane's width, neither showed its queue. They wrap as vLLM's stats line does; its access
+    # lines stay one row. The input is the HAND-MADE serving excerpt (tests/fixtures/sglang/README.md), not a
+    # recording: no real SGLang server has run beside vtop yet.
+    log = FIXTURES / "sglang" / "serving-0.5.17-handmade.log"
+    originals = set(log.read_text().splitlines())
+    app = app_with_log(log)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one(LogPane)
+        rows = list(pane.lines)
+        width = pane.scrollable_content_region.width
+        heads = [i for i, r in enumerate(rows) if "Prefill batch" in r or "Decode batch" in r]
+        assert len(heads) == 13
+        for i in heads:
+            end = next((j for j in range(i + 1, len(rows)) if not rows[j].startswith("  ")), len(rows))
+            assert 2 <= end - i <= 3 and all(len(r) <= width for r in rows[i:end]), rows[i:end]
+            whole = " ".join(r.strip() for r in rows[i:end])
+            assert "#queue-req: " in whole and whole in originals  # every part of the line, in order
+        first = " ".join(r.strip() for r in rows[heads[0]:heads[0] + 2])
+        assert first.endswith("#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+                              "input throughput (token/s): 0.31"), first
+        access = [r for r in rows if "POST /v1/chat/completions" in r]
+        assert len(access) == 5 and all(r.endswith("200 OK") for r in access)
+
+
 async def test_poll_lines_are_hidden_counted_said_once_and_a_shows_them(tmp_path: Path) -> None:
     # Issue 26 item 3: uvicorn's access lines of the monitoring endpoints (vtop's own polls) are
     # hidden by default, the pane's bottom border counts them and says which vLLM flag keeps

@@ -330,6 +330,28 @@ def test_note_running_zero_clears_v1_requests() -> None:
     assert tr.recent_finished()[4].reason == "aborted"
 
 
+def test_a_stats_line_with_nothing_in_flight_clears_the_backlog() -> None:
+    """vLLM's stats line (the recorded 0.26 log's words) that says ``Running: 0 reqs, Waiting: 0 reqs`` ends
+    the requests the log still has open, as the gauge does; a queue, or another data-parallel engine still
+    busy, keeps them. (SGLang's batch lines never say 0: test_sglang.py.)"""
+    tr, end = replay("vllm-0.26.0-v1.log", 32768)
+    assert len(tr.inflight(end)) == 4
+
+    def stats(engine: str, running: int, waiting: int) -> str:
+        return (f"(APIServer pid=982) INFO 11-30 09:56:30 [loggers.py:335] Engine {engine}: Avg prompt throughput: "
+                f"0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: {running} reqs, Waiting: "
+                f"{waiting} reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+
+    tr.feed(stats("000", 0, 2), end + 5)
+    tr.feed(stats("001", 1, 0), end + 5)
+    tr.feed(stats("000", 0, 0), end + 5)
+    assert len(tr.inflight(end + 5)) == 4  # engine 001 still runs one
+    tr.feed(stats("001", 0, 0), end + 6)
+    assert tr.inflight(end + 6) == []
+    done = tr.recent_finished()[:4]
+    assert {f.reason for f in done} == {RUNNING_FELL_TO_ZERO} and all(f.ended == end + 6 for f in done)
+
+
 def test_note_running_zero_spares_requests_younger_than_the_gauge() -> None:
     tr = RequestTracker(year=YEAR, running_zero_grace_s=2.0)
     tr.feed("(APIServer pid=1) INFO 11-30 10:00:00 [async_llm.py:418] Added request chatcmpl-old-1a2b3c4d.", 10.0)

@@ -97,3 +97,48 @@ def test_a_connection_is_named_by_the_logged_request_that_came_with_it() -> None
     assert o is not None and o.evidence == (CONNECTION, LOG) and o.client == "127.0.0.1:50400"
     assert o.request_id == "chatcmpl-long" and o.max_tokens == 6000 and o.client_set_max_tokens is True
     assert o.age_min_s == 50.0
+
+
+def _conn_with(sent_since_first: int) -> ConnTracker:
+    """One streaming connection whose request came 110 s before t=100 (as the real runaway's)."""
+    ct = ConnTracker()
+    c = SimpleNamespace(local="127.0.0.1:8000", remote="127.0.0.1:50870", last_sent_s=0.1, last_recv_s=109.0,
+                        bytes_acked=5000, bytes_received=400, port=8000)
+    ct.feed(99.0, [c])
+    ct.feed(100.0, [SimpleNamespace(**{**vars(c), "last_recv_s": 110.0, "bytes_acked": 5000 + sent_since_first})])
+    return ct
+
+
+def test_a_connection_is_not_named_after_a_short_request_that_came_a_moment_before_it() -> None:
+    """Seen in a clean-clone run of the real tier (issue 38): a 32-token completion logged 0.9 s before a
+    runaway chat, the completion's stamp 0.26 s from the connection's arrival, the runaway's 0.60 s. The
+    closer was named, so the runaway's own connection (4.9 MB sent) was "a long request whose client set
+    max_tokens". Its answer rules the completion out; with little sent yet the two are not told apart,
+    and the connection is not named after either."""
+    log = LogRequests([entry("cmpl-short", -10.26, 32), entry("chatcmpl-runaway", -9.4, 65516, no_client=True)],
+                      True, False)
+    a = requests_in_flight(100.0, URL, mem(1, 0), log=log, conns=_conn_with(4_979_288))
+    o = a.oldest
+    assert o is not None and o.evidence == (CONNECTION, LOG) and o.client == "127.0.0.1:50870"
+    assert o.request_id == "chatcmpl-runaway" and o.no_client_max_tokens and o.max_tokens == 65516
+    early = requests_in_flight(100.0, URL, mem(1, 0), log=log, conns=_conn_with(1_000)).oldest
+    assert early is not None and early.evidence == (CONNECTION,) and early.request_id is None
+    assert early.client == "127.0.0.1:50870" and early.client_set_max_tokens is None
+    # the short one alone, with an answer it could have sent: named after it
+    alone = LogRequests([entry("cmpl-short", -10.26, 32)], True, False)
+    small = requests_in_flight(100.0, URL, mem(1, 0), log=alone, conns=_conn_with(3_000)).oldest
+    assert small is not None and small.request_id == "cmpl-short"
+    # ... and an answer it could not have sent: not named after it
+    big = requests_in_flight(100.0, URL, mem(1, 0), log=alone, conns=_conn_with(4_979_288)).oldest
+    assert big is not None and big.request_id is None
+
+
+def test_a_connection_among_several_capped_requests_is_one_of_them_capped() -> None:
+    """Concurrent streams whose clients all set max_tokens, logged within a second of the connection's
+    arrival: which one it is cannot be told, but every one was capped (a long request, not a runaway); the
+    bound is the largest max_tokens, and no id is named."""
+    log = LogRequests([entry("chatcmpl-a", -10.3, 6000), entry("chatcmpl-b", -9.7, 4000)], True, False)
+    o = requests_in_flight(100.0, URL, mem(2, 0), log=log, conns=_conn_with(20_000)).oldest
+    assert o is not None and o.evidence == (CONNECTION, LOG) and o.request_id is None
+    assert o.client == "127.0.0.1:50870" and o.client_set_max_tokens is True and o.max_tokens == 6000
+    assert o.detail is not None and "one of 2 requests logged" in o.detail

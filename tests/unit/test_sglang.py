@@ -555,6 +555,58 @@ def test_sglang_stats_lines_of_each_release_are_read() -> None:
     assert parse_stats(vllm, "sglang", "TP0") is None and parse_stats(vllm) == ("000", 1.0, 2.0, 3, 1, 50.0, None)
 
 
+def test_an_sglang_log_read_without_its_start_is_ready_by_its_batch_lines() -> None:
+    """The hand-made serving excerpt (no start in it: vtop attached late): its Decode and Prefill batch lines
+    say the server serves, as vLLM's stats line does; before, only vLLM's made that inference (and SGLang's
+    access lines never do: its warmup sends some), so the start panel stayed "idle" on a serving SGLang."""
+    tr = _track("serving-0.5.17-handmade.log")
+    snap = tr.snapshot()
+    assert (tr.state, snap.ready_source) == ("ready", "inferred")
+    # a ready with no timeline: nothing of the start was seen
+    assert all(v.start is None for v in snap.phases if v.phase is not Phase.READY)
+
+
+def test_the_warmups_prefill_batch_is_no_ready_during_an_sglang_start() -> None:
+    """SGLang sends itself a warmup request before it is ready: its Prefill batch line (hand-made startup
+    excerpt, 03:00:12) comes a second before "The server is fired up and ready to roll!". While the start is
+    seen, the ready is that line's, not the warmup's batch line (a warmup that hangs is a startup stall)."""
+    lines = (SGL / "startup-0.5.17-handmade.log").read_text().splitlines(keepends=True)
+    cut = next(i for i, ln in enumerate(lines) if "fired up" in ln)
+    assert any("Prefill batch" in ln for ln in lines[:cut])  # the case: the warmup's batch line before ready
+    tr = PhaseTracker(year=2026)
+    for i, line in enumerate(lines[:cut]):
+        tr.feed(line, 100.0 + i)
+    assert tr.state == "starting" and tr.current is not Phase.READY
+    tr.feed(lines[cut], 200.0)
+    assert (tr.state, tr.snapshot().ready_source) == ("ready", "log")
+
+
+def test_sglang_batch_lines_never_say_nothing_is_in_flight() -> None:
+    """What the request tracker asks of a stats line (``running 0 clears the backlog``), read from each
+    engine's table: vLLM's ``Running: 0 reqs, Waiting: 0 reqs`` says its series had nothing in flight; SGLang's
+    lines of the hand-made serving excerpt never do: a Prefill batch with ``#running-req: 0, #queue-req: 0``
+    has its ``#new-seq`` in flight (its #running-req counts the batch decoding before it), a Decode batch is
+    logged for a batch of at least one request."""
+    from vtop.core.loghistory import in_flight
+
+    got = []
+    for line in (SGL / "serving-0.5.17-handmade.log").read_text().splitlines():
+        ev = parse_line(line)
+        n = in_flight(ev.message, ev.engine, ev.proc)
+        if n is not None:
+            got.append((ev.message.split(",")[0], n))
+    assert len(got) == 13 and all(series == "-" and busy >= 1 for (_, (series, busy)) in got)
+    assert got[0] == ("Prefill batch", ("-", 1))  # #new-seq: 1, #running-req: 0, #queue-req: 0
+    assert got[3] == ("Prefill batch", ("-", 5))  # #new-seq: 2, #running-req: 1, #queue-req: 2
+    dp = parse_line("[2026-12-05 03:01:00 DP1 TP0] Decode batch, #running-req: 3, #token: 64, token usage: 0.00, "
+                    "cuda graph: True, gen throughput (token/s): 38.10, #queue-req: 2")
+    assert in_flight(dp.message, dp.engine, dp.proc) == ("DP1", 5)
+    idle = ("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
+            "Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    assert in_flight(idle) == ("000", 0) and in_flight(idle, "sglang") is None
+    assert in_flight(dp.message) is None  # each engine's lines by its own table only
+
+
 def _sglang_history(lines: list[str], wall: float, read_at: float | None = None) -> Any:
     from vtop.core.loghistory import LogHistory
 

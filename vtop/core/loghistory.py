@@ -54,7 +54,8 @@ from typing import Any
 
 from vtop.core.logclock import LAG_MIN_S, LogClock, local_offset
 
-__all__ = ["STATS_LINES", "STATS_NEEDLES", "LogHistory", "LogHistoryView", "StatsLine", "StatsPoint", "parse_stats"]
+__all__ = ["STATS_LINES", "STATS_NEEDLES", "LogHistory", "LogHistoryView", "StatsLine", "StatsPoint", "in_flight",
+           "parse_stats"]
 
 STATS_RE = re.compile(
     r"(?:Engine (?P<engine>\d+): |(?P<nagg>\d+) Engines Aggregated: )?"
@@ -92,7 +93,7 @@ SGL_DECODE_RE = re.compile(
     r"gen throughput \(token/s\): (?P<gtps>[\d.]+), #queue-req: (?P<waiting>\d+)"
 )
 SGL_PREFILL_RE = re.compile(
-    r"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d+, #new-token: (?P<ptok>\d+), #cached-token: \d+, .*?"
+    r"Prefill batch(?: \[\d+\])?[.,] #new-seq: (?P<new>\d+), #new-token: (?P<ptok>\d+), #cached-token: \d+, .*?"
     r"#running-req: (?P<running>\d+), #queue-req: (?P<waiting>\d+)"
 )
 SGL_USAGE_RE = re.compile(r"(?:^|, )(?:(?:full|swa|gpu) token|token|mamba) usage: (?P<v>\d+(?:\.\d+)?)")
@@ -105,8 +106,10 @@ class StatsLine:
     ``pattern``'s named groups say what the line gives: ``running`` and ``waiting`` (requests); ``gtps``
     generation tokens/s; ``ptps`` prompt tokens/s (a rate: lines of one second are not added), or ``ptok`` the
     prompt tokens taken in the line's second (lines of one second add up); ``kv`` the KV cache use in %;
-    ``preempt`` preemptions in the interval; ``engine`` / ``nagg`` vLLM's data-parallel tag. A group the pattern
-    lacks is 0 (throughputs) or not known (KV use, preemptions)."""
+    ``preempt`` preemptions in the interval; ``engine`` / ``nagg`` vLLM's data-parallel tag; ``new`` the requests
+    the line's batch took in, in flight beside ``running`` and ``waiting`` (SGLang's ``#new-seq``: its Prefill
+    line's ``#running-req`` counts the batch that was decoding before them). A group the pattern lacks is 0
+    (throughputs, new requests) or not known (KV use, preemptions)."""
 
     #: a cheap test before the pattern (``in`` the message), and what the attach-time read of the log's tail
     #: looks for (:data:`vtop.monitor.logwatch.BACKFILL_NEEDLES`)
@@ -168,9 +171,24 @@ def parse_stats(message: str, engine: str | None = None,
     return None if got is None else got[0]
 
 
-def _parse(message: str, engine: str | None,
-           rank: str | None) -> tuple[tuple[str, float, float, int, int, float | None, int | None], bool] | None:
-    """:func:`parse_stats`, and whether the line's prompt figure is tokens of its second (lines of one second add)."""
+def in_flight(message: str, engine: str | None = None, rank: str | None = None) -> tuple[str, int] | None:
+    """(series, requests in flight) of a stats line's message (:data:`STATS_LINES` of ``engine``, vLLM's when
+    None; the series as :func:`parse_stats` says it), or None for any other line. In flight: running, waiting
+    and the requests the line's batch took in (``new``). 0 says that series had nothing in flight when it
+    logged: vLLM's line after its requests ended says ``Running: 0 reqs, Waiting: 0 reqs``; SGLang's lines
+    never say 0 (a Decode batch is logged for a batch of at least one request, a Prefill batch takes at least
+    one new one, and an idle scheduler logs nothing)."""
+    got = _parse(message, engine, rank)
+    if got is None:
+        return None
+    stats, _, new = got
+    return stats[0], stats[3] + stats[4] + new
+
+
+def _parse(message: str, engine: str | None, rank: str | None
+           ) -> tuple[tuple[str, float, float, int, int, float | None, int | None], bool, int] | None:
+    """:func:`parse_stats`, whether the line's prompt figure is tokens of its second (lines of one second add),
+    and the requests its batch took in (``new``, 0 where the line does not say)."""
     for sl in STATS_LINES.get(engine or "vllm", ()):
         if sl.needle not in message:
             continue
@@ -193,7 +211,8 @@ def _parse(message: str, engine: str | None,
             prompt = float(ptok if ptok is not None else g.get("ptps") or 0.0)
             return ((key, prompt, float(g.get("gtps") or 0.0), int(g["running"]), int(g["waiting"]),
                      kv if kv is None or math.isfinite(kv) else None,
-                     int(g["preempt"]) if g.get("preempt") is not None else None), ptok is not None)
+                     int(g["preempt"]) if g.get("preempt") is not None else None), ptok is not None,
+                    int(g.get("new") or 0))
         except ValueError:
             return None
     return None

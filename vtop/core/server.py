@@ -211,6 +211,10 @@ class ServerView:
     #: KV offload traffic over the window, bytes a second (None: no offload family or < 2 samples)
     offload_store_bps: float | None = None
     offload_load_bps: float | None = None
+    #: ``/health`` polled and not answered (``timeout``, ``refused``, ...), and since when (monotonic);
+    #: None while it answers: what a liveness probe sees, beside :attr:`health`'s last answer
+    health_error: str | None = None
+    health_error_since: float | None = None
     #: generation and prompt tokens a second over the last ``now_window_s``: the sparklines' rate, and the
     #: card's headline (a 60 s average beside a 5 s sparkline read 2.5k while the runaway alert said 536)
     gen_tps_now: float | None = None
@@ -309,6 +313,8 @@ class ServerTracker:
         self._metrics: VllmMetrics | None = None
         self._health: int | None = None
         self._health_bad_since: float | None = None
+        self._health_error: str | None = None
+        self._health_error_since: float | None = None
         self._models: ModelsInfo | None = None
         self._version: str | None = None
         self._process: ProcessArg = UNKNOWN
@@ -338,6 +344,13 @@ class ServerTracker:
         poll = self._through_proxy(poll)
         self._last_poll = poll
 
+        if poll.health_polled:
+            if poll.health_error is not None:
+                self._health_error = poll.health_error
+                if self._health_error_since is None:
+                    self._health_error_since = mono
+            elif poll.health is not None:
+                self._health_error = self._health_error_since = None
         if poll.health is not None:
             self._health = poll.health
             if poll.health >= 500:
@@ -360,6 +373,7 @@ class ServerTracker:
             if (poll.error or "other") in _CONNECT_FAILS:
                 # Nothing listens: an old /health verdict says nothing about the next process.
                 self._health_bad_since = None
+                self._health_error = self._health_error_since = None
             if self._first_fail_mono is None:
                 self._first_fail_mono = mono
             state = self._fail_state(poll)
@@ -569,6 +583,8 @@ class ServerTracker:
             restarts=self.restarts,
             interval_s=interval,
             failing_since=self._first_fail_mono,
+            health_error=self._health_error,
+            health_error_since=self._health_error_since,
             timeouts=self._timeouts,
             spec=self._spec_view(now, m) if live else None,
             prompt_by_source=self._map_delta(self._by_source, now, m is not None and bool(m.prompt_tokens_by_source))

@@ -352,7 +352,6 @@ SGL_READY_RE = re.compile(r"The server is fired up and ready to roll!")
 
 
 SHM_WAIT_RE = re.compile(r"No available shared memory broadcast block found in \d+ seconds")
-STATS_RE = re.compile(r"Avg prompt throughput: [\d.]+ tokens/s")
 ACCESS_RE = re.compile(r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S+ HTTP/[\d.]+" \d{3}')
 SHUTDOWN_RE = re.compile(
     r"\[shutdown\] API server: shutdown triggered|^Shutting down$|Application shutdown complete\."

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vtop.core.loghistory import parse_stats
 from vtop.core.phases.patterns import (
     ACCESS_RE,
     API_MARK_RE,
@@ -88,7 +89,6 @@ from vtop.core.phases.patterns import (
     SHARDS_RE,
     SHM_WAIT_RE,
     SHUTDOWN_RE,
-    STATS_RE,
     TQDM_ELAPSED_RE,
     TRACEBACK_RE,
     WARMUP_MARK_RE,
@@ -189,7 +189,8 @@ _sglang_config = _config_facts(SGL_CFG_RES)
 
 _SGL = "sglang"
 #: engines whose server sends itself requests before it is ready (SGLang's warmup: GET /model_info, POST
-#: /generate, then "The server is fired up and ready to roll!"): an access line is no ready there
+#: /generate, then "The server is fired up and ready to roll!"): an access line is no ready there, a stats line
+#: (its warmup's Prefill batch) only when nothing of the start was seen
 _OWN_WARMUP_TRAFFIC = frozenset({_SGL})
 
 
@@ -919,7 +920,7 @@ class PhaseTracker:
 
         if self._state == "ready":
             return True
-        if ("throughput" in msg and STATS_RE.search(msg)) or (
+        if self._serving_stats(ev) or (
             ev.kind == "uvicorn" and "HTTP/" in msg and ACCESS_RE.search(msg)
             and self._facts.get("engine") not in _OWN_WARMUP_TRAFFIC
         ):
@@ -930,6 +931,16 @@ class PhaseTracker:
             return self._on_progress(msg, t, arrival)
         self._on_phase_line(ev, msg, t, arrival)
         return True
+
+    def _serving_stats(self, ev: LogEvent) -> bool:
+        """A stats line of the line's engine (:data:`~vtop.core.loghistory.STATS_LINES`: vLLM's ``Avg prompt
+        throughput: ...``, SGLang's ``Decode batch`` / ``Prefill batch``) says the server serves: its start is
+        done. An engine that sends itself requests before it is ready logs its warmup's batch lines during the
+        start (SGLang: a ``Prefill batch`` of the warmup request, 1 s before "The server is fired up and ready
+        to roll!"): there a stats line is a ready only when nothing of the start was seen (attached late)."""
+        if parse_stats(ev.message, ev.engine, ev.proc) is None:
+            return False
+        return self._state == "idle" or self._facts.get("engine") not in _OWN_WARMUP_TRAFFIC
 
     def _progressed(self) -> bool:
         """Whether the current start got past its first line (a launch line now is a new start's)."""

@@ -326,14 +326,55 @@ def _named(top: InFlightRequest, logged: list[InFlightRequest], proven: InFlight
                            request_id=pick.request_id, client=top.client, endpoint=pick.endpoint,
                            max_tokens=pick.max_tokens, client_set_max_tokens=pick.client_set_max_tokens,
                            answer_pending=top.answer_pending, answer_bytes=top.answer_bytes, added=pick.added,
-                           temperature=pick.temperature, n=pick.n, detail=top.detail)
+                           temperature=pick.temperature, n=pick.n,
+                           detail=_joined(top.detail, pick.detail if pick.request_id is None else None))
+
+
+def _joined(*parts: str | None) -> str | None:
+    got = [p for p in parts if p]
+    return "; ".join(got) if got else None
+
+
+#: the most bytes one token of an answer can take on the wire, and what an answer carries besides its
+#: tokens: a streamed chat chunk is ~200-400 bytes a token (``data: {"id": ..., "model": ..., "choices":
+#: [{"delta": {"content": ...}}]}``), ~1.5 KB with 20 top logprobs; 8 KiB is far above any of them. A
+#: connection that sent more than this allows for a request's ``max_tokens`` (times its ``n``) is not
+#: that request
+ANSWER_BYTES_PER_TOKEN_MAX = 8192
+ANSWER_BYTES_OVERHEAD = 65536
+
+
+def _could_have_sent(r: InFlightRequest, sent: int | None) -> bool:
+    """False when ``sent`` bytes of one answer are more than ``r`` may answer (its ``max_tokens``)."""
+    if sent is None or r.max_tokens is None:
+        return True
+    return sent <= ANSWER_BYTES_OVERHEAD + ANSWER_BYTES_PER_TOKEN_MAX * r.max_tokens * max(1, r.n or 1)
 
 
 def _same_arrival(top: InFlightRequest, logged: list[InFlightRequest]) -> InFlightRequest | None:
+    """The logged request that came when the connection's request did (within ``LOG_LAG_S``) and that its
+    answer does not rule out. A log line's stamp and the kernel's arrival differ by the log's lag (0.1-0.6 s
+    seen), so where several fit, the closer is a guess: a wrong guess named a runaway's connection after a
+    32-token completion that came 0.9 s before it (its 4.9 MB answer so far could not be 32 tokens). Several
+    that fit are told as one of them: no id, what they all say (every client set max_tokens, or none did),
+    the largest ``max_tokens`` as the bound; where they disagree, nothing (the connection says what it
+    knows, and it is named once its answer rules out all but one)."""
     if top.age_max_s is None:
         return None
-    close = [r for r in logged if r.age_max_s is not None and abs(r.age_max_s - top.age_max_s) <= LOG_LAG_S]
-    return min(close, key=lambda r: abs((r.age_max_s or 0.0) - (top.age_max_s or 0.0))) if close else None
+    close = [r for r in logged if r.age_max_s is not None and abs(r.age_max_s - top.age_max_s) <= LOG_LAG_S
+             and _could_have_sent(r, top.answer_bytes)]
+    if len(close) <= 1:
+        return close[0] if close else None
+    client_set = {r.client_set_max_tokens for r in close}
+    if len(client_set) != 1 or None in client_set:
+        return None
+    caps = [r.max_tokens for r in close]
+    endpoints = {r.endpoint for r in close}
+    return InFlightRequest(top.server, (LOG,), None, max(r.age_max_s or 0.0 for r in close),
+                           endpoint=endpoints.pop() if len(endpoints) == 1 else None,
+                           max_tokens=None if None in caps else max(c for c in caps if c is not None),
+                           client_set_max_tokens=client_set.pop(), added=all(r.added for r in close),
+                           detail=f"one of {len(close)} requests logged within {LOG_LAG_S:.0f} s of its arrival")
 
 
 def _before(top: InFlightRequest, logged: list[InFlightRequest],

@@ -60,6 +60,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from vtop.core.loghistory import in_flight
 from vtop.core.phases.patterns import LogEvent, parse_line
 from vtop.model.fmt import to_float as _to_float
 from vtop.model.fmt import to_int as _to_int
@@ -259,13 +260,6 @@ def _has_marker(line: str) -> bool:
     return any(mk in line for mk in _MARKERS)
 
 
-_STATS_RE = re.compile(
-    r"(?:Engine (?P<engine>\d+): |(?P<nagg>\d+) Engines Aggregated: )?Avg prompt throughput: [\d.]+ tokens/s, "
-    r"Avg generation throughput: [\d.]+ tokens/s, Running: (?P<running>\d+) reqs, "
-    r"(?:Swapped: \d+ reqs, Pending|Waiting): (?P<waiting>\d+) reqs"
-)
-
-
 def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEvent]:
     """The request events of one log line (any vLLM version): ``[]`` for every other line.
 
@@ -410,8 +404,8 @@ class RequestTracker:
             # a startup: every request of this server is logged from here on
             self._arrived = {}
             self._arrived_view = None
-        if ev.kind == "record" and "Running: " in ev.message and self._inflight:
-            self._stats_line(ev.message, arrival)
+        if ev.kind == "record" and self._inflight:
+            self._stats_line(ev, arrival)
         if not marked or ev.kind != "record":
             return []
         events = _events_from(ev.message, log_t)
@@ -422,17 +416,19 @@ class RequestTracker:
     def set_max_model_len(self, n: int | None) -> None:
         self._max_model_len = n if n and n > 0 else None
 
-    def _stats_line(self, message: str, arrival: float) -> None:
-        """vLLM's periodic stats line (every 10 s while busy) says ``Running: 0 reqs,
-        Waiting: 0 reqs`` when nothing is in flight: every request logged a few
-        seconds before it has ended. This is what clears the backlog of a log read
-        from its start (``vtop doctor``, an attach mid-run), where no /metrics gauge
-        was seen at those times. With several engines, all must say 0."""
-        m = _STATS_RE.search(message)
-        if m is None:
+    def _stats_line(self, ev: LogEvent, arrival: float) -> None:
+        """The engine's periodic stats line (:data:`~vtop.core.loghistory.STATS_LINES`, by the line's engine):
+        vLLM's (every 10 s while busy) says ``Running: 0 reqs, Waiting: 0 reqs`` when nothing is in flight:
+        every request logged a few seconds before it has ended. This is what clears the backlog of a log read
+        from its start (``vtop doctor``, an attach mid-run), where no /metrics gauge was seen at those times.
+        With several engines (data-parallel series), all must say 0. SGLang's Decode and Prefill batch lines
+        are read the same way and never say 0 (:func:`~vtop.core.loghistory.in_flight`): a Prefill batch with
+        ``#running-req: 0`` has its new requests in flight."""
+        got = in_flight(ev.message, ev.engine, ev.proc)
+        if got is None:
             return
-        eng = m.group("engine") or m.group("nagg") or "-"
-        self._stats_busy[eng] = int(m.group("running")) + int(m.group("waiting"))
+        series, busy = got
+        self._stats_busy[series] = busy
         if any(self._stats_busy.values()):
             return
         for key in [k for k, e in self._inflight.items() if self._since(e) <= arrival - self._grace]:

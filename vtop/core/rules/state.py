@@ -303,6 +303,9 @@ class GpuState:
         self.idle_sm: list[float] = []
         self.idle_last_t: float | None = None
         self.risk_since: float | None = None
+        #: the last point at which a start was in progress on this GPU (None: none seen): a start's own
+        #: climb (weights, profiling, the KV cache it takes whole) is no climb towards an OOM
+        self.start_seen_t: float | None = None
 
     def _point(self, i: int) -> GpuPoint:
         util, sm, mem_pct, mem_used, mem_total, slow = (c[i] for c in self._cols)

@@ -247,6 +247,8 @@ def _extra(hrow: dict[str, Any] | None, info: dict[str, Any] | None) -> dict[str
     if hrow is not None:
         extra["health"] = hrow.get("status")
         extra["health_polled"] = True
+        if hrow.get("status") is None:
+            extra["health_error"] = str(hrow.get("error") or "other")
     if info is not None:
         if info.get("version"):
             extra["version"] = str(info["version"])

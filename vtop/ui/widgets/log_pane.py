@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from textual.binding import Binding
 from textual.widgets import Input, Log
 
+from vtop.core.loghistory import STATS_NEEDLES
 from vtop.model.redact import redact_prompts, scrub_secrets
 
 if TYPE_CHECKING:
@@ -37,12 +38,15 @@ def is_probe(ln: LogLine) -> bool:
 PROBE_FLAG = "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models"
 
 
-#: vLLM's periodic stats line (every 10 s while requests run): the pane's most telling line and
-#: one of its longest: ``(APIServer pid=N) INFO 12-02 07:47:33 [loggers.py:335] Engine 000: Avg
-#: prompt throughput: 22.4 tokens/s, Avg generation throughput: 112.3 tokens/s, Running: 4 reqs,
-#: Waiting: 0 reqs, CPU KV cache usage: 0.1%, ...`` is ~215 columns: in a 120-column terminal
-#: it was cut after "Avg gener", so the queues and the KV usage never showed.
-_STATS = "Avg prompt throughput:"
+#: The engine's periodic stats line (any engine's, by its needle: :data:`vtop.core.loghistory.STATS_NEEDLES`,
+#: vLLM's "Avg prompt throughput", SGLang's "Decode batch" and "Prefill batch"): the pane's most
+#: telling line and one of its longest. vLLM's (every 10 s while requests run) ``(APIServer pid=N) INFO 12-02
+#: 07:47:33 [loggers.py:335] Engine 000: Avg prompt throughput: 22.4 tokens/s, Avg generation throughput: 112.3
+#: tokens/s, Running: 4 reqs, Waiting: 0 reqs, CPU KV cache usage: 0.1%, ...`` is ~215 columns: in a 120-column
+#: terminal it was cut after "Avg gener", so the queues and the KV usage never showed. SGLang's ``Prefill batch,
+#: #new-seq: ...`` is ~210 (its ``#queue-req`` at ~150), its ``Decode batch, #running-req: ...`` ~150 (its
+#: ``#queue-req`` last).
+
 #: Rows a stats line may take in the pane, wrapped; other lines stay one row (cut): a request line
 #: (``Received request ... params: SamplingParams(...)``) or a traceback wrapped would bury the rest.
 WRAP_ROWS = 3
@@ -50,10 +54,10 @@ WRAP_INDENT = "  "
 
 
 def pane_rows(text: str, width: int) -> list[str]:
-    """The pane's rows for one line: a vLLM stats line too wide for ``width`` is wrapped at
+    """The pane's rows for one line: an engine's stats line too wide for ``width`` is wrapped at
     its ", " (else anywhere) into at most :data:`WRAP_ROWS` rows, the rest indented; any
     other line is one row."""
-    if width < 40 or len(text) <= width or _STATS not in text:
+    if width < 40 or len(text) <= width or not any(n in text for n in STATS_NEEDLES):
         return [text]
     rows: list[str] = []
     rest = text
