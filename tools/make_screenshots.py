@@ -219,6 +219,45 @@ async def help_live(name: str, size: tuple[int, int] = (100, 40)) -> None:
     print("wrote", OUT / name)
 
 
+#: the third real start on the lent H100 with its history and budget (``python -m tools.make_screenshots h100``)
+H100_STARTS = ("startup-h100-history-budget.svg", "startup-h100-history-budget-80x24.svg")
+
+
+async def h100_starts(name: str, size: tuple[int, int]) -> None:
+    """The startup panel of the third real start on a lent H100 (NVIDIA H100 80GB HBM3, vLLM 0.26.0,
+    --gpu-memory-utilization 0.8; tests/corpus/traces/h100-starts-history-budget) 0.9 s into its warmup, as a vtop
+    that followed it from its launch showed it: the first two starts (0.5, the same model) kept in the start history
+    by the same vtop following their logs, the log written as the trace's log index says, the trace's process table,
+    server polls and NVML readings at their recorded times (tests/helpers/h100_starts.py)."""
+    import os
+    import tempfile
+
+    from tests.helpers import h100_starts as H
+
+    old_state = os.environ.get("XDG_STATE_HOME")
+    with tempfile.TemporaryDirectory(prefix="vtop-h100-shot-") as tmp:
+        os.environ["XDG_STATE_HOME"] = tmp  # the history is this picture's own, not the user's
+        try:
+            H.keep_first_two()
+            log = Path(tmp) / "serve.log"
+            app, clock = H.third_start_app(log)
+            async with app.run_test(size=size) as pilot:
+                await H.feed_third_start(app, clock, log)
+                await pilot.pause()
+                app.save_screenshot(str(OUT / name))
+        finally:
+            if old_state is None:
+                os.environ.pop("XDG_STATE_HOME", None)
+            else:
+                os.environ["XDG_STATE_HOME"] = old_state
+    print("wrote", OUT / name)
+
+
+async def h100() -> None:
+    await h100_starts(H100_STARTS[0], (120, 40))
+    await h100_starts(H100_STARTS[1], (80, 24))
+
+
 #: what main() writes: tests/unit/test_screenshots_current.py checks each against the live app
 MADE = (
     "demo-h200-startup-cuda-graphs.svg", "demo-h200-burst.svg", "demo-h200-runaway-alert.svg",
@@ -233,6 +272,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
+    *H100_STARTS,
 )
 
 
@@ -294,6 +334,7 @@ async def main() -> None:
     # a late look (issue #45): vtop started 3 minutes into the load, the log's clock 8 h behind; the charts
     # before it from the log's stats lines; then the log's timeline (h) of a server restarted in place
     await late_look()
+    await h100()
     tmux_captures()
     await fleet()
 
@@ -336,6 +377,8 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["fleet"]:  # only the fleet screen's pictures
         asyncio.run(fleet())
+    elif sys.argv[1:] == ["h100"]:  # only the H100 starts' startup panel (issue 40)
+        asyncio.run(h100())
     elif sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
         async def _signals() -> None:
             await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))

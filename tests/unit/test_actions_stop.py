@@ -254,6 +254,48 @@ def test_the_close_bounds_its_waits_for_the_kernel_not_the_threads_turn() -> Non
                 a1.recv(1)
 
 
+@pytest.mark.skipif(missing_privilege(netns=True) is not None, reason="needs CAP_NET_ADMIN and CAP_SYS_ADMIN")
+def test_the_close_in_a_containers_namespace_enters_it_from_its_own_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server in a network namespace of its own: the close's thread (start_close's) enters the namespace
+    itself. It had a second thread make the namespace's socket, joined for 3 s on the wall clock, which a
+    starved box's CPU does not grant (issue 39: vtop's threads got 0.00-0.06 of a core beside the docker
+    container's vLLM), and the close gave up with nothing closed. Here that second thread never answers (its
+    maker raises the join's TimeoutError) and the namespace is this process's own: the close still closes."""
+    import os
+    import threading
+
+    import vtop.actions.stop as stop_mod
+    import vtop.sources.sockets as sockets_mod
+
+    entered: list[tuple[str, str]] = []
+    real_setns = sockets_mod.setns_net
+
+    def setns(path: str) -> None:
+        entered.append((path, threading.current_thread().name))
+        real_setns(path)
+
+    def starved(path: str, *, timeout_s: float = 3.0) -> socket.socket:
+        raise TimeoutError(f"entering the network namespace {path} took more than {timeout_s:g} s")
+
+    monkeypatch.setattr(sockets_mod, "setns_net", setns)
+    monkeypatch.setattr(sockets_mod, "netns_socket", starved)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    with srv, socket.create_connection(("127.0.0.1", port)) as c1:
+        a1, _ = srv.accept()
+        with a1:
+            client = "{}:{}".format(*c1.getsockname())
+            r = InFlightRequest(URL, (CONNECTION,), 60.0, 60.0, client=client)
+            res = stop_mod.start_close(StopTarget(r, URL, port, client, netns_pid=os.getpid())).result(timeout=30)
+            assert res.closed and res.gone is True, res.message
+            assert entered == [(f"/proc/{os.getpid()}/ns/net", "stop-request-runner")]
+            a1.settimeout(5)
+            with pytest.raises(ConnectionAbortedError):
+                a1.recv(1)
+
+
 def test_a_close_the_face_gave_up_on_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
     """The face waits a bounded time and cancels the future; the close that answers after must not raise in its
     thread (a traceback on stderr: seen as InvalidStateError when the face had given up)."""

@@ -285,33 +285,70 @@ class Server(RealVllm):
 
 
 class LogSegments:
+    """The log's files one after another, as the log-index's sizes count them. A segment is a file: a new
+    path, or a new file at the same path (serve.sh removes serve.log and starts a new one at each launch: the
+    file before is gone by its path, so each segment keeps its file open and is read through that; a scenario
+    of three starts kept only the last file, under an index whose size went back to 0 at each launch)."""
+
     def __init__(self) -> None:
-        self.segs: list[list[Any]] = []  # [path, header_len or None, final_size or None]
+        # [path, header_len or None, final_size or None, open file or None, inode or None]
+        self.segs: list[list[Any]] = []
         self.lock = threading.Lock()
 
     def follow(self, path: Path | None) -> None:
         with self.lock:
-            if path is None or (self.segs and self.segs[-1][0] == path):
+            if path is None:
                 return
+            ino = self._ino(path)
+            if self.segs and self.segs[-1][0] == path:
+                last = self.segs[-1]
+                if last[3] is None and ino is not None:
+                    last[3], last[4] = self._open(path)
+                if ino is None or last[4] is None or ino == last[4]:
+                    return
             if self.segs:
                 last = self.segs[-1]
-                last[2] = self._raw_size(last[0])
-            self.segs.append([path, None, None])
+                last[2] = self._raw_size(last)
+            fh, ino = self._open(path)
+            self.segs.append([path, None, None, fh, ino])
 
     @staticmethod
-    def _raw_size(path: Path) -> int:
+    def _ino(path: Path) -> int | None:
         try:
-            return path.stat().st_size
+            return path.stat().st_ino
         except OSError:
+            return None
+
+    @staticmethod
+    def _open(path: Path) -> tuple[Any, int | None]:
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - kept open: the segment is read through it once replaced
+        except OSError:
+            return None, None
+        return fh, os.fstat(fh.fileno()).st_ino
+
+    @staticmethod
+    def _raw_size(seg: list[Any]) -> int:
+        try:
+            if seg[3] is not None:
+                return os.fstat(seg[3].fileno()).st_size
+            return seg[0].stat().st_size
+        except (OSError, ValueError):
             return 0
+
+    @staticmethod
+    def _read(seg: list[Any]) -> bytes:
+        try:
+            if seg[3] is not None:
+                seg[3].seek(0)
+                return seg[3].read()
+            return seg[0].read_bytes()
+        except (OSError, ValueError):
+            return b""
 
     def _header(self, seg: list[Any]) -> int:
         if seg[1] is None:
-            try:
-                with open(seg[0], "rb") as f:
-                    head = f.read(8192)
-            except OSError:
-                return 0
+            head = self._read(seg)[:8192]
             if head.startswith(FIXTURE_HEADER):
                 nl = head.find(b"\n")
                 if nl < 0:
@@ -327,7 +364,7 @@ class LogSegments:
         with self.lock:
             total = 0
             for seg in self.segs:
-                raw = seg[2] if seg[2] is not None else self._raw_size(seg[0])
+                raw = seg[2] if seg[2] is not None else self._raw_size(seg)
                 total += max(0, raw - self._header(seg))
             return total
 
@@ -335,10 +372,7 @@ class LogSegments:
         with self.lock:
             parts = []
             for seg in self.segs:
-                try:
-                    b = seg[0].read_bytes()
-                except OSError:
-                    b = b""
+                b = self._read(seg)
                 if seg[2] is not None:
                     b = b[:seg[2]]
                 parts.append(b[self._header(seg):])

@@ -14,7 +14,10 @@ traffic and truth) and these differences:
   ``/tmp/vllm/serve.json``; the ``launch`` event carries that ``t_launch``; ``stop.sh`` stops it at the
   end of each scenario (after the last sample, so the trace does not hold the shutdown);
 * ``gpu.jsonl.gz`` (new, optional): NVML once a second (FORMAT.md); absent when NVML is not there;
-* every process of ``procs.jsonl.gz`` carries ``"cpu"``: its user+system CPU seconds.
+* every process of ``procs.jsonl.gz`` carries ``"cpu"``: its user+system CPU seconds;
+* the runtime-OOM scenario serves a copy of ``/tmp/tiny`` (``VTOP_H200_TINY``) with a vocabulary of 151,936
+  (``resize_vocab``, plain Python) through a copy of serve.sh that names it (``serve_script_for``), with
+  ``VLLM_USE_V2_MODEL_RUNNER=0``: its docstring has the arithmetic.
 
 On a box without the GPU recipe (the dry run), ``VTOP_H200_SERVE`` / ``VTOP_H200_STOP`` name stand-ins
 for serve.sh / stop.sh (``tools/device/cpu_serve.sh`` / ``cpu_stop.sh`` start the CPU build) and
@@ -39,12 +42,13 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +81,8 @@ STOP = os.environ.get("VTOP_H200_STOP", "/tmp/vllm-gpu/stop.sh")
 LOG = RUN_DIR / "serve.log"
 #: the Python with torch on the GPU machine (the image's; /tmp/site/bin/vllm runs on it)
 TORCH_PY = os.environ.get("VTOP_H200_TORCH_PY", "")
+#: the model serve.sh serves (the shared recipe's make_tiny.py builds it; the dry run: /tmp/tinyllama)
+TINY = Path(os.environ.get("VTOP_H200_TINY", "/tmp/tiny"))
 
 #: GPU sizes (the H200 recipe: max_num_seqs 1024, 32,768-token context, ~460 tok/s for one stream)
 GPU_PARAMS: dict[str, Any] = {
@@ -88,6 +94,8 @@ GPU_PARAMS: dict[str, Any] = {
     "nolog_stream_tokens": 8192,
     "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "100")),
     "ready_timeout_s": 400.0,
+    # h200-runtime-oom-prompt-logprobs: the served copy's vocabulary and the prompts' length (token ids)
+    "oom_vocab": 151936, "oom_prompt_tokens": 30000,
     # a tqdm frame of the capture, e.g. "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  40%|...| 20/51"
     "capture_re": rb"Capturing CUDA graphs[^\r\n]*?(\d+)/(\d+)",
 }
@@ -96,6 +104,7 @@ SMALL_PARAMS: dict[str, Any] = {
     **GPU_PARAMS, "burst_n": 48, "burst_tokens": 48, "burst_cap_s": 120.0, "steady_conc": 4, "steady_tokens": 48,
     "runaway_hangup_s": 40.0, "pool_nonstream": 2, "pool_nonstream_tokens": 96,
     "nolog_stream_tokens": 1500, "hog_gib": float(os.environ.get("VTOP_H200_HOG_GIB", "0")),
+    "oom_vocab": 32000, "oom_prompt_tokens": 1500,  # the CPU build's 2,048-token context, a box of 2 cores
     "capture_re": os.environ.get("VTOP_H200_CAPTURE_RE", r"Warming up model for the compilation").encode(),
 }
 
@@ -161,19 +170,24 @@ class GpuServer:
     def is_running(self) -> bool:
         return _alive(self.pid)
 
-    def launch(self, extra: tuple[str, ...] = (), *, pipe: bool = False) -> dict[str, Any]:
+    def launch(self, extra: tuple[str, ...] = (), *, pipe: bool = False, serve: str | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
         """Start vLLM with serve.sh; ``pipe``: its stdout and stderr a PIPE (serve.sh's ``--log /dev/stdout``
         reopens this recorder's pipe), which a thread here copies into LOG for the trace: no file that vtop
-        could find behind the process (``/proc/PID/fd/1`` reads ``pipe:[...]``), as under a supervisor."""
+        could find behind the process (``/proc/PID/fd/1`` reads ``pipe:[...]``), as under a supervisor.
+        ``serve``: another serve script (default SERVE); ``env``: variables added to its environment (vLLM
+        inherits them: serve.sh exports its own and keeps the rest)."""
         self.stop(quiet=True)
         with contextlib.suppress(OSError):
             (RUN_DIR / "serve.json").unlink()
         with contextlib.suppress(OSError):
             LOG.unlink()
+        script = serve or SERVE
+        full_env = {**os.environ, **(env or {})}
         if pipe:
-            return self._launch_piped(extra)
-        cmd = ["bash", SERVE, "--log", str(LOG)] + (["--", *extra] if extra else [])
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            return self._launch_piped(extra, script, full_env)
+        cmd = ["bash", script, "--log", str(LOG)] + (["--", *extra] if extra else [])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=full_env)
         print(f"[serve] {' '.join(cmd)} -> rc {r.returncode}: {(r.stdout + r.stderr).strip()[-500:]}", flush=True)
         if r.returncode != 0:
             raise R.ServerFailed(f"serve.sh failed (rc {r.returncode}): {(r.stdout + r.stderr)[-1000:]}")
@@ -184,11 +198,12 @@ class GpuServer:
         self.model = self.max_model_len = None
         return self.info
 
-    def _launch_piped(self, extra: tuple[str, ...]) -> dict[str, Any]:
+    def _launch_piped(self, extra: tuple[str, ...], script: str, env: dict[str, str]) -> dict[str, Any]:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         LOG.write_bytes(b"")
-        cmd = ["bash", SERVE, "--log", "/dev/stdout"] + (["--", *extra] if extra else [])
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        cmd = ["bash", script, "--log", "/dev/stdout"] + (["--", *extra] if extra else [])
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env)
         assert p.stdout is not None
         out = p.stdout
 
@@ -479,15 +494,18 @@ class GpuCtx(R.Ctx):
     def sleep(self, s: float) -> None:
         time.sleep(max(0.0, s * self.scale))
 
-    def launch(self, extra_args: tuple[str, ...] = (), *, pipe: bool = False, **_: Any) -> None:  # type: ignore[override]
+    def launch(self, extra_args: tuple[str, ...] = (), *, pipe: bool = False, serve: str | None = None,  # type: ignore[override]
+               env: dict[str, str] | None = None, **_: Any) -> None:
+        """serve.sh (or ``serve``) with ``extra_args``; ``env``: added to vLLM's environment and recorded in the
+        launch event (the truth's ``server.env``)."""
         srv: GpuServer = self.srv  # type: ignore[assignment]
-        info = srv.launch(extra_args, pipe=pipe)
+        info = srv.launch(extra_args, pipe=pipe, serve=serve, env=env)
         cmd = R.mask_argv([str(c) for c in info.get("cmd") or []])
         flags = cmd[cmd.index("serve") + 2:] if "serve" in cmd[:-1] else []
         if self.flags is None:
             self.flags = flags
         self.event_at(float(info["t_launch"]), "launch", pid=info["pid"], flags=flags, model=srv.served_model_dir,
-                      env=None, kv_cache_space_gib=None, cmd=cmd, log=str(info.get("log")))
+                      env=dict(env) if env else None, kv_cache_space_gib=None, cmd=cmd, log=str(info.get("log")))
 
     def wait_ready(self, timeout: float | None = None) -> float:
         srv: GpuServer = self.srv  # type: ignore[assignment]
@@ -845,10 +863,193 @@ def neighbour_matmul(ctx: GpuCtx) -> None:
     ctx.sleep(20)
 
 
+# --- the runtime OOM: a copy of the tiny model with a large vocabulary ---------------------------------
+
+#: safetensors dtypes this copy can pad: element size and how one float is packed (BF16: a float32's top half)
+_ST_DTYPES: dict[str, tuple[int, Callable[[float], bytes]]] = {
+    "BF16": (2, lambda x: struct.pack("<f", x)[2:]),
+    "F16": (2, lambda x: struct.pack("<e", x)),
+    "F32": (4, lambda x: struct.pack("<f", x)),
+}
+#: the vocabulary-sized tensors of a Llama checkpoint (rows = token ids); tied embeddings have no lm_head
+_VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+_RESIZE_MARK = ".vtop-resized.json"
+
+
+def _random_rows(dtype: str, n_elems: int, std: float, seed: int) -> bytes:
+    """``n_elems`` values of N(0, std) in ``dtype``: a block of 65,521 (a prime: rows of any width do not
+    repeat in step with it) drawn once and tiled, so that 70 M values take a second in plain Python."""
+    size, pack = _ST_DTYPES[dtype]
+    rng = random.Random(seed)
+    k = 65521
+    block = b"".join(pack(rng.gauss(0.0, std)) for _ in range(k))
+    reps = -(-n_elems // k)
+    return (block * reps)[: n_elems * size]
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
+    """(header, byte buffer) of a safetensors file (8-byte little-endian header length, JSON, data)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _write_safetensors(path: Path, header: dict[str, Any], tensors: list[tuple[str, bytes]]) -> int:
+    """Write ``tensors`` (name, bytes) in that order under ``header``'s dtypes and shapes (offsets
+    recomputed; the JSON padded with spaces to a multiple of 8 bytes, as safetensors writes it)."""
+    out: dict[str, Any] = {}
+    if "__metadata__" in header:
+        out["__metadata__"] = header["__metadata__"]
+    pos = 0
+    for name, data in tensors:
+        out[name] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"], "data_offsets": [pos, pos + len(data)]}
+        pos += len(data)
+    head = json.dumps(out, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for _, data in tensors:
+            f.write(data)
+    return 8 + len(head) + pos
+
+
+def resize_vocab(src: Path, dst: Path, vocab: int, seed: int = 40) -> dict[str, Any]:
+    """Copy the model folder ``src`` to ``dst`` with ``vocab`` token rows: config.json's ``vocab_size``, and the
+    embedding and lm_head of its safetensors grown to [vocab, hidden] (the old rows kept, the new ones random
+    N(0, initializer_range) in the checkpoint's dtype); the tokenizer and every other file copied as they are,
+    so the new ids are never produced by the tokenizer (as Qwen's 151,936 rows beside a tokenizer of 151,665).
+    Plain Python (no torch): ~1-3 s for the tiny model. Written beside ``dst`` and renamed into place; a
+    ``dst`` already made for the same source and vocabulary is kept. Returns what was done (the launch's event)."""
+    t0 = time.monotonic()
+    cfg = json.loads((src / "config.json").read_text())
+    old = int(cfg["vocab_size"])
+    mark = {"src": str(src), "vocab_from": old, "vocab_to": vocab}
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads((dst / _RESIZE_MARK).read_text()) == mark:
+            return {**mark, "dst": str(dst), "reused": True, "seconds": 0.0}
+    if vocab < old:
+        raise ValueError(f"{src}: vocab_size {old} is larger than {vocab}")
+    std = float(cfg.get("initializer_range", 0.02))
+    tmp = dst.with_name(dst.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    grown: dict[str, list[list[int]]] = {}
+    total = 0
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".safetensors":
+            header, buf = _read_safetensors(f)
+            names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+            tensors = []
+            for name in names:
+                meta = header[name]
+                a, b = meta["data_offsets"]
+                data = buf[a:b]
+                if name in _VOCAB_TENSORS and meta["shape"][0] == old:
+                    dt = meta["dtype"]
+                    if dt not in _ST_DTYPES:
+                        raise ValueError(f"{f.name}: {name} is {dt}, not one of {sorted(_ST_DTYPES)}")
+                    width = int(meta["shape"][1])
+                    data += _random_rows(dt, (vocab - old) * width, std, seed + len(grown))
+                    grown[name] = [list(meta["shape"]), [vocab, width]]
+                    meta["shape"] = [vocab, width]
+                tensors.append((name, data))
+            total += _write_safetensors(tmp / f.name, header, tensors)
+        elif f.name == "config.json":
+            (tmp / f.name).write_text(json.dumps({**cfg, "vocab_size": vocab}, indent=2) + "\n")
+        elif f.is_dir():
+            shutil.copytree(f, tmp / f.name)
+        else:
+            shutil.copy2(f, tmp / f.name)
+    if "model.embed_tokens.weight" not in grown:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"{src}: no model.embed_tokens.weight of {old} rows in its safetensors")
+    index = tmp / "model.safetensors.index.json"
+    if index.exists():  # the weight map names the same tensors; only the total size grew
+        idx = json.loads(index.read_text())
+        idx.setdefault("metadata", {})["total_size"] = sum(
+            _read_safetensors_size(p) for p in tmp.glob("*.safetensors"))
+        index.write_text(json.dumps(idx, indent=2) + "\n")
+    (tmp / _RESIZE_MARK).write_text(json.dumps(mark) + "\n")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return {**mark, "dst": str(dst), "reused": False, "tensors": grown, "bytes": total,
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+def _read_safetensors_size(path: Path) -> int:
+    header, _ = _read_safetensors(path)
+    return max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+
+
+def serve_script_for(model: Path, work: Path, serve: str = SERVE, served: Path | None = None) -> str:
+    """A copy of the serve script (in ``work``) that serves ``model`` where it served ``served`` (default TINY):
+    the shared recipe's serve.sh names /tmp/tiny in its command and its install check; the CPU stand-in names
+    its default model. Raises ServerFailed when the script does not name that folder."""
+    served = served or TINY
+    text = Path(serve).read_text()
+    new, n = re.subn(re.escape(str(served)) + r"(?![\w.-])", str(model), text)
+    if n == 0:
+        raise R.ServerFailed(f"{serve} does not name {served}: cannot point it at {model}")
+    out = work / f"serve-{model.name}.sh"
+    out.write_text(new)
+    return str(out)
+
+
+#: a CUDA OOM in vLLM's log (torch's exception, or the caching allocator's message)
+OOM_RE = re.compile(rb"[^\n]*(?:OutOfMemoryError|CUDA out of memory)[^\n]*")
+
+
+class DeathWatch:
+    """The engine's death, seen as soon as it shows: an EngineCore (or the API server) process gone or a
+    zombie (every 0.25 s), or /health ANSWERING other than 200 (every 1 s). A /health that does not answer in
+    time is not death: a busy API server does that (tests/corpus/traces/h100-api-unresponsive-prompt-logprobs).
+    Writes ``engine_dead_seen`` once."""
+
+    def __init__(self, ctx: GpuCtx) -> None:
+        self.ctx = ctx
+        self.srv: GpuServer = ctx.srv  # type: ignore[assignment]
+        self.dead = threading.Event()
+        self._stop = threading.Event()
+        self.engines = ctx.engine(5)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="death-watch")
+
+    def start(self) -> DeathWatch:
+        self._thread.start()
+        return self
+
+    def _seen(self, how: str, **kw: Any) -> None:
+        self.ctx.event("engine_dead_seen", how=how, **kw)
+        self.dead.set()
+
+    def _run(self) -> None:
+        next_health = 0.0
+        with httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0)) as c:
+            while not self._stop.is_set():
+                gone = [p for p in self.engines if not _alive(p)]
+                if gone:
+                    return self._seen("EngineCore gone", pids=gone)
+                if not self.srv.is_running():
+                    return self._seen("API server gone", pid=self.srv.pid)
+                if time.monotonic() >= next_health:
+                    next_health = time.monotonic() + 1.0
+                    code = None
+                    with contextlib.suppress(httpx.HTTPError):
+                        code = c.get(self.srv.url + "/health").status_code
+                    if code is not None and code != 200:
+                        return self._seen("/health answered", status=code)
+                self._stop.wait(0.25)
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def _prompt_logprobs_burst(ctx: GpuCtx, n: int, prompt_tokens: int) -> list[str]:
-    """``n`` completions at once, each a prompt of ``prompt_tokens`` token ids with ``prompt_logprobs`` 5 and
-    max_tokens 1 (vLLM computes the log-softmax over the whole vocabulary for every prompt token); each
-    answer's status or error, in order."""
+    """``n`` completions at once, each a prompt of ``prompt_tokens`` token ids (1000-1499, inside any tokenizer
+    here) with ``prompt_logprobs`` 5 and max_tokens 1 (vLLM computes the log-softmax over the whole vocabulary
+    for every prompt token); each answer's status or error, in order."""
     srv: GpuServer = ctx.srv  # type: ignore[assignment]
     out: list[str] = [""] * n
     body = {"model": srv.model, "prompt": [1000 + i % 500 for i in range(prompt_tokens)], "max_tokens": 1,
@@ -872,38 +1073,77 @@ def _prompt_logprobs_burst(ctx: GpuCtx, n: int, prompt_tokens: int) -> list[str]
 
 @scenario("h200-runtime-oom-prompt-logprobs", "runtime_oom", 420)
 def runtime_oom_prompt_logprobs(ctx: GpuCtx) -> None:
-    """H200, vLLM 0.26.0, --gpu-memory-utilization 0.97 --max-num-batched-tokens 32768 (little room beside what
-    vLLM profiled, long prefills in one step): launch to ready, 10 s idle, short requests every 2-5 s; 30 s
-    after ready, bursts of long prompts (30,000 token ids each, prompt_logprobs 5, max_tokens 1) at 2, 4, 8
-    and 16 at once, 15 s apart, until the engine dies (issue 40's runtime OOM by stage: the log-softmax over the
-    vocabulary for every prompt token outgrows what the profile run measured) or all four bursts are answered;
+    """H200 or H100, vLLM 0.26.0, a copy of the tiny model with a vocabulary of 151,936 (Qwen's; made in the call
+    from /tmp/tiny: config.json's vocab_size, the embedding and lm_head grown with random bf16 rows, the same
+    tokenizer of 8,000), VLLM_USE_V2_MODEL_RUNNER=0 (the V1 model runner, 0.26's default for MoE and hybrid
+    models), --gpu-memory-utilization 0.97 --max-num-batched-tokens 32768: launch to ready, 10 s idle, short
+    requests every 2-5 s; 30 s after ready, bursts of long prompts (30,000 token ids each, prompt_logprobs 5,
+    max_tokens 1) at 2, 4, 8 and 16 at once, 15 s apart, until the engine dies or a CUDA OOM is logged (issue
+    40's runtime OOM by stage) or all four bursts are answered (then the trace is a normal one, and says so);
     30 s after. Truth: began = the burst that killed it (oom_burst), should_alert_by = the engine's death seen
-    (health not 200 or the process gone) + 10 s. What vLLM did is in events.jsonl (each answer's status)."""
-    ctx.launch(("--gpu-memory-utilization", "0.97", "--max-num-batched-tokens", "32768"))
+    (an EngineCore gone, or /health answering non-200) + 10 s; oom_line = the log's first OOM line. Why it
+    OOMs, from vLLM 0.26.0's source: the V1 runner's _get_prompt_logprobs_dict takes, for each request of a
+    step, the logits of all its prompt tokens in that step at once (compute_logits, bf16) and their log_softmax
+    in fp32; --max-num-batched-tokens 32768 lets a whole 30,000-token prompt into one step, so one request
+    needs 29,999 x 151,936 x 2 B = 8.49 GiB of logits, then 16.98 GiB of log-probabilities (25.5 GiB; 42.4
+    GiB if torch first copies the bf16 logits to fp32). The profile run sized activations with 32,768 tokens
+    through the layers and the sampler on 1,024 rows of logits (~0.6 GiB per fp32 copy): none of that. What
+    is free at run time is the 3 % left by 0.97 plus that profiled peak: on an H100 (79.18 GiB) 2.4 GiB + a
+    few, on an H200 (139.8 GiB) 4.2 GiB + a few; 25.5 GiB exceeds both about threefold, so the first request
+    of the burst of 2 should die (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.49 or 16.98
+    GiB). Neither piece alone does it: the tiny model's 8,000 rows need 30,000 x 8,000 x 6 B = 1.4 GB (the
+    2026-12-05 H100 run: no OOM, the API server unresponsive instead), and 0.26's default V2 runner computes
+    prompt logprobs 1,024 rows at a time (compute_prompt_logprobs_with_chunking: 1,024 x 151,936 x 6 B =
+    0.9 GB, what the profile's sampler already held), at any vocabulary. The fixes: --max-num-batched-tokens
+    (4,096: 3.5 GiB) or the V2 runner; --max-logprobs (default 20) only refuses requests that ask for more
+    than it: prompt_logprobs 0 needs the same memory."""
+    vocab, n_tok = int(ctx.p["oom_vocab"]), int(ctx.p["oom_prompt_tokens"])
+    dst = TINY.with_name(f"{TINY.name}-v{vocab}")
+    try:
+        made = resize_vocab(TINY, dst, vocab)
+    except (OSError, ValueError, KeyError, struct.error) as e:
+        raise R.ServerFailed(f"could not make the {vocab}-token copy of {TINY}: {type(e).__name__}: {e}") from e
+    ctx.event("model_copy", **made)
+    ctx.truth_extra["model_copy"] = {k: made.get(k) for k in ("src", "vocab_from", "vocab_to")}
+    serve = serve_script_for(dst, ctx.work)
+    ctx.launch(("--gpu-memory-utilization", "0.97", "--max-num-batched-tokens", "32768"), serve=serve,
+               env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    if srv.served_model_dir != str(dst):
+        raise R.ServerFailed(f"the server serves {srv.served_model_dir}, not the copy {dst}")
     ctx.wait_ready()
+    if "Using V2 Model Runner" in srv.log_text():
+        ctx.notes.append("vLLM used the V2 model runner although VLLM_USE_V2_MODEL_RUNNER=0: it computes prompt "
+                         "logprobs 1,024 rows at a time, so no OOM was expected.")
     ctx.sleep(10)
     short = R.ShortTraffic(ctx, max_count=100, time_limit=300 * ctx.scale)  # type: ignore[arg-type]
     short.start()
     ctx.sleep(20)
-    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    watch = DeathWatch(ctx).start()
+    oom: str | None = None
     for n in (2, 4, 8, 16):
-        ctx.event("oom_burst", n=n, prompt_tokens=30000)
-        answers = _prompt_logprobs_burst(ctx, n, 30000)
+        ctx.event("oom_burst", n=n, prompt_tokens=n_tok)
+        answers = _prompt_logprobs_burst(ctx, n, n_tok)
         ctx.event("oom_burst_answered", n=n, answers=answers)
-        dead = not srv.is_running()
-        if not dead:
-            try:
-                with httpx.Client(timeout=5.0) as c:
-                    dead = c.get(f"{srv.url}/health").status_code != 200
-            except httpx.HTTPError:
-                dead = True
-        if dead:
-            ctx.event("engine_dead_seen", after_burst=n)
+        m = OOM_RE.search(srv.log_text().encode(errors="replace"))
+        oom = m.group(0).decode(errors="replace").strip()[:400] if m else None
+        if oom or any(a != "HTTP 200" for a in answers):
+            watch.dead.wait(30)  # the engine's death follows its error within a second or two
+        if watch.dead.is_set() or oom:
             break
         ctx.sleep(15)
-    else:
-        ctx.notes.append("no OOM: every burst was answered (vLLM's chunked prefill kept the logits small?)")
+    ctx.truth_extra["oom_line"] = oom
+    if not watch.dead.is_set() and oom is None:
+        told = [f"{sum(a == 'HTTP 200' for a in e['answers'])}/{e['n']}" for e in ctx.events
+                if e["what"] == "oom_burst_answered"]
+        ctx.notes.append(f"No OOM: the engine lived through every burst, HTTP 200 for {', '.join(told)} (a normal "
+                         "trace, not a runtime OOM).")
+    elif oom is None:
+        ctx.notes.append("The engine died without a CUDA OOM line in the log.")
+    elif not watch.dead.is_set():
+        ctx.notes.append("A CUDA OOM was logged but the engine did not die within 30 s.")
     ctx.sleep(30)
+    watch.stop()
     short.stop()
 
 
@@ -1061,7 +1301,29 @@ def _doctor_after(ctx: GpuCtx, at_mono: float, name: str) -> threading.Thread | 
 # --- recording ---------------------------------------------------------------------------
 
 
+def runtime_oom_outcome(ctx: R.Ctx, index: list[dict[str, Any]], log: bytes) -> tuple[str, float | None, float | None]:
+    """What a runtime-OOM recording turned out to be: (class, began, should_alert_by). ``runtime_oom`` when the
+    engine died or a CUDA OOM was logged: began = the last burst sent before that (the one that killed it),
+    should_alert_by = the death seen (else the OOM line's arrival) + 10 s; ``startup_failure`` when vLLM never
+    became ready (build_truth dates it at the first error line); else ``normal`` (no OOM came)."""
+    if ctx.first("ready") is None:
+        return "startup_failure", None, None
+    dead = ctx.first("engine_dead_seen")
+    m = OOM_RE.search(log)
+    t_oom = R.log_time_of(m.end(), index) if m is not None else None
+    t_end = dead["t"] if dead is not None else t_oom
+    if t_end is None:
+        return "normal", None, None
+    sent = [e["t"] for e in ctx.events if e["what"] == "oom_burst" and e["t"] <= t_end]
+    return "runtime_oom", (sent[-1] if sent else t_end), round(t_end + R.BUDGET["runtime_oom"], 3)
+
+
 def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | None) -> dict[str, Any]:
+    oom_at: tuple[float | None, float | None] = (None, None)
+    if ctx.sc.cls == "runtime_oom":  # the class is what came: a runtime OOM, a failed start or a normal trace
+        cls_now, *oom = runtime_oom_outcome(ctx, index, log)
+        oom_at = (oom[0], oom[1])
+        ctx.sc = replace(ctx.sc, cls=cls_now)
     truth = R.build_truth(ctx, index, log, version)
     cls = ctx.sc.cls
     if cls == "runaway" and truth["ended"] is None:
@@ -1073,11 +1335,8 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
             truth["began"] = truth["detectable_from"] = st["t"]
             truth["should_alert_by"] = round((lp or st)["t"] + R.BUDGET["startup_stall"], 3)
     if cls == "runtime_oom":
-        bursts = [e for e in ctx.events if e.get("what") == "oom_burst"]
-        dead = ctx.first("engine_dead_seen")
-        if dead is not None and bursts:
-            truth["began"] = truth["detectable_from"] = bursts[-1]["t"]
-            truth["should_alert_by"] = round(dead["t"] + R.BUDGET["runtime_oom"], 3)
+        truth["began"] = truth["detectable_from"] = oom_at[0]
+        truth["should_alert_by"] = oom_at[1]
     if cls == "gpu_neighbour":
         nb, end = ctx.first("neighbour_ready"), ctx.first("neighbour_end")
         if nb is not None:

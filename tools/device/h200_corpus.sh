@@ -8,13 +8,16 @@
 #   F  h200-normal-long-nonstreaming (E and F: ~300 + ~45 s of install and ~280 s do not fit in one call)
 #   G  as A (receive the carried parts, install.sh), then h200-engine-stall-streams-nolog (issue 49: vLLM's stdout
 #      a pipe, 3 streams, the EngineCore SIGSTOPped, `vtop doctor --window 15` started 30 s after the stop)
+#   H  as A, then h200-neighbour-matmul;  J  as A, then h200-starts-history-budget
+#   I  as A, then h200-runtime-oom-prompt-logprobs (it makes /tmp/tiny-v151936 from /tmp/tiny first, ~2 s, and
+#      serves it with VLLM_USE_V2_MODEL_RUNNER=0 through a copy of serve.sh)
 # Part00 (with .vllm-gpu/vtop-whl through add_wheels.sh) must have been received by an earlier call on the
 # same machine (the shared recipe's call 1). Traces go to /tmp/h200-corpus/CALL/SCENARIO/, packed with the
 # recorder's output into $OUT/h200-corpus-CALL.tgz. The recorder stops by itself before 570 s of the call.
 # Dry run elsewhere: VTOP_H200_VLLM_BIN (the vllm that must exist), VTOP_H200_EXTRA (e.g. "--small --scale 0.5")
 # and the recorder's VTOP_H200_SERVE / VTOP_H200_STOP / VTOP_H200_RUN_DIR (README-corpus.md).
 set -u
-CALL=${1:?A, B, C, D, E, F or G}
+CALL=${1:?A, B, C, D, E, F, G, H, I or J}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 install() {

@@ -39,6 +39,13 @@ CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
 #: the most the close may take (a dump of the server's port, one destroy, a dump again: milliseconds)
 CLOSE_TIMEOUT_S = 3.0
+#: the face waits this long for the close's answer before it says that it waits. The close bounds each of its
+#: waits for the kernel itself (``CLOSE_TIMEOUT_S``), but on a loaded box its thread may get the CPU seconds
+#: late: the face gave up at this bound, dropped the answer and said "did not work" while the close went on
+#: in its thread (issue 39: the docker container's vLLM left vtop's threads 0.00-0.06 of a core)
+CLOSE_ANSWER_S = CLOSE_TIMEOUT_S + 2.0
+#: ... and gives up waiting after this long (then whether the connection closed is not known)
+CLOSE_GIVE_UP_S = 60.0
 #: how long the face waits for vLLM to show the abort after the close (a streamed answer notices at its
 #: next chunk, a non-streamed one at once; /metrics is polled every interval)
 WAIT_S = 15.0
@@ -132,6 +139,8 @@ class CloseResult:
     elapsed_s: float = 0.0
     #: vtop lacked the privilege: nothing was tried
     refused: bool = False
+    #: the face stopped waiting for the close's answer: whether it closed is not known
+    unknown: bool = False
 
 
 def _close_here(port: int, client: str, deadline: float, sock: Any = None) -> CloseResult:
@@ -153,13 +162,15 @@ def _close_here(port: int, client: str, deadline: float, sock: Any = None) -> Cl
 
 
 def close_connection(t: StopTarget, *, timeout_s: float = CLOSE_TIMEOUT_S,
-                     status_path: str = "/proc/self/status", proc_root: str = "/proc") -> CloseResult:
+                     status_path: str = "/proc/self/status", proc_root: str = "/proc", enter: bool = False) -> CloseResult:
     """Close ``t``'s connection; blocking (each wait for the kernel bounded by ``timeout_s``), never raises.
-    A server in a network namespace of its own is reached through a socket made in it
-    (:func:`vtop.sources.sockets.netns_socket`: a thread enters the namespace to make it, nothing else
-    moves); the netlink calls run in the calling thread (:func:`start_close` gives them one). The deadline
-    bounds the waits for the kernel, not a thread's turn on the CPU: on a loaded box a close whose answers
-    had come was given up at 3 s when the whole close ran in a thread joined with the deadline."""
+    A server in a network namespace of its own is reached in it: with ``enter`` the calling thread enters the
+    namespace itself (``setns``: :func:`start_close`'s thread, which is the close's own and ends with it), else
+    through a socket made there by a thread of its own (:func:`vtop.sources.sockets.netns_socket`, joined for
+    ``timeout_s``: the caller's thread stays where it is). The deadline bounds the waits for the kernel, not a
+    thread's turn on the CPU: on a loaded box a close whose answers had come was given up at 3 s when the whole
+    close ran in a thread joined with the deadline, and a thread made to enter the namespace can wait longer
+    than that for the CPU (issue 39: the docker container's vLLM left vtop's threads 0.00-0.06 of a core)."""
     t0 = time.monotonic()
     why = missing_privilege(netns=t.netns_pid is not None, status_path=status_path)
     if why is not None:
@@ -168,9 +179,13 @@ def close_connection(t: StopTarget, *, timeout_s: float = CLOSE_TIMEOUT_S,
     sock = None
     try:
         if t.netns_pid is not None:
-            from vtop.sources.sockets import netns_socket
+            from vtop.sources import sockets
 
-            sock = netns_socket(f"{proc_root}/{t.netns_pid}/ns/net", timeout_s=timeout_s)
+            path = f"{proc_root}/{t.netns_pid}/ns/net"
+            if enter:
+                sockets.setns_net(path)  # this thread's sockets are made there; no other thread to wait for
+            else:
+                sock = sockets.netns_socket(path, timeout_s=timeout_s)
         r = _close_here(t.port, t.client, deadline, sock)
     except TimeoutError as e:
         r = CloseResult(False, f"the connection was not closed: {e} (whether it closed is not known)")
@@ -183,11 +198,12 @@ def close_connection(t: StopTarget, *, timeout_s: float = CLOSE_TIMEOUT_S,
 
 
 def start_close(t: StopTarget, **kw: Any) -> Future[CloseResult]:
-    """:func:`close_connection` in a daemon thread; its answer in a future (never an exception)."""
+    """:func:`close_connection` in a daemon thread of its own, which enters the server's network namespace
+    itself when it has one (and ends with the close); its answer in a future (never an exception)."""
     fut: Future[CloseResult] = Future()
 
     def body() -> None:
-        res = close_connection(t, **kw)
+        res = close_connection(t, **{"enter": True, **kw})
         if fut.set_running_or_notify_cancel():  # False: the face gave up waiting and cancelled it
             fut.set_result(res)
 
@@ -229,8 +245,8 @@ def left_unfinished(before: Observation, now: Observation) -> float | None:
 
 def verdict(close: CloseResult, before: Observation, now: Observation, prev: Observation | None = None,
             wait_s: float = WAIT_S) -> tuple[bool, bool, str]:
-    """``(final, stopped, line)``: whether the outcome is known, whether vLLM aborted the request, and the
-    result line. ``before``: at the confirmation; ``prev``: the observation before ``now`` (None: the first).
+    """``(final, stopped, line)``: whether the outcome is known (or past knowing: a close the face stopped
+    waiting for), whether vLLM aborted the request, and the result line. ``before``: at the confirmation; ``prev``: the observation before ``now`` (None: the first).
 
     Stopped: the connection is closed and gone, and vLLM shows the request gone: its abort line, its abort
     counter up, a request that left running + waiting without a counted finish (since the confirmation,
@@ -238,7 +254,7 @@ def verdict(close: CloseResult, before: Observation, now: Observation, prev: Obs
     poll), nothing in flight at all (it was, at the confirmation), or, where /metrics counts no finishes,
     running down. Not known until ``wait_s`` passed."""
     if not close.closed:
-        return True, False, f"did not work: {close.message}"
+        return True, False, f"{'not known' if close.unknown else 'did not work'}: {close.message}"
     if close.gone is False:
         return True, False, f"did not work: {close.message}, but the kernel still lists it"
     took = f"{now.after_s:.1f} s after the confirmation"

@@ -137,6 +137,7 @@ class Monitor:
         live: bool = True,
         find_logs: bool = True,
         feed_interval_s: float | None = None,
+        box_history: bool = True,
     ) -> None:
         self.config = config
         #: how far apart a server's polls usually come (its trackers' first guess, and the size their
@@ -187,7 +188,11 @@ class Monitor:
         self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
         self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
         self._kept_start: float | None = None
-        if live and config.start_history:
+        #: this monitor reads and keeps this box's start history: live and no recording (a raw trace is replayed
+        #: ``live``, its launch and ready worked out as live, but its starts are another box's: kept, they became this
+        #: box's history, and each replay was judged against the recordings replayed before it)
+        self.box_history = live and box_history and config.start_history
+        if self.box_history:
             self._read_start_history()
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False

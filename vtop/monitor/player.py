@@ -182,7 +182,8 @@ class Player:
 
         lw = (LogWatch(self.log, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
               if self.log is not None else None)
-        m = Monitor(self.config, clock=self.clock, log_watch=lw, live=self.raw, find_logs=False)
+        # box_history=False: the recording's starts are not this box's (none read, none kept)
+        m = Monitor(self.config, clock=self.clock, log_watch=lw, live=self.raw, find_logs=False, box_history=False)
         for url in self.urls:
             m.add_server(url, from_cli=True)
         return m

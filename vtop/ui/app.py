@@ -350,22 +350,26 @@ class VtopApp(ActionKeys, ViewKeys):
         if not cards:
             parts.append(Part("servers-msg", (0, 1)))
         startup = self.w_startup
-        parts.append(Part("startup", (0, startup.rows(inner) + 2)))
+        story = startup.is_story()  # a start in progress, failed or stalled
+        whole = startup.rows(inner) + 2
+        # a start in progress on a small screen: its short form (the current phase, the budget) before nothing
+        short = min(whole, startup.rows(inner, compact=True) + 2) if story else whole
+        parts.append(Part("startup", (0, short, whole) if short < whole else (0, whole)))
         log_wanted = self.log_watch is not None and self.log_wanted
         incident = is_incident(alerts)
         srv = ["srv:" + url for url, _ in cards]
-        story = startup.is_story()  # a start in progress, failed or stalled
         if incident:
             order = ([("alerts", TITLES), ("gpu", 1)] + [(k, ONE_LINE) for k in srv] + [("servers-msg", 1)]
                      + [(k, QUEUES) for k in srv] + [("alerts", FOCUS)]
                      + ([("log", 1)] if self.log_forced else [])
-                     + [("requests", 1)] + [("startup", 1)] * story + [(k, FULL_CARD) for k in srv]
-                     + [("alerts", FULL), ("gpu", 2), ("startup", 1), ("log", 1)])
+                     + [("requests", 1)] + [("startup", 1), ("startup", 2)] * story + [(k, FULL_CARD) for k in srv]
+                     + [("alerts", FULL), ("gpu", 2), ("startup", 1), ("startup", 2), ("log", 1)])
         else:
-            order = ([("gpu", 1)] + [(k, ONE_LINE) for k in srv] + [("servers-msg", 1)] + [("startup", 1)] * story
+            order = ([("gpu", 1)] + [(k, ONE_LINE) for k in srv] + [("servers-msg", 1)]
+                     + [("startup", 1), ("startup", 2)] * story
                      + [(k, QUEUES) for k in srv] + [("alerts", TITLES), ("requests", 1), ("alerts", FOCUS),
                                                       ("log", 1), ("gpu", 2)]
-                     + [(k, FULL_CARD) for k in srv] + [("startup", 1), ("alerts", FULL)])
+                     + [(k, FULL_CARD) for k in srv] + [("startup", 1), ("startup", 2), ("alerts", FULL)])
         if log_wanted:
             parts.append(Part("log", (0, min(LOG_MIN_ROWS, total))))
         level = plan(total, parts, order)
@@ -383,6 +387,7 @@ class VtopApp(ActionKeys, ViewKeys):
             req.display = req.has_text and level.get("requests", 0) > 0
             self._widget("servers-msg", "#servers-msg").display = not cards and level.get("servers-msg", 0) > 0
             startup.display = level["startup"] > 0
+            startup.set_compact(short < whole and level["startup"] == 1)
             body_rows = sum(v for k, v in h.items() if k not in ("alerts", "log"))
             log = self.w_log
             log.display = log_wanted and level.get("log", 0) > 0

@@ -136,6 +136,9 @@ class StartupPanel(Static):
         self.download = download
         self.view: LogView | None = None
         self.unfolded = False
+        #: a start in progress drawn short, where the screen has no room for its whole timeline (80x24): the
+        #: phases done as one line, the current (or failed) phase with its usual time, the budget, any failure
+        self.compact = False
         self.message: str | None = None
         self._last: str | None = None
         self._lines = 0
@@ -152,6 +155,12 @@ class StartupPanel(Static):
     def toggle(self) -> None:
         self.unfolded = not self.unfolded
         self.redraw()
+
+    def set_compact(self, compact: bool) -> None:
+        """The screen's layout gave the panel its short form (or its whole one back)."""
+        if compact != self.compact:
+            self.compact = compact
+            self.redraw()
 
     def redraw(self) -> None:
         text = self.build()
@@ -173,28 +182,30 @@ class StartupPanel(Static):
             self.set_class(state == s, f"-{s}")
         self.set_class(bool(v and v.stall), "-stall")
 
-    def rows(self, width: int) -> int:
-        """Rows of text the panel takes in ``width`` columns."""
-        return max(1, len(self.build().wrap(self.app.console, max(10, width))))
+    def rows(self, width: int, *, compact: bool = False) -> int:
+        """Rows of text the panel takes in ``width`` columns (``compact``: in its short form)."""
+        return max(1, len(self.build(compact=compact).wrap(self.app.console, max(10, width))))
 
     def is_story(self) -> bool:
         """A start in progress, failed, or stalled: the panel is what the user came for."""
         v = self.view
         return v is not None and (v.state in ("starting", "failed") or v.stall is not None)
 
-    def build(self) -> Text:
+    def build(self, *, compact: bool | None = None) -> Text:
+        """The panel's text; ``compact``: its short form (None: as the layout last said)."""
+        short = self.compact if compact is None else compact
         v = self.view
         problem = v.problem if v is not None else None
         if problem and v is not None:
             # what is wrong with the log itself (missing, a directory, unreadable, binary, ended)
             if v.state == "idle":
                 return Text(f"⚠ {problem}", style="bold yellow")
-            out = self._build()
+            out = self._build(short)
             out.append(f"\n⚠ {problem}", style="bold yellow")
             return out
-        return self._build()
+        return self._build(short)
 
-    def _build(self) -> Text:
+    def _build(self, compact: bool = False) -> Text:
         v = self.view
         out = Text()
         if v is None or (v.state == "idle" and not v.recent):
@@ -251,7 +262,7 @@ class StartupPanel(Static):
             if snap.restarts:
                 out.append(f" (restart #{snap.restarts})")
             out.append("\n")
-        self._timeline(out, v)
+        self._timeline(out, v, compact=compact)
         budgets = self.budget() if self.budget is not None else []
         for b in budgets:
             if b.parts or b.util_fit is not None:
@@ -283,18 +294,32 @@ class StartupPanel(Static):
                        " (py-spy dump --pid <EngineCore pid>).")
             if st.hint:
                 out.append(f"\n  {st.hint}", style="dim")
-        elif snap.state == "starting" and snap.current in BUSY_PHASES and self.gpu_activity(v.mono - 30.0)[0] is not None:
+        elif (not compact and snap.state == "starting" and snap.current in BUSY_PHASES
+              and self.gpu_activity(v.mono - 30.0)[0] is not None):
             # Only where there are GPU readings: on a box with no GPU (a CPU vLLM) the line
             # spoke of a 100 % GPU that does not exist.
             out.append("\n  100% GPU is expected while vLLM compiles, profiles memory and captures CUDA graphs.",
                        style="dim")
         return out
 
-    def _timeline(self, out: Text, v: LogView) -> None:
+    def _timeline(self, out: Text, v: LogView, *, compact: bool = False) -> None:
         snap = v.snapshot
         usual = self.usual() if self.usual is not None else None
         done = {p.phase: p for p in snap.phases}
         shown = [p for p in Phase if p in done or (snap.state == "starting" and p is not Phase.READY)]
+        if compact:
+            # the phases done as one line, then only the phase the start is in (or failed in)
+            now = [p for p in shown if (snap.state == "starting" and p is snap.current)
+                   or (snap.failure is not None and snap.failure.phase is p)]
+            past = [done[p] for p in shown if p not in now and p in done and done[p].done]
+            if past:
+                took = fmt_s(sum(p.duration_s or 0.0 for p in past))
+                span = past[0].label if len(past) == 1 else f"{past[0].label} … {past[-1].label}"
+                out.append(f" ✓ {span}: {len(past)} phase{'' if len(past) == 1 else 's'}"
+                           + (f" in {took}" if took else ""))
+                if now:
+                    out.append("\n")
+            shown = now
         for i, ph in enumerate(shown):
             if i:
                 out.append("\n")
