@@ -123,7 +123,11 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
         # 2-core box loaded by the server, its load and three vtops: the card can go STALE for a while, which
         # is the card's business, not the late look's)
         fallback: dict[tuple[int, int], list[str]] = {}
-        deadline = time.monotonic() + 60
+        # a hang guard, not a latency bound: in one clean-clone run both vtops sat at their first frame ("waiting
+        # for the first poll", the log not yet watched) through this wait's 60 s, while the decoding vLLM CPU build
+        # beside them took the 2 cores (it starved the test's own threads in the container test the same way,
+        # issue 39); alone on the box they show the charts within seconds
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and len(texts) < len(sessions):
             for size, sess in sessions.items():
                 rows = capture(sess)
@@ -149,7 +153,9 @@ async def test_vtop_started_two_minutes_into_a_load_shows_those_two_minutes(real
             elif size not in texts:
                 (CAPTURES / f"late-look-cpu-real-{size[0]}x{size[1]}-failed.txt").write_text(
                     "\n".join(capture(sess)) + "\n")
-        assert (120, 40) in texts, "vtop in tmux at 120x40 never showed the log's charts"
+        ps = subprocess.run(["ps", "-eo", "pid,stat,time,pcpu,args"], capture_output=True, text=True).stdout
+        procs = "\n".join(ln for ln in ps.splitlines() if "-m vtop --no-gpu" in ln and "sh -c" not in ln)
+        assert (120, 40) in texts, f"vtop in tmux at 120x40 never showed the log's charts; its processes:\n{procs}"
         rows = texts[(120, 40)]
         running = next(r for r in rows if r.startswith("│ running"))
         blocks = sum(1 for ch in running[16:] if ch in "▁▂▃▄▅▆▇█")
