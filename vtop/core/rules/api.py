@@ -100,14 +100,14 @@ def api_unresponsive(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Se
     proc = ctx.process_of(url)
     pid = proc.pid if proc is not None else None
     who = f"the API server (pid {pid})" if pid is not None else "the API server"
-    busy = _loop_cpu(st, pid, v.failing_since)
-    if busy is not None:
-        ev.append(busy[1])
+    cpu = _loop_cpu(st, pid, v.failing_since)
+    if cpu is not None:
+        ev.append(cpu[1])
+    busy = cpu is not None and cpu[0]
     dump = (f"py-spy dump --pid {pid if pid is not None else '<API server pid>'} (or press d): where {who}'s event "
-            "loop is " + ("busy (a huge prompt tokenized, prompt logprobs or a large answer built in the loop)"
-                          if busy is not None and busy[0] else
-                          "blocked (a synchronous call in a handler, a huge prompt tokenized in the loop, a stuck hook)"))
+            "loop is " + ("busy (a huge prompt tokenized, prompt logprobs or a large answer built in the loop)" if busy
+                          else "blocked (a synchronous call in a handler, a huge prompt tokenized in the loop, a stuck hook)"))
     idle = ("If py-spy shows the loop idle in epoll, look between vtop and the port: a proxy, a firewall, "
             "another process on the port")
-    fix = (dump, *(() if busy is not None and busy[0] else (idle,)), f"Check by hand: curl -m 5 -sS {url}/metrics | head")
+    fix = (dump, *(() if busy else (idle,)), f"Check by hand: curl -m 5 -sS {url}/metrics | head")
     return Alert("api_unresponsive", severity, title, tuple(ev), fix, url, v.failing_since)
