@@ -486,7 +486,11 @@ def test_no_fit_is_proposed_where_none_would_work(tmp_path: Path) -> None:
     p, alert = _first_failure_alert(_available_kv_trace(tmp_path, "2.00", _need_line("4.0", "2.0")))
     b = p.monitor.memory_budget()[0]
     assert alert is not None and b.kv_bytes_fit is not None and b.kv_bytes_fit >= 4 * 2**30 and b.no_fit is None
-    assert alert.fix[0].endswith(f"{FIT_TAIL}{b.fit_words()}.")
+    # a range: from the utilization that holds one full-length request (0.2 + the 2 GiB it lacked of NVML's 140.4
+    # GiB, rounded up) to what fits beside the 100.5 GiB process
+    assert b.util_len == 0.22 and b.util_fit == 0.26 and b.to_json()["util_len"] == 0.22
+    assert b.fit_words() == "fits: --gpu-memory-utilization 0.22 to 0.26 or --kv-cache-memory-bytes 10G"
+    assert alert.fix[0].endswith(f"the memory budget says: {b.fit_words()}.")
 
     # a start whose own use leaves nothing beside the others (0.5 of the total asked, K below 0)
     p, alert = _first_failure_alert(_available_kv_trace(tmp_path, "-3.0", KV_NO_MEMORY, util="0.5"))
@@ -515,3 +519,14 @@ def test_the_cpu_traces_get_no_kv_size_from_the_budget(name: str) -> None:
     if name.endswith("small"):
         assert snap.failure.kind == "max_model_len" and snap.failure.get("avail") == "0.0"
         assert snap.facts.kv_cache_gib == 0.0 and snap.facts.gpu_memory_utilization is None
+
+
+def test_the_utilization_that_holds_one_full_length_request() -> None:
+    """util + (needed - available + 0.02 GiB) / total, rounded up to two decimals; None past the whole GPU."""
+    from vtop.core.membudget import util_for_length
+
+    assert util_for_length(0.2, 140.4, 4.0, 2.0) == 0.22  # 0.2144 up
+    assert util_for_length(0.5, 100.0, 3.0, 1.0) == 0.53  # 0.5202 up: the 0.02 GiB of rounding counts
+    assert util_for_length(0.0042, 139.8, 0.25, 0.12) == 0.01
+    assert util_for_length(0.9, 80.0, 40.0, 30.0) is None  # 1.03: no utilization holds it on this GPU
+    assert util_for_length(0.9, 0.0, 4.0, 2.0) is None

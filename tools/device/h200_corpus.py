@@ -1147,6 +1147,83 @@ def runtime_oom_prompt_logprobs(ctx: GpuCtx) -> None:
     short.stop()
 
 
+#: h200-startup-failure-max-model-len: the KV cache vLLM is to find (GiB): half of what one 32,768-token request of
+#: the tiny model needs (32,768 x 8,192 B = 0.25 GiB), so neither 0 ("No available memory for the cache blocks")
+#: nor enough, whatever the few hundredths of a GiB the profile varies by
+KV_SHORT_TARGET_GIB = 0.12
+#: vLLM 0.26.0's own use before the KV cache on the H200 (tests/fixtures/logs/vllm-0.26.0-h200-startup.log: a 69.9
+#: GiB budget less "Available KV cache memory: 69.45 GiB"; the H100's start in h100-starts-history-budget the same)
+NON_KV_GIB = 0.45
+
+
+def _nvml_total_gib() -> float | None:
+    """The GPU's total memory by nvidia-smi (MiB; NVML's, with the driver's part: 140.4 GiB on the H200)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return float(out[0]) / 1024 if out else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+@scenario("h200-startup-failure-max-model-len", "startup_failure", 200)
+def startup_failure_max_model_len(ctx: GpuCtx) -> None:
+    """H200 or H100, vLLM 0.26.0, the tiny model at --max-model-len 32768 (0.25 GiB of KV cache for one request)
+    with a --gpu-memory-utilization so small that the KV cache vLLM finds after profiling is about
+    KV_SHORT_TARGET_GIB: (NON_KV_GIB + that) / the GPU's total (0.0041 on an H200). vLLM fails at startup with
+    "ValueError: To serve at least one request with the model's max seq len (32768), (0.25 GiB KV cache is
+    needed, which is larger than the available KV cache memory (A GiB)" and exits: a real KV-cache failure (issue
+    40). Then the arithmetic meets vLLM again: the utilization that holds one full-length request, worked out by
+    vtop's own code from the failure line (vtop.core.phases.PhaseTracker, vtop.core.membudget.util_for_length,
+    NVML's total as the budget takes it), is launched; it must become ready (fit_launch, fit_ready or
+    fit_failed). Truth: began = the error line, ended = the fitted start's ready."""
+    from vtop.core.membudget import util_for_length
+
+    total = _nvml_total_gib() or 139.8
+    util = round((NON_KV_GIB + KV_SHORT_TARGET_GIB) / total, 4)
+    ctx.event("kv_short_launch", util=util, total_gib=round(total, 2))
+    ctx.launch(("--gpu-memory-utilization", str(util)))
+    if ctx.wait_exit(300) is None:
+        ctx.notes.append("the server did not exit within 300 s")
+        return
+    ctx.sleep(5)
+    srv: GpuServer = ctx.srv  # type: ignore[assignment]
+    snap = _tracked(srv.log_text())
+    f = snap.failure
+    ctx.truth_extra["kv_short"] = {"util": util, "failure": f.kind if f is not None else None,
+                                   "line": f.line.strip()[:400] if f is not None else None,
+                                   "kv_available_gib": snap.facts.kv_available_gib}
+    if f is None or f.kind != "max_model_len":
+        ctx.notes.append(f"the start failed as {f.kind if f else 'nothing vtop knows'}, not for max_model_len")
+        return
+    need, avail = float(f.get("need") or 0), float(f.get("avail") or 0)
+    fit = util_for_length(util, total, need, avail)
+    ctx.event("fit_launch", util=fit, need_gib=need, avail_gib=avail, est=f.get("est"))
+    if fit is None:
+        ctx.notes.append("vtop's arithmetic found no utilization that holds one full-length request")
+        return
+    ctx.launch(("--gpu-memory-utilization", str(fit)))
+    try:
+        s = ctx.wait_ready(240)
+    except R.ServerFailed as e:
+        ctx.event("fit_failed", error=str(e)[:300])
+        ctx.notes.append(f"the start at vtop's --gpu-memory-utilization {fit} did not become ready")
+        return
+    ctx.event("fit_ready", util=fit, healthy_after_s=round(s, 1),
+              kv_available_gib=_tracked(srv.log_text()).facts.kv_available_gib)
+    ctx.sleep(10)
+
+
+def _tracked(log: str) -> Any:
+    """A start's log as vtop's phase tracker reads it (its snapshot: the failure, the facts)."""
+    from vtop.core.phases import PhaseTracker
+
+    tr = PhaseTracker()
+    for i, ln in enumerate(log.splitlines()):
+        tr.feed(ln, 1000.0 + i * 0.001)
+    return tr.snapshot()
+
+
 @scenario("h200-starts-history-budget", "normal", 420)
 def starts_history_budget(ctx: GpuCtx) -> None:
     """H200, vLLM 0.26.0: three starts of the same model, each to ready and 5 s more, their logs kept as
@@ -1337,6 +1414,8 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
     if cls == "runtime_oom":
         truth["began"] = truth["detectable_from"] = oom_at[0]
         truth["should_alert_by"] = oom_at[1]
+    if cls == "startup_failure" and ctx.first("fit_ready") is not None:
+        truth["ended"] = ctx.first("fit_ready")["t"]  # type: ignore[index]
     if cls == "gpu_neighbour":
         nb, end = ctx.first("neighbour_ready"), ctx.first("neighbour_end")
         if nb is not None:

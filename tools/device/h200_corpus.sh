@@ -8,7 +8,8 @@
 #   F  h200-normal-long-nonstreaming (E and F: ~300 + ~45 s of install and ~280 s do not fit in one call)
 #   G  as A (receive the carried parts, install.sh), then h200-engine-stall-streams-nolog (issue 49: vLLM's stdout
 #      a pipe, 3 streams, the EngineCore SIGSTOPped, `vtop doctor --window 15` started 30 s after the stop)
-#   H  as A, then h200-neighbour-matmul;  J  as A, then h200-starts-history-budget
+#   H  as A, then h200-neighbour-matmul and h200-startup-failure-max-model-len (K: that one alone);
+#   J  as A, then h200-starts-history-budget
 #   I  as A, then h200-runtime-oom-prompt-logprobs (it makes /tmp/tiny-v151936 from /tmp/tiny first, ~2 s, and
 #      serves it with VLLM_USE_V2_MODEL_RUNNER=0 through a copy of serve.sh)
 # Part00 (with .vllm-gpu/vtop-whl through add_wheels.sh) must have been received by an earlier call on the
@@ -17,7 +18,7 @@
 # Dry run elsewhere: VTOP_H200_VLLM_BIN (the vllm that must exist), VTOP_H200_EXTRA (e.g. "--small --scale 0.5")
 # and the recorder's VTOP_H200_SERVE / VTOP_H200_STOP / VTOP_H200_RUN_DIR (README-corpus.md).
 set -u
-CALL=${1:?A, B, C, D, E, F, G, H, I or J}
+CALL=${1:?A, B, C, D, E, F, G, H, I, J or K}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 install() {
@@ -41,7 +42,8 @@ case $CALL in
   E) install; S=h200-runaway-nonstreaming-short-traffic ;;
   F) S=h200-normal-long-nonstreaming ;;
   G) install; S=h200-engine-stall-streams-nolog ;;
-  H) install; S=h200-neighbour-matmul ;;   # issue 40's noisy neighbour (needs the image's torch)
+  H) install; S=h200-neighbour-matmul,h200-startup-failure-max-model-len ;;   # issue 40's noisy neighbour (needs the image's torch), then a real KV-cache failure and vtop's fit
+  K) install; S=h200-startup-failure-max-model-len ;;
   I) install; S=h200-runtime-oom-prompt-logprobs ;;   # issue 40's runtime OOM by stage
   J) install; S=h200-starts-history-budget ;;   # issue 40's start history and memory budget
   *) echo "unknown call $CALL"; exit 2 ;;

@@ -32,6 +32,7 @@ start's GPUs), so the alert, ``--once --json``, doctor and the startup panel say
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from vtop.core.phases.types import Failure, StartupFacts
 
 __all__ = ["GRAPH_MARGIN_GIB", "MARGIN", "MEMORY_FAILURES", "MemoryBudget", "kv_bytes_that_fit", "kv_bytes_words",
-           "kv_fit", "memory_budget", "non_kv_of_available", "non_kv_of_parts", "util_that_fits"]
+           "kv_fit", "memory_budget", "non_kv_of_available", "non_kv_of_parts", "util_for_length",
+           "util_that_fits"]
 
 GIB = float(1 << 30)
 #: the startup failures that are about memory (the tracker's kinds)
@@ -96,6 +98,10 @@ class MemoryBudget:
     no_fit: str | None = None
     #: what NVML says is free on the GPU now: its total less its used (None: no NVML reading)
     free_now_gib: float | None = None
+    #: a start that failed because its KV cache could not hold one request of max_model_len: the
+    #: ``--gpu-memory-utilization`` from which it would (:func:`util_for_length`); None: not that failure, a part
+    #: of the arithmetic not known, or more than the whole GPU
+    util_len: float | None = None
 
     @property
     def mem_flag(self) -> str:
@@ -110,7 +116,8 @@ class MemoryBudget:
             return None
         kv = (f" or {self.kv_bytes_flag} {kv_bytes_words(self.kv_bytes_fit)}"
               if self.kv_bytes_fit is not None and self.kv_bytes_flag else "")
-        return f"fits: {self.mem_flag} {self.util_fit:.2f}{kv}"
+        low = f"{self.util_len:.2f} to " if self.util_len is not None and self.util_len < self.util_fit else ""
+        return f"fits: {self.mem_flag} {low}{self.util_fit:.2f}{kv}"
 
     @property
     def bar_parts(self) -> tuple[tuple[str, float], ...]:
@@ -182,7 +189,8 @@ class MemoryBudget:
                 "used_now_gib": r(self.used_now_gib), "free_now_gib": r(self.free_now_gib), "util_fit": self.util_fit,
                 "kv_cache_memory_bytes_fit": self.kv_bytes_fit if self.kv_bytes_flag else None,
                 "non_kv_gib": r(self.non_kv_gib), "kv_available_gib": self.kv_available_gib,
-                "graph_margin_gib": r(self.graph_margin_gib), "no_fit": self.no_fit, "text": self.text()}
+                "graph_margin_gib": r(self.graph_margin_gib), "no_fit": self.no_fit, "util_len": self.util_len,
+                "text": self.text()}
 
 
 def kv_fit(budgets: Sequence[MemoryBudget]) -> MemoryBudget | None:
@@ -202,6 +210,19 @@ def util_that_fits(total_gib: float, held_gib: float, margin: float = MARGIN) ->
     free (two decimals), 0.05 at least. The startup-failure rule's fix says the same number."""
     frac = (total_gib - held_gib) / total_gib - margin if total_gib > 0 else 0.0
     return max(0.05, round(frac, 2))
+
+
+def util_for_length(util: float, total_gib: float, need_gib: float, avail_gib: float) -> float | None:
+    """The ``--gpu-memory-utilization`` from which one request of max_model_len fits, after vLLM's "To serve at
+    least one request with the model's max seq len (L), (N GiB KV cache is needed, which is larger than the
+    available KV cache memory (A GiB)": vLLM sized the KV cache as its budget (``util`` x the total) less all else,
+    so A grows by the total for each whole 1.0 of the utilization; what it lacked (N - A, and 0.02 GiB for the
+    logs' rounding) over the total, added to ``util``, rounded up to two decimals as the flag is written. None
+    above 1.0 (no utilization holds it on this GPU) or without a total."""
+    if total_gib <= 0:
+        return None
+    u = math.ceil(round((util + (need_gib - avail_gib + 0.02) / total_gib) * 100, 6)) / 100
+    return u if u <= 1.0 else None
 
 
 def kv_bytes_that_fit(total_gib: float, held_gib: float, non_kv_gib: float, margin: float = MARGIN) -> int | None:
@@ -366,6 +387,11 @@ def _budget(idx: int | None, total: float | None, f: StartupFacts | None, parts:
             else:
                 fit = util_that_fits(total, held + graphs)
     flag = kv_bytes_flag(f.engine, f.version) if f is not None else None
+    util_len = None
+    if failure is not None and failure.kind == "max_model_len" and util is not None and total:
+        need, short = _num(failure.get("need"), None), _num(failure.get("avail"), None)
+        if need is not None and short is not None and short < need:
+            util_len = util_for_length(util, total, need, short)
     return MemoryBudget(idx, total, util, req, parts, others, free0, used, fit, kv, flag if kv is not None else None,
                         f.engine if f is not None else None, non_kv if avail is not None else None, avail,
-                        graphs if avail is not None else None, no_fit)
+                        graphs if avail is not None else None, no_fit, util_len=util_len)

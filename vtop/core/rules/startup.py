@@ -355,7 +355,9 @@ def _budget_fit(budgets: Sequence[MemoryBudget]) -> str:
     n = sum(1 for x in budgets if x.kv_bytes_fit is not None)
     if n > 1:
         gpu += f" (the fullest of {n})"
-    return f" Beside what else holds {gpu} now, the memory budget says at most: {words}."
+    # a max_model_len failure's words are a range (from what holds one full-length request to what fits)
+    says = "says" if b.util_len is not None and b.util_fit is not None and b.util_len < b.util_fit else "says at most"
+    return f" Beside what else holds {gpu} now, the memory budget {says}: {words}."
 
 
 def _cuda_oom(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, str]:
