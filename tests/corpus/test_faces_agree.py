@@ -70,15 +70,21 @@ def _check_instant(m: Any, url: str, started: float) -> bool:
     assert o.short_name in line and age_words(o) in line, (line, want)
     assert len(rows) == 1 and rows[0][3] == f"at least {dur_text(o.age_min_s)}", (rows, want)
     assert rows[0][1] == (o.request_id or "-") and rows[0][2] == (o.client or "-"), (rows, want)
-    # the runaway alert, when on, names that request with that lower bound
+    # the runaway alert, when on, names that request with that lower bound; where an older answer went
+    # silent, the oldest still answering (its own words), and the silent one apart in the screen's words
     a = next((a for a in m.alerts if a.rule == "runaway" and a.target == url), None)
-    if a is not None:
-        assert age_words(o) in a.title, (a.title, want)
-        if o.client:
-            assert o.client in a.title, (a.title, want)
-        if o.request_id:
-            assert any(o.request_id in e for e in a.evidence) or o.request_id in a.title, (a.evidence, want)
-        assert (a.severity == "info") == (o.client_set_max_tokens is True and "Long request" in a.title)
+    r = answer.answering if answer is not None else None
+    if a is not None and r is not None:
+        assert age_words(r) in a.title, (a.title, want)
+        if r.client:
+            assert r.client in a.title, (a.title, want)
+        if r.request_id:
+            assert any(r.request_id in e for e in a.evidence) or r.request_id in a.title, (a.evidence, want)
+        assert (a.severity == "info") == (r.client_set_max_tokens is True and "Long request" in a.title)
+        if r is not o:
+            assert o.answer_silent_s is not None, want
+            assert any(e.startswith("older, set aside: ") and f"{o.name} in flight {age_words(o)}" in e
+                       for e in a.evidence), (a.evidence, want)
     return True
 
 

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, age_words
+from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, age_words, silent_words
 
 __all__ = ["CAP_NET_ADMIN", "CAP_SYS_ADMIN", "WAIT_S", "CloseResult", "Observation", "StopRecord", "StopTarget",
            "close_connection", "left_unfinished", "missing_privilege", "start_close", "target_for", "tokens_words",
@@ -121,9 +121,12 @@ def tokens_words(r: InFlightRequest) -> str:
     """What is known of the tokens it made so far (vLLM counts tokens per server, not per request)."""
     if r.answer_pending:
         return "no byte of its answer sent yet (not streamed, or not begun): its tokens so far are not known"
+    quiet = "" if r.answer_silent_s is None else f"; {silent_words(r.answer_silent_s)}"
     if r.answer_bytes:
         return (f"not known per request (vLLM counts tokens for the whole server); its answer: "
-                f"{r.answer_bytes:,} bytes sent since vtop first saw it")
+                f"{r.answer_bytes:,} bytes sent since vtop first saw it{quiet}")
+    if quiet:
+        return f"not known per request (vLLM counts tokens for the whole server){quiet}"
     return "not known per request (vLLM counts tokens for the whole server)"
 
 

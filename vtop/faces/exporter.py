@@ -135,8 +135,8 @@ def _startup(monitor: Monitor, now: float) -> list[Metric]:
 
 def _requests(monitor: Monitor, now: float) -> list[Metric]:
     age = _gauge("vtop_oldest_request_age_seconds",
-                 "Seconds the oldest request in flight has run at least (a lower bound; the request every vtop "
-                 "face names); source: what proves it (log: the request log with vLLM's max_tokens histogram, "
+                 "Seconds the oldest request in flight has been in flight at least (a lower bound; the request "
+                 "every vtop face names; its answer may have gone silent: a frozen engine); source: what proves it (log: the request log with vLLM's max_tokens histogram, "
                  "connection: its connection's counters, metrics_bound: /metrics alone)", ["server", "source"])
     allow = _gauge("vtop_request_allowance_tokens",
                    "max_tokens vLLM gave that oldest request, where known (max_model_len minus the prompt when the "

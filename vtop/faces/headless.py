@@ -52,7 +52,7 @@ from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerView
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
 from vtop.model.fmt import dur
-from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, dur_text
+from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, dur_text, silent_words, state_word
 from vtop.monitor.live import LiveFeed
 from vtop.monitor.monitor import Monitor, make_log_watch, make_recorder
 
@@ -808,12 +808,15 @@ def requests_text(rep: Report) -> list[str]:
 
 def request_words(o: dict[str, Any]) -> str:
     """``chatcmpl-9f… running at least 1m 05s (came at most 2m 05s ago), max_tokens 65,516 (no max_tokens
-    from client), by the request log`` from a request row."""
+    from client), by the request log`` from a request row (``the request from 10.0.0.7:5555 in flight at
+    least 1m 05s, its answer silent for 58s, by its connection`` where its answer went silent)."""
     who = o.get("id") or (f"the request from {o['client']}" if o.get("client") else "a request")
     age = "for an unknown time" if o.get("age_min_s") is None else f"at least {dur_text(o['age_min_s'])}"
     if o.get("age_max_s") is not None and (o.get("age_min_s") is None or o["age_max_s"] - o["age_min_s"] >= 1):
         age += f" (came at most {dur_text(o['age_max_s'])} ago)"
-    out = f"{who} {'in flight' if o.get('answer_pending') else 'running'} {age}"
+    out = f"{who} {state_word(o.get('answer_pending'), o.get('answer_silent_s'))} {age}"
+    if o.get("answer_silent_s") is not None:
+        out += ", " + silent_words(o["answer_silent_s"])
     if o.get("max_tokens") is not None:
         out += f", max_tokens {o['max_tokens']:,}"
     if o.get("client_set_max_tokens") is False:

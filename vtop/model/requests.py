@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from vtop.model.fmt import dur
 
 __all__ = ["CONNECTION", "EVIDENCE_WORDS", "LOG", "METRICS_BOUND", "READ_GIVEN_UP", "InFlightRequest", "ServerRequests",
-           "age_words", "dur_text"]
+           "age_words", "dur_text", "silent_words", "state_word"]
 
 #: the request log (``Received request ...``; its end lines, or the max_tokens histogram, say it has not ended)
 LOG = "log"
-#: the kernel's counters of one connection (its answer still streaming, or not begun)
+#: the kernel's counters of one connection (its answer still streaming, not begun, or gone silent)
 CONNECTION = "connection"
 #: ``/metrics`` alone (the running gauge, the finishes' latencies): some request has run this long
 METRICS_BOUND = "metrics_bound"
@@ -64,6 +64,9 @@ class InFlightRequest:
     #: its answer has not begun (a connection with no byte sent since the request came: queued, or a
     #: non-streamed answer still decoding)
     answer_pending: bool = False
+    #: its answer began and has sent nothing for this many seconds while its connection stays open (a
+    #: frozen engine, or a client that stopped reading): in flight, not known decoding; None: not silent
+    answer_silent_s: float | None = None
     #: bytes of its answer its client acknowledged since vtop first saw its connection (None: not known);
     #: vLLM counts tokens per server, never per request: this is what is known of one answer so far
     answer_bytes: int | None = None
@@ -101,7 +104,7 @@ class InFlightRequest:
                 "evidence": list(self.evidence), "age_min_s": r(self.age_min_s), "age_max_s": r(self.age_max_s),
                 "max_tokens": self.max_tokens, "client_set_max_tokens": self.client_set_max_tokens,
                 "no_client_max_tokens": self.no_client_max_tokens, "answer_pending": self.answer_pending,
-                "detail": self.detail}
+                "answer_silent_s": r(self.answer_silent_s), "detail": self.detail}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +115,14 @@ class ServerRequests:
     at: float
     #: the requests known in flight, oldest first (by ``age_min_s``)
     requests: tuple[InFlightRequest, ...] = ()
-    #: the request known to have run longest (the one every face and the runaway rule name), or None
+    #: the request known in flight longest (the one every face names), or None; it may be one whose answer
+    #: went silent (``answer_silent_s``: in flight, not known decoding)
     oldest: InFlightRequest | None = None
+    #: the request known in flight longest whose answer has not gone silent (it streams, has not begun, or
+    #: is known from the log or /metrics): what the runaway rule reads (a runaway decodes; a silent answer
+    #: is no sign of that). The same object as ``oldest`` when no older answer is silent; else it may be
+    #: /metrics' bound that the older silent request stands for in ``requests`` ("some request has run N s")
+    answering: InFlightRequest | None = None
     #: how many are in flight: vLLM's running + waiting where known, else the request log's count where
     #: it logs every end; None: not known (a log without finish lines gives ``received_recent`` instead)
     count: int | None = None
@@ -134,6 +143,18 @@ class ServerRequests:
     #: the server's engine ("vllm", "sglang": :data:`vtop.core.engines.ENGINES`; None: not known, read as vLLM):
     #: what a face names when it says how to turn the request log on
     engine: str | None = None
+
+
+def state_word(answer_pending: bool | None, answer_silent_s: float | None = None) -> str:
+    """What a request in flight is doing, before its age: ``running`` (its answer streams, or it is known
+    running), ``in flight`` (its answer has not begun, or went silent: not known running)."""
+    return "in flight" if answer_pending or answer_silent_s is not None else "running"
+
+
+def silent_words(answer_silent_s: float | None) -> str:
+    """``its answer silent for 45s`` (every face says a silent answer so, after the request's age); ``""``
+    when it is not silent."""
+    return "" if answer_silent_s is None else f"its answer silent for {dur_text(answer_silent_s)}"
 
 
 def dur_text(seconds: float | None) -> str:

@@ -229,14 +229,15 @@ class ActionKeys(App[int]):
 
     # ------------------------------------------------------------------ x: stop one request
     def action_stop_request(self) -> None:
-        """``x`` on the dashboard: the request the runaway alert names (the oldest in flight on its server)."""
+        """``x`` on the dashboard: the request the runaway alert names (the oldest in flight on its server whose
+        answer has not gone silent: :attr:`~vtop.model.requests.ServerRequests.answering`)."""
         alert = next((a for a in self.alerts if a.rule == "runaway" and a.target), None)
         if alert is None or alert.target is None:
             self.notify("stop: no runaway alert now; open r (requests) and press x on the request to stop",
                         severity="warning")
             return
         answer = self.monitor.in_flight.get(alert.target)
-        r = answer.oldest if answer is not None else None
+        r = answer.answering if answer is not None else None
         if r is None:
             self.notify("stop: the runaway alert names no request in flight now", severity="warning")
             return

@@ -23,7 +23,7 @@ from vtop.actions.pyspy import PySpyResult, Target, dump
 from vtop.actions.stop import StopTarget, tokens_words
 from vtop.core.engines import flags_of
 from vtop.core.rules.util import short_url
-from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, age_words, dur_text
+from vtop.model.requests import EVIDENCE_WORDS, InFlightRequest, ServerRequests, age_words, dur_text, silent_words
 
 DEFAULT_MAX_TOKENS = 64
 WHY_MAX_TOKENS = (
@@ -204,7 +204,7 @@ def probe_text(r: ProbeResult) -> Text:
 def request_rows(answers: Mapping[str, ServerRequests]) -> list[tuple[str, ...]]:
     """The ``r`` table's rows: every server's requests in flight, oldest first (the one answer:
     :func:`vtop.core.requests.requests_in_flight`), the oldest marked; its age as a lower bound
-    ("running at least"), the upper bound in its own column ("came at most ... ago")."""
+    ("in flight at least"), the upper bound in its own column ("came at most ... ago")."""
     rows: list[tuple[str, ...]] = []
     for url, a in answers.items():
         for r in a.requests:
@@ -213,6 +213,8 @@ def request_rows(answers: Mapping[str, ServerRequests]) -> list[tuple[str, ...]]
                 note = (note + " · " if note else "") + "no max_tokens from client"
             if r.answer_pending:
                 note = (note + " · " if note else "") + "answer not begun"
+            if r.answer_silent_s is not None:
+                note = (note + " · " if note else "") + silent_words(r.answer_silent_s)
             rows.append((short_url(url), r.request_id or "-", r.client or "-",
                          "?" if r.age_min_s is None else f"at least {dur_text(r.age_min_s)}",
                          "-" if r.age_max_s is None else f"at most {dur_text(r.age_max_s)} ago",
@@ -265,7 +267,7 @@ class RequestsScreen(ModalScreen[None]):
             yield DataTable(id="req-table", cursor_type="row", zebra_stripes=False)
             yield Label("Recently finished (the vLLM request log)", id="req-done-title")
             yield DataTable(id="req-done", cursor_type="row")
-            yield Label("esc close · x stop the selected request · running at least: what the evidence proves · "
+            yield Label("esc close · x stop the selected request · in flight at least: what the evidence proves · "
                         "took ≤: at most (its end inferred)",
                         id="dialog-keys")
 
@@ -273,7 +275,7 @@ class RequestsScreen(ModalScreen[None]):
         from textual.widgets import DataTable
 
         t = self.query_one("#req-table", DataTable)
-        t.add_columns("server", "request id", "client", "running", "came", "max_tokens", "evidence", "note")
+        t.add_columns("server", "request id", "client", "in flight", "came", "max_tokens", "evidence", "note")
         d = self.query_one("#req-done", DataTable)
         d.add_columns("request id", "kind", "took", "ended by", "max_tokens", "note")
         self.refresh_rows()

@@ -106,6 +106,7 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
     s = mem.last if mem is not None else None
     running = s.running if s is not None else None
     waiting = s.waiting if s is not None else None
+    busy = None if running is None else running + (waiting or 0.0)
     logged = _logged(now, url, log)
     found: list[InFlightRequest] = []
     proven = _proven_log(url, mem, log, logged_since_start) if mem is not None else None
@@ -113,7 +114,8 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
         found += logged  # every end is logged: an open entry is in flight
     elif proven is not None:
         found.append(proven)
-    found += _connections(now, url, conns, waiting)
+    conn = _connections(now, url, conns, waiting)
+    found += [r for r in conn if r.answer_silent_s is None]
     bound = _metrics_bound(url, mem) if mem is not None else None
     if bound is not None:
         found.append(bound)
@@ -129,15 +131,18 @@ def requests_in_flight(now: float, url: str, mem: ServerMemory | None, *, log: L
     oldest = _named(found[0], logged, proven) if found and found[0].age_min_s is not None else None
     if oldest is not None and oldest is not found[0]:
         found[0] = oldest
-    busy = None if running is None else running + (waiting or 0.0)
     count = _count(busy, log, logged)
     found, oldest = _cap(found, oldest, busy)
+    # the answers gone silent are in flight too, set apart: the runaway rule reads the oldest of the rest
+    answering = oldest
+    silent = [r for r in conn if r.answer_silent_s is not None]
+    if silent:
+        found, oldest = _with_silent(found, oldest, silent, bound, logged, proven, busy)
     recent = None
     if log is not None and log.request_logging and not log.finishes_logged:
         recent = sum(1 for r in logged if r.age_max_s is not None and r.age_max_s <= RECENT_S)
     return ServerRequests(
-        server=url, at=now, requests=tuple(found), oldest=oldest if oldest is not None else None,
-        count=count, running=running, waiting=waiting,
+        server=url, at=now, requests=tuple(found), oldest=oldest, answering=answering, count=count, running=running, waiting=waiting,
         request_logging=None if log is None else log.request_logging,
         finishes_logged=bool(log is not None and log.finishes_logged), received_recent=recent,
         logged_open=len(logged), logged=tuple(logged), engine=engine)
@@ -150,6 +155,34 @@ def _cap(found: list[InFlightRequest], oldest: InFlightRequest | None,
         return found, oldest
     found = found[: max(0, int(busy))] if busy >= 1 else []
     return found, oldest if oldest in found else None
+
+
+def _with_silent(found: list[InFlightRequest], answering: InFlightRequest | None, silent: list[InFlightRequest],
+                 bound: InFlightRequest | None, logged: list[InFlightRequest], proven: InFlightRequest | None,
+                 busy: float | None) -> tuple[list[InFlightRequest], InFlightRequest | None]:
+    """The requests in flight and their oldest, with the connections whose answer went silent among them.
+    A silent one older than /metrics' bound stands for it, as any older request does. Where vLLM runs and
+    queues fewer than are listed, the silent ones go first (a client that stopped reading holds an answer
+    its engine may have finished: vLLM no longer counts it), so a silent answer never pushes out one that
+    streams. ``answering`` (the oldest of the rest) stays the oldest where no silent one is older."""
+    out = list(found)  # (in its order: each silent one goes before the first younger)
+    for r in sorted(silent, key=_age_key, reverse=True):
+        at = next((i for i, x in enumerate(out) if _age_key(x) < _age_key(r)), len(out))
+        out.insert(at, r)
+    if bound is not None and out[0] is not bound:
+        out = [r for r in out if r is not bound]
+    if busy is not None and len(out) > busy:
+        room = max(0, int(busy)) if busy >= 1 else 0
+        rest = [r for r in out if r.answer_silent_s is None]
+        keep = {id(r) for r in rest[:room]}
+        keep |= {id(r) for r in [r for r in out if r.answer_silent_s is not None][: max(0, room - len(keep))]}
+        out = [r for r in out if id(r) in keep]
+    if not out:
+        return out, None
+    if out[0].answer_silent_s is None:
+        return out, answering if answering is out[0] else None
+    out[0] = _named(out[0], logged, proven)
+    return out, out[0]
 
 
 def _age_key(r: InFlightRequest) -> tuple[float, float]:
@@ -231,23 +264,30 @@ def _generated_since(mem: ServerMemory) -> Callable[[float], float | None]:
 
 
 def _connections(now: float, url: str, conns: ConnTracker | None, waiting: float | None) -> list[InFlightRequest]:
-    """One request a connection: its answer streaming (it has run since it came), or not begun (in the
-    engine only while nothing waits: else it may be queued, and it counts as in flight from when it
-    came, at most)."""
+    """One request a connection: its answer streaming (it has run since it came), gone silent (it began,
+    so the engine took it: in flight since it came, not known decoding), or not begun (in the engine
+    only while nothing waits: else it may be queued, and it counts as in flight from when it came, at
+    most)."""
     if conns is None:
         return []
     out = []
     for c in conns.in_flight(now):
         age = max(0.0, now - c.since)
         sure = not c.pending or waiting == 0
+        quiet = None if c.silent_since is None else max(0.0, now - c.silent_since)
         out.append(InFlightRequest(url, (CONNECTION,), age if sure else None, age, c.since if sure else None,
-                                   client=c.remote, answer_pending=c.pending, answer_bytes=c.bytes_sent,
-                                   detail=_conn_detail(c, age, sure)))
+                                   client=c.remote, answer_pending=c.pending, answer_silent_s=quiet,
+                                   answer_bytes=c.bytes_sent, detail=_conn_detail(c, age, sure, quiet)))
     return out
 
 
-def _conn_detail(c: Any, age: float, sure: bool) -> str:
+def _conn_detail(c: Any, age: float, sure: bool, quiet: float | None = None) -> str:
     head = f"the kernel's TCP counters: the request that came {dur(age)} ago on the connection from {c.remote}"
+    if quiet is not None:
+        return (f"{head} began its answer and has sent no byte of it for {dur(quiet)}, its connection still open "
+                f"(the server closes a kept-alive one 5 s after its answer ends): its answer has not ended, so that "
+                f"request has been in flight {dur(age)}; a silent answer is no sign of decoding (a frozen engine, or "
+                f"a client that stopped reading)")
     if not c.pending:
         sent = f", {c.bytes_sent:,} bytes sent in the last {dur(c.seen_s)}" if c.bytes_sent else ""
         return (f"{head} is still streaming its answer{sent}; a connection carries one request at a time, so that "
@@ -325,7 +365,8 @@ def _named(top: InFlightRequest, logged: list[InFlightRequest], proven: InFlight
     return InFlightRequest(top.server, (top.evidence[0], LOG), top.age_min_s, pick.age_max_s, top.since,
                            request_id=pick.request_id, client=top.client, endpoint=pick.endpoint,
                            max_tokens=pick.max_tokens, client_set_max_tokens=pick.client_set_max_tokens,
-                           answer_pending=top.answer_pending, answer_bytes=top.answer_bytes, added=pick.added,
+                           answer_pending=top.answer_pending, answer_silent_s=top.answer_silent_s,
+                           answer_bytes=top.answer_bytes, added=pick.added,
                            temperature=pick.temperature, n=pick.n,
                            detail=_joined(top.detail, pick.detail if pick.request_id is None else None))
 

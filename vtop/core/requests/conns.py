@@ -20,7 +20,15 @@ arrival time agrees within :data:`SAME_REQUEST_S`) and either
   or decoding): the runaway rule takes one only while nothing waits (vtop/core/rules/runaway.py).
   Measured on loopback (Linux 6.x): a request sent and not answered reads ``last_sent_s`` 1.204,
   ``last_recv_s`` 1.200 and 28 bytes received; answered, 1.100 / 2.304; an accepted connection with
-  no data yet 0.504 / 0.504 and 0 bytes.
+  no data yet 0.504 / 0.504 and 0 bytes; or
+* its answer is *silent*: it began (data sent after the request came) and nothing was sent for
+  :data:`SILENT_S` or more while the connection stays open. The server closes a kept-alive
+  connection 5 s after its answer ended, so such an answer has not ended: its request is in flight,
+  as old as its arrival, but nothing says it decodes (a frozen engine sends nothing; nor does a
+  server whose client stopped reading, though its engine may have finished the answer). One read
+  says so (the kernel's times), as it does for :meth:`ConnTracker.silence`; the runaway rule never
+  takes a silent answer (vtop/core/requests/__init__.py keeps the oldest answer that is not silent
+  apart for it).
 """
 
 from __future__ import annotations
@@ -72,10 +80,13 @@ class Streaming:
     bytes_sent: int | None
     """Bytes acknowledged by the client since vtop first saw it (None without counters)."""
     others: int
-    """Other connections with a request in flight (streaming or pending) at the latest read."""
+    """Other connections with a request in flight (streaming, pending or silent) at the latest read."""
     pending: bool = False
     """No byte of the answer sent since the request came (a non-streamed completion: sent whole at
-    its end); False: the answer streams."""
+    its end); False: the answer streams, or is silent."""
+    silent_since: float | None = None
+    """An answer gone silent (begun, nothing sent for :data:`SILENT_S` or more, the connection open):
+    when its last byte was sent (monotonic, as the reads); None: not silent."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,8 @@ class Silence:
     oldest: float
     """The oldest silence (monotonic)."""
     pending: int
-    """Other connections with a request and no byte of its answer yet (a non-streamed completion)."""
+    """Other connections with a request of :data:`SILENT_S` or more and no byte of its answer yet (a
+    non-streamed completion)."""
     read_mono: float
     """The read that says so."""
 
@@ -115,8 +127,20 @@ class _Seen:
     recv_s: float | None = None
 
     @property
-    def in_flight(self) -> bool:
+    def answering(self) -> bool:
+        """Its answer streams, or has not begun (what the runaway rule may take, and fast reads follow)."""
         return self.streaming or self.pending
+
+    @property
+    def silent(self) -> bool:
+        """Its answer began (data sent after the request came) and nothing was sent for :data:`SILENT_S`
+        or more, the connection still open: an answer that has not ended (see :data:`SILENT_S`)."""
+        return (not self.streaming and self.sent_s is not None and self.recv_s is not None
+                and SILENT_S <= self.sent_s < self.recv_s)
+
+    @property
+    def in_flight(self) -> bool:
+        return self.answering or self.silent
 
 
 class ConnTracker:
@@ -181,9 +205,9 @@ class ConnTracker:
         self.last_mono = mono
 
     def in_flight(self, now: float) -> list[Streaming]:
-        """The requests in flight at the latest read (answers streaming, and answers pending: nothing
-        sent since the request came), oldest request first (empty when the latest read is older
-        than :data:`STALE_S` at ``now``)."""
+        """The requests in flight at the latest read (answers streaming, answers pending: nothing sent
+        since the request came, and answers gone silent), oldest request first (empty when the latest
+        read is older than :data:`STALE_S` at ``now``)."""
         if self.last_mono is None or now - self.last_mono > STALE_S:
             return []
         on = [(k, s) for k, s in self._conns.items() if s.in_flight]
@@ -191,8 +215,10 @@ class ConnTracker:
         out = []
         for (_local, remote), s in on:
             sent = s.acked - s.first_acked if s.acked is not None and s.first_acked is not None else None
+            silent = s.silent and s.sent_s is not None
             out.append(Streaming(remote, s.req_at, s.mono - s.req_at, s.mono - s.first_mono, sent, len(on) - 1,
-                                 pending=not s.streaming))
+                                 pending=s.pending and not s.streaming,
+                                 silent_since=s.mono - s.sent_s if silent and s.sent_s is not None else None))
         return out
 
     def silence(self, now: float) -> Silence | None:
@@ -209,21 +235,23 @@ class ConnTracker:
                 return None
             if s.sent_s is None or s.recv_s is None:
                 continue
+            if s.recv_s < SILENT_S:
+                # a request of the last seconds (a scrape, a health check: vtop's own /metrics read is
+                # caught between its request and its answer at one read in several): says nothing yet
+                continue
             if s.unanswered:
                 pending += 1
-            elif s.recv_s < SILENT_S:
-                continue  # a request of the last seconds (a scrape, a health check): says nothing yet
-            elif s.sent_s < s.recv_s:
-                if s.sent_s < SILENT_S:
-                    return None  # an answer to an older request sent a byte moments ago: not silent
+            elif s.silent:
                 silent.append(s.mono - s.sent_s)
+            elif s.sent_s < s.recv_s:
+                return None  # an answer to an older request sent a byte moments ago: not silent
         if not silent:
             return None
         return Silence(len(silent), max(silent), min(silent), pending, self.last_mono)
 
     def streaming(self, now: float) -> list[Streaming]:
         """The answers streaming at the latest read, oldest request first."""
-        return [x for x in self.in_flight(now) if not x.pending]
+        return [x for x in self.in_flight(now) if not x.pending and x.silent_since is None]
 
     def read_every(self) -> float:
         """Seconds until the next read should come: :data:`FAST_READ_S` while a request has been in
@@ -235,11 +263,12 @@ class ConnTracker:
                 continue
             looks = s.unanswered or (s.sent_s is not None and s.recv_s is not None
                                      and s.sent_s <= FLOWING_S and s.sent_s < s.recv_s)
-            if s.in_flight or looks:
+            if s.answering or looks:  # (a silent answer: nothing to follow closely)
                 return FAST_READ_S
         return READ_EVERY_S
 
-    def oldest(self, now: float, *, pending: bool = True) -> Streaming | None:
-        """The request in flight longest; ``pending=False``: of those whose answer streams."""
-        got = self.in_flight(now) if pending else self.streaming(now)
+    def oldest(self, now: float, *, pending: bool = True, silent: bool = True) -> Streaming | None:
+        """The request in flight longest; ``pending=False`` leaves out the answers not begun,
+        ``silent=False`` the answers gone silent."""
+        got = [x for x in self.in_flight(now) if (pending or not x.pending) and (silent or x.silent_since is None)]
         return got[0] if got else None

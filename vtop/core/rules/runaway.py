@@ -6,7 +6,11 @@ The rule reads one answer: the server's requests in flight (``mem.in_flight``, m
 :func:`vtop.core.requests.requests_in_flight`), whose oldest is the request every face names, with its
 age as a lower bound and what proves it (the request log with the ``max_tokens`` histogram, its
 connection's counters, or ``/metrics`` alone: the per-sample candidates, and the time requests ran
-against the finished ones' latencies, which holds under a closed loop of short requests). It decides
+against the finished ones' latencies, which holds under a closed loop of short requests). A request
+whose answer went silent (its connection open, no byte for 8 s: a frozen engine, or a client that
+stopped reading) is in flight but is no premise: the rule reads the oldest of the others
+(``answering``), calls it "the oldest still answering" where the silent one is older, and says so in
+a line of its own. It decides
 on that answer (:class:`Finding`), by either of two paths of evidence, and words the alert in one
 place (:func:`_alert`):
 
@@ -42,7 +46,7 @@ from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.util import LIVE, cap_suggestion, dur, engine_of, hist_count_at_least, num, plural, short_url
 from vtop.core.stats import fmean
-from vtop.model.requests import METRICS_BOUND, InFlightRequest, age_words
+from vtop.model.requests import METRICS_BOUND, InFlightRequest, age_words, silent_words
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import Sample, ServerState
@@ -89,8 +93,19 @@ def runaway(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState)
 
 
 def _oldest(mem: Memory, url: str) -> InFlightRequest | None:
+    """The oldest request in flight whose answer has not gone silent (a runaway decodes; a silent answer
+    is no sign of that: a frozen engine, or a client that stopped reading): the answer's ``answering``,
+    which is its ``oldest`` wherever no older answer is silent."""
     answer = mem.in_flight.get(url)
-    return answer.oldest if answer is not None else None
+    return answer.answering if answer is not None else None
+
+
+def _silent_older(mem: Memory, url: str) -> InFlightRequest | None:
+    """The oldest request in flight, where its answer went silent and the rule reads a younger one."""
+    answer = mem.in_flight.get(url)
+    if answer is None or answer.oldest is None or answer.oldest is answer.answering:
+        return None
+    return answer.oldest if answer.oldest.answer_silent_s is not None else None
 
 
 def _rate(st: ServerState, s: Sample, rising_s: float, *, fallback: bool = False) -> tuple[float, float] | None:
@@ -210,7 +225,11 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     short = short_url(url)
     o = f.oldest
     legit = f.path == "age" and o is not None and o.client_set_max_tokens is True
-    lines = _request_lines(o) + (_quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f))
+    silent = _silent_older(mem, url)
+    lines = _request_lines(o, silent is not None)
+    lines += _quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f)
+    if silent is not None:
+        lines.append(_silent_line(silent))
     lines += _mml_lines(v.max_model_len, f.rate, s.running)
     if f.path == "quiet":
         lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len)
@@ -224,10 +243,16 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     client = o.client if o is not None and f.path == "age" else None
     fix = _runaway_fixes(v.max_model_len, ev.request_logging_of(url) is False, client, engine_of(ev, url))
     sev = "critical" if (s.waiting or 0.0) > 0 else "warning"
-    return Alert("runaway", sev, _title(short, s, f), tuple(lines), tuple(fix), url, f.since)
+    return Alert("runaway", sev, _title(short, s, f, silent is not None), tuple(lines), tuple(fix), url, f.since)
 
 
-def _title(short: str, s: Sample, f: Finding) -> str:
+def _silent_line(r: InFlightRequest) -> str:
+    """The older request the rule set aside, in the words every face names it with."""
+    return (f"older, set aside: {r.name} in flight {age_words(r)}, {silent_words(r.answer_silent_s)} (a silent "
+            "answer is no sign of decoding: a frozen engine, or a client that stopped reading)")
+
+
+def _title(short: str, s: Sample, f: Finding, silent_older: bool = False) -> str:
     o = f.oldest
     w = f"{f.rate_window_s:.0f} s"
     n = s.running or 0.0
@@ -238,21 +263,24 @@ def _title(short: str, s: Sample, f: Finding) -> str:
         word = "in flight" if o.answer_pending else "running"
         return f"Runaway decode on {short}: a request {word} {age_words(o)}, {f.rate:,.0f} tok/s over {w}{tail}"
     if o is not None and o.age_min_s is not None:
-        return (f"Runaway decode on {short}: {plural(n, 'request')} running, the oldest {age_words(o)}, "
+        oldest = "the oldest still answering" if silent_older else "the oldest"
+        return (f"Runaway decode on {short}: {plural(n, 'request')} running, {oldest} {age_words(o)}, "
                 f"{f.rate:,.0f} tok/s over {w}, nothing finished for {dur(f.quiet_s or 0.0)}")
     return (f"Runaway decode on {short}: {plural(n, 'request')} running, {f.rate:,.0f} tok/s over {w}, "
             f"nothing finished for {dur(f.quiet_s or 0.0)}")
 
 
-def _request_lines(o: InFlightRequest | None) -> list[str]:
-    """Who the oldest request is: its id or client, whether its client set max_tokens, its age."""
+def _request_lines(o: InFlightRequest | None, silent_older: bool = False) -> list[str]:
+    """Who the oldest request is (``silent_older``: the oldest still answering, an older one's answer
+    silent): its id or client, whether its client set max_tokens, its age."""
     if o is None or (o.request_id is None and o.client is None):
         return []
     if o.no_client_max_tokens:
         return [f"request {o.name}: the client sent no max_tokens, vLLM filled in {num(o.max_tokens)}; running "
                 f"{age_words(o, upper=True)}"]
     if o.max_tokens is not None:
-        return [f"oldest in-flight request {o.name}: max_tokens {num(o.max_tokens)} set by the client, running "
+        which = "oldest request still answering" if silent_older else "oldest in-flight request"
+        return [f"{which} {o.name}: max_tokens {num(o.max_tokens)} set by the client, running "
                 f"{age_words(o, upper=True)}"]
     return []
 

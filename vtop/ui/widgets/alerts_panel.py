@@ -25,7 +25,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from vtop.model.requests import ServerRequests, age_words, dur_text
+from vtop.model.requests import ServerRequests, age_words, dur_text, silent_words, state_word
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -183,7 +183,7 @@ class RequestsLine(Static):
                          else f" ({answer.running:,.0f} run, {answer.waiting or 0:,.0f} wait)")
             parts = [head]
             if o is not None:
-                state = "in flight" if o.answer_pending else "running"
+                state = state_word(o.answer_pending, o.answer_silent_s)
                 name = o.short_name  # a request id cut at the narrowest; a client's address kept whole
                 if level >= 2 and o.request_id and len(name) > 14:
                     name = name[:13] + "…"
@@ -194,6 +194,9 @@ class RequestsLine(Static):
                     age = "≥" + dur_text(o.age_min_s)  # the same lower bound, as a sign
                 oldest = (f"oldest {name} {state} {age}" if level == 0 else f"oldest {name} {age}" if level < 3
                           else f"oldest {age}")
+                if o.answer_silent_s is not None:  # not running: said at every width
+                    oldest += (", " + silent_words(o.answer_silent_s) if level < 2
+                               else f", silent {dur_text(o.answer_silent_s)}")
                 if o.max_tokens is not None:
                     oldest += f", max_tokens {o.max_tokens:,}"
                 if o.no_client_max_tokens:
