@@ -210,7 +210,8 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     short = short_url(url)
     o = f.oldest
     legit = f.path == "age" and o is not None and o.client_set_max_tokens is True
-    lines = _request_lines(o) + (_quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f))
+    lines = _request_lines(o, engine_of(ev, url)) + (_quiet_lines(ev, st, s, f) if f.path == "quiet" else
+                                                      _age_lines(s, f))
     lines += _mml_lines(v.max_model_len, f.rate, s.running)
     if f.path == "quiet":
         lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len)
@@ -244,13 +245,18 @@ def _title(short: str, s: Sample, f: Finding) -> str:
             f"nothing finished for {dur(f.quiet_s or 0.0)}")
 
 
-def _request_lines(o: InFlightRequest | None) -> list[str]:
-    """Who the oldest request is: its id or client, whether its client set max_tokens, its age."""
+def _request_lines(o: InFlightRequest | None, engine: str | None = None) -> list[str]:
+    """Who the oldest request is: its id or client, whether its client set max_tokens, its age. Where the
+    engine filled a cap in, its value; where the log says the client set none and shows no value filled in
+    (:attr:`vtop.core.requests.events.RequestEvent.max_tokens_omitted`), the engine's words for how far it may
+    run (:data:`vtop.core.engines.ENGINE_FLAGS`)."""
     if o is None or (o.request_id is None and o.client is None):
         return []
     if o.no_client_max_tokens:
-        return [f"request {o.name}: the client sent no max_tokens, vLLM filled in {num(o.max_tokens)}; running "
-                f"{age_words(o, upper=True)}"]
+        fl = flags_of(engine)
+        cap = (f"{fl['name']} filled in {num(o.max_tokens)}" if o.max_tokens is not None else
+               f"{fl['name']} lets it run to the context length ({fl['len']}) less its prompt")
+        return [f"request {o.name}: the client sent no max_tokens, {cap}; running {age_words(o, upper=True)}"]
     if o.max_tokens is not None:
         return [f"oldest in-flight request {o.name}: max_tokens {num(o.max_tokens)} set by the client, running "
                 f"{age_words(o, upper=True)}"]
