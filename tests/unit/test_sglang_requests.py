@@ -321,3 +321,16 @@ def test_no_prompt_reaches_any_output(replayed: tuple[dict[str, object], str], t
     assert "7777777777777777777777777777777f" in kept and not any(s in kept for s in SECRETS)
     shown = [fmt_line(LogLine(100.0, None, None, ln.rstrip("\n"), None)) for ln in lines()]
     assert not any(s in x for x in shown for s in SECRETS)
+
+
+def test_every_cut_of_every_line_keeps_the_prompt_out_and_never_raises() -> None:
+    """A line cut anywhere (vtop's line limit, a log read mid-write): nothing from the cut's field on is shown,
+    and neither the parser nor the redaction raises."""
+    for ln in lines():
+        body = ln.rstrip("\n")
+        for at in range(0, len(body), 37):
+            cut = body[:at] + " …"
+            red = redact_prompts(cut)
+            assert "HUNT" not in red and "secret" not in red and "2, 4, 6" not in red, (at, red)
+            parse_request_line(cut, year=2026)
+            parse_request_line(red, year=2026)
