@@ -258,6 +258,48 @@ async def h100() -> None:
     await h100_starts(H100_STARTS[1], (80, 24))
 
 
+#: two real vLLM servers on one H200 (issue 39; ``python -m tools.make_screenshots two``): the screen while the
+#: runaway on :8000 and the stopped EngineCore of :8001 are both named, and the process view (P)
+TWO_SERVERS_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h200-two-servers" / "rec.jsonl.gz"
+TWO_SERVERS = ("two-servers-h200.svg", "two-servers-h200-80x24.svg", "two-servers-h200-processes.svg")
+
+
+async def two_servers(name: str, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
+    """vtop's own recording of two vLLM 0.26.0 servers on one H200 (tools/device/h200_two_servers.sh), replayed
+    to one second after the first poll at which a runaway alert and a stall alert are both up."""
+    from vtop.ui.replay import replay_app
+
+    app = replay_app(str(TWO_SERVERS_REC), config=Config(), name="h200-two-servers")
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+
+        def both() -> bool:
+            rules = {a.rule for a in app.monitor.alerts}
+            return "runaway" in rules and bool(rules & {"engine_stall", "stall"})
+
+        while d.pos < d.end and not both():
+            d.seek(d.pos + 0.5)
+        d.seek(d.pos + 1.0)
+        await pilot.pause()
+        for k in keys:
+            await pilot.press(k)
+            await pilot.pause(0.3)
+        app.save_screenshot(str(OUT / name))
+    print("wrote", OUT / name)
+
+
+async def two() -> None:
+    if not TWO_SERVERS_REC.exists():
+        print("no", TWO_SERVERS_REC, "(made on the H200 by tools/device/h200_two_servers.sh): skipped")
+        return
+    await two_servers(TWO_SERVERS[0], (120, 40))
+    await two_servers(TWO_SERVERS[1], (80, 24))
+    await two_servers(TWO_SERVERS[2], (120, 40), keys=("P",))
+
+
 #: what main() writes: tests/unit/test_screenshots_current.py checks each against the live app
 MADE = (
     "demo-h200-startup-cuda-graphs.svg", "demo-h200-burst.svg", "demo-h200-runaway-alert.svg",
@@ -335,6 +377,7 @@ async def main() -> None:
     # before it from the log's stats lines; then the log's timeline (h) of a server restarted in place
     await late_look()
     await h100()
+    await two()
     tmux_captures()
     await fleet()
 
@@ -379,6 +422,8 @@ if __name__ == "__main__":
         asyncio.run(fleet())
     elif sys.argv[1:] == ["h100"]:  # only the H100 starts' startup panel (issue 40)
         asyncio.run(h100())
+    elif sys.argv[1:] == ["two"]:  # only the two servers on one H200 (issue 39)
+        asyncio.run(two())
     elif sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
         async def _signals() -> None:
             await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))

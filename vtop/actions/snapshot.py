@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import vtop
-from vtop.model.redact import PY_STR_REPR, redact_argv, scrub_secrets
+from vtop.model.redact import PY_STR_REPR, redact_argv, redact_prompts, scrub_secrets
 from vtop.sources.discovery import ServerProcess
 
 __all__ = [
@@ -166,10 +166,17 @@ _RULES: tuple[tuple[re.Pattern[bytes], bytes], ...] = (
     # 0.15+ DEBUG: "Request X JSON body: {...}" (the whole body: messages, prompt...)
     (re.compile(rb"(\bRequest \S+ JSON body: )[^\n\r]*"), rb"\1" + REDACTED.encode()),
 )
+# SGLang's request log (--log-requests): "Receive: obj=GenerateReqInput(... text='...', input_ids=[...] ...)",
+# "Finish: obj=..., out={'text': ..., 'output_ids': ..., 'meta_info': ...}", "Receive OpenAI: obj={...}", the
+# JSON format's '{"timestamp": ..., "event": "request.received", ...}' and the old "in=..., out=...": a grammar
+# of nested reprs, not one regex; these lines go through the one redaction every face uses (redact_prompts).
+_SGL_MARKERS = (b"Receive: obj=", b"Finish: obj=", b"Receive OpenAI: obj=", b"] in=", b'"event": "request.')
 # Literal markers: only lines holding one of these go through the regexes (bytes.find is
 # memchr-fast; a regex scan of every line would cost ~0.1 s per MB, minutes for a 2 GB log).
-_MARKERS = (b"prompt: ", b"prompt_token_ids: ", b"Generated response ", b"output_token_ids: ", b" JSON body: ")
-_OVERLONG_MARKER_RE = re.compile(rb"prompt: |prompt_token_ids: |Generated response |output_token_ids: | JSON body: ")
+_MARKERS = (b"prompt: ", b"prompt_token_ids: ", b"Generated response ", b"output_token_ids: ", b" JSON body: ",
+            *_SGL_MARKERS)
+_OVERLONG_MARKER_RE = re.compile(rb"prompt: |prompt_token_ids: |Generated response |output_token_ids: | JSON body: "
+                                 rb"|Receive: obj=|Finish: obj=|Receive OpenAI: obj=|\] in=|\"event\": \"request\.")
 
 
 def redact_request_line(line: str) -> str:
@@ -179,6 +186,10 @@ def redact_request_line(line: str) -> str:
 
 
 def _redact_line(line: bytes) -> tuple[bytes, int]:
+    if any(m in line for m in _SGL_MARKERS):
+        text = line.decode("utf-8", "surrogateescape")
+        red = redact_prompts(text)
+        return (line, 0) if red == text else (red.encode("utf-8", "surrogateescape"), 1)
     total = 0
     for rx, repl in _RULES:
         line, n = rx.subn(repl, line)

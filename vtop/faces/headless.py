@@ -799,7 +799,7 @@ def requests_text(rep: Report) -> list[str]:
             continue
         line = f"requests on {s['url']}: {'?' if n is None else n} in flight"
         if recent is not None:
-            line += f" · {recent} received in the last 10 s (the request log; it logs no end lines)"
+            line += f" · {recent} received in the last 10 s (the request log; it logs no end line for every request)"
         out.append(line)
         if o is not None:
             out.append(f"  oldest: {request_words(o)}")

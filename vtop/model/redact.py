@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
+
+from vtop.model.pyrepr import entries
 
 #: A Python ``repr()`` of a ``str`` (vLLM logs prompts and outputs with ``%r``):
 #: ``'…'`` or ``"…"`` with backslash escapes and never a raw newline. Shared with
@@ -43,6 +46,8 @@ def redact_prompts(line: str) -> str:
     loses everything after ``prompt: ``. Other lines come back unchanged.
     """
     if "prompt: " not in line and " JSON body: " not in line:
+        if "obj=" in line or "] in=" in line or '"event": "request.' in line:
+            return _redact_sglang(line)
         return line
     body = line.rstrip("\r\n")
     ending = line[len(body) :]
@@ -71,6 +76,163 @@ def redact_prompts(line: str) -> str:
             rest = body[b.end() :]
             out = body[: b.end()] + f"<redacted {len(rest)} chars>"
     return out + ending
+
+
+# --------------------------------------------------------------------------- SGLang's request log
+# SGLang 0.5.17 (``python/sglang/srt/utils/request_logger.py``, ``RequestLogger.log_received_request``,
+# ``log_openai_received_request``, ``log_finished_request``) logs, with ``--log-requests`` (the record format
+# ``[%(asctime)s] %(message)s``):
+#   ``Receive: obj=GenerateReqInput(rid='…', …, text='…', input_ids=[…], …, sampling_params={…}, …)[, headers={…}]``
+#   ``Finish: obj=GenerateReqInput(…)[, headers={…}], out={'text': '…', 'output_ids': […], 'meta_info': {…}}``
+#   ``Receive OpenAI: obj={'messages': […], …}`` (``--log-requests-level`` 2 and 3: the OpenAI request as sent)
+# and with ``--log-requests-format json`` one JSON object a line (``log_json``: ``{"timestamp": …, "event":
+# "request.received" | "request.finished" | "request.received.openai", "rid": …, "obj": {…}, "out": {…}}``).
+# Before 0.4 (``TokenizerManager``) the finish line was ``in={obj or its text}, out={out}``. The level decides
+# what is in them (``RequestLogger._compute_metadata``): 0 and 1 leave out the inputs and outputs below (1 keeps
+# the sampling parameters), 2 (the default) cuts each string and list to 2048, 3 logs them whole. What is
+# blanked here is what SGLang's own levels 0/1 leave out as inputs and outputs (``skip_names``,
+# ``out_skip_names``), the prompt's token ids ``out`` carries on request, and every list in ``meta_info``
+# (the logprobs, which carry the tokens' text, hidden states): whatever the level, nothing of the prompt or the
+# answer is left, and the metadata vtop reads (``rid``, ``sampling_params``, ``finish_reason``, the token
+# counts) stays. Where a line breaks off (cut, or not in this grammar) everything from there is blanked.
+#: the request's inputs (``GenerateReqInput`` / ``EmbeddingReqInput`` fields)
+SGL_INPUT_FIELDS = frozenset({"text", "input_ids", "input_embeds", "image_data", "audio_data", "video_data",
+                              "mm_data_mooncake"})
+#: the answer's parts in ``out``
+SGL_OUTPUT_KEYS = frozenset({"text", "output_ids", "embedding", "prompt_token_ids", "pooled_hidden_state"})
+_SGL_OBJ_AT_RE = re.compile(r"\] (?:Receive|Finish): obj=\w+\(")
+_SGL_OPENAI_AT_RE = re.compile(r"\] Receive OpenAI: obj=")
+_SGL_OLD_AT_RE = re.compile(r"\] in=")
+_SGL_JSON_AT_RE = re.compile(r"\] (?=\{\"timestamp\": .*\"event\": \"request\.)")
+
+
+class _Cut(Exception):
+    """The line breaks off (or leaves the grammar) at ``pos``: blank from there."""
+
+    def __init__(self, pos: int) -> None:
+        super().__init__(pos)
+        self.pos = pos
+
+
+def _redact_sglang(line: str) -> str:
+    body = line.rstrip("\r\n")
+    ending = line[len(body) :]
+    cut = body.endswith(_CUT_MARK)
+    if cut:
+        body = body[: -len(_CUT_MARK)]
+    m = _SGL_OBJ_AT_RE.search(body)
+    repl: list[tuple[int, int, str]] = []
+    try:
+        if m is not None:
+            _sgl_obj(body, m.end(), repl)
+        elif (o := _SGL_OPENAI_AT_RE.search(body) or _SGL_OLD_AT_RE.search(body)) is not None:
+            raise _Cut(o.end())  # the OpenAI request as sent (its messages), or an old line's text: all of it
+        elif (j := _SGL_JSON_AT_RE.search(body)) is not None:
+            return _sgl_json(body, j.end(), cut) + ending
+        else:
+            return line
+    except _Cut as c:
+        repl = [r for r in repl if r[1] <= c.pos]
+        repl.append((c.pos, len(body), f"<redacted {len(body) - c.pos} chars>" + (_CUT_MARK if cut else "")))
+        cut = False
+    out = body
+    for a, b, text in sorted(repl, reverse=True):
+        out = out[:a] + text + out[b:]
+    return out + (_CUT_MARK if cut else "") + ending
+
+
+def _blank(repl: list[tuple[int, int, str]], s: str, a: int, b: int, ids: bool) -> None:
+    """Blank ``s[a:b]`` (a value; ``None`` stays: nothing was sent)."""
+    v = s[a:b]
+    if v == "None":
+        return
+    if PY_STR_RE.fullmatch(v):
+        text = f"<redacted {repr_len(v)} chars>"
+    elif ids and v.startswith("["):
+        text = f"<redacted {len(re.findall(r'-?[0-9]+', v))} ids>"
+    else:  # a cut string ('head' ... 'tail'), a batch's list, any other value: its size in the log
+        text = f"<redacted {b - a} chars logged>"
+    repl.append((a, b, text))
+
+
+def _sgl_obj(s: str, at: int, repl: list[tuple[int, int, str]]) -> None:
+    """``Name(fields)`` from ``at`` (after the bracket), then ``, headers={…}, out={…}`` to the end."""
+    ents, close = entries(s, at, keyed=False)
+    for name, a, b in ents:
+        if b < 0:
+            raise _Cut(a)
+        if name in SGL_INPUT_FIELDS:
+            _blank(repl, s, a, b, name.endswith("_ids"))
+    if close < 0 or s[close] != ")":
+        raise _Cut(ents[-1][2] if ents else at)
+    rest = close + 1
+    if rest == len(s):
+        return
+    if not s.startswith(", ", rest):
+        raise _Cut(rest)
+    tail, end = entries(s, rest + 2, keyed=False, end_ok=True)
+    for name, a, b in tail:
+        if b < 0:
+            raise _Cut(a)
+        if name == "out":
+            _sgl_out(s, a, b, repl)
+        elif name != "headers":  # only the whitelisted routing headers are logged
+            _blank(repl, s, a, b, False)
+    if end != len(s):
+        raise _Cut(tail[-1][2] if tail else rest)
+
+
+def _sgl_out(s: str, a: int, b: int, repl: list[tuple[int, int, str]]) -> None:
+    if not s.startswith("{", a):
+        _blank(repl, s, a, b, False)
+        return
+    ents, close = entries(s, a + 1, keyed=True)
+    for key, va, vb in ents:
+        if vb < 0:
+            raise _Cut(va)
+        if key in SGL_OUTPUT_KEYS:
+            _blank(repl, s, va, vb, key.endswith("_ids"))
+        elif key == "meta_info" and s.startswith("{", va):
+            meta, mclose = entries(s, va + 1, keyed=True)
+            for mk, ma, mb in meta:
+                if mb < 0:
+                    raise _Cut(ma)
+                if s[ma] in "[(" or "logprob" in mk or "hidden_state" in mk:
+                    _blank(repl, s, ma, mb, False)
+            if mclose < 0:
+                raise _Cut(meta[-1][2] if meta else va + 1)
+    if close < 0 or close + 1 != b:
+        raise _Cut(ents[-1][2] if ents else a + 1)
+
+
+def _sgl_json(body: str, at: int, cut: bool) -> str:
+    """A ``--log-requests-format json`` line: its inputs and outputs blanked, the rest written back."""
+    try:
+        d = json.loads(body[at:]) if not cut else None
+    except ValueError:
+        d = None
+    if not isinstance(d, dict):  # cut short: keep what comes before the request itself
+        o = body.find('"obj": ', at)
+        start = o + len('"obj": ') if o >= 0 else at
+        return body[:start] + f"<redacted {len(body) - start} chars>" + (_CUT_MARK if cut else "")
+    def blank(dd: dict[str, object], keys: Iterable[str]) -> None:
+        for k in keys:
+            if dd.get(k) is not None:
+                v = dd[k]
+                dd[k] = f"<redacted {len(v) if isinstance(v, str) else len(json.dumps(v))} chars>"
+
+    obj = d.get("obj")
+    if str(d.get("event")) == "request.received.openai":
+        blank(d, ("obj",))
+    elif isinstance(obj, dict):
+        blank(obj, SGL_INPUT_FIELDS & obj.keys())
+    out = d.get("out")
+    if isinstance(out, dict):
+        blank(out, SGL_OUTPUT_KEYS & out.keys())
+        meta = out.get("meta_info")
+        if isinstance(meta, dict):
+            blank(meta, [k for k, v in meta.items() if isinstance(v, list) or "logprob" in k or "hidden_state" in k])
+    return body[:at] + json.dumps(d, ensure_ascii=False)
 
 
 def _redact_ids(m: re.Match[str]) -> str:

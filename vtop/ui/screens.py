@@ -320,7 +320,8 @@ class RequestsScreen(ModalScreen[None]):
                 line += " · the request log has end lines: its ages are exact"
             else:
                 line += (f" · {a.received_recent} received in the last 10 s by the request log (it logs no end "
-                         "lines: an entry may have ended unseen, only those proven still running are listed)")
+                         "line for every request: an entry may have ended unseen, only those proven still running "
+                         "are listed)")
             out.append(line)
         return "\n".join(out) or "No server watched."
 

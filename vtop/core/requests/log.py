@@ -1,4 +1,5 @@
-"""In-flight requests, read from vLLM's request log. Pure logic: no I/O, no Textual.
+"""In-flight requests, read from the engine's request log (vLLM's here; SGLang's lines through
+:data:`REQUEST_LOGS`, parsed in :mod:`vtop.core.requests.sglang_log`). Pure logic: no I/O, no Textual.
 
 :func:`parse_request_line` turns one log line into :class:`RequestEvent` values
 (none for the other lines), and :class:`RequestTracker`, fed every log line
@@ -58,10 +59,13 @@ import calendar
 import re
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vtop.core.loghistory import in_flight
 from vtop.core.phases.patterns import LogEvent, parse_line
+from vtop.core.requests import sglang_log
+from vtop.core.requests.events import RequestEvent
 from vtop.model.fmt import to_float as _to_float
 from vtop.model.fmt import to_int as _to_int
 from vtop.model.logtext import BANNER_RES
@@ -70,6 +74,7 @@ from vtop.model.redact import PY_STR_RE, PY_STR_REPR, redact_prompts, repr_len
 __all__ = [
     "NEVER_ADDED",
     "PY_STR_REPR",
+    "REQUEST_LOGS",
     "RUNNING_FELL_TO_ZERO",
     "FinishedRequest",
     "InFlight",
@@ -80,8 +85,9 @@ __all__ = [
     "redact_prompts",
 ]
 
-# Only lines holding one of these go through parse_line and the message regexes.
-_MARKERS = ("Received request ", "Added request ", "Finished request ", "Aborted request", "Generated response ")
+# Only lines holding one of these go through the message regexes (vLLM's, then every other engine's).
+_VLLM_MARKERS = ("Received request ", "Added request ", "Finished request ", "Aborted request", "Generated response ")
+_MARKERS = _VLLM_MARKERS + sglang_log.MARKERS
 
 _RECEIVED_RE = re.compile(r"Received request (?P<id>\S+?): (?P<rest>(?:prompt|params): .*)$", re.S)
 _ADDED_RE = re.compile(r"Added request (?P<id>\S+?)\.?\s*$")
@@ -119,31 +125,6 @@ MAX_ARRIVALS = 200_000
 
 
 # --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class RequestEvent:
-    """What one request-log line says about one request.
-
-    ``kind`` is ``"received"``, ``"added"``, ``"finished"`` (V0 ``Finished
-    request``, or a non-delta ``Generated response``), ``"aborted"``, or
-    ``"delta"`` (a ``Generated response … (streaming delta)`` line: the request
-    is producing output, it has not ended).
-    """
-
-    kind: str
-    request_id: str
-    log_t: float | None
-    endpoint: str | None
-    max_tokens: int | None
-    temperature: float | None
-    n: int | None
-    finish_reason: str | None
-    prompt_chars: int | None
-    #: Tokens in the logged ``prompt_token_ids`` list (≤0.11 Received lines), when complete.
-    prompt_tokens: int | None = None
-    #: True for a ``Generated response`` line (``--enable-log-outputs``), False for V0's ``Finished request``.
-    output_logged: bool = False
 
 
 def endpoint_of(request_id: str, params_cls: str | None = None) -> str | None:
@@ -215,8 +196,8 @@ def _received(rid: str, rest: str, log_t: float | None) -> RequestEvent:
     )
 
 
-def _events_from(message: str, log_t: float | None) -> list[RequestEvent]:
-    """The events of one record's message part (prefix already removed)."""
+def _vllm_events(message: str, log_t: float | None) -> list[RequestEvent]:
+    """The events of one vLLM record's message part (prefix already removed)."""
     head = message[:20]
     if head.startswith("Received request "):
         m = _RECEIVED_RE.match(message)
@@ -256,12 +237,29 @@ def _events_from(message: str, log_t: float | None) -> list[RequestEvent]:
     return []
 
 
+#: Each engine's request log, by the engine of the line's record format (:attr:`LogEvent.engine
+#: <vtop.core.phases.patterns.LogEvent.engine>`; None: vLLM's): its parser (a record's message and stamp to
+#: events), and whether its end lines prove every end is logged (then an open entry is in flight and its age
+#: exact): vLLM V0's ``Finished request`` comes with ``Aborted request`` lines (V1's ``Generated response`` is
+#: per endpoint: :attr:`RequestEvent.output_logged`); SGLang's ``Finish`` lines do not (a client's disconnect
+#: ends a request with no line, :mod:`vtop.core.requests.sglang_log`).
+REQUEST_LOGS: dict[str | None, tuple[Callable[[str, float | None], list[RequestEvent]], bool]] = {
+    None: (_vllm_events, True),
+    "sglang": (sglang_log.events_from, sglang_log.ENDS_EXACT),
+}
+
+
+def _events_from(engine: str | None, message: str, log_t: float | None) -> list[RequestEvent]:
+    got = REQUEST_LOGS.get(engine)
+    return got[0](message, log_t) if got is not None else []
+
+
 def _has_marker(line: str) -> bool:
     return any(mk in line for mk in _MARKERS)
 
 
 def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEvent]:
-    """The request events of one log line (any vLLM version): ``[]`` for every other line.
+    """The request events of one log line (any vLLM version, SGLang's): ``[]`` for every other line.
 
     An abort line can name several requests. ``year`` dates the stamp (default:
     this year). Never raises.
@@ -272,7 +270,7 @@ def parse_request_line(line: str, *, year: int | None = None) -> list[RequestEve
     if ev.kind != "record":
         return []
     y = year if year is not None else time.localtime().tm_year
-    return _events_from(ev.message, _stamp_seconds(ev.stamp, y))
+    return _events_from(ev.engine, ev.message, _stamp_seconds(ev.stamp, y))
 
 
 # --------------------------------------------------------------------------- redaction
@@ -322,6 +320,8 @@ class FinishedRequest:
     temperature: float | None
     n: int | None
     no_client_max_tokens: bool
+    #: tokens it generated, where its end line says (SGLang's ``completion_tokens``)
+    completion_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -338,6 +338,8 @@ class _Entry:
     prompt_tokens: int | None = None
     added: bool = False
     alias: str | None = None  # the internal id (API id + "-xxxxxxxx") its Added line used
+    omitted: bool = False  # its sampling parameters set no cap (RequestEvent.max_tokens_omitted)
+    samples_done: int = 0  # samples of an n > 1 request that ended (RequestEvent.child_of)
 
 
 class RequestTracker:
@@ -408,7 +410,7 @@ class RequestTracker:
             self._stats_line(ev, arrival)
         if not marked or ev.kind != "record":
             return []
-        events = _events_from(ev.message, log_t)
+        events = _events_from(ev.engine, ev.message, log_t)
         for e in events:
             self._apply(e, arrival)
         return events
@@ -564,6 +566,8 @@ class RequestTracker:
         return self._v0_finish_seen or e.endpoint in self._output_endpoints
 
     def _no_client(self, e: _Entry) -> bool:
+        if e.omitted:
+            return True  # the log says so (SGLang's max_new_tokens None), whatever max_model_len is
         mml = self._max_model_len
         if mml is None or e.max_tokens is None:
             return False
@@ -620,6 +624,7 @@ class RequestTracker:
             e.n = ev.n if ev.n is not None else e.n
             e.prompt_chars = ev.prompt_chars if ev.prompt_chars is not None else e.prompt_chars
             e.prompt_tokens = ev.prompt_tokens if ev.prompt_tokens is not None else e.prompt_tokens
+            e.omitted = e.omitted or ev.max_tokens_omitted
             if ev.endpoint is not None:
                 e.endpoint = ev.endpoint
             if self._arrived is not None:
@@ -646,18 +651,30 @@ class RequestTracker:
         elif kind == "finished":
             if ev.output_logged:
                 self._output_endpoints.add(ev.endpoint)
-            else:
+            elif REQUEST_LOGS.get(ev.engine, (None, False))[1]:
                 self._v0_finish_seen = True
-            key = self._resolve(ev.request_id)
+            key = self._resolve(ev.child_of) if ev.child_of is not None else None
             if key is not None:
-                self._retire(key, ev.finish_reason or "finished", arrival, upper_bound=False, end_log_t=ev.log_t)
+                e = self._inflight[key]
+                if ev.completion_tokens != 0:  # 0: SGLang's prefill-only copy of an n > 1 prompt, no sample
+                    e.samples_done += 1
+                if e.samples_done < max(1, e.n or 1):
+                    return  # more samples to come
+            else:
+                key = self._resolve(ev.request_id)
+            if key is not None:
+                self._retire(key, ev.finish_reason or "finished", arrival, upper_bound=False, end_log_t=ev.log_t,
+                             tokens=ev.completion_tokens)
         elif kind == "aborted":
-            key = self._resolve(ev.request_id)
+            key = self._resolve(ev.child_of) if ev.child_of is not None else None
+            key = key if key is not None else self._resolve(ev.request_id)
             if key is not None:
-                self._retire(key, "aborted", arrival, upper_bound=False, end_log_t=ev.log_t)
+                self._retire(key, "aborted", arrival, upper_bound=False, end_log_t=ev.log_t,
+                             tokens=ev.completion_tokens)
 
     def _retire(
-        self, key: str, reason: str, ended: float, *, upper_bound: bool, end_log_t: float | None = None
+        self, key: str, reason: str, ended: float, *, upper_bound: bool, end_log_t: float | None = None,
+        tokens: int | None = None,
     ) -> None:
         e = self._inflight.pop(key, None)
         if e is None:
@@ -687,6 +704,7 @@ class RequestTracker:
                 e.temperature,
                 e.n,
                 self._no_client(e),
+                tokens,
             )
         )
 

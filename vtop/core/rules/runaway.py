@@ -226,7 +226,7 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     o = f.oldest
     legit = f.path == "age" and o is not None and o.client_set_max_tokens is True
     silent = _silent_older(mem, url)
-    lines = _request_lines(o, silent is not None)
+    lines = _request_lines(o, engine_of(ev, url), silent is not None)
     lines += _quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f)
     if silent is not None:
         lines.append(_silent_line(silent))
@@ -270,14 +270,19 @@ def _title(short: str, s: Sample, f: Finding, silent_older: bool = False) -> str
             f"nothing finished for {dur(f.quiet_s or 0.0)}")
 
 
-def _request_lines(o: InFlightRequest | None, silent_older: bool = False) -> list[str]:
+def _request_lines(o: InFlightRequest | None, engine: str | None = None, silent_older: bool = False) -> list[str]:
     """Who the oldest request is (``silent_older``: the oldest still answering, an older one's answer
-    silent): its id or client, whether its client set max_tokens, its age."""
+    silent): its id or client, whether its client set max_tokens, its age. Where the engine filled a cap
+    in, its value; where the log says the client set none and shows no value filled in
+    (:attr:`vtop.core.requests.events.RequestEvent.max_tokens_omitted`), the engine's words for how far it
+    may run (:data:`vtop.core.engines.ENGINE_FLAGS`)."""
     if o is None or (o.request_id is None and o.client is None):
         return []
     if o.no_client_max_tokens:
-        return [f"request {o.name}: the client sent no max_tokens, vLLM filled in {num(o.max_tokens)}; running "
-                f"{age_words(o, upper=True)}"]
+        fl = flags_of(engine)
+        cap = (f"{fl['name']} filled in {num(o.max_tokens)}" if o.max_tokens is not None else
+               f"{fl['name']} lets it run to the context length ({fl['len']}) less its prompt")
+        return [f"request {o.name}: the client sent no max_tokens, {cap}; running {age_words(o, upper=True)}"]
     if o.max_tokens is not None:
         which = "oldest request still answering" if silent_older else "oldest in-flight request"
         return [f"{which} {o.name}: max_tokens {num(o.max_tokens)} set by the client, running "

@@ -48,6 +48,7 @@ from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, engine_of, short_url
 from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
+from vtop.model.redact import redact_prompts
 
 if TYPE_CHECKING:
     from vtop.core.membudget import MemoryBudget
@@ -244,7 +245,7 @@ def _log_lines(snap: StartupSnapshot | None, stall: StallInfo) -> list[str]:
     if pv is not None and pv.progress:
         ev.append("progress: " + ", ".join(f"{p.label} {p.n}/{p.total}" for p in pv.progress))
     if stall.last_line:
-        ev.append(f"last line: {stall.last_line.strip()[:200]}")
+        ev.append(f"last line: {redact_prompts(stall.last_line).strip()[:200]}")
     if snap is not None and snap.facts.shm_broadcast_waits:
         ev.append(f"{snap.facts.shm_broadcast_waits} 'No available shared memory broadcast block' message(s): "
                   "a worker is not answering")
