@@ -96,7 +96,9 @@ def test_a_connection_is_named_by_the_logged_request_that_came_with_it() -> None
     o = a.oldest
     assert o is not None and o.evidence == (CONNECTION, LOG) and o.client == "127.0.0.1:50400"
     assert o.request_id == "chatcmpl-long" and o.max_tokens == 6000 and o.client_set_max_tokens is True
-    assert o.age_min_s == 50.0
+    # the log's line came 49.5 s ago, half a second after the kernel saw the request: "at most" is never under
+    # "at least" (one request, one age range)
+    assert o.age_min_s == 50.0 and o.age_max_s == 50.0
 
 
 def _conn_with(sent_since_first: int) -> ConnTracker:

@@ -322,7 +322,9 @@ def _named(top: InFlightRequest, logged: list[InFlightRequest], proven: InFlight
     pick = _same_arrival(top, logged) if top.evidence == (CONNECTION,) else _before(top, logged, proven)
     if pick is None:
         return top
-    return InFlightRequest(top.server, (top.evidence[0], LOG), top.age_min_s, pick.age_max_s, top.since,
+    # the log's line may be read up to LOG_LAG_S after the request came: its "at most" never under the "at least"
+    age_max = None if pick.age_max_s is None else max(pick.age_max_s, top.age_min_s)
+    return InFlightRequest(top.server, (top.evidence[0], LOG), top.age_min_s, age_max, top.since,
                            request_id=pick.request_id, client=top.client, endpoint=pick.endpoint,
                            max_tokens=pick.max_tokens, client_set_max_tokens=pick.client_set_max_tokens,
                            answer_pending=top.answer_pending, answer_bytes=top.answer_bytes, added=pick.added,
