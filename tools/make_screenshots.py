@@ -300,6 +300,64 @@ async def two() -> None:
     await two_servers(TWO_SERVERS[2], (120, 40), keys=("P",))
 
 
+#: the real SGLang 0.5.17 on the H200 (issue 42; ``python -m tools.make_screenshots sglang``), from vtop's own
+#: recording of h200-sglang-launch-burst-runaway (tools/device/h200_sglang.sh): the startup panel during CUDA graph
+#: capture, the server card while the burst of 600 queues behind --max-running-requests 64, the runaway named
+SGLANG_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h200-sglang" / "rec.jsonl.gz"
+SGLANG_URL = "http://127.0.0.1:30000"
+SGLANG = (("sglang-h200-startup.svg", (120, 40), "capture"), ("sglang-h200-startup-80x24.svg", (80, 24), "capture"),
+          ("sglang-h200-burst.svg", (120, 40), "queue"), ("sglang-h200-burst-80x24.svg", (80, 24), "queue"),
+          ("sglang-h200-runaway.svg", (120, 40), "runaway"))
+
+
+def _sglang_moment(app: Any, moment: str, url: str) -> bool:
+    """Whether the replayed screen is at ``moment``: ``capture`` (the startup tracker's current phase is CUDA
+    graph capture), ``queue`` (the server card's total shows requests waiting), ``runaway`` (its alert is up)."""
+    from vtop.core.phases.types import Phase
+
+    m = app.monitor
+    if moment == "capture":
+        return m.log_view is not None and m.log_view.snapshot.current is Phase.CUDA_GRAPHS
+    if moment == "queue":
+        v = m.views().get(url)
+        return v is not None and v.total is not None and bool(v.total.waiting)
+    return any(a.rule == "runaway" for a in m.alerts)
+
+
+async def sglang_shot(name: str, size: tuple[int, int], moment: str, *, rec: Path = SGLANG_REC,
+                      url: str = SGLANG_URL, out: Path = OUT) -> bool:
+    """vtop's own recording of SGLang on the H200, replayed to the first quarter second at ``moment``
+    (:func:`_sglang_moment`; the queue and the runaway one second later, so the card and the alert have drawn);
+    saved as ``out/name``. False (nothing written) when the recording never reaches that moment."""
+    from vtop.ui.replay import replay_app
+
+    app = replay_app(str(rec), config=Config(), name="h200-sglang")
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+        while d.pos < d.end and not _sglang_moment(app, moment, url):
+            d.seek(d.pos + 0.25)
+        if not _sglang_moment(app, moment, url):
+            print(f"{rec}: never at '{moment}': {name} not made")
+            return False
+        if moment != "capture":
+            d.seek(d.pos + 1.0)
+        await pilot.pause()
+        app.save_screenshot(str(out / name))
+    print("wrote", out / name)
+    return True
+
+
+async def sglang(rec: Path = SGLANG_REC, out: Path = OUT, url: str = SGLANG_URL) -> None:
+    if not rec.exists():
+        print("no", rec, "(made on the H200 by tools/device/h200_sglang.sh): skipped")
+        return
+    for name, size, moment in SGLANG:
+        await sglang_shot(name, size, moment, rec=rec, url=url, out=out)
+
+
 #: what main() writes: tests/unit/test_screenshots_current.py checks each against the live app
 MADE = (
     "demo-h200-startup-cuda-graphs.svg", "demo-h200-burst.svg", "demo-h200-runaway-alert.svg",
@@ -378,6 +436,7 @@ async def main() -> None:
     await late_look()
     await h100()
     await two()
+    await sglang()
     tmux_captures()
     await fleet()
 
@@ -424,6 +483,9 @@ if __name__ == "__main__":
         asyncio.run(h100())
     elif sys.argv[1:] == ["two"]:  # only the two servers on one H200 (issue 39)
         asyncio.run(two())
+    elif sys.argv[1:2] == ["sglang"]:  # only SGLang on the H200 (issue 42); [REC OUTDIR URL]: another recording
+        more = sys.argv[2:5]
+        asyncio.run(sglang(*(Path(x) for x in more[:2]), *more[2:]))  # type: ignore[arg-type]
     elif sys.argv[1:] == ["--signals"]:  # only issue #29's card screenshots
         async def _signals() -> None:
             await cpu_signals("server-cpu-real-spec-prefix.svg", size=(120, 40))

@@ -102,10 +102,15 @@ _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 KEEP_EXACT = ("process_start_time_seconds",)
 
 
+#: the engines' own families (vLLM's ``vllm:``; SGLang's ``sglang:`` with ``--enable-metrics``,
+#: tools/device/h200_sglang.py records it through this sampler)
+KEEP_PREFIXES = ("vllm:", "sglang:")
+
+
 def _kept(name: str) -> bool:
-    # vllm:*_created are gauges of the counters' and histograms' creation times: constant for a start
+    # *_created are gauges of the counters' and histograms' creation times: constant for a start
     # (process_start_time_seconds says the same), unread by vtop, and a fifth of the body
-    return (name.startswith("vllm:") and not name.endswith("_created")) or name in KEEP_EXACT
+    return (name.startswith(KEEP_PREFIXES) and not name.endswith("_created")) or name in KEEP_EXACT
 
 
 def filter_metrics(text: str) -> tuple[str, set[str]]:
@@ -401,6 +406,7 @@ class Sampler:
                                          ("procs", 1.0, self._procs), ("conns", 1.0, self._conns))]
         self._dropped_seen: set[str] = set()
         self._info_last: Any = None
+        self._server_info_seen: dict[Any, str | None] = {}
         self._info_next = 0.0
         self._procs_last: tuple[int, ...] | None = None
         self.counts = {"metrics": 0, "metrics_ok": 0}
@@ -497,7 +503,10 @@ class Sampler:
     def _info(self, client: httpx.Client) -> None:
         t, mono = now()
         try:
-            version = client.get(self.srv.url + "/version", timeout=5.0).json().get("version")
+            r = client.get(self.srv.url + "/version", timeout=5.0)
+            version = r.json().get("version") if r.status_code == 200 else None
+            if version is None and r.status_code == 404:
+                version = self._server_info_version(client)
             models = client.get(self.srv.url + "/v1/models", timeout=5.0).json()
         except Exception:  # noqa: BLE001 - next time
             return
@@ -506,6 +515,16 @@ class Sampler:
         if key != self._info_last:
             self._info_last = key
             self._write("info", {"t": round(t, 3), "mono": round(mono, 3), "version": version, "models": models})
+
+    def _server_info_version(self, client: httpx.Client) -> str | None:
+        """SGLang serves no ``/version``: its ``/server_info`` carries ``"version"`` (0.5.x, as vtop reads
+        it). Asked once per server process: it is a round trip to SGLang's scheduler."""
+        pid = getattr(self.srv, "pid", None)
+        if pid in self._server_info_seen:
+            return self._server_info_seen[pid]
+        v = client.get(self.srv.url + "/server_info", timeout=5.0).json().get("version")
+        self._server_info_seen[pid] = str(v) if v else None
+        return self._server_info_seen[pid]
 
     # procs + log index
     def _procs(self, client: httpx.Client) -> None:

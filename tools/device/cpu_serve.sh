@@ -16,7 +16,8 @@ while [ $# -gt 0 ]; do
 done
 VENV=${VTOP_VLLM_VENV:-/tmp/vllmcpu}; MODEL=${VTOP_VLLM_MODEL:-/tmp/tinyllama}
 mkdir -p "$RUN" "$(dirname "$LOG")"
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# $VTOP_CPU_PORT: a port known before the launch (h200_sglang.py's dry run starts vtop against it first)
+PORT=${VTOP_CPU_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 \
   VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VENV/cache} HF_HOME=$VENV/hf PATH=$VENV/bin:$PATH

@@ -1427,7 +1427,12 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
     return truth
 
 
-def record_one(gs: GpuScenario, out: Path, params: dict[str, Any], scale: float) -> int:
+def record_one(gs: GpuScenario, out: Path, params: dict[str, Any], scale: float, *,
+               make_ctx: Callable[..., GpuCtx] | None = None,
+               finish_truth: Callable[[GpuCtx, dict[str, Any]], None] | None = None) -> int:
+    """Record one scenario into ``out``. ``make_ctx`` (GpuCtx's arguments): another engine's context (its server,
+    its launch; tools/device/h200_sglang.py); ``finish_truth``: what that engine adds to the truth before it is
+    written."""
     sc = gs.sc
     if out.exists():
         shutil.rmtree(out)
@@ -1435,7 +1440,7 @@ def record_one(gs: GpuScenario, out: Path, params: dict[str, Any], scale: float)
     work = R.WORK / ("h200-" + out.name)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    ctx = GpuCtx(sc, out, 0.0, work, params, scale)
+    ctx = (make_ctx or GpuCtx)(sc, out, 0.0, work, params, scale)
     nvml, why = open_nvml()
     ctx.nvml = nvml
     if nvml is None:
@@ -1499,6 +1504,8 @@ def record_one(gs: GpuScenario, out: Path, params: dict[str, Any], scale: float)
     if others:
         ctx.notes.append(f"Another vLLM server (pid {sorted(others)}) ran on the box during the recording.")
     truth = _truth(ctx, index, log, version)
+    if finish_truth is not None:
+        finish_truth(ctx, truth)
     truth["duration_s"] = round(time.monotonic() - t0, 1)
     (out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
     sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
