@@ -23,8 +23,10 @@ if [ -f /tmp/vllm/serve.pid ] && kill -0 "$(cat /tmp/vllm/serve.pid)" 2>/dev/nul
   bash /tmp/vllm-gpu/stop.sh   # the recipe's own server holds port 8000 and half the GPU
 fi
 LEFT=$((560 - SECONDS))
-timeout -s TERM "$LEFT" python3 -m tools.device.h200_two_servers --out "$D" --budget-s $((LEFT - 100 > 420 ? 420 : LEFT - 100)) \
-  > "$D/driver.log" 2>&1
+# VTOP_TWO_BUDGET_S: a shorter run where device time is short (360: idle 15 s, load 30 s, ~120 s of incident)
+BUDGET=${VTOP_TWO_BUDGET_S:-420}
+timeout -s TERM "$LEFT" python3 -m tools.device.h200_two_servers --out "$D" --budget-s $((LEFT - 100 > BUDGET ? BUDGET : LEFT - 100)) \
+  ${VTOP_TWO_ARGS:-} > "$D/driver.log" 2>&1
 RC=$?
 grep -E '"ev": "(vllm_launch|health_ready|engines|sigstop|sigcont|runaway_end|load_end|vtop_done|abandoned|vllm_exited)"' "$D/driver.log" | cut -c1-200
 python3 - "$D/report.json" <<'PY'
