@@ -1416,6 +1416,7 @@ def _truth(ctx: GpuCtx, index: list[dict[str, Any]], log: bytes, version: str | 
         truth["should_alert_by"] = oom_at[1]
     if cls == "startup_failure" and ctx.first("fit_ready") is not None:
         truth["ended"] = ctx.first("fit_ready")["t"]  # type: ignore[index]
+        truth["expected_phase"] = "ready"  # the start at vtop's number is the last one
     if cls == "gpu_neighbour":
         nb, end = ctx.first("neighbour_ready"), ctx.first("neighbour_end")
         if nb is not None:
