@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -128,3 +129,41 @@ def test_a_server_that_accepts_and_never_answers_is_still_judged_in_one_round(
     (alert,) = [a for a in rep["alerts"] if a["rule"] == "api_unresponsive"]
     assert alert["target"] == srv.url and rep["one_round"] is True
     assert rc == rep["exit_code"] == 1
+
+
+def test_one_round_polls_the_gpus_once_while_it_waits_for_a_slow_server() -> None:
+    """The round waits for every source's first answer. Before, the GPU loop polled again at its interval
+    meanwhile, and the exit waited for that second poll to leave NVML (0.5 s of a 0.7 s one-shot on a lent
+    H100 80GB, 2026-12-05: ``NvmlSource.close`` on its lock). One round is one GPU poll, and the source is
+    closed with no poll in flight. Counted, not timed: the slow server is answered after 10 s, so at a
+    0.25 s interval the GPU loop had many intervals to poll again."""
+    import io
+
+    from vtop.config import Config
+    from vtop.faces.headless import run_once
+    from vtop.sources.nvml import make_gpu_source
+
+    src = make_gpu_source(Config(interval=0.25, simulate_gpus=1), one_round=True)
+    polls: list[int] = []
+    closed: list[bool] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(src, name)
+
+        def poll(self) -> Any:
+            polls.append(1)
+            return src.poll()
+
+        def close(self, *a: Any, **k: Any) -> bool:
+            closed.append(src.close(wait_s=0.0))
+            return closed[-1]
+
+    with BadServer("slow") as srv:
+        cfg = Config(interval=0.25, simulate_gpus=1, urls=(srv.url,))
+        out = io.StringIO()
+        run_once(cfg, window_s=None, as_json=True, out=out, gpu_source=Counting())
+    rep = json.loads(out.getvalue())
+    assert rep["one_round"] is True and [g["index"] for g in rep["gpu"]["gpus"]] == [0]
+    assert len(polls) == 1, f"{len(polls)} GPU polls in one round"
+    assert closed == [True]  # the lock was free at once: no poll in flight at the exit

@@ -471,6 +471,7 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     clock = monitor.clock
     interval = monitor.config.interval
     started = clock.monotonic()
+    feed.one_round = True
     feed.start()
     try:
         deadline = started + max(5.0, 3 * interval)

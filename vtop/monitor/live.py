@@ -98,6 +98,9 @@ class LiveFeed:
         self._names: Any = None
         self._scraping = False
         self._stopped = False
+        #: ``vtop --once`` without a window (:func:`vtop.faces.headless.one_round`): one GPU poll, no second one
+        #: for the exit to wait on (set before :meth:`start`)
+        self.one_round = False
 
     # ------------------------------------------------------------- lifecycle
     @property
@@ -113,7 +116,8 @@ class LiveFeed:
         """Start every source; call on the event loop's thread."""
         self.monitor.add_cli_urls()
         if self.gpu_source is not None:
-            self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True)
+            self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True,
+                                     max_polls=1 if self.one_round else None)
             self.gpu_loop.start()
         self._start_log_loop()
         self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()

@@ -64,8 +64,13 @@ class PollLoop:
         on_result: Callable[[Any, BaseException | None], None],
         *,
         at_tick: bool = False,
+        max_polls: int | None = None,
     ) -> None:
         self.at_tick = at_tick
+        self.max_polls = max_polls
+        """Stop after this many results were applied (None: poll until stopped). ``vtop --once`` without a
+        window wants one answer of each source: a second NVML poll, started while other sources were still
+        being waited for, was then waited for by the shutdown (0.5 s of a 0.7 s one-shot on a lent H100)."""
         """Results wait for :meth:`collect` (the app's paint tick) instead of waking the UI
         thread when they come (see the module doc)."""
         self._ready: tuple[Any, BaseException | None, float] | None = None
@@ -131,6 +136,8 @@ class PollLoop:
                 except RuntimeError:  # the app's loop has closed: we are exiting
                     return
             self._applied.wait()
+            if self.max_polls is not None and self.polls >= self.max_polls:
+                return
             if self.at_tick:
                 # Applied at a tick: poll again so as to be done just before the next one,
                 # so what it shows is fresh (a margin of twice this poll's time, and 50 ms;
