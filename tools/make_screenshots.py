@@ -253,9 +253,17 @@ async def h100_starts(name: str, size: tuple[int, int]) -> None:
     print("wrote", OUT / name)
 
 
+#: the real KV-cache failure on the lent H100 (issue 40): the start at 0.0072 failed, 2 s before the recorder
+#: launched the utilization the budget gives (tests/corpus/traces/h100-startup-failure-max-model-len)
+H100_KV = ("startup-h100-kv-failure-fit.svg", "startup-h100-kv-failure-fit-80x24.svg")
+
+
 async def h100() -> None:
     await h100_starts(H100_STARTS[0], (120, 40))
     await h100_starts(H100_STARTS[1], (80, 24))
+    for name, size in zip(H100_KV, ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("h100-startup-failure-max-model-len", name, after_event="fit_launch", offset_s=-2.0,
+                           size=size)
 
 
 #: two real vLLM servers on one H200 (issue 39; ``python -m tools.make_screenshots two``): the screen while the
@@ -372,7 +380,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
-    *H100_STARTS,
+    *H100_STARTS, *H100_KV,
 )
 
 

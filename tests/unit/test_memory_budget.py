@@ -530,3 +530,18 @@ def test_the_utilization_that_holds_one_full_length_request() -> None:
     assert util_for_length(0.0042, 139.8, 0.25, 0.12) == 0.01
     assert util_for_length(0.9, 80.0, 40.0, 30.0) is None  # 1.03: no utilization holds it on this GPU
     assert util_for_length(0.9, 0.0, 4.0, 2.0) is None
+
+
+def test_a_quoted_line_is_cut_at_a_space_never_mid_number() -> None:
+    """The real H100 failure line is 460 characters; cut at 300 it said "the estimated maximum model length is 1"
+    (of 17488). Quoted lines are cut at a space, with an ellipsis."""
+    from vtop.model.fmt import clip
+
+    line = ("(EngineCore pid=946) ERROR 12-05 14:02:55 [core.py:1330] ValueError: To serve at least one request with "
+            "the model's max seq len (32768), (0.25 GiB KV cache is needed, which is larger than the available KV "
+            "cache memory (0.13 GiB). Based on the available memory, the estimated maximum model length is 17488. "
+            "Try increasing `gpu_memory_utilization`")
+    cut = clip(line)
+    assert len(cut) <= 300 and cut.endswith("…") and line.startswith(cut[:-1])
+    assert not cut.endswith("is 1…") and cut[:-1] == line[: len(cut) - 1] and line[len(cut) - 1] == " "
+    assert clip("short") == "short"

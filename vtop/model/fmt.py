@@ -31,3 +31,17 @@ def to_float(text: str | None) -> float | None:
         return float(text)
     except (TypeError, ValueError):
         return None
+
+
+#: how much of a log line an alert or the startup panel quotes
+LINE_QUOTE_CHARS = 300
+
+
+def clip(text: str, n: int = LINE_QUOTE_CHARS) -> str:
+    """``text`` cut to at most ``n`` characters at a space, with "…" where it was cut: a quoted line never ends
+    mid-number (vLLM's "the estimated maximum model length is 17488" cut at 300 characters read "is 1")."""
+    if len(text) <= n:
+        return text
+    head = text[: n - 1]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > n // 2 else head).rstrip() + "…"

@@ -28,7 +28,7 @@ from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu
 from vtop.core.rules.util import dur, flag, gib, hist_count_at_least, num, plural, short_url
 from vtop.core.stats import median
-from vtop.model.fmt import to_float
+from vtop.model.fmt import clip, to_float
 
 if TYPE_CHECKING:
     from vtop.core.phases.types import Failure, LogLine
@@ -395,13 +395,13 @@ def oom_alert(f: OomFinding, th: Thresholds) -> Alert:
     short = short_url(f.target)
     if f.cls == "startup":
         where = f" during {f.phase.label}" if f.phase is not None else " at startup"
-        ev = [detail + where, f"line: {f.line[:300]}", *f.other_procs,
+        ev = [detail + where, f"line: {clip(f.line)}", *f.other_procs,
               *(f"torch saw {name} holding {a} on that GPU" for name, a in f.torch_others)]
         title = f"CUDA out of memory starting {short}{where}{tried}"
         return Alert(f.rule, "critical", title, tuple(ev), _startup_fix(f), f.target, f.since)
     win = dur(th.transient_window_s)
     title, more, fix = _runtime_words(f, win, tried, short)
-    ev = [detail, f"line: {f.line[:300]}", *_before_lines(f, win), *more]
+    ev = [detail, f"line: {clip(f.line)}", *_before_lines(f, win), *more]
     return Alert(f.rule, "critical", title, tuple(ev), fix, f.target, f.since)
 
 

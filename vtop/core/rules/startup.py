@@ -48,6 +48,7 @@ from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, engine_of, short_url
 from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
+from vtop.model.fmt import clip
 from vtop.model.redact import redact_prompts
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def tracker_failure(ctx: Evidence, mem: Memory) -> Failure | None:
 def failure_evidence(ctx: Evidence, mem: Memory, f: Failure, where: str) -> tuple[str, ...]:
     words = failure_words(f).message
     message = words.removesuffix(where) if where else words
-    ev = [f"{message}{where}", f"telling line: {f.line.strip()[:300]}"]
+    ev = [f"{message}{where}", f"telling line: {clip(f.line.strip())}"]
     if f.kind in ("kv_no_memory", "kv_host_memory", "gpu_free_at_start", "max_model_len"):
         ev += mem.other_procs_lines(ctx, ctx.log_target, f.arrival)
     return tuple(ev)

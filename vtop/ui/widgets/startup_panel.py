@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
+from vtop.model.fmt import clip
 
 if TYPE_CHECKING:
     from vtop.core.download import DownloadProgress
@@ -241,7 +242,7 @@ class StartupPanel(Static):
                     message, fix = found.title, " ".join(found.fix)
                 out.append(f"\n✗ the engine died {fmt_s(died) or '0 s'} after ready: {message}",
                            style="bold red")
-                out.append(f"\n  line: {fl.line[:300]}", style="red")
+                out.append(f"\n  line: {clip(fl.line)}", style="red")
                 out.append(f"\n  fix:  {fix}", style="bold")
             if not self.unfolded:
                 return out
@@ -277,7 +278,7 @@ class StartupPanel(Static):
             words = _words(fl, budgets)
             out.append("\n✗ ", style="bold red")
             out.append(words.message, style="bold red")
-            out.append(f"\n  line: {fl.line[:300]}", style="red")
+            out.append(f"\n  line: {clip(fl.line)}", style="red")
             out.append(f"\n  fix:  {words.fix}", style="bold")
         if v.stall is not None:
             st = v.stall
