@@ -547,8 +547,8 @@ class VtopApp(ActionKeys, ViewKeys):
             self._card_versions[url] = (ws.version, now)
             p = ws.process
             card.max_num_seqs = p.max_num_seqs if p is not None else card.max_num_seqs
-            if p is not None:
-                card.extra_title = f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
+            # a process gone (a failed start, a stop) leaves no pid in the title: the body says none runs
+            card.extra_title = "" if p is None else f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
             if ws.last_view is not None:
                 card.seen = self.monitor.last_seen(ws.last_view)
                 card.backfill = self.monitor.backfill(url)
