@@ -14,6 +14,7 @@ with the build that took them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,39 @@ async def cpu_incident(recording: str, name: str, *, after_alert: float, keys: t
         await _shoot(app, pilot, keys, name)
 
 
-async def _shoot(app: Any, pilot: Any, keys: tuple[str, ...], name: str) -> None:
-    """Press ``keys``, then save the screen as ``screenshots/NAME``."""
+async def _shoot(app: Any, pilot: Any, keys: tuple[str, ...], name: str, out: Path = OUT) -> None:
+    """Press ``keys``, then save the screen as ``out/NAME`` (``screenshots/`` by default)."""
     await pilot.pause()
     for k in keys:
         await pilot.press(k)
         await pilot.pause(0.3)
-    app.save_screenshot(str(OUT / name))
-    print("wrote", OUT / name)
+    app.save_screenshot(str(out / name))
+    print("wrote", out / name)
+
+
+async def replay_until(rec: Path, name: str, size: tuple[int, int], until: Callable[[Any], bool], *,
+                       title: str | None = None, step_s: float = 0.5, after_s: float = 1.0,
+                       keys: tuple[str, ...] = (), out: Path = OUT) -> bool:
+    """A recording replayed (paused, stepped by ``step_s``) to the first moment ``until(app)`` holds, then
+    ``after_s`` more (so what it shows has drawn), ``keys`` pressed, saved as ``out/NAME``. False, and nothing
+    written, when the recording never gets there."""
+    from vtop.ui.replay import replay_app
+
+    app = replay_app(str(rec), config=Config(), name=title or rec.name)
+    async with app.run_test(size=size) as pilot:
+        d = app.replay
+        assert d is not None
+        d.paused = True
+        await pilot.pause()
+        while d.pos < d.end and not until(app):
+            d.seek(d.pos + step_s)
+        if not until(app):
+            print(f"{rec}: never got there: {name} not made")
+            return False
+        if after_s:
+            d.seek(d.pos + after_s)
+        await _shoot(app, pilot, keys, name, out)
+    return True
 
 
 async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: float, keys: tuple[str, ...] = (),
@@ -158,30 +184,15 @@ async def cpu_signals(name: str, *, size: tuple[int, int], keys: tuple[str, ...]
     """Issue #29's rows of a server card: the real CPU server with n-gram speculative decoding and
     prefix caching under a load of repeated prompts (tests/real/test_real_signals.py's recording),
     a second after the card first shows an acceptance over 20,000 draft tokens (mid-load)."""
-    from vtop.ui.replay import replay_app
+
+    def shown(app: Any) -> bool:
+        e = next(iter(app.monitor.servers.values()), None)
+        v = e.last_view if e is not None else None
+        return v is not None and v.spec is not None and (v.spec.draft_tokens or 0) > 20000
 
     rec = "spec-prefix-load.jsonl.gz"
-    app = replay_app(str(Path(__file__).parent.parent / "tests" / "fixtures" / "cpu-incidents" / rec), config=Config(), name=rec)
-    async with app.run_test(size=size) as pilot:
-        d = app.replay
-        assert d is not None
-        d.paused = True
-        await pilot.pause()
-
-        def shown() -> bool:
-            e = next(iter(app.monitor.servers.values()), None)
-            v = e.last_view if e is not None else None
-            return v is not None and v.spec is not None and (v.spec.draft_tokens or 0) > 20000
-
-        while d.pos < d.end and not shown():
-            d.seek(d.pos + 0.5)
-        d.seek(d.pos + 1.0)
-        await pilot.pause()
-        for k in keys:
-            await pilot.press(k)
-            await pilot.pause(0.3)
-        app.save_screenshot(str(OUT / name))
-    print("wrote", OUT / name)
+    await replay_until(Path(__file__).parent.parent / "tests" / "fixtures" / "cpu-incidents" / rec, name, size, shown,
+                       title=rec, keys=keys)
 
 
 async def h200_sleep(name: str, *, size: tuple[int, int]) -> None:
@@ -275,28 +286,11 @@ TWO_SERVERS = ("two-servers-h200.svg", "two-servers-h200-80x24.svg", "two-server
 async def two_servers(name: str, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
     """vtop's own recording of two vLLM 0.26.0 servers on one H200 (tools/device/h200_two_servers.sh), replayed
     to one second after the first poll at which a runaway alert and a stall alert are both up."""
-    from vtop.ui.replay import replay_app
+    def both(app: Any) -> bool:
+        rules = {a.rule for a in app.monitor.alerts}
+        return "runaway" in rules and bool(rules & {"engine_stall", "stall"})
 
-    app = replay_app(str(TWO_SERVERS_REC), config=Config(), name="h200-two-servers")
-    async with app.run_test(size=size) as pilot:
-        d = app.replay
-        assert d is not None
-        d.paused = True
-        await pilot.pause()
-
-        def both() -> bool:
-            rules = {a.rule for a in app.monitor.alerts}
-            return "runaway" in rules and bool(rules & {"engine_stall", "stall"})
-
-        while d.pos < d.end and not both():
-            d.seek(d.pos + 0.5)
-        d.seek(d.pos + 1.0)
-        await pilot.pause()
-        for k in keys:
-            await pilot.press(k)
-            await pilot.pause(0.3)
-        app.save_screenshot(str(OUT / name))
-    print("wrote", OUT / name)
+    await replay_until(TWO_SERVERS_REC, name, size, both, title="h200-two-servers", keys=keys)
 
 
 async def two() -> None:
@@ -337,25 +331,8 @@ async def sglang_shot(name: str, size: tuple[int, int], moment: str, *, rec: Pat
     """vtop's own recording of SGLang on the H200, replayed to the first quarter second at ``moment``
     (:func:`_sglang_moment`; the queue and the runaway one second later, so the card and the alert have drawn);
     saved as ``out/name``. False (nothing written) when the recording never reaches that moment."""
-    from vtop.ui.replay import replay_app
-
-    app = replay_app(str(rec), config=Config(), name="h200-sglang")
-    async with app.run_test(size=size) as pilot:
-        d = app.replay
-        assert d is not None
-        d.paused = True
-        await pilot.pause()
-        while d.pos < d.end and not _sglang_moment(app, moment, url):
-            d.seek(d.pos + 0.25)
-        if not _sglang_moment(app, moment, url):
-            print(f"{rec}: never at '{moment}': {name} not made")
-            return False
-        if moment != "capture":
-            d.seek(d.pos + 1.0)
-        await pilot.pause()
-        app.save_screenshot(str(out / name))
-    print("wrote", out / name)
-    return True
+    return await replay_until(rec, name, size, lambda app: _sglang_moment(app, moment, url), title="h200-sglang",
+                              step_s=0.25, after_s=0.0 if moment == "capture" else 1.0, out=out)
 
 
 async def sglang(rec: Path = SGLANG_REC, out: Path = OUT, url: str = SGLANG_URL) -> None:

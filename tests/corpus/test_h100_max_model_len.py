@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.trace_files import first_alert
 from vtop.config import Config
 from vtop.monitor.player import open_recording
 
@@ -27,13 +28,7 @@ def _events() -> list[dict[str, Any]]:
 
 
 def _first_failure_alert() -> tuple[Any, Any]:
-    p = open_recording(str(TRACE), config=Config())
-    t, alert = p.start, None
-    while t < p.end and alert is None:
-        t += 1.0
-        p.feed_until(t)
-        alert = next((a for a in p.monitor.alerts if a.rule == "startup_failure"), None)
-    return p, alert
+    return first_alert(TRACE, "startup_failure")
 
 
 def test_the_budget_gives_the_utilization_that_was_launched_and_became_ready() -> None:

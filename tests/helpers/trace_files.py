@@ -32,3 +32,18 @@ def write_trace(root: Path, metrics: list[tuple[float, int | None, str | None, s
     gz("log-index.jsonl.gz", [{"t": 1000 + o, "mono": 100 + o, "size": n} for o, n in log_sizes])
     (root / "log.bin.gz").write_bytes(gzip.compress(log))
     return root
+
+
+def first_alert(path: Path, rule: str) -> tuple[Any, Any]:
+    """A recording or corpus trace played through the monitor a second at a time until ``rule``'s alert is up:
+    (the player, that alert, or None when it never came)."""
+    from vtop.config import Config
+    from vtop.monitor.player import open_recording
+
+    p = open_recording(str(path), config=Config())
+    t, alert = p.start, None
+    while t < p.end and alert is None:
+        t += 1.0
+        p.feed_until(t)
+        alert = next((a for a in p.monitor.alerts if a.rule == rule), None)
+    return p, alert

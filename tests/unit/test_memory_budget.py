@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.trace_files import first_alert
 from vtop.config import Config
 from vtop.core.membudget import util_that_fits
 from vtop.core.phases import PhaseTracker
@@ -236,13 +237,7 @@ def _edited_trace(out: Path, after_runner: list[str], failure: str, util: str | 
 
 
 def _first_failure_alert(path: Path):  # type: ignore[no-untyped-def]
-    p = open_recording(str(path), config=Config())
-    t, alert = p.start, None
-    while t < p.end and alert is None:
-        t += 1.0
-        p.feed_until(t)
-        alert = next((a for a in p.monitor.alerts if a.rule == "startup_failure"), None)
-    return p, alert
+    return first_alert(path, "startup_failure")
 
 
 def test_the_startup_failure_fix_quotes_the_budgets_kv_size_on_every_face(tmp_path: Path) -> None:
