@@ -13,18 +13,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from vtop.core.download import DownloadProgress
-from vtop.core.gpu_history import GpuHistory
-from vtop.core.loghistory import LogHistoryView
-from vtop.core.membudget import MemoryBudget
-from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
-from vtop.core.requests.conns import ConnTracker
-from vtop.core.requests.log import InFlight
-from vtop.core.server import ServerView
-from vtop.core.start_history import StartUsual
-from vtop.model.gpu import XidEvent
 from vtop.model.procs import ServerProcess
+
+if TYPE_CHECKING:
+    # Names for the annotations only: the log's modules (its request parser and its some hundred
+    # patterns, the stats history, the memory budget, the start history) load where a log is read,
+    # not with the rules (a ``vtop --once`` without a log never needs them: issue 43).
+    from vtop.core.download import DownloadProgress
+    from vtop.core.gpu_history import GpuHistory
+    from vtop.core.loghistory import LogHistoryView
+    from vtop.core.membudget import MemoryBudget
+    from vtop.core.phases.types import LogLine, Quiet, StallInfo, StartupSnapshot
+    from vtop.core.requests.conns import ConnTracker
+    from vtop.core.requests.log import InFlight
+    from vtop.core.server import ServerView
+    from vtop.core.start_history import StartUsual
+    from vtop.model.gpu import XidEvent
 
 __all__ = ["Evidence", "LogEvidence", "role_of"]
 

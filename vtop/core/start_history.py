@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vtop.core.phases.types import Phase, StartupSnapshot
+from vtop.core.phases.phase import Phase
+
+if TYPE_CHECKING:
+    from vtop.core.phases.types import StartupSnapshot
 
 __all__ = [
     "FORMAT",

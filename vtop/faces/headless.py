@@ -534,13 +534,13 @@ def _requests_row(answer: ServerRequests | None) -> dict[str, Any]:
 def report(monitor: Monitor, started: float, *, gpu_off: bool = False, window_asked_s: float | None = None,
            silent: list[str] | None = None) -> Report:
     """What ``monitor`` knows now, as a :class:`Report` (GPU means since ``started``)."""
-    from vtop.core.phases.tracker import summarize
-
     clock = monitor.clock
     poll = monitor.gpu_history.last_poll
     lv = monitor.log_view
     startup = None
     if lv is not None:
+        from vtop.core.phases.tracker import summarize  # the log's parser: loaded where a log was read
+
         startup = dict(summarize(lv.snapshot))
         startup["stalled"] = None if lv.stall is None else lv.stall.label
         startup["log"] = lv.tail.source

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vtop.model.redact import redact_argv
-
 
 @dataclass(frozen=True, slots=True)
 class VllmChild:
@@ -151,4 +149,6 @@ class ServerProcess:
 
     def display_argv(self) -> str:
         """The command line for display, with secrets masked."""
+        from vtop.model.redact import redact_argv  # its some twenty patterns: only where a command line is shown
+
         return " ".join(redact_argv(self.argv))

@@ -31,7 +31,7 @@ from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
 from vtop.core.gpu_history import GpuHistory
-from vtop.core.phases.types import Phase
+from vtop.core.phases.phase import Phase
 from vtop.core.requests.conns import READ_EVERY_S, ConnTracker
 from vtop.core.server import UNKNOWN, LastSeen, ServerTracker, ServerView
 from vtop.model.gpu import ABSENT, OFF, GpuPoll

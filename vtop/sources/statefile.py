@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,8 @@ def load_json(path: Path, what: str = "start history") -> tuple[Any, str | None]
 
 def save_json(path: Path, obj: Any, what: str = "start history") -> str | None:
     """Write ``obj`` as JSON atomically, 0600; None, or the line that says why it could not be written."""
+    import tempfile  # a write only (reading the file is every start's; tempfile brings random and hashlib)
+
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".starts.", suffix=".tmp", dir=path.parent)

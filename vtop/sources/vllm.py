@@ -66,7 +66,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 from vtop.clock import Clock
-from vtop.model.redact import basic_auth
 from vtop.model.server import ERROR_KINDS, ModelsInfo, ServerPoll
 from vtop.sources.http11 import HttpError, HttpPool, host_port, split_url, within
 from vtop.sources.metrics_text import (
@@ -355,6 +354,14 @@ def _reason(status: int) -> str:
         return ""
 
 
+def _basic_auth(userinfo: str) -> str:
+    """``Authorization: Basic`` for ``user:password`` (:func:`vtop.model.redact.basic_auth`), imported here: the
+    redaction module's some twenty patterns are for a URL given with credentials, not every scrape."""
+    from vtop.model.redact import basic_auth
+
+    return basic_auth(userinfo)
+
+
 def _hostport(url: str) -> str:
     try:
         _, host, port, _ = split_url(url)
@@ -408,7 +415,7 @@ class VllmScraper:
         self._client = client
         self.api_key: str | None = api_key or None
         """The key sent to the `/v1` endpoints (never to `/metrics` or `/health`); settable."""
-        self._basic = basic_auth(userinfo) if userinfo else None
+        self._basic = _basic_auth(userinfo) if userinfo else None
         """``Authorization: Basic`` for every request when the URL was given with ``user:password@``
         (a proxy in front of vLLM); ``url`` holds the password masked (vtop.config)."""
         self._clock = clock

@@ -9,41 +9,11 @@ actually read. :mod:`vtop.core.phases` gives all three, the parser only when it 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from enum import Enum
+
+from vtop.core.phases.phase import Phase
 
 _LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 
-class Phase(Enum):
-    """Startup phases, in the order vLLM goes through them."""
-
-    PROCESS_START = "process_start"
-    ENGINE_INIT = "engine_init"
-    WEIGHTS = "weights"
-    TORCH_COMPILE = "torch_compile"
-    MEMORY_PROFILING = "memory_profiling"
-    KV_CACHE = "kv_cache"
-    CUDA_GRAPHS = "cuda_graphs"
-    WARMUP = "warmup"
-    API_SERVER = "api_server"
-    READY = "ready"
-
-    @property
-    def label(self) -> str:
-        return _LABELS[self]
-
-
-_LABELS = {
-    Phase.PROCESS_START: "process start",
-    Phase.ENGINE_INIT: "engine init",
-    Phase.WEIGHTS: "loading weights",
-    Phase.TORCH_COMPILE: "torch.compile",
-    Phase.MEMORY_PROFILING: "memory profiling",
-    Phase.KV_CACHE: "KV cache sizing",
-    Phase.CUDA_GRAPHS: "CUDA graph capture",
-    Phase.WARMUP: "warmup",
-    Phase.API_SERVER: "API server starting",
-    Phase.READY: "ready",
-}
 _ORDER = list(Phase)
 _INDEX = {p: i for i, p in enumerate(_ORDER)}
 

@@ -11,7 +11,7 @@ clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered
 
 from __future__ import annotations
 
-from vtop.core.phases.types import Phase
+from vtop.core.phases.phase import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory
 from vtop.core.rules.startup import failure_evidence, failure_words, tracker_failure

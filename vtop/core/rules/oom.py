@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from vtop.core.engines import ENGINE_FLAGS, flags_of
-from vtop.core.phases.types import Phase
+from vtop.core.phases.phase import Phase
 from vtop.core.rates import histogram_delta
 from vtop.core.rules.alert import Alert, Thresholds
 from vtop.core.rules.context import Evidence, Memory, per_gpu

@@ -38,18 +38,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from vtop.core.engines import flags_of
-from vtop.core.membudget import MEMORY_FAILURES, kv_fit, util_that_fits
-from vtop.core.phases.types import Phase
+from vtop.core.phases.phase import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.stillness import still_start
 from vtop.core.rules.util import dur, engine_of, short_url
-from vtop.core.start_history import history_stall_s
 from vtop.core.stats import fmean
 from vtop.model.fmt import clip
-from vtop.model.redact import redact_prompts
 
 if TYPE_CHECKING:
     from vtop.core.membudget import MemoryBudget
@@ -78,6 +75,8 @@ class StartupFailure:
         f = tracker_failure(ctx, mem)
         if f is None or f.phase is Phase.READY:
             return []
+        from vtop.core.membudget import MEMORY_FAILURES
+
         where = f" during {f.phase.label}" if f.phase is not None else ""
         # a start that failed for memory: the budget's fit (computed there, once per tick), quoted in the fix
         words = failure_words(f, ctx.memory_budget if f.kind in MEMORY_FAILURES else ())
@@ -194,6 +193,8 @@ def _past_history(ctx: Evidence, mem: Memory) -> list[str] | None:
     q, th, usual = ctx.quiet, mem.th, ctx.usual
     if q is None or usual is None or (q.progressing and q.step_s is not None):
         return None
+    from vtop.core.start_history import history_stall_s
+
     u = usual.of(q.phase)
     limit = history_stall_s(u, th.startup_history_x, th.startup_history_floor_s)
     silent = q.silent_at(ctx.now)
@@ -246,6 +247,8 @@ def _log_lines(snap: StartupSnapshot | None, stall: StallInfo) -> list[str]:
     if pv is not None and pv.progress:
         ev.append("progress: " + ", ".join(f"{p.label} {p.n}/{p.total}" for p in pv.progress))
     if stall.last_line:
+        from vtop.model.redact import redact_prompts
+
         ev.append(f"last line: {redact_prompts(stall.last_line).strip()[:200]}")
     if snap is not None and snap.facts.shm_broadcast_waits:
         ev.append(f"{snap.facts.shm_broadcast_waits} 'No available shared memory broadcast block' message(s): "
@@ -321,6 +324,8 @@ def _kv_fit(avail: str | None) -> str:
 def _util_fit(free: str | None, total: str | None) -> str:
     """A --gpu-memory-utilization that fits in what is free, two points under it (the memory budget's number,
     vtop/core/membudget.py)."""
+    from vtop.core.membudget import util_that_fits
+
     try:
         t = float(total or "")
         return f"{util_that_fits(t, t - float(free or '')):.2f}"
@@ -349,6 +354,8 @@ def failure_words(f: Failure, budgets: Sequence[MemoryBudget] = ()) -> FailureWo
 def _budget_fit(budgets: Sequence[MemoryBudget]) -> str:
     """' Beside what else holds gpu0 now, the memory budget says at most: fits: ... or ... 35G.' ('' when the budget
     has no KV cache size that fits): the budget's words, read, never worked out again here."""
+    from vtop.core.membudget import kv_fit
+
     b = kv_fit(budgets)
     words = b.fit_words() if b is not None else None
     if b is None or words is None:
