@@ -182,8 +182,6 @@ def _check_url(url: str) -> None:
     forever (``--once`` ended in a ValueError traceback)."""
     from urllib.parse import urlsplit
 
-    from vtop.model.redact import redact_url
-
     s = url.strip()
     if s.isdigit() or (s.startswith(":") and s[1:].isdigit()):
         return  # a bare port: localhost (vtop.sources.urls.normalize_url)
@@ -191,13 +189,23 @@ def _check_url(url: str) -> None:
         u = urlsplit(s if "://" in s else "http://" + s)
         port = u.port
     except ValueError as e:
-        raise ConfigError(f"URL {redact_url(url)!r}: not a URL vtop can poll ({e})") from None
+        raise ConfigError(f"URL {_shown_url(url)!r}: not a URL vtop can poll ({e})") from None
     if u.scheme not in ("http", "https"):
-        raise ConfigError(f"URL {redact_url(url)!r}: vtop polls http:// or https:// URLs, not {u.scheme}://")
+        raise ConfigError(f"URL {_shown_url(url)!r}: vtop polls http:// or https:// URLs, not {u.scheme}://")
     if not u.hostname:
-        raise ConfigError(f"URL {redact_url(url)!r}: no host in it")
+        raise ConfigError(f"URL {_shown_url(url)!r}: no host in it")
     if port == 0:
-        raise ConfigError(f"URL {redact_url(url)!r}: port 0 is not a port a server listens on")
+        raise ConfigError(f"URL {_shown_url(url)!r}: port 0 is not a port a server listens on")
+
+
+def _shown_url(url: str) -> str:
+    """``url`` as a message shows it (:func:`vtop.model.redact.redact_url`). The redaction module (some twenty
+    patterns) is imported where a URL has credentials or is refused, not by every start (issue 43)."""
+    if "@" not in url:
+        return url
+    from vtop.model.redact import redact_url
+
+    return redact_url(url)
 
 
 def _check_webhook(spec: str) -> None:
@@ -303,15 +311,23 @@ def _split_credentials(cfg: Config) -> Config:
     """The one place URLs enter: a password in one (``http://user:pw@host:8000``) is kept aside for
     the HTTP client and the URL goes on as ``http://user:***@host:8000``, so the report, ``--json``,
     the recording, the bundle, the screen and the exporter can only show the masked form."""
-    from vtop.model.redact import split_userinfo
-
     urls, auth = [], []
     for u in cfg.urls:
-        shown, userinfo = split_userinfo(u.strip())
+        shown, userinfo = _split_userinfo(u.strip())
         urls.append(shown)
         if userinfo is not None:
             auth.append((shown.rstrip("/"), userinfo))  # a URL with a user has a scheme: normalised but for the /
     return dataclasses.replace(cfg, urls=tuple(urls), url_auth=tuple(auth))
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None]:
+    """:func:`vtop.model.redact.split_userinfo`, imported only for a URL that may hold credentials (an ``@``:
+    without one it gives ``(url, None)`` itself)."""
+    if "@" not in url:
+        return url, None
+    from vtop.model.redact import split_userinfo
+
+    return split_userinfo(url)
 
 
 def api_key_refusal(prog: str, env: Mapping[str, str] | None = None) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +96,49 @@ def test_the_toml_parser_is_imported_only_when_there_is_a_config_file(tmp_path) 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["3.0", "True"]
+
+
+#: What ``vtop --once`` without a log never imports (issue 43: the one-shot at or under nvitop's): the screen's
+#: libraries and the exporter's, and the log's own modules: its request parser and phase patterns (some hundred
+#: regular expressions), the tracker and the snapshot's types (dataclasses), the stats history, the memory
+#: budget, the redaction patterns (only for a URL with credentials, a refused URL, a shown command line).
+ONE_SHOT_NEVER = ("textual", "rich", "plotext", "textual_plotext", "prometheus_client", "httpx", "psutil", "vtop.ui")
+ONE_SHOT_LOG_ONLY = ("vtop.monitor.logwatch", "vtop.core.phases.patterns", "vtop.core.phases.tracker",
+                     "vtop.core.phases.types", "vtop.core.requests.log", "vtop.core.requests.sglang_log",
+                     "vtop.core.loghistory", "vtop.core.membudget", "vtop.model.logtext", "vtop.model.redact")
+
+
+def _one_shot_modules(*extra: str) -> tuple[set[str], str]:
+    """The modules a whole ``vtop --once --json`` run (a new interpreter: the CLI, one round, the report)
+    imported: one simulated GPU, the process scan, a port that refuses, the rules."""
+    code = ("import json, sys\nfrom vtop.cli import main\n"
+            f"rc = main(['--once', '--json', '--simulate-gpus', '1', '--interval', '30', 'http://127.0.0.1:9', *{extra!r}])\n"
+            "print('MODULES', json.dumps(sorted(sys.modules)), rc)\n")
+    env = {**os.environ, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("MODULES "), r.stdout[-2000:]
+    mods, rc = last.removeprefix("MODULES ").rsplit(" ", 1)
+    return set(json.loads(mods)), rc
+
+
+def _loaded(mods: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if n in mods or any(m.startswith(n + ".") for m in mods))
+
+
+def test_a_one_shot_without_a_log_imports_neither_the_screen_nor_the_log_modules() -> None:
+    mods, rc = _one_shot_modules()
+    assert rc == "2"  # the port refuses: down, critical (docs/exit-codes.md); the run went to its end
+    assert {"vtop.faces.headless", "vtop.core.rules.diagnoser", "vtop.sources.vllm"} <= mods  # it ran
+    assert _loaded(mods, ONE_SHOT_NEVER) == []
+    assert _loaded(mods, ONE_SHOT_LOG_ONLY) == []
+
+
+def test_a_one_shot_with_a_log_imports_the_log_modules() -> None:
+    # The other side of the check above (it can fail): given a log, the one round reads it with them.
+    log = Path(__file__).parents[1] / "fixtures" / "logs" / "vllm-0.26.0-h200-startup.log"
+    mods, _rc = _one_shot_modules("--log", str(log))
+    assert _loaded(mods, ONE_SHOT_NEVER) == []
+    assert {"vtop.monitor.logwatch", "vtop.core.phases.patterns", "vtop.core.phases.tracker", "vtop.core.phases.types",
+            "vtop.core.requests.log", "vtop.core.loghistory"} <= mods

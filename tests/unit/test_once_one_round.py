@@ -167,3 +167,63 @@ def test_one_round_polls_the_gpus_once_while_it_waits_for_a_slow_server() -> Non
     assert rep["one_round"] is True and [g["index"] for g in rep["gpu"]["gpus"]] == [0]
     assert len(polls) == 1, f"{len(polls)} GPU polls in one round"
     assert closed == [True]  # the lock was free at once: no poll in flight at the exit
+
+
+def test_one_round_closes_the_gpu_source_with_no_poll_in_flight() -> None:
+    """The same, told by events rather than a slow server: the process scan (the source the round waits
+    for last) answers only once the GPU loop has either started a second poll or ended. A second poll is
+    held in the driver (it waits on an event) and the source's ``close`` records whether one is in flight:
+    the one-shot must close NVML with none (a close beside a poll in flight is what the exit waited for;
+    ``NvmlSource.close`` gives up after 1 s and skips ``nvmlShutdown``). No time is asserted."""
+    import asyncio
+    import threading
+
+    from vtop.config import Config
+    from vtop.faces.headless import one_round
+    from vtop.model.gpu import GpuPoll
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+
+    second_poll = threading.Event()
+    release = threading.Event()
+
+    class HeldGpu:
+        """A GPU source whose second poll is held until released."""
+
+        def __init__(self) -> None:
+            self.polls = self.returned = 0
+            self.closed_in_flight: list[bool] = []
+
+        def poll(self) -> GpuPoll:
+            self.polls += 1
+            if self.polls > 1:
+                second_poll.set()
+                release.wait(30)
+            self.returned += 1
+            return GpuPoll(t=time.time(), mono=time.monotonic(), status="absent", message="held GPU")
+
+        def close(self) -> None:
+            self.closed_in_flight.append(self.polls > self.returned)
+
+    def gpu_loop_alive() -> bool:
+        return any(t.name == "vtop-poll-gpu" and t.is_alive() for t in threading.enumerate())
+
+    def discover() -> list[Any]:
+        # wait until the GPU loop has answered once (its result applied at the round's tick), then until it
+        # has either polled again (the bug) or ended (one round, one poll); 30 s only if neither ever came
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not (feed.gpu_loop is not None and feed.gpu_loop.polls >= 1):
+            second_poll.wait(0.01)
+        while time.monotonic() < end and not second_poll.is_set() and gpu_loop_alive():
+            second_poll.wait(0.01)
+        return []
+
+    gpu = HeldGpu()
+    monitor = Monitor(Config(interval=0.25, urls=()), box_history=False)
+    feed = LiveFeed(monitor, gpu_source=gpu, discover=discover)
+    try:
+        asyncio.run(one_round(monitor, feed))
+    finally:
+        release.set()
+    assert gpu.closed_in_flight == [False], "the GPU source was closed with a second poll in flight"
+    assert gpu.polls == 1
