@@ -51,7 +51,9 @@ import vtop.monitor.polling as pl, vtop.sources.nvml as nv, asyncio.runners as a
 mark("headless path imported")
 
 def wrap(owner, name, label, once=False):
-    f = getattr(owner, name)
+    f = getattr(owner, name, None)
+    if f is None:  # an older vtop without it
+        return
     seen = []
     def w(*a, **k):
         first = not seen
@@ -78,14 +80,15 @@ def apply_server(self, url, poll):
     mark("scrape answered " + url)
     return _apply_server(self, url, poll)
 mm.Monitor.apply_server = apply_server
-_one_round = h.one_round
+_one_round = getattr(h, "one_round", None)
 async def one_round(monitor, feed):
     mark("> one round")
     try:
         return await _one_round(monitor, feed)
     finally:
         mark("< one round")
-h.one_round = one_round
+if _one_round is not None:
+    h.one_round = one_round
 _deliver = pl.PollLoop._deliver
 def deliver(self, result, error, duration):
     if self.polls == 0:

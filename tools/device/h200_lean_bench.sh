@@ -15,7 +15,9 @@
 #     mdurl pygments typing-extensions linkify-it-py uc-micro-py h11==0.16.0 nvidia-ml-py==13.615.71 nvitop==1.7.2
 #
 # (.whl is in .gitignore.) Time: ~75 s a round (10 s warm-up, the window, the stops) plus ~20 s of
-# one-shots and the install: 2 rounds of 60 s fit a 420 s call. Writes $OUT/lean.json and $OUT/lean.txt.
+# one-shots and the install: 2 rounds of 60 s fit a 420 s call. Writes $OUT/lean.json and $OUT/lean.txt; then
+# (~15 s, the matmul stopped) where each one-shot's wall time goes, step by step, for both codes
+# (bench/once_timeline.py: no profiler, whose 3.12 form mixes the threads), in $OUT/once-timeline.txt.
 set -u
 BASE=${1:?BASE_DIR (a copy of the older commit with its vtop/)}; ROUNDS=${2:-2}; WINDOW=${3:-60}; RUNS=${4:-8}
 [ -f "$BASE/vtop/__init__.py" ] || { echo "no $BASE/vtop/__init__.py"; exit 2; }
@@ -28,3 +30,8 @@ OUT=${OUT:-/tmp/lean-out}; mkdir -p "$OUT"
 set -o pipefail
 python3 bench/lean.py --code "base=$BASE" --code new=. --gpu real --load matmul --rounds "$ROUNDS" \
   --window "$WINDOW" --warmup 10 --once-runs "$RUNS" --out "$OUT/lean.json" 2>&1 | tee "$OUT/lean.txt"
+rc=$?
+for code in "$BASE" .; do
+  echo "## $code"; python3 bench/once_timeline.py --runs 8 --code "$code" 2>&1
+done | tee "$OUT/once-timeline.txt"
+exit $rc
