@@ -227,3 +227,43 @@ def test_one_round_closes_the_gpu_source_with_no_poll_in_flight() -> None:
         release.set()
     assert gpu.closed_in_flight == [False], "the GPU source was closed with a second poll in flight"
     assert gpu.polls == 1
+
+
+def test_one_round_judges_a_refused_port_by_the_log_it_has_read(tmp_path: Path) -> None:
+    """A refused port is STARTING or DOWN by what the followed log says of the start when the scrape is
+    applied (``Monitor.apply_server``). In one round there is one scrape: when the log's first read came after
+    it, the same box said DOWN (exit 2) or STARTING (exit 0) by which thread was first (bench/once_same.py, the
+    corpus's startup traces held mid-start). Here the log answers only once the port has been scraped (or after
+    0.5 s without a scrape): one round starts its scrapes once the log has answered, so it is STARTING."""
+    import asyncio
+
+    from vtop.config import Config
+    from vtop.faces.headless import one_round, report
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+    from vtop.monitor.monitor import make_log_watch
+
+    log = tmp_path / "vllm.log"  # a CPU start cut after its weights: in memory profiling, not ready
+    lines = (Path(__file__).parents[1] / "fixtures" / "logs" / "vllm-0.32.0-cpu-startup.log").read_text().splitlines()
+    log.write_text("\n".join(lines[:50]) + "\n")
+    cfg = Config(interval=0.25, urls=("http://127.0.0.1:9",), log=str(log))
+    monitor = Monitor(cfg, box_history=False)
+    lw = make_log_watch(cfg, clock=monitor.clock)
+    assert lw is not None
+    monitor.log_watch = lw
+    read = lw.poll
+
+    def late_read() -> Any:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end and not any(ws.polls for ws in list(monitor.servers.values())):
+            time.sleep(0.01)
+        return read()
+
+    lw.poll = late_read  # type: ignore[method-assign]
+    feed = LiveFeed(monitor, gpu_source=None, discover=lambda: [])
+    started = asyncio.run(one_round(monitor, feed))
+    rep = report(monitor, started, gpu_off=True)
+    (server,) = rep.servers
+    assert rep.startup is not None and rep.startup["state"] == "starting"
+    assert server["state"] == "starting", server["message"]
+    assert rep.exit_code == 0

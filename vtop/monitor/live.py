@@ -16,7 +16,8 @@
   30 s once every server answers; at once when one stops answering): it says
   whether a vLLM process exists (refused + process = ``starting``), which PIDs
   hold the GPUs, and where the log goes. Scraping starts after the first scan,
-  so a start does not flash a wrong "down".
+  so a start does not flash a wrong "down" (and in ``vtop --once``'s one round,
+  after the followed log's first read too: its one scrape is judged with it).
 
 Every result is applied on the event loop's thread, so the monitor needs no
 lock. The screen and ``--once``/``doctor`` both run this; only their ticks differ
@@ -352,8 +353,19 @@ class LiveFeed:
         self._start_scrapes()
 
     # --------------------------------------------------------------- servers
+    #: ``one_round``: seconds a first scrape waits for the followed log's first read (below)
+    LOG_FIRST_S = 1.0
+
     def _start_scrapes(self) -> None:
         if not self._scraping or self._stopped:
+            return
+        log = self.log_loop
+        if self.one_round and log is not None and log.polls == 0 and log.in_flight_for() < self.LOG_FIRST_S:
+            # One round judges each server from its one scrape, and a refused port is "starting" or "down" by
+            # what the log says of the start at that moment (``Monitor.apply_server``): a log read after the
+            # scrape came too late for it, so the same box gave STARTING (exit 0) or DOWN (exit 2) by which
+            # thread was first (bench/once_same.py, the corpus's startup traces). The scrapes start once the log
+            # has answered (``collect``), or once its first read has taken a second (a hung file is not waited for).
             return
         for url in self.monitor.servers:
             if url not in self.tasks:
