@@ -321,3 +321,20 @@ def test_the_recorders_log_keeps_a_file_replaced_at_the_same_path(tmp_path) -> N
     segs.follow(log)
     assert segs.size() == first + len(b"start 1 line 1\n") and first == 30
     assert segs.data(10**6) == b"start 0 line 1\nstart 0 line 2\nstart 1 line 1\n"
+
+
+def test_the_wide_copy_has_the_new_shapes_and_no_weights(model: Path, tmp_path: Path) -> None:
+    """h200-neighbour-gpu-bound serves a 7B-shaped copy with --load-format dummy: its config has the new layer
+    shapes and everything else of the source's; no weight file is copied (vLLM makes random ones at load)."""
+    dst = tmp_path / "tiny-wide"
+    made = H.wide_copy(model, dst, H.WIDE_CONFIG)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert {k: cfg[k] for k in H.WIDE_CONFIG} == H.WIDE_CONFIG
+    assert cfg["vocab_size"] == OLD and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert made["files"] == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert not list(dst.glob("*.safetensors"))
+    # 7.0e9 parameters: what a decode step reads whole (the reason the decode is bound by the GPU)
+    h, i, n, kv = (H.WIDE_CONFIG[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                               "num_key_value_heads"))
+    per_layer = 2 * h * h + 2 * h * kv * H.WIDE_CONFIG["head_dim"] + 3 * h * i
+    assert 6.9e9 < n * per_layer < 7.1e9

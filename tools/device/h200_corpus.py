@@ -835,8 +835,56 @@ def neighbour_matmul(ctx: GpuCtx) -> None:
     torch process (setsid, not vLLM's) runs bf16 8192x8192 matmuls on the same GPU for 60 s (neighbour_ready ..
     neighbour_end); 50 s after it ends the load stops; 20 s idle. Issue 40's noisy neighbour: vLLM's token rate
     before, during and after, NVML's per-process SM share (procs' third field) and the clock-event reasons.
-    Truth: began = neighbour_ready, should_alert_by = began + 45 s, ended = neighbour_end."""
+    Truth: began = neighbour_ready, should_alert_by = began + 45 s, ended = neighbour_end. (On the H100 of
+    2026-12-05 the tiny model's decode did not slow at all: it is bound by the CPU, about 4 ms a step, not by
+    the GPU; see h200-neighbour-gpu-bound.)"""
     ctx.launch()
+    _neighbour_under_load(ctx)
+
+
+#: a 7B-shaped Llama (Llama-3-8B's layer shapes, the tiny model's vocabulary of 8,000): 7.0e9 parameters, 14 GB
+#: of bf16 that a decode step reads whole, about 4-5 ms a step on an H100's 3.35 TB/s: bound by the GPU
+WIDE_CONFIG = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def wide_copy(src: Path, dst: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``src`` (its config and tokenizer, no weights) with ``overrides`` in config.json, for vLLM's
+    ``--load-format dummy`` (random weights made on the GPU at load: nothing to write or read)."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin")):
+            shutil.copy2(f, dst / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(overrides)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return {"src": str(src), "dst": str(dst), "config": overrides, "files": sorted(p.name for p in dst.iterdir())}
+
+
+@scenario("h200-neighbour-gpu-bound", "gpu_neighbour", 330)
+def neighbour_gpu_bound(ctx: GpuCtx) -> None:
+    """H200 or H100, vLLM 0.26.0: as h200-neighbour-matmul, but vLLM serves a 7B-shaped copy of the tiny model
+    (Llama-3-8B's layer shapes: hidden 4096, 32 layers, MLP 14336, 32 heads, 8 KV heads; the tiny model's
+    tokenizer and vocabulary of 8,000) with --load-format dummy (random weights made at load), so that a decode
+    step reads 14 GB of weights and is bound by the GPU: 32 streams (max_tokens 8192, ignore_eos) from 10 s after
+    ready; 60 s in, a torch process (setsid, not vLLM's) runs bf16 8192x8192 matmuls on the same GPU for 60 s;
+    50 s after, the load stops; 20 s idle. Truth: began = neighbour_ready, should_alert_by = began + 45 s,
+    ended = neighbour_end (if vLLM's tokens per running request do not fall by a quarter, the trace is normal
+    and its notes say so)."""
+    dst = TINY.with_name(f"{TINY.name}-wide")
+    try:
+        made = wide_copy(TINY, dst, WIDE_CONFIG)
+    except (OSError, ValueError) as e:
+        raise R.ServerFailed(f"could not make the wide copy of {TINY}: {type(e).__name__}: {e}") from e
+    ctx.event("model_copy", **made)
+    ctx.truth_extra["model_copy"] = {"src": made["src"], "config": WIDE_CONFIG, "load_format": "dummy"}
+    ctx.launch(("--load-format", "dummy"), serve=serve_script_for(dst, ctx.work))
+    _neighbour_under_load(ctx)
+
+
+def _neighbour_under_load(ctx: GpuCtx) -> None:
     ctx.wait_ready()
     ctx.sleep(10)
     pool = R.StreamPool(ctx, n=32, max_tokens=8192, max_total=2000, time_limit=180 * ctx.scale)  # type: ignore[arg-type]

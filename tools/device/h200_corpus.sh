@@ -10,6 +10,8 @@
 #      a pipe, 3 streams, the EngineCore SIGSTOPped, `vtop doctor --window 15` started 30 s after the stop)
 #   H  as A, then h200-neighbour-matmul and h200-startup-failure-max-model-len (K: that one alone);
 #   J  as A, then h200-starts-history-budget
+#   N  as A, then h200-neighbour-gpu-bound (the neighbour beside a 7B-shaped copy of the tiny model served with
+#      --load-format dummy: a decode bound by the GPU)
 #   I  as A, then h200-runtime-oom-prompt-logprobs (it makes /tmp/tiny-v151936 from /tmp/tiny first, ~2 s, and
 #      serves it with VLLM_USE_V2_MODEL_RUNNER=0 through a copy of serve.sh)
 # Part00 (with .vllm-gpu/vtop-whl through add_wheels.sh) must have been received by an earlier call on the
@@ -18,7 +20,7 @@
 # Dry run elsewhere: VTOP_H200_VLLM_BIN (the vllm that must exist), VTOP_H200_EXTRA (e.g. "--small --scale 0.5")
 # and the recorder's VTOP_H200_SERVE / VTOP_H200_STOP / VTOP_H200_RUN_DIR (README-corpus.md).
 set -u
-CALL=${1:?A, B, C, D, E, F, G, H, I, J or K}
+CALL=${1:?A, B, C, D, E, F, G, H, I, J, K or N}
 D=/tmp/h200-corpus; mkdir -p "$D/$CALL"
 export PYTHONPATH=/tmp/vtop-site:$PWD
 install() {
@@ -44,6 +46,7 @@ case $CALL in
   G) install; S=h200-engine-stall-streams-nolog ;;
   H) install; S=h200-neighbour-matmul,h200-startup-failure-max-model-len ;;   # issue 40's noisy neighbour (needs the image's torch), then a real KV-cache failure and vtop's fit
   K) install; S=h200-startup-failure-max-model-len ;;
+  N) install; S=h200-neighbour-gpu-bound ;;   # issue 40's noisy neighbour beside a decode bound by the GPU
   I) install; S=h200-runtime-oom-prompt-logprobs ;;   # issue 40's runtime OOM by stage
   J) install; S=h200-starts-history-budget ;;   # issue 40's start history and memory budget
   *) echo "unknown call $CALL"; exit 2 ;;

@@ -233,7 +233,13 @@ KV_AVAILABLE_RE = re.compile(r"Available KV cache memory: (?:(?P<gib>\d[\d.]*)|(
 #: 0.32.0's ``vllm/entrypoints/serve/utils/api_utils.py``, ``api_utils.py`` in the 0.26.0 H200 log): the utilization
 #: where it was given. A default one is not said there; vtop takes none from a table of defaults (0.92 in 0.32.0's
 #: ``CacheConfig``, not the same in every version)
-NONDEFAULT_UTIL_RE = re.compile(r"non-default args: \{.*'gpu_memory_utilization': (?P<util>[\d.]+)")
+NONDEFAULT_ARGS_RE = re.compile(r"non-default args: \{")
+#: what vtop reads of that dict: the utilization, and the step's token budget (--max-num-batched-tokens, what a
+#: runtime OOM of prompt logprobs is bounded by)
+NONDEFAULT_RES: dict[str, re.Pattern[str]] = {
+    "gpu_memory_utilization": re.compile(r"'gpu_memory_utilization': (?P<v>[\d.]+)"),
+    "max_num_batched_tokens": re.compile(r"'max_num_batched_tokens': (?P<v>\d+)"),
+}
 KV_CPU_SET_RE = re.compile(r"Explicitly set \(?(?P<gib>[\d.]+)(?:/[\d.]+)?\)? GiB for KV cache")
 
 #: The GPU memory budget vLLM reports after profiling, by version (issue 40; vllm/v1/worker/gpu_worker.py):

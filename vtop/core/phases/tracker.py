@@ -66,7 +66,8 @@ from vtop.core.phases.patterns import (
     LAUNCH_RES,
     MAX_LEN_RE,
     MODEL_LOADING_RE,
-    NONDEFAULT_UTIL_RE,
+    NONDEFAULT_ARGS_RE,
+    NONDEFAULT_RES,
     NUM_BLOCKS_RE,
     PROFILE_RUN_RE,
     PROFILING_MARK_RE,
@@ -183,6 +184,16 @@ def _config_facts(table: dict[str, re.Pattern[str]]) -> Callable[[PhaseTracker, 
     return read
 
 
+def _nondefault_args(tr: PhaseTracker, msg: str) -> None:
+    """The API server's "non-default args: {...}": the facts of :data:`NONDEFAULT_RES` it gives (the first
+    start's word stands: an earlier value is kept)."""
+    for name, rx in NONDEFAULT_RES.items():
+        c = rx.search(msg)
+        if c:
+            v = c.group("v")
+            tr._facts.setdefault(name, float(v) if name == "gpu_memory_utilization" else int(v))
+
+
 _engine_config = _config_facts(CFG_RES)
 _sglang_config = _config_facts(SGL_CFG_RES)
 
@@ -223,7 +234,7 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
         _Line(ENGINE_WAIT_RE),
         _Line(ARCH_RE, None, (("architecture", ("v",), str, "set"),)),
         _Line(MAX_LEN_RE, None, (("max_model_len", ("v",), int, "set"),)),
-        _Line(NONDEFAULT_UTIL_RE, None, (("gpu_memory_utilization", ("util",), float, "default"),)),
+        _Line(NONDEFAULT_ARGS_RE, None, extra=_nondefault_args),
     )),
     (Phase.WEIGHTS, (
         _Line(WEIGHTS_START_RE, facts=(("model", ("model",), str, "default"),)),

@@ -250,6 +250,8 @@ class StartupFacts:
     mem_total_gib: float | None = None
     mem_free_at_start_gib: float | None = None
     gpu_memory_utilization: float | None = None
+    #: --max-num-batched-tokens where the API server's non-default args give it
+    max_num_batched_tokens: int | None = None
     mem_requested_gib: float | None = None
     weights_gib: float | None = None
     activation_peak_gib: float | None = None

@@ -102,6 +102,7 @@ class Diagnoser:
                 st.first_up_t = ev.now
             proc = ev.process_of(url)
             if proc is not None:
+                st.last_proc = proc
                 st.note_cpu(ev.now, proc, th.history_s)
                 st.gpu_pids.update(int(pid) for pid in proc.gpu_pids)
 

@@ -33,6 +33,7 @@ from vtop.model.fmt import clip, to_float
 if TYPE_CHECKING:
     from vtop.core.phases.types import Failure, LogLine
     from vtop.core.rules.state import ServerState
+    from vtop.model.procs import ServerProcess
 
 _OOM_RE = re.compile(
     r"OutOfMemoryError: CUDA out of memory\.(?: Tried to allocate (?P<amt>[\d.]+ [KMGT]?i?B|\d+ bytes))?"
@@ -212,6 +213,8 @@ class OomFinding:
     prompt_logprobs_frame: bool = False
     prompt_logprobs_requests: int = 0
     prompt_logprobs_max: int | None = None
+    #: the server's step budget (vLLM's --max-num-batched-tokens on its command line; None: not given there)
+    step_tokens: str | None = None
     #: the engine of the server or log (one of :data:`vtop.core.engines.ENGINES`; None: not known, read as the
     #: first): the fixes name its flags (:data:`vtop.core.engines.ENGINE_FLAGS`)
     engine: str | None = None
@@ -258,7 +261,7 @@ def _runtime_finding(f: OomFinding, ctx: Evidence, mem: Memory) -> OomFinding:
     url = f.target
     v = ctx.servers.get(url) if url else None
     st = mem.servers.get(url) if url else None
-    proc = ctx.process_of(url)
+    proc = ctx.process_of(url) or (st.last_proc if st is not None else None)
     mml = v.max_model_len if v is not None else None
     t1 = f.since
     kv_peak, pre, long_prompts, edge = _server_before(st, t1, mml, th)
@@ -272,11 +275,23 @@ def _runtime_finding(f: OomFinding, ctx: Evidence, mem: Memory) -> OomFinding:
     f = replace(
         f, prompt_logprobs_frame=frame, prompt_logprobs_requests=n_req, prompt_logprobs_max=most,
         max_model_len=mml, max_num_seqs=proc.max_num_seqs if proc is not None else None, kv_peak=kv_peak,
+        step_tokens=_step_tokens(ctx, proc, f),
         preemptions=pre, long_prompts=long_prompts, long_prompt_edge=edge,
         spikes=tuple(_mem_spikes(ctx, mem, url, t1)), fragmented_bytes=bytes_of(fm.group("amt")) if fm else None,
         uptime_s=uptime,
     )
     return replace(f, cls=_runtime_class(f, th))
+
+
+def _step_tokens(ctx: Evidence, proc: ServerProcess | None, f: OomFinding) -> str | None:
+    """The server's step budget: its command line's flag, else (no process: a doctor reading the log of a server
+    gone) the API server's non-default args in its log."""
+    got = flag(proc, flags_of(f.engine)["chunk"]) if proc is not None else None
+    if got:
+        return got
+    facts = ctx.startup.facts if ctx.startup is not None and (f.target is None or ctx.log_target == f.target) else None
+    n = facts.max_num_batched_tokens if facts is not None and facts.engine is None else None
+    return str(n) if n is not None else None
 
 
 def _prompt_logprobs(ctx: Evidence, line: str, arrival: float, th: Thresholds) -> tuple[bool, int, int | None]:
@@ -337,12 +352,18 @@ def _mem_spikes(ctx: Evidence, mem: Memory, url: str | None, t1: float) -> list[
     """The GPUs whose memory jumped ``mem_spike_pct`` points in the window before ``t1``."""
     th = mem.th
     t0 = t1 - th.transient_window_s
+    # The baseline is the memory while the server served: before it was up its KV cache was not yet
+    # allocated, and a server that filled 97 % of the card at start (the real H100 OOM of prompt logprobs
+    # 30 s after ready) did not "jump" to it. Seen up for less than the window: no baseline, no spike.
+    st = mem.servers.get(url) if url else None
+    up = st.first_up_t if st is not None and st.first_up_t is not None else None
+    b0 = t1 - 300.0 if up is None else max(t1 - 300.0, up)
     out = []
     for idx in mem.gpus_of(ctx, url) or sorted(mem.gpus):
         gs = mem.gpus.get(idx)
         if gs is None:
             continue
-        before = [p.mem_pct for p in gs.between(t1 - 300.0, t0) if p.mem_pct is not None]
+        before = [p.mem_pct for p in gs.between(b0, t0) if p.mem_pct is not None]
         peak_pts = [p.mem_pct for p in gs.between(t0, t1) if p.mem_pct is not None]
         tr = ctx.gpus.tracks.get(idx) if ctx.gpus is not None else None
         if tr is not None:
@@ -376,12 +397,19 @@ _FIX_RUNTIME: dict[str, tuple[str, ...]] = {
     ),
 }
 _FIX_RUNTIME["long_prompt"] = _FIX_RUNTIME["spike"]
+#: the prompt-logprobs stage, from vLLM 0.26.0's source: the V1 model runner (_get_prompt_logprobs_dict) takes the
+#: logits of every prompt token a step prefills at once, bf16, then their log_softmax in fp32 (tokens x vocabulary
+#: x 6 bytes: 25.5 GiB for a 30,000-token prompt at a 151,936-token vocabulary, the real H100 OOM's "Tried to
+#: allocate 8.49 GiB" being its bf16 third); the V2 runner (compute_prompt_logprobs_with_chunking) 1,024 rows at a
+#: time. --max-logprobs only refuses a request asking for more than it: prompt_logprobs=0 takes the same memory.
 _FIX_RUNTIME["prompt_logprobs"] = (
-    "Requests ask for prompt_logprobs: vLLM computes them over every token of the prompt (the prompt's logits, "
-    "tokens x vocabulary) in the step that prefills it. Cap what a request may ask with --max-logprobs (default 20; "
-    "prompt_logprobs=-1 asks for the whole vocabulary), or drop prompt_logprobs from the clients that send it.",
-    "Bound a step's work: a lower {chunk} (chunked prefill) splits a long prompt, and its prompt "
-    "logprobs, into smaller steps; a lower {len} rejects the longest prompts.",
+    "Bound a step's work: a lower {chunk} (chunked prefill) splits a long prompt into smaller steps, and its "
+    "prompt logprobs with it: they take the step's prompt tokens x the vocabulary x 6 bytes at once (bf16 "
+    "logits, then fp32 log-probabilities){step_now}; a lower {len} rejects the longest prompts.",
+    "Or drop prompt_logprobs from the clients that send it: --max-logprobs only refuses a request that asks "
+    "for more than it, and prompt_logprobs=0 takes the same memory.",
+    "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1; 0.26's default but for MoE and hybrid models) computes "
+    "them 1,024 prompt tokens at a time.",
     "Leave more headroom: lower {mem} a little.",
 )
 
@@ -421,7 +449,8 @@ def _before_lines(f: OomFinding, win: str) -> list[str]:
 def _runtime_words(f: OomFinding, win: str, tried: str, short: str) -> tuple[str, list[str], tuple[str, ...]]:
     """A runtime OOM's title, its stage's own evidence lines and its fix, by the stage it came in."""
     fl = flags_of(f.engine)
-    fix = tuple(t.format_map(fl) for t in _FIX_RUNTIME.get(f.cls, ()))
+    words = {**fl, "step_now": f"; this server runs with {fl['chunk']} {f.step_tokens}" if f.step_tokens else ""}
+    fix = tuple(t.format_map(words) for t in _FIX_RUNTIME.get(f.cls, ()))
     if f.cls == "kv_pressure":
         fix = (
             f"Lower {fl['seqs']}" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")

@@ -140,6 +140,9 @@ class ServerState:
         self.first_up_t: float | None = None
         self.gpu_idx: set[int] = set()
         self.gpu_pids: set[int] = set()
+        #: the server's process as last seen: what a rule says of a server that died with its fault (the real
+        #: H100 OOM of prompt logprobs reached vtop's log reader in the same second as the process's exit)
+        self.last_proc: ServerProcess | None = None
         #: how old the oldest in-flight request is at least (vtop/core/requests/metrics_bound.py)
         self.oldest = OldestInFlight()
         #: ... and from the time requests spent running against what the finished ones took (a closed loop)
