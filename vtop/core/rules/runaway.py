@@ -251,7 +251,7 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     lines += _quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f)
     if silent is not None:
         lines.append(_silent_line(silent))
-    lines += _mml_lines(v.max_model_len, f.rate, s.running)
+    lines += _mml_lines(v.max_model_len, f.rate, s.running, shared=f.path == "age" and _finished_within(st, s, f))
     if f.path == "quiet":
         lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len)
         lines += [gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)"
@@ -350,12 +350,25 @@ def _busy_lines(ev: Evidence, st: ServerState, s: Sample) -> list[str]:
     return [f"running > 0 since vtop started watching, {dur(est)} ago: the oldest has run at least {dur(est)}"]
 
 
-def _mml_lines(mml: int | None, rate: float, n: float | None) -> list[str]:
+def _finished_within(st: ServerState, s: Sample, f: Finding) -> bool:
+    """Requests finished over the rate's window: their tokens count in it."""
+    a = st.at(s.t - f.rate_window_s)
+    return a is not None and a is not s and s.done is not None and a.done is not None and s.done > a.done
+
+
+def _mml_lines(mml: int | None, rate: float, n: float | None, *, shared: bool = False) -> list[str]:
+    """How far a request without max_tokens may run. ``shared``: the rate counts the tokens of requests that
+    finished around the long one (the age path), so it is not the long one's: no time is worked out from it.
+    On the real run of two servers on one H100 (tests/fixtures/h100-two-servers) the runaway shared its
+    server with short requests: 1,039 tok/s over 1 running gave "up to 32s" for a request 46 s old."""
     if not mml:
         return []
     per_req = rate / n if n else rate
     line = f"max_model_len {num(mml)}: a chat request without max_tokens may generate up to {num(mml)} - prompt tokens"
-    if per_req > 0:
+    if shared:
+        line += (f"; {rate:,.0f} tok/s is the server's whole rate, with the requests that finish around it, not "
+                 "this request's own")
+    elif per_req > 0:
         line += f"; at {per_req:,.0f} tok/s per request that is up to {dur(mml / per_req)}"
     return [line]
 
