@@ -269,12 +269,23 @@ async def h100_starts(name: str, size: tuple[int, int]) -> None:
 H100_KV = ("startup-h100-kv-failure-fit.svg", "startup-h100-kv-failure-fit-80x24.svg")
 
 
+#: issue 40 on the lent H100 (session 25): the noisy neighbour named beside a 7B-shaped model
+#: (tests/corpus/traces/h100-neighbour-gpu-bound, 25 s after the matmuls began), and the runtime OOM of prompt
+#: logprobs named by its stage with the startup panel saying it after ready (h100-runtime-oom-prompt-logprobs)
+H100_RUNTIME = ("neighbour-h100-alert.svg", "neighbour-h100-alert-80x24.svg", "oom-h100-prompt-logprobs.svg",
+                "oom-h100-prompt-logprobs-80x24.svg")
+
+
 async def h100() -> None:
     await h100_starts(H100_STARTS[0], (120, 40))
     await h100_starts(H100_STARTS[1], (80, 24))
     for name, size in zip(H100_KV, ((120, 40), (80, 24)), strict=True):
         await corpus_trace("h100-startup-failure-max-model-len", name, after_event="fit_launch", offset_s=-2.0,
                            size=size)
+    for name, size in zip(H100_RUNTIME[:2], ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("h100-neighbour-gpu-bound", name, after_event="neighbour_ready", offset_s=25.0, size=size)
+    for name, size in zip(H100_RUNTIME[2:], ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("h100-runtime-oom-prompt-logprobs", name, after_event="oom_burst", offset_s=5.0, size=size)
 
 
 #: two real vLLM servers on one GPU (issue 39; ``python -m tools.make_screenshots two``), recorded by vtop on a lent
@@ -368,7 +379,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
-    *H100_STARTS, *H100_KV, *TWO_SERVERS,
+    *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS,
 )
 
 
