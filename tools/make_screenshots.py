@@ -269,37 +269,59 @@ async def h100_starts(name: str, size: tuple[int, int]) -> None:
 H100_KV = ("startup-h100-kv-failure-fit.svg", "startup-h100-kv-failure-fit-80x24.svg")
 
 
+#: issue 40 on the lent H100 (session 25): the noisy neighbour named beside a 7B-shaped model
+#: (tests/corpus/traces/h100-neighbour-gpu-bound, 25 s after the matmuls began), and the runtime OOM of prompt
+#: logprobs named by its stage with the startup panel saying it after ready (h100-runtime-oom-prompt-logprobs)
+H100_RUNTIME = ("neighbour-h100-alert.svg", "neighbour-h100-alert-80x24.svg", "oom-h100-prompt-logprobs.svg",
+                "oom-h100-prompt-logprobs-80x24.svg")
+
+
 async def h100() -> None:
     await h100_starts(H100_STARTS[0], (120, 40))
     await h100_starts(H100_STARTS[1], (80, 24))
     for name, size in zip(H100_KV, ((120, 40), (80, 24)), strict=True):
         await corpus_trace("h100-startup-failure-max-model-len", name, after_event="fit_launch", offset_s=-2.0,
                            size=size)
+    for name, size in zip(H100_RUNTIME[:2], ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("h100-neighbour-gpu-bound", name, after_event="neighbour_ready", offset_s=25.0, size=size)
+    for name, size in zip(H100_RUNTIME[2:], ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("h100-runtime-oom-prompt-logprobs", name, after_event="oom_burst", offset_s=5.0, size=size)
 
 
-#: two real vLLM servers on one H200 (issue 39; ``python -m tools.make_screenshots two``): the screen while the
-#: runaway on :8000 and the stopped EngineCore of :8001 are both named, and the process view (P)
-TWO_SERVERS_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h200-two-servers" / "rec.jsonl.gz"
-TWO_SERVERS = ("two-servers-h200.svg", "two-servers-h200-80x24.svg", "two-servers-h200-processes.svg")
+#: two real vLLM servers on one GPU (issue 39; ``python -m tools.make_screenshots two``), recorded by vtop on a lent
+#: H100 (session 25, tools/device/h200_two_servers.sh): the screen while the runaway on :8000 and the stopped
+#: EngineCore of :8001 are both named, and the process view (P)
+TWO_SERVERS_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h100-two-servers" / "rec.jsonl.gz"
+TWO_SERVERS = ("two-servers-h100.svg", "two-servers-h100-80x24.svg", "two-servers-h100-processes.svg",
+               "two-servers-h100-gpu-card.svg")
 
 
-async def two_servers(name: str, size: tuple[int, int], keys: tuple[str, ...] = ()) -> None:
-    """vtop's own recording of two vLLM 0.26.0 servers on one H200 (tools/device/h200_two_servers.sh), replayed
-    to one second after the first poll at which a runaway alert and a stall alert are both up."""
+async def two_servers(name: str, size: tuple[int, int], keys: tuple[str, ...] = (), *, load: bool = False) -> None:
+    """vtop's own recording of two vLLM 0.26.0 servers on one H100 80GB (tools/device/h200_two_servers.sh, which
+    runs on either card), replayed to one second after the first poll at which a runaway alert and a stall alert
+    are both up; ``load``: to 5 s into the load on :8000 (32 running), where the GPU card has the room to list
+    both EngineCores."""
     def both(app: Any) -> bool:
         rules = {a.rule for a in app.monitor.alerts}
         return "runaway" in rules and bool(rules & {"engine_stall", "stall"})
 
-    await replay_until(TWO_SERVERS_REC, name, size, both, title="h200-two-servers", keys=keys)
+    def loaded(app: Any) -> bool:
+        ws = app.monitor.servers.get("http://127.0.0.1:8000")
+        v = ws.last_view if ws is not None else None
+        return v is not None and v.metrics is not None and (v.metrics.running or 0) >= 16
+
+    await replay_until(TWO_SERVERS_REC, name, size, loaded if load else both, title="h100-two-servers", keys=keys,
+                       after_s=5.0 if load else 1.0)
 
 
 async def two() -> None:
     if not TWO_SERVERS_REC.exists():
-        print("no", TWO_SERVERS_REC, "(made on the H200 by tools/device/h200_two_servers.sh): skipped")
+        print("no", TWO_SERVERS_REC, "(made on the GPU machine by tools/device/h200_two_servers.sh): skipped")
         return
     await two_servers(TWO_SERVERS[0], (120, 40))
     await two_servers(TWO_SERVERS[1], (80, 24))
     await two_servers(TWO_SERVERS[2], (120, 40), keys=("P",))
+    await two_servers(TWO_SERVERS[3], (120, 40), load=True)
 
 
 #: the real SGLang 0.5.17 on the H200 (issue 42; ``python -m tools.make_screenshots sglang``), from vtop's own
@@ -357,7 +379,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
-    *H100_STARTS, *H100_KV,
+    *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS,
 )
 
 
@@ -466,7 +488,7 @@ if __name__ == "__main__":
         asyncio.run(fleet())
     elif sys.argv[1:] == ["h100"]:  # only the H100 starts' startup panel (issue 40)
         asyncio.run(h100())
-    elif sys.argv[1:] == ["two"]:  # only the two servers on one H200 (issue 39)
+    elif sys.argv[1:] == ["two"]:  # only the two servers on one GPU (issue 39; recorded on an H100)
         asyncio.run(two())
     elif sys.argv[1:2] == ["sglang"]:  # only SGLang on the H200 (issue 42); [REC OUTDIR URL]: another recording
         more = sys.argv[2:5]

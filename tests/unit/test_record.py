@@ -67,3 +67,37 @@ def test_real_h200_sampler_recording_reads_back() -> None:
     r = ReplayGpuSource(polls[:2])
     assert r.poll() is polls[0] and r.poll() is polls[1]
     assert r.poll().message == "end of recording"
+
+
+def test_a_log_vtop_finds_itself_records_its_servers_launch(tmp_path: Path) -> None:
+    """With no --log, vtop follows the log of the server it finds (its stdout) and marks the server's launch on
+    the phase tracker: that mark is in the recording. It was marked before the recorder was attached: the real
+    two-server run on an H100 (tests/fixtures/h100-two-servers) has no launch mark, so its replay began the
+    start at the log's first line, 22 s after the launch ("ready in 1 min 03 s" for a start of 85 s)."""
+    import dataclasses
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import diag_fixtures as F
+    from vtop.config import Config
+    from vtop.monitor import Monitor
+
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:  # a process whose stdout is a file: the log vtop finds for it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=out,
+                                 stderr=subprocess.STDOUT)
+    try:
+        sp = dataclasses.replace(F.cpu_process(), pid=child.pid, create_time=round(time.time() - 22.0, 2))
+        f = tmp_path / "rec.jsonl"
+        rec = Recorder(f)
+        m = Monitor(Config(urls=(sp.url,), no_gpu=True), recorder=rec)
+        m.add_cli_urls()
+        m.apply_procs([sp])
+        assert m.log_watch is not None, m.log_message
+        rec.close()
+    finally:
+        child.kill()
+        child.wait()
+    launch = [r for r in read(f) if r["kind"] == "logmark" and r["what"] == "launch"]
+    assert [r["epoch"] for r in launch] == [sp.create_time], launch

@@ -1,4 +1,5 @@
-"""Two real vLLM servers on one H200, recorded by vtop itself (issue 39; run by h200_two_servers.sh).
+"""Two real vLLM servers on one GPU (an H200 or an H100), recorded by vtop itself (issue 39; run by
+h200_two_servers.sh; session 25's run, on an H100, is tests/fixtures/h100-two-servers/).
 
 On the GPU machine, after the shared recipe's install (``/tmp/site``, ``/tmp/tiny``), from the repo root::
 

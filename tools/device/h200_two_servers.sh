@@ -1,5 +1,7 @@
 #!/bin/bash
-# h200_two_servers.sh   (on the GPU machine, from the repo root): issue 39's two vLLM servers on one H200.
+# h200_two_servers.sh   (on the GPU machine, from the repo root): issue 39's two vLLM servers on one GPU, an H200
+# or an H100 (the name is the plan's; the script runs on either card). The recording of session 25 (2026-12-05,
+# VTOP_TWO_BUDGET_S=360) ran on a lent H100 80GB: it is tests/fixtures/h100-two-servers/ (named for its card).
 # One `run` call after the shared recipe's call 1 (part00 and vtop-whl received on the same machine). With
 # .vllm-gpu/part01 and .vllm-gpu/device carried, it receives part01 and runs install.sh first (as
 # h200_corpus.sh A does, ~45 s); without them vLLM (/tmp/site) and /tmp/tiny must be installed already
@@ -7,7 +9,7 @@
 # with vtop recording both from before the first launch (`vtop --once --json --window ... --record`,
 # no --log), then: both idle, load on 8000, a runaway on 8000 while 8001's EngineCore is SIGSTOPped,
 # and stops both (tools/device/h200_two_servers.py says the timeline). About 7 minutes.
-# Comes back as $OUT/h200-two-servers.tgz: rec.jsonl.gz (for tests/fixtures/h200-two-servers/), report.json,
+# Comes back as $OUT/h200-two-servers.tgz: rec.jsonl.gz (for tests/fixtures/<card>-two-servers/), report.json,
 # the servers' logs, events.jsonl, nvidia-smi.txt. Dry run elsewhere: VTOP_H200_VLLM_BIN, VTOP_H200_MODEL.
 set -u
 D=/tmp/two; rm -rf "$D"; mkdir -p "$D"

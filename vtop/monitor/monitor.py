@@ -257,6 +257,23 @@ class Monitor:
             return None
         return self.last_seen(ws.last_view)
 
+    def server_gpus(self, url: str) -> list[tuple[int, int | None]]:
+        """``(GPU index, bytes)`` of each GPU the server's processes are on by the last NVML poll, with the
+        memory they hold there (None: NVML gave no number for one of them): what its card names, so two
+        servers on one GPU each say theirs (issue 39: "gpu0 32.4 GiB" on each of the H100's two)."""
+        ws = self.servers.get(url)
+        sp = ws.process if ws is not None else None
+        poll = self.gpu_history.last_poll
+        if sp is None or poll is None:
+            return []
+        pids = {int(sp.pid), *(int(c.pid) for c in sp.children)}
+        out: list[tuple[int, int | None]] = []
+        for g in poll.gpus:
+            mine = [p.used_bytes for p in (g.procs or ()) if int(p.pid) in pids]
+            if mine:
+                out.append((g.index, None if any(b is None for b in mine) else sum(b for b in mine if b is not None)))
+        return out
+
     def last_seen(self, view: ServerView) -> LastSeen | None:
         """``view``'s gauges as last seen when they are not live (:meth:`ServerView.last_seen`), said
         "when the engine died" when the log of that server says its engine died after it was ready."""
@@ -765,11 +782,11 @@ class Monitor:
         from vtop.monitor.logwatch import LogWatch
 
         sp = mine[0]
-        watch, where = LogWatch.for_server(sp, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
+        watch, where = LogWatch.for_server(sp, clock=self.clock, recorder=self.recorder,
+                                           stall_threshold_s=self.config.stall_threshold)
         self._say_log(f"vLLM log: {where}")
         if watch is None:
             return
-        watch.recorder = self.recorder
         self.log_watch = watch
         self._launch_marked = sp.key
         self.log_server = next((u for u in self.servers if url_matches(u, sp)), None)

@@ -156,6 +156,7 @@ class Player:
         self.raw = bool(header.get("raw"))
         """A raw trace (:mod:`vtop.sources.recording.trace`): no recorded launch/ready marks, so the
         monitor works them out from the process table and the health answers, as live."""
+        self._lost_launch = self._find_lost_launch(events)
         self.monitor = self._new_monitor()
         self.on_paused: Callable[[bool], None] | None = None
         """Told when the player pauses or resumes (the screen stops its timer)."""
@@ -176,6 +177,27 @@ class Player:
         self.note = ""
         """Why the player paused by itself (the status line says it)."""
         self._alerts_seen: set[str] = set()
+
+    def _find_lost_launch(self, events: list[RecordEvent]) -> tuple[int, float, float] | None:
+        """A launch mark the recording lost: ``(index of the process scan, epoch, monotonic)``. Before the fix
+        of issue 39, vtop that found a server's log itself marked its launch before its recorder was attached,
+        so its recordings hold the log and no launch mark: replayed, the start began at the log's first line
+        (the real two-server run on an H100, tests/fixtures/h100-two-servers: "ready in 1 min 03 s" for a start
+        of 85 s, the first line 22 s after the launch). The live monitor marked it at the first process scan
+        with a server behind a watched URL, from that process's start time: the same here. None where the
+        recording has a launch mark, no log, or is a raw trace (the monitor works it out live)."""
+        if self.raw or not self.has_log or any(e.kind == "logmark" and e.data.get("what") == "launch" for e in events):
+            return None
+        from vtop.sources.urls import url_matches
+
+        for i, e in enumerate(events):
+            if e.kind != "procs":
+                continue
+            mine = [sp for sp in e.data if any(url_matches(u, sp) for u in self.urls)]
+            if mine:
+                ct = mine[0].create_time
+                return (i, float(ct), e.mono - max(0.0, e.t - ct)) if ct and e.t else None
+        return None
 
     def _new_monitor(self) -> Monitor:
         from vtop.monitor.logwatch import LogWatch
@@ -238,6 +260,10 @@ class Player:
                     m.tick()  # once per round of polls: the rules keep state from one round to the next
             elif e.kind == "procs":
                 m.apply_procs(list(e.data))
+                lost = self._lost_launch
+                if lost is not None and lost[0] == self._i - 1 and lw is not None:
+                    lw.mark_process_start(lost[1], lost[2])
+                    self._poll_log()
             elif e.kind == "conns":
                 # at the live cadence: the first read at once, then as the monitor asks (every 10 s,
                 # every 2 s while a long answer streams; a trace holds one a second, vtop's own

@@ -549,6 +549,11 @@ class VtopApp(ActionKeys, ViewKeys):
             card.max_num_seqs = p.max_num_seqs if p is not None else card.max_num_seqs
             # a process gone (a failed start, a stop) leaves no pid in the title: the body says none runs
             card.extra_title = "" if p is None else f"pid {p.pid}" + (f" TP={p.tp}" if p.tp > 1 else "")
+            gpus = self.monitor.server_gpus(url) if p is not None else []
+            if gpus:  # its GPUs and what it holds there: two servers on one GPU each say theirs
+                held = [b for _, b in gpus]
+                mem = "" if any(b is None for b in held) else f" {sum(b for b in held if b is not None) / GIB:.1f} GiB"
+                card.extra_title += f" · gpu{','.join(str(i) for i, _ in gpus)}{mem}"
             if ws.last_view is not None:
                 card.seen = self.monitor.last_seen(ws.last_view)
                 card.backfill = self.monitor.backfill(url)

@@ -147,6 +147,11 @@ def kv_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerSt
     s = st.last
     if s is None or v.state not in LIVE or s.kv is None:
         return None
+    if not s.running and not s.waiting:
+        # nothing running and nothing waiting: nothing competes for the cache now, however full the window
+        # behind was (the real H100 load that ended at 97 %: the window rule still held for 12 s at 0 %,
+        # and the alert read "KV cache full: 0 %"); only the bursts the log holds from before vtop looked
+        return _burst_finding(ctx, mem, url, st)
     now = ctx.now
     since = st.kv_high_since if st.kv_high_since is not None and now - st.kv_high_since >= th.kv_saturation_s else None
     if since is None:

@@ -38,6 +38,8 @@ class Rate:
     per_req: float
     tok_s: float
     running: float
+    #: the seconds it was measured over (the samples' span): every face says it with the rate
+    span_s: float = 0.0
 
 
 def per_request_rate(st: ServerState, a: float, b: float) -> Rate | None:
@@ -53,7 +55,7 @@ def per_request_rate(st: ServerState, a: float, b: float) -> Rate | None:
         return None
     tok_s = (g1 - g0) / (smp[-1].t - smp[0].t)
     running = fmean([float(r) for r in runs if r is not None])
-    return Rate(tok_s / running, tok_s, running)
+    return Rate(tok_s / running, tok_s, running, smp[-1].t - smp[0].t)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,11 @@ def neighbour_findings(ev: Evidence, mem: Memory, idx: int) -> list[NeighbourFin
         if st is None:
             continue
         mine = set(st.gpu_pids) | {pid for pid, (u, _r) in ev.pid_owner.items() if u == url}
-        f = _neighbour(ev, th, gs, st, idx, url, mine) or _slowdown(ev, th, gs, st, idx, url)
+        f = _neighbour(ev, th, gs, st, idx, url, mine)
+        if f is None and _streak_start(gs, ev.now, lambda p, mine=mine: bool(_others(p, mine, th))) is None:
+            # a slowdown reason while another process runs kernels here is that process's doing (the real
+            # H100 matmul neighbour pushed the card to its power cap: one incident, the neighbour's alert)
+            f = _slowdown(ev, th, gs, st, idx, url)
         if f is not None:
             out.append(f)
     return out
@@ -117,7 +123,14 @@ def _compare(st: ServerState, th: Thresholds, since: float, now: float) -> tuple
     """The rate per request in the minute before ``since`` and over the streak, when it fell enough."""
     if now - since < th.neighbour_s:
         return None
-    before = per_request_rate(st, since - th.neighbour_baseline_s, since - 1e-6)  # up to the streak, not its first
+    # the minute before, or the part of it the server was busy (a neighbour that came 40 s after the load
+    # began, as on the real H100 recording, has 40 s to compare with), at least ``neighbour_s``
+    a = since - th.neighbour_baseline_s
+    if st.busy_since is not None and st.busy_since > a:
+        a = st.busy_since
+    if since - a < th.neighbour_s:
+        return None
+    before = per_request_rate(st, a, since - 1e-6)  # up to the streak, not its first
     during = per_request_rate(st, max(since, now - 2 * th.neighbour_s), now)
     if before is None or during is None or before.per_req <= 0:
         return None
@@ -160,7 +173,7 @@ def _slowdown(ev: Evidence, th: Thresholds, gs: GpuState, st: ServerState, idx: 
 def _rate_line(f: NeighbourFinding, th: Thresholds) -> str:
     b, d = f.before, f.during
     return (f"{short_url(f.url)}: {d.per_req:.1f} tok/s per running request now ({d.tok_s:.0f} tok/s, "
-            f"{d.running:.1f} running), {b.per_req:.1f} in the {dur(th.neighbour_baseline_s)} before "
+            f"{d.running:.1f} running), {b.per_req:.1f} in the {dur(b.span_s)} before "
             f"({b.tok_s:.0f} tok/s, {b.running:.1f} running): {f.drop_pct:.0f} % slower")
 
 

@@ -77,6 +77,9 @@ class StallFinding:
     proc_lines: tuple[str, ...] = ()
     #: the engine serving it (:data:`vtop.core.engines.ENGINES`; None: not known, vLLM's words)
     engine: str | None = None
+    #: nothing running by /metrics, named from the engine processes stopped (state T; their gauges froze with
+    #: them): which, in words ("VLLM::EngineCore (pid 1685)"); None: named from /metrics
+    idle_stopped: str | None = None
 
 
 def engine_stall(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
@@ -138,10 +141,12 @@ def _conns_silent(ctx: Evidence, url: str, st: ServerState) -> _Dated | None:
 
 def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> StallFinding | None:
     s = st.last
-    if s is None or v.state not in LIVE or not s.running or s.running <= 0:
+    if s is None or v.state not in LIVE:
         return None
     if v.sleep_level:  # put to sleep (POST /sleep): it makes no tokens on purpose, not a stall
         return None
+    if not s.running or s.running <= 0:
+        return _stopped_while_idle(ctx, mem, url, v, st)
     got = _stall_since(ctx, url, st)
     if got is None:
         return None
@@ -156,10 +161,12 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
                  *_process_lines(ctx, mem, url, st, got.since)), st.first_t))
         return None
     since, now = got.since, ctx.now
-    gpus = []
+    gpus: list[tuple[str, float | None, float | None]] = []
     for idx in mem.gpus_of(ctx, url):
-        gl = mem.gpu_line(idx, since, now)
-        if gl:
+        gl = _shared_gpu_line(ctx, mem, url, idx, since, now)
+        if gl and _shared_with(ctx, url, idx):
+            gpus.append((gl, None, None))  # another server's work counts in its GPU-Util: no reading of it
+        elif gl:
             pts = mem.gpus[idx].between(since, now)
             utils = [p.util for p in pts if p.util is not None]
             sms = [p.sm for p in pts if p.sm is not None]
@@ -170,6 +177,69 @@ def stall_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
         tuple(mem.xid_lines(ctx, url, since - 60.0, now)), xid_short(mem.xids_near(ctx, url, since - 60.0, now)),
         got.source, tuple(_process_lines(ctx, mem, url, st, since)), engine_of(ctx, url),
     )
+
+
+def _stopped_while_idle(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> StallFinding | None:
+    """No request running by ``/metrics``, and an engine process (the EngineCore or a worker) stopped (state
+    T) at every process scan over ``stopped_min_span_s`` (two scans at least: one scan may catch a py-spy
+    dump's stop of a few milliseconds). vLLM's gauges are the EngineCore's scheduler stats, sent with its
+    outputs: a stopped engine sends none, so ``/metrics`` keeps its last word (0 running) while the requests
+    sent to it wait unseen. The real run of two servers on one H100 (tests/fixtures/h100-two-servers: the
+    EngineCore of :8001 SIGSTOPped 75 s with 4 requests sent to it) read 0 running, 0 waiting throughout, and
+    vtop named nothing. One scan of it is a :class:`~vtop.core.rules.alert.Pending` finding (the live feed
+    scans again within seconds while one is pending)."""
+    proc = ctx.process_of(url)
+    if proc is None or not st.cpu_samples:
+        return None
+    engine = set(proc.engine_pids()) | set(proc.worker_pids())
+    if not engine:
+        return None
+    t = stopped_since(st, lambda s: engine, any_of=True)
+    if t is None:
+        return None
+    seen = st.cpu_samples[-1].t - t  # between the first scan that saw it stopped and the newest one
+    if seen < mem.th.stopped_min_span_s:
+        mem.pending.append(Pending(
+            "engine_stall", url, t, mem.th.stopped_min_span_s,
+            "an engine process stopped (state T) while /metrics answers with nothing running",
+            "an engine stall", tuple(_process_lines(ctx, mem, url, st, t)), st.cpu_samples[0].t))
+        return None
+    s = st.last
+    assert s is not None
+    last = st.cpu_samples[-1]
+    who = ", ".join(f"{last.names.get(p, 'process')} (pid {p})" for p in sorted(engine)
+                    if last.states.get(p) in STOPPED)
+    gpus: tuple[tuple[str, float | None, float | None], ...] = tuple(
+        (gl, None, None) for gl in (_shared_gpu_line(ctx, mem, url, idx, t, ctx.now) for idx in mem.gpus_of(ctx, url))
+        if gl)
+    return StallFinding(
+        url, t, ctx.now, False, s.running, s.waiting, s.gen, s.prompt, None, v.health, v.latency_s, gpus,
+        tuple(mem.xid_lines(ctx, url, t - 60.0, ctx.now)), xid_short(mem.xids_near(ctx, url, t - 60.0, ctx.now)),
+        "the process table", tuple(_process_lines(ctx, mem, url, st, t)), engine_of(ctx, url), who,
+    )
+
+
+def _shared_with(ctx: Evidence, url: str, idx: int) -> list[str]:
+    """The other watched servers with a process on GPU ``idx`` now."""
+    return sorted(u for u in ctx.gpu_owner.get(idx, []) if u != url)
+
+
+def _shared_gpu_line(ctx: Evidence, mem: Memory, url: str, idx: int, a: float, b: float) -> str | None:
+    """The GPU's line over the silence; where other servers share the GPU, whose work its GPU-Util counts
+    and, from NVML's per-process samples where the driver gives them, this engine's own share of the SMs
+    (two servers on one GPU: the GPU-Util of a frozen engine's GPU is the other server's)."""
+    gl = mem.gpu_line(idx, a, b)
+    others = _shared_with(ctx, url, idx)
+    if gl is None or not others:
+        return gl
+    gl += f", shared with {', '.join(short_url(u) for u in others)} (its work counts in it)"
+    proc = ctx.process_of(url)
+    last = ctx.gpus.tracks[idx].last if ctx.gpus is not None and idx in ctx.gpus.tracks else None
+    mine = set(proc.gpu_pids) if proc is not None else set()
+    own = [gp.sm_util for gp in (last.procs or ()) if int(gp.pid) in mine and gp.sm_util is not None] if last else []
+    if own:
+        gl += f"; this engine's own share of the SMs {sum(own):.0f} % (NVML per-process samples, last poll)"
+    return gl
 
 
 def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
@@ -238,6 +308,8 @@ def _stall_fix(engine: str | None) -> tuple[str, ...]:
 
 def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
     """The words of an engine stall."""
+    if f.idle_stopped is not None:
+        return _idle_stall_alert(f, th)
     about = "about " if f.about else ""
     span = dur(f.now - f.since)
     ev = [
@@ -267,4 +339,24 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
         fix = ("An XID on its GPU came with the stall: the GPU faulted (see the XID above); check "
                "`nvidia-smi -q` and the kernel log (dmesg | grep -i xid), reset or replace the GPU.", *fix)
         title += f"; {f.xid_title}"
+    return Alert("engine_stall", "critical", title, tuple(ev), fix, f.url, f.since)
+
+
+def _idle_stall_alert(f: StallFinding, th: Thresholds) -> Alert:
+    """The words of an engine stopped while ``/metrics`` says nothing runs (:func:`_stopped_while_idle`)."""
+    span = dur(f.now - f.since)
+    ev = [*f.proc_lines,
+          f"/metrics says running {num(f.running)}, waiting {num(f.waiting)}, generation tokens {num(f.gen)}: vLLM's "
+          "gauges come from the engine's scheduler stats, so they froze when it stopped; requests sent to it now "
+          "wait, unseen by /metrics"]
+    if f.health is not None or f.latency_s is not None:
+        lat = f", /metrics in {f.latency_s * 1000:.0f} ms" if f.latency_s is not None else ""
+        ev.append(f"the server still answers (/health {f.health if f.health is not None else '?'}{lat}): "
+                  "the API server is alive, the engine is not running")
+    ev.extend(gl for gl, _mu, _ms in f.gpus)
+    ev.extend(f.xid_lines)
+    title = (f"Engine stalled on {short_url(f.url)}: {f.idle_stopped} stopped (state T) for {span}, "
+             "/metrics frozen at 0 running")
+    fix = ("A stopped process waits for a SIGCONT: find who sent the SIGSTOP (a debugger, a job-control Ctrl-Z, "
+           "a watchdog) and `kill -CONT` the pid above, or restart the server.", *_stall_fix(f.engine))
     return Alert("engine_stall", "critical", title, tuple(ev), fix, f.url, f.since)

@@ -10,6 +10,7 @@ by colour alone (NO_COLOR and 16-colour terminals).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 
 from rich.cells import cell_len
@@ -67,6 +68,17 @@ def short_gpu_name(name: str) -> str:
     return name
 
 
+def head_name(name: str, width: int = 6) -> str:
+    """The GPU's name in ``width`` cells of the one-line card, cut at a word (or a dash): ``H100 80GB HBM3``
+    is ``H100``, not ``H100 8``, which read as a count on the real H100 of issue 39; cut in a word only where
+    its first word is longer."""
+    n = short_gpu_name(name)
+    if len(n) <= width:
+        return n
+    m = re.match(rf"^(.{{1,{width}}})(?=[ -])", n)
+    return m.group(1) if m else n[:width]
+
+
 def layout_for(n_gpus: int, width: int, height: int) -> tuple[bool, int]:
     """(compact, columns) for ``n_gpus`` in a panel of at most ``height`` rows.
 
@@ -99,7 +111,7 @@ def gpu_line(view: GpuPanel, tr: GpuTrack, width: int) -> list[Run]:
     g = tr.last
     if g is None:
         return [(f"{tr.index} waiting for the first sample…", "dim")]
-    head = f"{g.index} {short_gpu_name(g.name)[:6]:<6} "
+    head = f"{g.index} {head_name(g.name):<6} "
     runs: list[Run] = [(head, "label")]
     if g.lost:
         runs.append(("LOST: GPU fell off the bus or hung; others go on", "lost"))

@@ -157,14 +157,14 @@ class ServerCard(_RunsWidget):
         self.now = now
         word = state_word(view)
         bits = [f"vLLM {view.url}", word]
+        if self.extra_title:  # its process and GPUs before the model: they stay in an 80-column title
+            bits.append(self.extra_title)
         if view.model_id:
             bits.append(view.model_id)
         if view.version:
             bits.append(f"v{view.version}")
         if view.max_model_len:
             bits.append(f"max_model_len {view.max_model_len:,}")
-        if self.extra_title:
-            bits.append(self.extra_title)
         title = " · ".join(bits)
         if title != self.border_title:
             self.border_title = title
