@@ -170,6 +170,24 @@ def test_a_silent_answer_beside_decoding_traffic_is_no_runaway_and_a_real_one_sa
     assert any("10.0.0.8:6666" in f for f in a.fix) and not any("10.0.0.7" in f for f in a.fix)
 
 
+def test_a_batch_of_streams_of_one_age_waits_for_runaway_s_and_a_lone_one_does_not() -> None:
+    """The real H100 recording h100-neighbour-gpu-bound: 32 streams sent together (max_tokens 8,192, none done),
+    each as old as the others. Nothing finished to say what is ordinary: a batch of long answers looks the same
+    as many runaways, so the oldest is named at runaway_s (2 min), not at 45 s. One stream as old beside young
+    ones stands apart and is named at 45 s."""
+    def batch(age0: float) -> Any:
+        return lambda i: [conn(f"10.0.1.{k}:7000", 0.05, age0 + i + 0.1 * k, acked=900 * (i + 1)) for k in range(8)]
+
+    young = decoding(20, batch(50.0), running=8.0)  # 50-70 s old, all eight
+    assert not any(a.rule == "runaway" for t in young for a in t), [a.title for t in young for a in t]
+    old = decoding(12, batch(112.0), running=8.0)  # past 120 s: named
+    assert any(a.rule == "runaway" for a in old[-1]), [a.title for a in old[-1]]
+    lone = decoding(20, lambda i: [conn("10.0.0.9:7001", 0.05, 50.0 + i, acked=900 * (i + 1)),
+                                   *(conn(f"10.0.2.{k}:7002", 0.05, 2.0 + i % 5, acked=100) for k in range(7))],
+                    running=8.0)
+    assert any(a.rule == "runaway" and "10.0.0.9:7001" in a.title for a in lone[-1]), [a.title for a in lone[-1]]
+
+
 @pytest.mark.parametrize("sent", [SILENT_S - 0.5, FLOWING_S + 0.5])
 def test_an_answer_that_ended_moments_ago_is_not_silent(sent: float) -> None:
     tr = ConnTracker()

@@ -17,10 +17,10 @@ place (:func:`_alert`):
 * by age (:func:`_by_age`): the oldest request has run ``runaway_age_s``, or ``runaway_age_ordinary_x``
   times what requests ordinarily take here, while tokens flow; time the generation counter stood
   still within the age (a frozen engine) does not count: that is the stall rule's. Where too few requests
-  finished to know what is ordinary and the oldest is not one apart (the log says it has no max_tokens, it
-  runs alone, or requests queue behind it with no preemption), the bound is ``runaway_s``: a batch of long
-  answers of one age looks the same as many runaways (h100-neighbour-gpu-bound: 32 streams of 8,192
-  tokens, none done at 46 s). A request whose
+  finished to know what is ordinary and the oldest is not one apart (the log says it has no max_tokens, or
+  no other request still answering came within ``PEER_AGE_S`` of it), the bound is ``runaway_s``: a batch
+  of long answers of one age looks the same as many runaways (h100-neighbour-gpu-bound: 32 streams of
+  8,192 tokens, none done at 46 s). A request whose
   client set ``max_tokens`` is shown as info ("long request"), not alarmed; a connection's client is
   named (its address and port);
 * quiet (:func:`_quiet`): requests running, generation tokens rising within ``rising_s``, and no
@@ -177,7 +177,7 @@ def _by_age(mem: Memory, url: str, st: ServerState, s: Sample) -> Finding | None
     ordinary = _ordinary_e2e_s(st)
     # --runaway-threshold below 45 s lowers this too: a flag works the same on both paths
     limit = max(min(th.runaway_age_s, th.runaway_s), th.runaway_age_ordinary_x * ordinary if ordinary else 0.0)
-    if ordinary is None and not _stands_out(st, s, oldest):
+    if ordinary is None and not _stands_out(mem, url, oldest):
         # many requests running and too few finished to know what is ordinary here: a batch of long answers
         # looks the same as many runaways, so the oldest is named only at the quiet path's bound, ``runaway_s``
         # (the real H100 recording of 32 streams of 8,192 tokens at 32-100 tok/s each: all 46 s old, none done)
@@ -190,16 +190,22 @@ def _by_age(mem: Memory, url: str, st: ServerState, s: Sample) -> Finding | None
     return Finding("age", oldest.since, oldest, rw[0], rw[1], ordinary_s=ordinary)
 
 
-def _stands_out(st: ServerState, s: Sample, oldest: InFlightRequest) -> bool:
+#: requests in flight this close in age to the oldest are its peers: one batch, sent together
+PEER_AGE_S = 10.0
+
+
+def _stands_out(mem: Memory, url: str, oldest: InFlightRequest) -> bool:
     """The oldest request is one apart, with nothing finished to compare it with: the request log says its
-    client sent no max_tokens, it runs alone, or requests queue behind it with no preemption since it came
-    (a queue of preempted requests is the KV cache's doing: the KV rule's)."""
-    if oldest.client_set_max_tokens is False or (s.running is not None and s.running <= 1):
+    client sent no max_tokens, or no other request still answering came within ``PEER_AGE_S`` of it (a
+    batch of answers of one age is as much a batch of long answers as of runaways)."""
+    if oldest.client_set_max_tokens is False:
         return True
-    if not s.waiting:
-        return False
-    a = st.at(oldest.since) if oldest.since is not None else None
-    return a is not None and a.preempt is not None and s.preempt is not None and s.preempt <= a.preempt
+    if oldest.age_min_s is None:
+        return True
+    answer = mem.in_flight.get(url)
+    others = answer.requests if answer is not None else ()
+    return not any(r is not oldest and r.answer_silent_s is None and r.age_min_s is not None
+                   and r.age_min_s >= oldest.age_min_s - PEER_AGE_S for r in others)
 
 
 def _quiet(ev: Evidence, mem: Memory, url: str, st: ServerState, s: Sample) -> Finding | None:
