@@ -803,13 +803,18 @@ def test_a_saturated_sglang_server_whose_requests_finish_is_no_runaway(finished_
     mon = Monitor(Config(urls=()), clock=clock, find_logs=False)
     url = "http://127.0.0.1:30000"
     said: list[str] = []
+    words: list[str] = []
     for text in _saturated_sglang_scrapes(180, finished_per_s):
         m = parse_vllm_metrics(text)
         assert m.engine_kind == "sglang" and m.running == 64.0
         mon.apply_server(url, ServerPoll(clock.time(), clock.monotonic(), url, True, None, "", None, 0, metrics=m))
-        said += [a.title for a in mon.tick() if a.target == url and a.rule == "runaway"]
+        got_alerts = [a for a in mon.tick() if a.target == url and a.rule == "runaway"]
+        said += [a.title for a in got_alerts]
+        words += [w for a in got_alerts for w in (*a.evidence, *a.fix)]
         clock.advance(1.0)
     assert bool(said) == runaway, said
+    # SGLang's words for the longest request: its context length, never vLLM's max_model_len
+    assert not any("max_model_len" in w for w in words), words
     view = mon.servers[url].last_view
     assert view is not None and view.finished is not None
     got = sum(view.finished.values())

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 
 #: role -> the engine's words. ``mem``: the memory fraction it takes; ``seqs``: the cap on requests in a
-#: batch; ``len``: the longest request; ``chunk``: a step's prefill budget (``chunk_how``: how to lower it);
+#: batch; ``len``: the longest request (``len_word``: what the engine calls that length); ``chunk``: a step's prefill budget (``chunk_how``: how to lower it);
 #: ``tp``: tensor parallelism; ``eager``: no CUDA graphs; ``graph_bs``: fewer CUDA graph sizes; ``name``;
 #: ``kv_fp8``: an fp8 KV cache; ``log_requests``: log each request (``log_requests_since``: the first version
 #: that needs the flag, vLLM's 0.10: before it requests were logged by default); ``gen_cap``: a server-side cap on generated
@@ -40,7 +40,7 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
-        "name": "vLLM", "mem": "--gpu-memory-utilization", "seqs": "--max-num-seqs", "len": "--max-model-len",
+        "name": "vLLM", "mem": "--gpu-memory-utilization", "seqs": "--max-num-seqs", "len": "--max-model-len", "len_word": "max_model_len",
         "chunk": "--max-num-batched-tokens",
         "chunk_how": "--enable-chunked-prefill (always on in V1) with a lower --max-num-batched-tokens, e.g. 2048",
         "tp": "--tensor-parallel-size", "eager": "--enforce-eager",
@@ -53,7 +53,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "stall_log": "No available shared memory broadcast block found in 60 seconds", "serve": "vllm serve", "log_name": "vllm.log",
     },
     "sglang": {
-        "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length",
+        "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length", "len_word": "context_length",
         "chunk": "--chunked-prefill-size", "chunk_how": "a lower --chunked-prefill-size, e.g. 2048",
         "tp": "--tp-size", "eager": "--disable-cuda-graph",
         "graph_bs": "--cuda-graph-max-bs (fewer, smaller graphs)",

@@ -130,8 +130,8 @@ def _flag_words(f: FlagFinding) -> tuple[str, str, str]:
     if f.kind == "no_cap":
         mml = f.max_model_len
         return (
-            f"no generation cap with max_model_len {num(mml)}",
-            f"max_model_len {num(mml)} and no {fl['gen_cap_flag']} max_new_tokens: a chat request without "
+            f"no generation cap with {fl['len_word']} {num(mml)}",
+            f"{fl['len_word']} {num(mml)} and no {fl['gen_cap_flag']} max_new_tokens: a chat request without "
             f"max_tokens may generate up to {num(mml)} - prompt tokens",
             "Cap generation: " + fl["gen_cap"].replace("{n}", str(cap_suggestion(mml))) + " (a hard cap since 0.20, "
             "and the default for "

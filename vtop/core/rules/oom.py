@@ -442,7 +442,7 @@ def _before_lines(f: OomFinding, win: str) -> list[str]:
            for idx, base, peak in f.spikes]
     if f.long_prompts > 0:
         ev.append(f"{plural(f.long_prompts, 'request')} with prompts above {num(f.long_prompt_edge)} tokens "
-                  f"(max_model_len {num(f.max_model_len)}) in the {win} before")
+                  f"({flags_of(f.engine)['len_word']} {num(f.max_model_len)}) in the {win} before")
     return ev
 
 

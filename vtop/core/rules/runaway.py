@@ -257,9 +257,11 @@ def _alert(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState, 
     lines += _quiet_lines(ev, st, s, f) if f.path == "quiet" else _age_lines(s, f)
     if silent is not None:
         lines.append(_silent_line(silent))
-    lines += _mml_lines(v.max_model_len, f.rate, s.running, shared=f.path == "age" and _finished_within(st, s, f))
+    word = flags_of(engine_of(ev, url))["len_word"]
+    lines += _mml_lines(v.max_model_len, f.rate, s.running, shared=f.path == "age" and _finished_within(st, s, f),
+                        word=word)
     if f.path == "quiet":
-        lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len)
+        lines += _finished_max_tokens_lines(mem, st, s, v.max_model_len, word)
         lines += [gl + " (supporting only: one decode stream keeps a big GPU far from 100 %)"
                   for gl in (mem.gpu_line(i, f.since, ev.now) for i in mem.gpus_of(ev, url)) if gl]
     if legit:
@@ -362,7 +364,8 @@ def _finished_within(st: ServerState, s: Sample, f: Finding) -> bool:
     return a is not None and a is not s and s.done is not None and a.done is not None and s.done > a.done
 
 
-def _mml_lines(mml: int | None, rate: float, n: float | None, *, shared: bool = False) -> list[str]:
+def _mml_lines(mml: int | None, rate: float, n: float | None, *, shared: bool = False,
+               word: str = "max_model_len") -> list[str]:
     """How far a request without max_tokens may run. ``shared``: the rate counts the tokens of requests that
     finished around the long one (the age path), so it is not the long one's: no time is worked out from it.
     On the real run of two servers on one H100 (tests/fixtures/h100-two-servers) the runaway shared its
@@ -370,7 +373,7 @@ def _mml_lines(mml: int | None, rate: float, n: float | None, *, shared: bool = 
     if not mml:
         return []
     per_req = rate / n if n else rate
-    line = f"max_model_len {num(mml)}: a chat request without max_tokens may generate up to {num(mml)} - prompt tokens"
+    line = f"{word} {num(mml)}: a chat request without max_tokens may generate up to {num(mml)} - prompt tokens"
     if shared:
         line += (f"; {rate:,.0f} tok/s is the server's whole rate, with the requests that finish around it, not "
                  "this request's own")
@@ -379,7 +382,8 @@ def _mml_lines(mml: int | None, rate: float, n: float | None, *, shared: bool = 
     return [line]
 
 
-def _finished_max_tokens_lines(mem: Memory, st: ServerState, s: Sample, mml: int | None) -> list[str]:
+def _finished_max_tokens_lines(mem: Memory, st: ServerState, s: Sample, mml: int | None,
+                               word: str = "max_model_len") -> list[str]:
     """The resolved max_tokens of the requests that finished over the history: values near
     max_model_len betray clients that omit it (the metric records the resolved value)."""
     old = next((x for x in st.samples if x.max_tokens is not None), None)
@@ -391,7 +395,7 @@ def _finished_max_tokens_lines(mem: Memory, st: ServerState, s: Sample, mml: int
         return []
     exact = f" (max_tokens {num(d.sum)})" if d.count == 1 and d.sum is not None else ""
     line = (f"{plural(cnt, 'request')} finished in the last {dur(s.hist_t - old.hist_t)} with max_tokens above "
-            f"{num(edge)}{exact}, near max_model_len {num(mml)}: clients omitting max_tokens")
+            f"{num(edge)}{exact}, near {word} {num(mml)}: clients omitting max_tokens")
     if s.length is not None and old.length is not None and s.length > old.length:
         line += f"; {num(s.length - old.length)} finished with reason 'length'"
     return [line]
@@ -402,7 +406,7 @@ def _runaway_fixes(mml: int | None, no_request_log: bool, client: str | None = N
     fl = flags_of(engine)
     fix = [
         "Set max_tokens (or max_completion_tokens) in every client request; chat requests without it may run "
-        f"to max_model_len{f' ({num(mml)})' if mml else ''}.",
+        f"to {fl['len_word']}{f' ({num(mml)})' if mml else ''}.",
     ]
     if fl["gen_cap"]:
         fix.append(f"Cap it on the server: restart {fl['name']} with "
