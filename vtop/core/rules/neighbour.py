@@ -103,11 +103,10 @@ def neighbour_findings(ev: Evidence, mem: Memory, idx: int) -> list[NeighbourFin
         if st is None:
             continue
         mine = set(st.gpu_pids) | {pid for pid, (u, _r) in ev.pid_owner.items() if u == url}
-        f = _neighbour(ev, th, gs, st, idx, url, mine)
-        if f is None and _streak_start(gs, ev.now, lambda p, mine=mine: bool(_others(p, mine, th))) is None:
-            # a slowdown reason while another process runs kernels here is that process's doing (the real
-            # H100 matmul neighbour pushed the card to its power cap: one incident, the neighbour's alert)
-            f = _slowdown(ev, th, gs, st, idx, url)
+        since = _streak_start(gs, ev.now, lambda p, mine=mine: bool(_others(p, mine, th)))
+        # a slowdown reason while another process runs kernels here is that process's doing (the real H100
+        # matmul neighbour pushed the card to its power cap: one incident, the neighbour's alert)
+        f = _neighbour(ev, th, gs, st, idx, url, mine, since) if since is not None else _slowdown(ev, th, gs, st, idx, url)
         if f is not None:
             out.append(f)
     return out
@@ -140,10 +139,8 @@ def _compare(st: ServerState, th: Thresholds, since: float, now: float) -> tuple
 
 
 def _neighbour(ev: Evidence, th: Thresholds, gs: GpuState, st: ServerState, idx: int, url: str,
-               mine: set[int]) -> NeighbourFinding | None:
-    since = _streak_start(gs, ev.now, lambda p: bool(_others(p, mine, th)))
-    if since is None:
-        return None
+               mine: set[int], since: float) -> NeighbourFinding | None:
+    """Another process on the GPU since ``since`` (its streak) while the server's rate fell."""
     cmp = _compare(st, th, since, ev.now)
     if cmp is None:
         return None

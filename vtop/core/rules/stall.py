@@ -188,11 +188,8 @@ def _stopped_while_idle(ctx: Evidence, mem: Memory, url: str, v: ServerView, st:
     EngineCore of :8001 SIGSTOPped 75 s with 4 requests sent to it) read 0 running, 0 waiting throughout, and
     vtop named nothing. One scan of it is a :class:`~vtop.core.rules.alert.Pending` finding (the live feed
     scans again within seconds while one is pending)."""
-    proc = ctx.process_of(url)
-    if proc is None or not st.cpu_samples:
-        return None
-    engine = set(proc.engine_pids()) | set(proc.worker_pids())
-    if not engine:
+    engine = _engine_pids(ctx, url)
+    if not engine or not st.cpu_samples:
         return None
     t = stopped_since(st, lambda s: engine, any_of=True)
     if t is None:
@@ -242,15 +239,18 @@ def _shared_gpu_line(ctx: Evidence, mem: Memory, url: str, idx: int, a: float, b
     return gl
 
 
+def _engine_pids(ctx: Evidence, url: str) -> set[int]:
+    """The server's engine processes: its EngineCore and workers (none: no process known)."""
+    proc = ctx.process_of(url)
+    return set(proc.engine_pids()) | set(proc.worker_pids()) if proc is not None else set()
+
+
 def _engine_stopped(ctx: Evidence, mem: Memory, url: str, st: ServerState, since: float) -> float | None:
     """Since when an engine process (the EngineCore or a worker) has been stopped (state T) at every
     process scan for ``stopped_min_span_s``, or every engine process has used no CPU time for
     ``startup_still_min_span_s``, of the stall: an engine that does not run makes no token, so the
     stall needs no longer to be sure."""
-    proc = ctx.process_of(url)
-    if proc is None:
-        return None
-    engine = set(proc.engine_pids()) | set(proc.worker_pids())
+    engine = _engine_pids(ctx, url)
     if not engine:
         return None
     span = mem.th.startup_still_min_span_s
@@ -272,7 +272,7 @@ def _process_lines(ctx: Evidence, mem: Memory, url: str, st: ServerState, since:
     """The engine's processes over the silence (what vtop watched of it): CPU seconds from the
     process scans; a stopped or blocked engine adds none."""
     proc = ctx.process_of(url)
-    engine = set(proc.engine_pids()) | set(proc.worker_pids()) if proc is not None else set()
+    engine = _engine_pids(ctx, url)
     out = []
     states = proc.state_by_pid() if proc is not None else {}
     stopped = [p for p in engine if states.get(p) in STOPPED]
