@@ -105,12 +105,17 @@ def played() -> dict[str, Any]:
 
     player = open_recording(str(REC), config=Config())
     m = player.monitor
-    seen: dict[str, Any] = {"capture_current": False, "waiting_max": 0.0, "runaway": None, "engines": set()}
+    seen: dict[str, Any] = {"capture_current": False, "waiting_max": 0.0, "runaway": None, "engines": set(),
+                            "phase_at_batches": set()}
     while not player.ended:
         player.step()
         lv = m.log_view
         if lv is not None and lv.snapshot.current is Phase.CUDA_GRAPHS:
             seen["capture_current"] = True
+        cap = next((ph for ph in lv.snapshot.phases if ph.phase is Phase.CUDA_GRAPHS), None) if lv else None
+        bs = cap.progress_for("batches") if cap is not None else None
+        if lv is not None and bs is not None and bs.n < bs.total:  # the decode graphs being captured
+            seen["phase_at_batches"].add(lv.snapshot.current)
         v = m.views().get(URL)
         if v is not None and v.total is not None and v.total.waiting:
             seen["waiting_max"] = max(seen["waiting_max"], v.total.waiting)
@@ -142,3 +147,42 @@ def test_the_runaway_is_named(played: dict[str, Any]) -> None:
     a = played["runaway"]
     assert a is not None, "no runaway alert on :30000"
     assert a.severity in ("warning", "critical"), a
+
+
+def test_the_capture_phase_lasts_through_both_of_sglangs_captures(played: dict[str, Any]) -> None:
+    """SGLang 0.5.17 captures its prefill graphs (tqdm "Capturing num tokens ... N/58", 72 s here) and then its
+    decode graphs ("Capturing batches ... N/12"): both bars are the capture's progress, and the prefill graphs'
+    end is not the phase's (it read as warmup while the decode graphs were captured)."""
+    from vtop.core.phases.types import Phase
+
+    cap = next(ph for ph in played["snapshot"].phases if ph.phase is Phase.CUDA_GRAPHS)
+    got = {p.label: (p.n, p.total) for p in cap.progress}
+    tot_tokens, tot_bs = _bar_totals()
+    assert got.get("num tokens") == (tot_tokens, tot_tokens) and got.get("batches") == (tot_bs, tot_bs), got
+    assert played["phase_at_batches"] and played["phase_at_batches"] <= {Phase.CUDA_GRAPHS}, played["phase_at_batches"]
+
+
+def _bar_totals() -> tuple[int, int]:
+    """The prefill and decode capture bars' totals, as the real log wrote them (the trace's own log)."""
+    import re
+
+    text = gzip.decompress((_trace(RUNAWAY) / "log.bin.gz").read_bytes()).decode("utf-8", "replace")
+    tokens = re.search(r"Capturing num tokens \([^)]*\):\s+\d+%\|[^|]*\| \d+/(\d+)", text)
+    batches = re.search(r"Capturing batches \([^)]*\):\s+\d+%\|[^|]*\| \d+/(\d+)", text)
+    assert tokens and batches, "the trace's log has no capture bars"
+    return int(tokens.group(1)), int(batches.group(1))
+
+
+async def test_the_screen_says_sglang_and_its_own_words(tmp_path: Path) -> None:
+    """The card, the header, the startup panel and the log pane's hint speak of SGLang: not "vLLM", not
+    vLLM's ``max_model_len`` or its ``--disable-access-log-for-endpoints`` (SGLang has neither)."""
+    _need_rec()
+    from tests.helpers.screen_text import svg_lines
+    from tools.make_screenshots import sglang_shot
+
+    assert await sglang_shot("q.svg", (120, 40), "queue", out=tmp_path)
+    text = "\n".join(svg_lines((tmp_path / "q.svg").read_text()))
+    assert f"SGLang {URL} · UP" in text and "context_length 32,768" in text, text
+    assert "SGLang: up" in text.splitlines()[0], text.splitlines()[0]
+    assert "SGLang start" in text and "--uvicorn-access-log-exclude-prefixes" in text, text
+    assert "vLLM" not in text and "max_model_len" not in text, [ln for ln in text.splitlines() if "vLLM" in ln]

@@ -48,6 +48,7 @@ from typing import Any
 
 from vtop import __version__
 from vtop.config import Config
+from vtop.core.engines import flags_of
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerView
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
@@ -284,7 +285,7 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "state": v.state,
         "message": v.message,
         "model": v.model_id,
-        "engine": server_engine(v, process),
+        "engine": v.engine,
         "version": v.version,
         "max_model_len": v.max_model_len,
         "running": _r(m.running, 0) if m else None,
@@ -310,16 +311,6 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
     }
     row.update(signal_fields(v, m))
     return row
-
-
-def server_engine(v: ServerView, process: Any) -> str | None:
-    """Which engine serves: "vllm" or "sglang", by the command line discovery found, else by the families
-    its /metrics serves (``vllm:`` or ``sglang:``); None when neither is known (a URL given with no
-    process on this box, not scraped yet)."""
-    engine = getattr(process, "engine", None) if process not in (None, UNKNOWN) else None
-    if engine is None and v.metrics is not None:
-        engine = v.metrics.engine_kind
-    return engine if isinstance(engine, str) else None
 
 
 SLEEP_STATES = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}
@@ -726,7 +717,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     else:
         lines.append(f"GPU: {rep.gpu_message or rep.gpu_status}")
     for s in rep.servers:
-        head = f"vLLM {s['url']}: {s['state'].upper()}"
+        head = f"{flags_of(s.get('engine'))['name']} {s['url']}: {s['state'].upper()}"
         if s["model"]:
             head += f" {s['model']}"
         if s["version"]:
@@ -737,7 +728,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
                          f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
-                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
+                         + (f" ({flags_of(s.get('engine'))['name']} log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
                             f" (over {s['rate_span_s']:.0f} s)" if s.get("rate_span_s") else ""))
         lines += signals_text(s)
         if s["state"] != "up":
