@@ -186,3 +186,22 @@ async def test_the_screen_says_sglang_and_its_own_words(tmp_path: Path) -> None:
     assert "SGLang: up" in text.splitlines()[0], text.splitlines()[0]
     assert "SGLang start" in text and "--uvicorn-access-log-exclude-prefixes" in text, text
     assert "vLLM" not in text and "max_model_len" not in text, [ln for ln in text.splitlines() if "vLLM" in ln]
+
+
+def test_doctor_over_the_recording_says_sglang_in_text_and_json() -> None:
+    """``vtop replay --doctor``: the server's line and the log's history in SGLang's name, ``engine`` in the JSON."""
+    _need_rec()
+    import subprocess
+    import sys
+
+    def doctor(*extra: str) -> str:
+        p = subprocess.run([sys.executable, "-m", "vtop", "replay", "--doctor", *extra, str(REC)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert p.stdout, p.stderr
+        return p.stdout
+
+    text = doctor()
+    assert f"SGLang {URL}: UP" in text and "of the SGLang log's stats" in text, text
+    assert "vLLM" not in text, [ln for ln in text.splitlines() if "vLLM" in ln]
+    row = json.loads(doctor("--json"))["report"]["servers"][0]
+    assert (row["engine"], row["version"], row["max_model_len"]) == ("sglang", "0.5.17", 32768), row

@@ -689,8 +689,15 @@ def window_text(rep: Report) -> str:
         elif took < asked - 1.0:
             out += f", cut short at {_secs(took)}"
     if rep.history_s:
-        out += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+        out += f", and {dur(rep.history_s)} of the {_log_engine(rep)} log's stats before it"
     return out
+
+
+def _log_engine(rep: Report) -> str:
+    """Whose log the history is, in the engine's own name: the watched servers' engine (SGLang's servers are
+    not vLLM's); vLLM's when they differ or none is known."""
+    names = {flags_of(s.get("engine"))["name"] for s in rep.servers}
+    return names.pop() if len(names) == 1 else "vLLM"
 
 
 def format_text(rep: Report, *, doctor: bool = False) -> str:
@@ -700,7 +707,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     if rep.one_round:
         look = f"one round of readings, {_secs(rep.window_s)}"
         if rep.history_s:
-            look += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+            look += f", and {dur(rep.history_s)} of the {_log_engine(rep)} log's stats before it"
     lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({look})"]
     if rep.gpus:
         if rep.gpu_status == "stale":
