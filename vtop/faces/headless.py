@@ -42,6 +42,7 @@ import json
 import math
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -464,6 +465,11 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     started = clock.monotonic()
     feed.one_round = True
     feed.start()
+    # The rules' modules (about 30 ms of imports) load while the sources' first answers are awaited, not on the
+    # critical path at the first diagnosis: on the H100 (session 26's timeline) that diagnosis ran 212-250 ms
+    # after the spawn, after NVML's answer. Python's per-module import locks make the diagnosis wait for a
+    # half-done import rather than import twice.
+    threading.Thread(target=_load_rules, name="vtop-load-rules", daemon=True).start()
     try:
         deadline = started + max(5.0, 3 * interval)
         while True:
@@ -476,6 +482,10 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     finally:
         await feed.aclose()
     return started
+
+
+def _load_rules() -> None:
+    import vtop.core.rules  # noqa: F401  (loaded for the first diagnosis: see one_round)
 
 
 def _judging_silence(monitor: Monitor, silent_s: float) -> bool:
