@@ -38,7 +38,13 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: worker (vLLM's shared-memory broadcast warning); ``serve``: the command that starts a server, ``log_name``
 #: the file a fix tees its output to; ``probe_flag``: what keeps uvicorn's access lines of vtop's polls out of the
 #: engine's log (vLLM's ``--disable-access-log-for-endpoints``, comma-separated, in newer releases; SGLang
-#: 0.5.17's ``--uvicorn-access-log-exclude-prefixes``, paths as separate words, "Defaults to empty").
+#: 0.5.17's ``--uvicorn-access-log-exclude-prefixes``, paths as separate words, "Defaults to empty");
+#: ``preempt_metric``, ``preempt_why``: the counter of requests pushed back for want of KV space, and why it moves;
+#: ``logprobs_runner``: a runner that computes prompt logprobs in pieces; ``wedge_seen``: where a wedged queue was
+#: seen and what fixed it; ``flashinfer_off``: how to run without flashinfer; ``mem_default``: the memory fraction
+#: when its flag is not given (``mem_default_before`` before the version ``mem_default_since``); ``queue_grep``:
+#: the /metrics gauges of running and waiting requests, as a grep pattern. ``""``: the engine has none (the
+#: fix leaves the line out).
 #: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
@@ -51,9 +57,22 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "gen_cap": "--override-generation-config '{\"max_new_tokens\": {n}}'",
         "gen_cap_flag": "--override-generation-config", "kv_bytes": "--kv-cache-memory-bytes",
         "kv_bytes_since": "0.11", "mm_cache": "--mm-processor-cache-gb", "gen_config": "--generation-config",
+        "gen_config_plain": "auto vllm",
+        "queue_grep": "'num_requests_(running|waiting)'`: where the scheduler loops and why the queue waits "
+                      "(waiting_by_reason)",  # the values of --generation-config that read no folder of defaults
         "engine_proc": "the EngineCore", "engine_pid": "<EngineCore pid>", "tp_procs": "the workers",
         "stall_log": "No available shared memory broadcast block found in 60 seconds", "serve": "vllm serve", "log_name": "vllm.log",
         "probe_flag": "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models",
+        "preempt_metric": "vllm:num_preemptions", "preempt_why": "vLLM preempts a request only when the KV cache has no block for it",
+        "logprobs_runner": "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1; 0.26's default but for MoE and hybrid "
+                           "models) computes them 1,024 prompt tokens at a time.",
+        "wedge_seen": "Check the scheduler's setup: a KV-offloading or KV-transfer connector (--kv-transfer-config, "
+                      "--kv-offloading-size), --scheduling-policy priority and a --max-num-seqs that deferred requests "
+                      "fill are where this was seen (vllm#53868, vllm#39863, vllm#45414); upgrade vLLM if your "
+                      "version predates their fixes.",
+        "flashinfer_off": ", or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it",
+        # the memory fraction when the flag is not given: 0.92 from vLLM 0.20 (``mem_default_since``), 0.9 before
+        "mem_default": "0.92", "mem_default_before": "0.9", "mem_default_since": "0.20",
     },
     "sglang": {
         "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length", "len_word": "context_length",
@@ -62,12 +81,23 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "graph_bs": "--cuda-graph-max-bs (fewer, smaller graphs)",
         "kv_fp8": "--kv-cache-dtype fp8_e4m3", "log_requests": "--log-requests", "log_requests_since": "",
         "gen_cap": "", "gen_cap_flag": "", "kv_bytes": "", "kv_bytes_since": "", "mm_cache": "",
-        "gen_config": "",
+        "gen_config": "", "gen_config_plain": "",
+        "queue_grep": "'num_(running|queue)_reqs'`: where the scheduler loops and what waits",
         # SGLang's scheduler process is titled ``sglang::scheduler`` (``sglang::scheduler_TP1`` ... per rank)
         "engine_proc": "the scheduler (sglang::scheduler)", "engine_pid": "<scheduler pid>",
         "tp_procs": "every TP rank's scheduler", "stall_log": "", "serve": "python -m sglang.launch_server",
         "log_name": "sglang.log",
         "probe_flag": "--uvicorn-access-log-exclude-prefixes /metrics /health /version /v1/models",
+        # SGLang's preemption: a request retracted from decode when the KV pool runs out (its metrics_text row)
+        "preempt_metric": "sglang:num_retracted_requests_total",
+        "preempt_why": "SGLang retracts a request from decode only when its KV pool runs out",
+        "logprobs_runner": "",
+        # the wedge as SGLang's users reported it (the scheduler stuck with the queue full, /health 200)
+        "wedge_seen": "SGLang's scheduler was seen wedged with the queue full while /health said 200 "
+                      "(sgl-project/sglang#24140, #33858): upgrade SGLang if your version predates their fixes.",
+        "flashinfer_off": "",
+        # SGLang works its --mem-fraction-static out from the GPU's size and the model when it is not given
+        "mem_default": "", "mem_default_before": "", "mem_default_since": "",
     },
 }
 #: the engines known, in the order vtop tries them

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from vtop.core.engines import flags_of
 from vtop.core.evidence import Evidence
 from vtop.core.rules.alert import Alert, Pending, Thresholds
 from vtop.core.rules.hold import AlertHold
@@ -82,7 +83,7 @@ class Memory:
         if owner is None:
             for url, st in self.servers.items():
                 if pid in st.gpu_pids:
-                    owner = (url, "vLLM process")
+                    owner = (url, f"{flags_of(getattr(st.last_proc, 'engine', None))['name']} process")
                     break
         if owner is None:
             return f"pid {pid}" + (f" ({extra})" if extra else "")

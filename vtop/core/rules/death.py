@@ -11,6 +11,7 @@ clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered
 
 from __future__ import annotations
 
+from vtop.core.engines import flags_of
 from vtop.core.phases.phase import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory
@@ -28,7 +29,7 @@ class EngineDied:
         if f is None or f.phase is not Phase.READY:
             return []
         words = failure_words(f)
-        title = f"vLLM engine on {short_url(ctx.log_target)} died: {words.message}"
+        title = f"{flags_of(f.engine)['name']} engine on {short_url(ctx.log_target)} died: {words.message}"
         ev = failure_evidence(ctx, mem, f, "")
         fix: tuple[str, ...] = (words.fix,)
         # an XID on its GPUs within a minute of the death: the GPU, not vLLM, is the first suspect

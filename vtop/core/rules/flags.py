@@ -81,7 +81,7 @@ def flag_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState, pr
     if fl["gen_cap_flag"]:
         ogc = flag(proc, fl["gen_cap_flag"])
         capped = bool(ogc) and "max_new_tokens" in json_keys(ogc)
-        unknown = flag(proc, fl["gen_config"]) not in (None, "", "auto", "vllm")
+        unknown = flag(proc, fl["gen_config"]) not in (None, "", *fl["gen_config_plain"].split())
         if mml and mml >= th.long_context_len and not capped and not unknown:
             out.append(FlagFinding("no_cap", "info", max_model_len=mml, engine=proc.engine))
     mm = flag(proc, fl["mm_cache"]) if fl["mm_cache"] else None
@@ -99,15 +99,17 @@ def flag_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState, pr
 def _mem_util_findings(ctx: Evidence, mem: Memory, v: ServerView, st: ServerState,
                        proc: ServerProcess) -> list[FlagFinding]:
     """The memory fraction flag (vLLM's utilization) next to the other processes on the same GPU."""
-    util = to_float(flag(proc, flags_of(proc.engine)["mem"]))
+    fl = flags_of(proc.engine)
+    util = to_float(flag(proc, fl["mem"]))
     if util is None:
         util = proc.gpu_memory_utilization
     default = util is None
-    if util is None and proc.engine not in (None, "vllm"):
-        return []  # another engine's default fraction is its own computation: nothing to compare
+    if util is None and not fl["mem_default"]:
+        return []  # an engine that works its default fraction out itself: nothing to compare
     if util is None:
-        ver = version_tuple(v.version)
-        util = 0.92 if ver is not None and ver >= (0, 20) else 0.9
+        ver, since = version_tuple(v.version), version_tuple(fl["mem_default_since"])
+        util = float(fl["mem_default"] if ver is not None and since is not None and ver >= since
+                     else fl["mem_default_before"])
     mine = set(proc.gpu_pids) | st.gpu_pids
     out = []
     for idx in mem.gpus_of(ctx, v.url):

@@ -215,7 +215,8 @@ def _burst_alert(f: KvFinding, th: Thresholds, fix: tuple[str, ...]) -> Alert:
     pre = f"{plural(f.preempt_total, 'preemption')} since the server started" if f.preempt_total else "preemptions"
     ev = [f"the log's stats lines: KV cache at {b[2]:.1f} % with up to {b[3]} waiting for {dur(b[1] - b[0] + 10.0)}, "
           f"{dur(f.now - b[1])} ago" for b in f.bursts]
-    ev.append(f"{pre} (vllm:num_preemptions): vLLM preempts a request only when the KV cache has no block for it")
+    words = flags_of(f.engine)
+    ev.append(f"{pre} ({words['preempt_metric']}): {words['preempt_why']}")
     ev.append(f"now: KV cache at {f.kv_pct:.1f} %, running {num(f.running)}, waiting {num(f.waiting_now)}: "
               "between bursts")
     title = (f"KV cache full in bursts on {short_url(f.url)}: {plural(n, 'burst')} in the last "

@@ -184,13 +184,13 @@ def neighbour_alert(f: NeighbourFinding, ev: Evidence, mem: Memory) -> Alert:
         title = (f"gpu{f.gpu}: another process slows {short_url(f.url)}: "
                  f"{names[0] if names else 'a process'}; tokens per request {f.drop_pct:.0f} % down for {span}")
         ev_lines = [
-            *(f"on gpu{f.gpu} beside vLLM for {span}: " + n for n in names),
+            *(f"on gpu{f.gpu} beside {short_url(f.url)} for {span}: " + n for n in names),
             _rate_line(f, th),
             "GPU-Util counts the time any kernel runs, so it reads busy either way; the share per process is "
             "NVML's per-process sampling (P lists it)",
         ]
         fix = (
-            "Move the other job to another GPU (CUDA_VISIBLE_DEVICES) or stop it while vLLM serves.",
+            "Move the other job to another GPU (CUDA_VISIBLE_DEVICES) or stop it while the server serves.",
             "If the GPU must be shared, partition it (MIG) or run the two under MPS with set shares.",
         )
         return Alert("gpu_neighbour", "warning", title, tuple(ev_lines), fix, f"gpu{f.gpu}", f.since)

@@ -408,8 +408,7 @@ _FIX_RUNTIME["prompt_logprobs"] = (
     "logits, then fp32 log-probabilities){step_now}; a lower {len} rejects the longest prompts.",
     "Or drop prompt_logprobs from the clients that send it: --max-logprobs only refuses a request that asks "
     "for more than it, and prompt_logprobs=0 takes the same memory.",
-    "vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1; 0.26's default but for MoE and hybrid models) computes "
-    "them 1,024 prompt tokens at a time.",
+    "{logprobs_runner}",
     "Leave more headroom: lower {mem} a little.",
 )
 
@@ -450,7 +449,7 @@ def _runtime_words(f: OomFinding, win: str, tried: str, short: str) -> tuple[str
     """A runtime OOM's title, its stage's own evidence lines and its fix, by the stage it came in."""
     fl = flags_of(f.engine)
     words = {**fl, "step_now": f"; this server runs with {fl['chunk']} {f.step_tokens}" if f.step_tokens else ""}
-    fix = tuple(t.format_map(words) for t in _FIX_RUNTIME.get(f.cls, ()))
+    fix = tuple(x for x in (t.format_map(words) for t in _FIX_RUNTIME.get(f.cls, ())) if x)  # "": not the engine's
     if f.cls == "kv_pressure":
         fix = (
             f"Lower {fl['seqs']}" + (f" (now {f.max_num_seqs})" if f.max_num_seqs else "")
@@ -574,7 +573,8 @@ def oom_risk(ctx: Evidence, mem: Memory, idx: int) -> Alert | None:
         "Find what grows (the process above) before it hits an out-of-memory error; for an LLM server, set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and lower its memory fraction ("
         + ", ".join(f"{fl['name']}: {fl['mem']}" for fl in ENGINE_FLAGS.values()) + ").",
-        "Keep other jobs off a GPU that vLLM serves from: vLLM sized its KV cache for the memory it saw at start.",
+        "Keep other jobs off a GPU that an LLM server serves from: it sized its KV cache for the memory it saw at "
+        "start.",
     ]
     title = f"gpu{idx} memory climbing towards full: {p.mem_pct:.1f} %, +{rise:.1f} points in {dur(span)}"
     return Alert("oom_risk", "warning", title, tuple(ev), tuple(fix), f"gpu{idx}", gs.risk_since)

@@ -107,13 +107,10 @@ def wedge_finding(ctx: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
 
 _WEDGE_FIX = (
     "Collect first, before any restart: a py-spy dump of {engine_proc} (press d, or py-spy dump --pid "
-    "{engine_pid}; {tp_procs} too for TP>1) and `curl -s <server>/metrics | grep -E "
-    "'num_requests_(running|waiting)'`: where the scheduler loops and why the queue waits (waiting_by_reason).",
+    "{engine_pid}; {tp_procs} too for TP>1) and `curl -s <server>/metrics | grep -E {queue_grep}.",
     "Restart the server: a scheduler that stopped admitting does not recover by itself, and /health stays 200, "
     "so a health check alone will not restart it.",
-    "Check the scheduler's setup: a KV-offloading or KV-transfer connector (--kv-transfer-config, "
-    "--kv-offloading-size), --scheduling-policy priority and a {seqs} that deferred requests fill are "
-    "where this was seen (vllm#53868, vllm#39863, vllm#45414); upgrade vLLM if your version predates their fixes.",
+    "{wedge_seen}",
 )
 
 
@@ -134,4 +131,4 @@ def wedge_alert(f: WedgeFinding, th: Thresholds) -> Alert:
         ev.append(f"/health answers {f.health}: the API server is alive, the scheduler admits nothing")
     title = f"Queue wedged on {short_url(f.url)}: {num(f.waiting)} waiting, nothing running for {span}"
     return Alert("queue_wedge", "critical", title, tuple(ev),
-                 tuple(t.format_map(flags_of(f.engine)) for t in _WEDGE_FIX), f.url, f.since)
+                 tuple(x for x in (t.format_map(flags_of(f.engine)) for t in _WEDGE_FIX) if x), f.url, f.since)

@@ -114,7 +114,7 @@ def _stall_since(ctx: Evidence, url: str, st: ServerState) -> _Dated | None:
     if hist is not None:
         from_log = hist.stalled_since(ctx.now, st.first_t)
         if from_log is not None and from_log[0] < best.since:
-            best = _Dated(from_log[0], "the vLLM log", from_log[1], from_log[2])
+            best = _Dated(from_log[0], f"the {flags_of(engine_of(ctx, url))['name']} log", from_log[1], from_log[2])
     got = _conns_silent(ctx, url, st)
     if got is not None and got.since < best.since:
         best = got
@@ -346,9 +346,9 @@ def _idle_stall_alert(f: StallFinding, th: Thresholds) -> Alert:
     """The words of an engine stopped while ``/metrics`` says nothing runs (:func:`_stopped_while_idle`)."""
     span = dur(f.now - f.since)
     ev = [*f.proc_lines,
-          f"/metrics says running {num(f.running)}, waiting {num(f.waiting)}, generation tokens {num(f.gen)}: vLLM's "
-          "gauges come from the engine's scheduler stats, so they froze when it stopped; requests sent to it now "
-          "wait, unseen by /metrics"]
+          f"/metrics says running {num(f.running)}, waiting {num(f.waiting)}, generation tokens {num(f.gen)}: "
+          f"{flags_of(f.engine)['name']}'s gauges come from the engine's scheduler stats, so they froze when it "
+          "stopped; requests sent to it now wait, unseen by /metrics"]
     if f.health is not None or f.latency_s is not None:
         lat = f", /metrics in {f.latency_s * 1000:.0f} ms" if f.latency_s is not None else ""
         ev.append(f"the server still answers (/health {f.health if f.health is not None else '?'}{lat}): "

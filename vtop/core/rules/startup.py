@@ -82,7 +82,7 @@ class StartupFailure:
         words = failure_words(f, ctx.memory_budget if f.kind in MEMORY_FAILURES else ())
         # The words may name the phase already ("ValueError during memory profiling").
         message = words.message.removesuffix(where) if where else words.message
-        title = f"vLLM on {short_url(ctx.log_target)} failed to start{where}: {message}"
+        title = f"{flags_of(f.engine)['name']} on {short_url(ctx.log_target)} failed to start{where}: {message}"
         return [Alert("startup_failure", "critical", title, failure_evidence(ctx, mem, f, where), (words.fix,),
                       ctx.log_target, f.arrival)]
 
@@ -417,11 +417,11 @@ def _module_not_found(g: _Get, where: str, fl: Mapping[str, str]) -> tuple[str, 
     mod = g("mod") or "?"
     top = mod.split(".")[0]
     if top == "flashinfer":
-        fix = ("vLLM imports flashinfer but it is not installed: pip install flashinfer-python (built for your "
-               "torch/CUDA), or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it.")
+        fix = (f"{fl['name']} imports flashinfer but it is not installed: pip install flashinfer-python (built for "
+               f"your torch/CUDA){fl['flashinfer_off']}.")
     else:
         pkg = PACKAGE_FOR_MODULE.get(top, top)
-        fix = f"Install it in vLLM's environment (pip install {pkg}) or turn off the feature that imports it."
+        fix = f"Install it in {fl['name']}'s environment (pip install {pkg}) or turn off the feature that imports it."
     return f"Python module '{mod}' is missing", fix
 
 

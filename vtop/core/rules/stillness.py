@@ -248,7 +248,8 @@ def _still_lines(st: ServerState, now: float, since: float | None, stopped_s: fl
     port = v.url.rsplit(":", 1)[-1].rstrip("/")
     ev_lines.append(f"port {port} refuses connections: the server is not ready")
     if age is not None:
-        ev_lines.append(f"vLLM process {pid} started {dur(age)} ago")
+        ev_lines.append(f"{flags_of(getattr(st.last_proc, 'engine', None))['name']} process {pid} started "
+                        f"{dur(age)} ago")
     return ev_lines
 
 
@@ -257,7 +258,8 @@ def _ceiling(ev: Evidence, mem: Memory, url: str, proc: object, age: float | Non
     if age is None or age < mem.th.startup_ceiling_s:
         return None
     pid = getattr(proc, "pid", "?")
-    title = f"Startup of {short_url(url)} slow: vLLM process {pid} has been starting for {dur(age)} (no log)"
+    name = flags_of(getattr(proc, "engine", None))["name"]
+    title = f"Startup of {short_url(url)} slow: {name} process {pid} has been starting for {dur(age)} (no log)"
     ev_lines = (f"the port refuses connections {dur(age)} after the process started, past the "
                 f"{dur(mem.th.startup_ceiling_s)} ceiling (--stall-threshold)",
                 "its processes still use CPU or GPU memory: it may just be slow")

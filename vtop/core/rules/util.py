@@ -34,7 +34,7 @@ def gib(b: float | None) -> str:
 def short_url(url: str | None) -> str:
     """``:8000`` for a local server, ``host:port`` otherwise."""
     if not url:
-        return "vLLM"
+        return "the server"
     m = re.match(r"^[a-z]+://(\[[^\]]+\]|[^/:]+)(?::(\d+))?", url)
     if not m:
         return url
