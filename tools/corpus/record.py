@@ -1887,7 +1887,7 @@ def startup_stall_compile_nolog(ctx: Ctx) -> None:
 @scenario("startup-stall-compile-history-noprocs", "startup_stall", 150)
 def startup_stall_compile_history_noprocs(ctx: Ctx) -> None:
     """No process table in the trace (procs.jsonl.gz left out: vtop in a container without the host's PID
-    namespace sees none of the server's processes); the compile cache as the box has it (warm). A first start to
+    namespace sees none of the server's processes); the box's compile cache (no fresh one). A first start to
     ready, 10 s idle, SIGTERM (clean); the same flags again: when the Worker logs "Warming up model for the
     compilation..." the EngineCore and its Worker are SIGSTOPped for --seconds (150 by default), the API server left
     waiting for them: a silent torch.compile that no CPU reading can judge, named only from the first start's phase
