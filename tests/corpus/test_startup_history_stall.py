@@ -95,8 +95,8 @@ def test_the_trace_is_two_starts_with_no_process_table() -> None:
 def test_the_second_start_shows_the_first_as_usually_from_the_same_trace(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Played to the stop: the history is the trace's first start alone (its phase times as the replay showed them
-    when it was ready, its torch.compile the log's 9 s), on the startup panel's torch.compile row, and nothing of this
-    box's history file is read or written."""
+    when it was ready, its torch.compile the log's 9 s), on the startup panel's torch.compile row; this box's history
+    file is not written (that it is not read: test_h100_starts.py)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     p = _player()
     m = p.monitor
