@@ -294,25 +294,68 @@ def test_the_two_settings_differ_by_the_kv_cache_alone(state: Path) -> None:
     assert b2.used_now_gib - b0.used_now_gib == pytest.approx(grown, abs=1e-9)
 
 
-# --------------------------------------------------------------------------- a replay is not this box's start
+# --------------------------------------------------------------------------- a replay's history is the trace's own
 
 
-def test_a_replay_neither_reads_nor_keeps_this_boxs_start_history(state: Path) -> None:
-    """The trace replayed (the scoreboard, ``vtop replay``) after this box kept start-0 and start-1 of the same model:
-    the replay is judged on what it holds (no "usually", no history-set stall threshold), and the history file is
-    left as it was (the replayed start is another box's)."""
-    _follow(0)
-    _follow(1)
+def test_a_replay_judges_each_start_against_the_traces_earlier_starts_never_this_boxs(state: Path) -> None:
+    """The trace replayed (the scoreboard, ``vtop replay``) on a box whose history holds another start of the same
+    model (start-2, followed live and kept in $XDG_STATE_HOME): the replay keeps the trace's own starts in memory as
+    they reach ready, as a vtop that watched them live would have. Its first start has no history (start-2 in this
+    box's file would have been one: the file is not read), its second shows the first's phase times as "usually"
+    (start-0.log's stamps), its third the first two; this box's file is left as it was."""
+    _follow(2)
     before = state.read_bytes()
     p = open_recording(str(H.TRACE), config=Config())
+    m = p.monitor
+    seen: list[dict[Phase, float]] = []
+    for k in range(3):
+        p.feed_until(H.event("start_kept", k)["mono"])
+        assert m.log_view is not None
+        snap = m.log_view.snapshot
+        assert snap.state == "ready", (k, snap.state)
+        # the replay's own phase times (what its startup panel showed) are the log's, but for the API server's: the
+        # replay's start is ready at /health's first 200 (polled once a second), after the log's last stamp
+        got = {v.phase: v.duration_s or 0.0 for v in snap.phases if v.phase is not Phase.READY}
+        logged = _logged_phases(k)
+        assert set(got) == set(logged), k
+        for phase, s in logged.items():
+            if phase is Phase.API_SERVER:
+                assert s - 0.06 <= got[phase] <= s + 1.1, (k, got[phase], s)
+            else:
+                assert got[phase] == pytest.approx(s, abs=0.06), (k, phase, got[phase], s)
+        seen.append(got)
+        u = m.start_usual()
+        if k == 0:
+            assert u is None and m.startup_extras()["history"] is None
+            continue
+        assert u is not None and u.starts == k and (u.compile_hits, u.compile_misses) == (k, 0)
+        assert m.startup_extras()["history"]["starts"] == k
+        for phase in seen[0]:
+            ds = sorted(seen[j][phase] for j in range(k))
+            pu = u.of(phase)
+            assert pu is not None and pu.n == k, (k, phase)
+            # one start: its own time; two: the median of two is their mean; the longest sets a silent phase's threshold
+            assert pu.usual_s == pytest.approx(sum(ds) / k, abs=0.06), (k, phase, pu)
+            assert pu.longest_s == pytest.approx(ds[-1], abs=0.06), (k, phase, pu)
+        # the screen's words, as for a start followed live: the warmup usually 22 s (start-0: 10:12:48 to 10:13:10),
+        # 12 s of start-0's and start-1's (2 s: 10:14:26 to 10:14:28)
+        text = _panel(m)
+        warmup = u.of(Phase.WARMUP)
+        assert warmup is not None and _row(text, "warmup").endswith(f"· {warmup.words()}"), text
+        assert f"here ({k} start{'s' if k > 1 else ''})" in warmup.words()
     p.feed_until(p.end)
     H.join("vtop-start-history")
     H.join("vtop-start-history-save")
-    m = p.monitor
-    assert m.log_view is not None and m.log_view.snapshot.state == "ready"
-    assert m.start_history is None and m.start_usual() is None
-    assert m.startup_extras()["history"] is None
+    # every start kept once, in memory: the trace's three
+    assert m.start_history is not None and sum(len(r) for r in m.start_history.entries.values()) == 3
     assert state.read_bytes() == before
+    # a seek back (the replay screen's keys) forgets the starts after the new position: at start-1 again, start-0
+    # alone is its history, as at the first pass
+    p.seek(H.event("start_kept", 1)["mono"])
+    u = m.start_usual()
+    assert u is not None and u.starts == 1 and u.of(Phase.WARMUP) is not None
+    assert u.of(Phase.WARMUP).usual_s == seen[0][Phase.WARMUP]  # type: ignore[union-attr]
+    assert sum(len(r) for r in m.start_history.entries.values()) == 2
 
 
 # --------------------------------------------------------------------------- the screen

@@ -412,6 +412,9 @@ class Sampler:
         self.counts = {"metrics": 0, "metrics_ok": 0}
         #: no connection counters in the trace (a server in another network namespace): conns.jsonl.gz left out
         self.skip_conns = False
+        #: no process table in the trace (vtop in a container without the host's PID namespace sees none of the
+        #: server's processes): procs.jsonl.gz left out (the thread still follows the log and writes its index)
+        self.skip_procs = False
 
     def _write(self, key: str, row: dict[str, Any]) -> None:
         self.files[key].write(json.dumps(row, separators=(",", ":")) + "\n")
@@ -536,7 +539,8 @@ class Sampler:
         pids = tuple(r["pid"] for r in tree)
         # every second (the thread's period): each process's CPU time moves between samples
         self._procs_last = pids
-        self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
+        if not self.skip_procs:
+            self._write("procs", {"t": round(t, 3), "mono": round(mono, 3), "procs": tree})
 
     # the kernel's counters of the server's connections (what vtop.sources.sockets reads live)
     def _conns(self, client: httpx.Client) -> None:
@@ -1880,6 +1884,40 @@ def startup_stall_compile_nolog(ctx: Ctx) -> None:
     ctx.sleep(20)
 
 
+@scenario("startup-stall-compile-history-noprocs", "startup_stall", 150)
+def startup_stall_compile_history_noprocs(ctx: Ctx) -> None:
+    """No process table in the trace (procs.jsonl.gz left out: vtop in a container without the host's PID
+    namespace sees none of the server's processes); the box's compile cache (no fresh one). A first start to
+    ready, 10 s idle, SIGTERM (clean); the same flags again: when the Worker logs "Warming up model for the
+    compilation..." the EngineCore and its Worker are SIGSTOPped for --seconds (150 by default), the API server left
+    waiting for them: a silent torch.compile that no CPU reading can judge, named only from the first start's phase
+    times (issue 40's start history: the trace's own earlier start, as a vtop that watched it live kept it);
+    SIGCONT, the start completes."""
+    assert ctx.sampler is not None
+    ctx.sampler.skip_procs = True
+    ctx.start(log_requests=True)
+    ctx.sleep(10)
+    pid = ctx.srv.pid
+    ctx.event("sigterm", pid=pid, of="api_server (the second start follows)")
+    ctx.srv.stop()
+    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    ctx.sleep(3)
+    ctx.launch(log_requests=True)
+    if not ctx.wait_log(r"Warming up model for the compilation", 300):
+        ctx.notes.append("never saw the compile phase")
+        return
+    eng = ctx.srv.engine_pid(timeout=10)
+    assert eng, "no EngineCore"
+    _stop_tree(ctx, eng, "EngineCore tree")
+    time.sleep(0.5)  # what was written before the stop reaches the log file
+    size = ctx.sampler.log.size()
+    ctx.event("log_size_at_sigstop", size=size)
+    ctx.sleep(ctx.seconds)
+    ctx.cont_procs()
+    ctx.wait_ready(300)
+    ctx.sleep(20)
+
+
 @scenario("normal-start-load-nolog", "normal", 150)
 def normal_start_load_nolog(ctx: Ctx) -> None:
     """No log for vtop (log_for_vtop false); a normal start (fresh compile cache: the silent torch.compile
@@ -2155,6 +2193,8 @@ def record(sc: Scenario, out: Path, seconds: float, wait_other: float) -> int:
         atexit.unregister(ctx.srv._emergency_stop)
     if sampler.skip_conns:
         (out / "conns.jsonl.gz").unlink(missing_ok=True)
+    if sampler.skip_procs:
+        (out / "procs.jsonl.gz").unlink(missing_ok=True)
     size_limit = sampler.last_index[2] if sampler.last_index else 0
     log = sampler.log.data(size_limit)
     with gzip.open(out / "log.bin.gz", "wb", compresslevel=9) as f:

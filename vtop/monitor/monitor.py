@@ -184,8 +184,9 @@ class Monitor:
         self.download = DownloadTracker()
         """The Hub download of the start being followed (scanned by :mod:`vtop.sources.hfcache`)."""
         self.start_history: StartHistory | None = None
-        """This box's earlier starts (:mod:`vtop.core.start_history`), once read from its file; None in a
-        replay (a recording is judged on what it holds, not on the replaying box's history)."""
+        """The earlier starts this start is judged against (:mod:`vtop.core.start_history`): this box's, once read
+        from its file; in a replay, the recording's own starts before this one, kept in memory as they reach ready
+        (a recording is judged on what it holds, not on the replaying box's history); None with the history off."""
         self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
         self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
         self._kept_start: float | None = None
@@ -195,6 +196,8 @@ class Monitor:
         self.box_history = live and box_history and config.start_history
         if self.box_history:
             self._read_start_history()
+        elif config.start_history:
+            self._new_memory_history()
         self._conn_errors_said: set[str] = set()
         self._unmapped_said = False
         self._backfill: Backfill | None = None
@@ -632,9 +635,17 @@ class Monitor:
 
         threading.Thread(target=run, name="vtop-start-history", daemon=True).start()
 
+    def _new_memory_history(self) -> None:
+        """A history of this monitor's own, in memory, empty (a replay, or one seeking back): the starts it sees
+        reach ready join it through :meth:`_keep_start` as the box's do, and nothing is read or written."""
+        from vtop.core.start_history import StartHistory
+
+        self.start_history = StartHistory()
+        self._kept_start = None
+
     def _keep_start(self, snap: Any) -> None:
         """A start that reached ready joins the history (once: the same start read again is kept once),
-        and the file is written in a thread."""
+        and this box's file is written in a thread (a replay's history is in memory only)."""
         import threading
 
         from vtop.core.start_history import past_of
@@ -647,6 +658,8 @@ class Monitor:
         if got is None or not hist.add(*got):
             return
         self._kept_start = snap.started
+        if not self.box_history:
+            return
         data = hist.to_json()  # taken here, on the loop's thread: the history may change meanwhile
         path = history_path()
 
@@ -898,6 +911,8 @@ class Monitor:
         self.alert_log = []
         self.log_view = None
         self.download.reset()
+        if not self.box_history and self.config.start_history:
+            self._new_memory_history()  # the starts before the new position are kept again as it plays on
         if self.log_watch is not None:
             self.log_watch.reset()
         self._changes.update((GPU, SERVERS, LOG, ALERTS))

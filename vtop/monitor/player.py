@@ -204,7 +204,8 @@ class Player:
 
         lw = (LogWatch(self.log, clock=self.clock, stall_threshold_s=self.config.stall_threshold)
               if self.log is not None else None)
-        # box_history=False: the recording's starts are not this box's (none read, none kept)
+        # box_history=False: the recording's starts are not this box's (this box's file neither read nor written);
+        # its own earlier starts are the later ones' history, in memory, as a vtop that watched them live kept them
         m = Monitor(self.config, clock=self.clock, log_watch=lw, live=self.raw, find_logs=False, box_history=False)
         for url in self.urls:
             m.add_server(url, from_cli=True)
