@@ -323,9 +323,7 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
         ev.append(f"dated by {f.dated_by} (it began before vtop's first sample, which already showed nothing moving)")
     ev.extend(f.proc_lines)
     if f.health is not None or f.latency_s is not None:
-        lat = f", /metrics in {f.latency_s * 1000:.0f} ms" if f.latency_s is not None else ""
-        ev.append(f"the server still answers (/health {f.health if f.health is not None else '?'}{lat}): "
-                  "the API server is alive, the engine is not moving")
+        ev.append(f"the server still answers ({_answers(f)}): the API server is alive, the engine is not moving")
     for gl, mu, ms in f.gpus:
         if mu is not None and mu < 5:
             gl += ": the engine launches no GPU work (a Python-side hang, a deadlock, or a stopped process)"
@@ -342,6 +340,15 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
     return Alert("engine_stall", "critical", title, tuple(ev), fix, f.url, f.since)
 
 
+def _answers(f: StallFinding) -> str:
+    """What the server answered: ``/health 200, /metrics in 11 ms``; a /health with no status to quote (SGLang's
+    waits 20 s on a stopped scheduler) is left out, not said as "?"."""
+    bits = [f"/health {f.health}"] if f.health is not None else []
+    if f.latency_s is not None:
+        bits.append(f"/metrics in {f.latency_s * 1000:.0f} ms")
+    return ", ".join(bits)
+
+
 def _idle_stall_alert(f: StallFinding, th: Thresholds) -> Alert:
     """The words of an engine stopped while ``/metrics`` says nothing runs (:func:`_stopped_while_idle`)."""
     span = dur(f.now - f.since)
@@ -350,9 +357,7 @@ def _idle_stall_alert(f: StallFinding, th: Thresholds) -> Alert:
           f"{flags_of(f.engine)['name']}'s gauges come from the engine's scheduler stats, so they froze when it "
           "stopped; requests sent to it now wait, unseen by /metrics"]
     if f.health is not None or f.latency_s is not None:
-        lat = f", /metrics in {f.latency_s * 1000:.0f} ms" if f.latency_s is not None else ""
-        ev.append(f"the server still answers (/health {f.health if f.health is not None else '?'}{lat}): "
-                  "the API server is alive, the engine is not running")
+        ev.append(f"the server still answers ({_answers(f)}): the API server is alive, the engine is not running")
     ev.extend(gl for gl, _mu, _ms in f.gpus)
     ev.extend(f.xid_lines)
     title = (f"Engine stalled on {short_url(f.url)}: {f.idle_stopped} stopped (state T) for {span}, "
