@@ -324,14 +324,14 @@ async def two() -> None:
     await two_servers(TWO_SERVERS[3], (120, 40), load=True)
 
 
-#: the real SGLang 0.5.17 on the H200 (issue 42; ``python -m tools.make_screenshots sglang``), from vtop's own
-#: recording of h200-sglang-launch-burst-runaway (tools/device/h200_sglang.sh): the startup panel during CUDA graph
+#: the real SGLang 0.5.17 on a lent H100 (issue 42; ``python -m tools.make_screenshots sglang``), from vtop's own
+#: recording of h200-sglang-launch-burst-runaway (tools/device/h200_sglang.sh, call A; session 26): the startup panel during CUDA graph
 #: capture, the server card while the burst of 600 queues behind --max-running-requests 64, the runaway named
-SGLANG_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h200-sglang" / "rec.jsonl.gz"
+SGLANG_REC = Path(__file__).parent.parent / "tests" / "fixtures" / "h100-sglang" / "rec.jsonl.gz"
 SGLANG_URL = "http://127.0.0.1:30000"
-SGLANG = (("sglang-h200-startup.svg", (120, 40), "capture"), ("sglang-h200-startup-80x24.svg", (80, 24), "capture"),
-          ("sglang-h200-burst.svg", (120, 40), "queue"), ("sglang-h200-burst-80x24.svg", (80, 24), "queue"),
-          ("sglang-h200-runaway.svg", (120, 40), "runaway"))
+SGLANG = (("sglang-h100-startup.svg", (120, 40), "capture"), ("sglang-h100-startup-80x24.svg", (80, 24), "capture"),
+          ("sglang-h100-burst.svg", (120, 40), "queue"), ("sglang-h100-burst-80x24.svg", (80, 24), "queue"),
+          ("sglang-h100-runaway.svg", (120, 40), "runaway"))
 
 
 def _sglang_moment(app: Any, moment: str, url: str) -> bool:
@@ -350,10 +350,10 @@ def _sglang_moment(app: Any, moment: str, url: str) -> bool:
 
 async def sglang_shot(name: str, size: tuple[int, int], moment: str, *, rec: Path = SGLANG_REC,
                       url: str = SGLANG_URL, out: Path = OUT) -> bool:
-    """vtop's own recording of SGLang on the H200, replayed to the first quarter second at ``moment``
+    """vtop's own recording of SGLang on the GPU machine, replayed to the first quarter second at ``moment``
     (:func:`_sglang_moment`; the queue and the runaway one second later, so the card and the alert have drawn);
     saved as ``out/name``. False (nothing written) when the recording never reaches that moment."""
-    return await replay_until(rec, name, size, lambda app: _sglang_moment(app, moment, url), title="h200-sglang",
+    return await replay_until(rec, name, size, lambda app: _sglang_moment(app, moment, url), title="h100-sglang",
                               step_s=0.25, after_s=0.0 if moment == "capture" else 1.0, out=out)
 
 
@@ -379,7 +379,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
-    *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS,
+    *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS, *(name for name, _, _ in SGLANG),
 )
 
 

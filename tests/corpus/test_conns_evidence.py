@@ -53,7 +53,10 @@ def test_the_corpus_has_connection_recordings_of_both_kinds() -> None:
 @pytest.mark.parametrize("trace", RUNAWAYS, ids=lambda p: p.name)
 def test_a_window_names_the_runaway_by_its_connection_and_not_without_it(trace: Path, tmp_path: Path) -> None:
     truth = truth_of(trace)
-    at = float(truth["should_alert_by"]) - WINDOW_S
+    # the window ends at the budget, or just before the runaway ended where it ended sooner (SGLang's second
+    # runaway reached its context length 59.9 s in, 0.1 s before the budget: after that nothing runs to name)
+    end = min(float(truth["should_alert_by"]), float(truth["ended"]) - 1.0)
+    at = end - WINDOW_S
     code, alerts = doctor_at(trace, at)
     hit = [a for a in alerts if a.rule == "runaway" and a.severity in ("warning", "critical")]
     assert hit and code in (1, 2), (code, [(a.rule, a.severity, a.title) for a in alerts])
@@ -65,14 +68,21 @@ def test_a_window_names_the_runaway_by_its_connection_and_not_without_it(trace: 
     m = re.search(r"(?:running|in flight) at least (?:(\d+)m )?(\d+)s", hit[0].title)
     assert m is not None, hit[0].title
     age = 60 * int(m.group(1) or 0) + int(m.group(2))
-    assert WINDOW_S < age <= float(truth["should_alert_by"]) - float(truth["began"]) + 2, hit[0].title
+    assert WINDOW_S < age <= end - float(truth["began"]) + 2, hit[0].title
     # the same recording without the kernel's counters: the request log is off and short requests come and
     # go, so nothing proves the request's age in 15 s (this is what vtop said before it read them)
     bare = tmp_path / trace.name
     shutil.copytree(trace, bare)
     (bare / "conns.jsonl.gz").unlink()
     code2, alerts2 = doctor_at(bare, at)
-    assert code2 == 0 and not [a for a in alerts2 if a.rule == "runaway" and a.severity in ("warning", "critical")]
+    named2 = [a for a in alerts2 if a.rule == "runaway" and a.severity in ("warning", "critical")]
+    flags = (truth.get("server") or {}).get("flags") or []
+    if {"--enable-log-requests", "--log-requests"} & set(flags):
+        # SGLang's runaways ran with --log-requests: without the counters what names them is the request log
+        # (this part is about a server whose request log is off); none of its evidence may cite the counters
+        assert not any("kernel's TCP counters" in e for a in named2 for e in a.evidence), named2
+    else:
+        assert code2 == 0 and not named2, [(a.rule, a.title) for a in named2]
 
 
 def test_the_live_play_mirrors_the_recorded_connections_as_real_ones() -> None:
@@ -134,7 +144,10 @@ def test_a_request_with_no_answer_yet_is_taken_only_while_nothing_waits(tmp_path
     without that guard). Fails on the tracker before it knew answers not begun (not named at all)."""
     trace = TRACES / "runaway-nonstreaming-short-traffic-no-request-log"
     truth = truth_of(trace)
-    at = float(truth["should_alert_by"]) - WINDOW_S
+    # the window ends at the budget, or just before the runaway ended where it ended sooner (SGLang's second
+    # runaway reached its context length 59.9 s in, 0.1 s before the budget: after that nothing runs to name)
+    end = min(float(truth["should_alert_by"]), float(truth["ended"]) - 1.0)
+    at = end - WINDOW_S
     code, alerts = doctor_at(trace, at)
     hit = [a for a in alerts if a.rule == "runaway" and a.severity in ("warning", "critical")]
     assert hit and code in (1, 2), (code, [(a.rule, a.severity, a.title) for a in alerts])

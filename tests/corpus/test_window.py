@@ -97,7 +97,10 @@ def test_doctor_reporting_before_should_alert_by_names_an_engine_stall(trace: Pa
     code, alerts = doctor_at(trace, sab - WINDOW_S - 2.0, window_s=WINDOW_S - 1.0)  # fed up to sab - 2 s
     stall = [a for a in alerts if a.rule == "engine_stall"]
     assert stall and code == 2, [(a.severity, a.rule) for a in alerts]
-    if truth_of(trace).get("log_for_vtop") is False:  # no log for vtop: the connections date the stop
+    truth = truth_of(trace)
+    # no log for vtop, or SGLang's (a stopped scheduler logs nothing, and its stats lines are no 10 s clock):
+    # the connections date the stop
+    if truth.get("log_for_vtop") is False or (truth.get("server") or {}).get("engine") == "sglang":
         assert any("dated by the connections" in e for e in stall[0].evidence), stall[0].evidence
         return
     assert "no token for about" in stall[0].title and any("stopped about" in e for e in stall[0].evidence)

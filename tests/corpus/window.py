@@ -77,6 +77,8 @@ def run_trace(path: Path, step_s: float = 30.0) -> list[WindowResult]:
     out: list[WindowResult] = []
     if cls in INCIDENTS and truth.get("should_alert_by") is not None:
         by = float(truth["should_alert_by"])
+        if truth.get("ended") is not None:  # a runaway that reached its length just before its budget
+            by = min(by, float(truth["ended"]) - 1.0)
         t0 = by - WINDOW_S
         code, alerts = doctor_at(path, t0)
         out.append(WindowResult(path.name, cls, t0 - float(truth["began"]), code,

@@ -22,7 +22,7 @@ from vtop.core.phases.types import Phase
 from vtop.core.rules.alert import Thresholds
 from vtop.core.rules.oom import OomFinding, oom_alert
 from vtop.core.rules.startup import failure_words
-from vtop.faces.headless import server_engine
+from vtop.core.server import UNKNOWN, engine_kind
 from vtop.sources import metrics_text
 from vtop.sources.discovery import discover
 from vtop.sources.metrics_text import SGLANG_BESIDE_VLLM, WANTED_SAMPLE_NAMES, clear_line_cache, parse_vllm_metrics
@@ -193,10 +193,11 @@ def test_a_leaked_sglang_scheduler_is_an_orphan() -> None:
 
 
 def test_engine_field_from_process_else_metrics() -> None:
-    v = SimpleNamespace(metrics=SimpleNamespace(engine_kind="sglang"))
-    assert server_engine(v, SimpleNamespace(engine="vllm")) == "vllm"  # type: ignore[arg-type]
-    assert server_engine(v, None) == "sglang"  # type: ignore[arg-type]
-    assert server_engine(SimpleNamespace(metrics=None), None) is None  # type: ignore[arg-type]
+    m = SimpleNamespace(engine_kind="sglang")
+    assert engine_kind(SimpleNamespace(engine="vllm"), m) == "vllm"  # type: ignore[arg-type]
+    assert engine_kind(None, m) == "sglang"  # type: ignore[arg-type]
+    assert engine_kind(UNKNOWN, m) == "sglang"  # type: ignore[arg-type]
+    assert engine_kind(None, None) is None
 
 
 # --------------------------------------------------------------------------- the startup log

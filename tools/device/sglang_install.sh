@@ -41,7 +41,10 @@ rm -rf /tmp/sglbundle "$SITE"; mkdir -p /tmp/sglbundle "$SITE"
 cat "$PARTS"/part[0-9][0-9] | tar -xf - -C /tmp/sglbundle
 say "bundle checked and unpacked"
 
-SEL=$("$PY" - /tmp/sglbundle/whl <<'PYEOF'
+# Judged as SGLang's interpreter will see it, with no PYTHONPATH: the caller's (h200_sglang.sh puts vtop's
+# /tmp/vtop-site first, which has sniffio) made this skip sniffio on the first GPU run (session 26), and the
+# server's import then failed: "No module named 'sniffio'" (SGLang runs with PYTHONPATH=/tmp/sglsite only)
+SEL=$(env -u PYTHONPATH "$PY" - /tmp/sglbundle/whl <<'PYEOF'
 import glob, os, re, sys, importlib.metadata as md
 try:
     from packaging.version import Version

@@ -36,7 +36,9 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: process that schedules and steps the engine (what ``d`` dumps first), ``engine_pid`` its pid as a fix's
 #: placeholder, ``tp_procs``: the other processes of a TP>1 engine; ``stall_log``: a log line that tells a stuck
 #: worker (vLLM's shared-memory broadcast warning); ``serve``: the command that starts a server, ``log_name``
-#: the file a fix tees its output to.
+#: the file a fix tees its output to; ``probe_flag``: what keeps uvicorn's access lines of vtop's polls out of the
+#: engine's log (vLLM's ``--disable-access-log-for-endpoints``, comma-separated, in newer releases; SGLang
+#: 0.5.17's ``--uvicorn-access-log-exclude-prefixes``, paths as separate words, "Defaults to empty").
 #: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
@@ -51,6 +53,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "kv_bytes_since": "0.11", "mm_cache": "--mm-processor-cache-gb", "gen_config": "--generation-config",
         "engine_proc": "the EngineCore", "engine_pid": "<EngineCore pid>", "tp_procs": "the workers",
         "stall_log": "No available shared memory broadcast block found in 60 seconds", "serve": "vllm serve", "log_name": "vllm.log",
+        "probe_flag": "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models",
     },
     "sglang": {
         "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length", "len_word": "context_length",
@@ -64,6 +67,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "engine_proc": "the scheduler (sglang::scheduler)", "engine_pid": "<scheduler pid>",
         "tp_procs": "every TP rank's scheduler", "stall_log": "", "serve": "python -m sglang.launch_server",
         "log_name": "sglang.log",
+        "probe_flag": "--uvicorn-access-log-exclude-prefixes /metrics /health /version /v1/models",
     },
 }
 #: the engines known, in the order vtop tries them

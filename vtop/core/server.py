@@ -42,6 +42,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from vtop.clock import Clock
+from vtop.core.engines import flags_of
 from vtop.core.history import Series, capacity_for
 from vtop.core.rates import CounterMapWindow, CounterWindow, HistogramWindow, Quantiles
 from vtop.core.stats import median
@@ -67,6 +68,18 @@ State = Literal["starting", "up", "stale", "down", "restarted", "not vllm", "eng
 #: pass as ``process=`` when the process table cannot tell (remote server,
 #: discovery not run yet)
 UNKNOWN: Literal["unknown"] = "unknown"
+
+
+def engine_kind(process: Any, metrics: VllmMetrics | None) -> str | None:
+    """Which engine serves ("vllm", "sglang": :data:`vtop.core.engines.ENGINES`): by the command line
+    discovery found, else by the families its /metrics serves (``vllm:`` or ``sglang:``); None when neither
+    is known (a URL given with no process on this box, not scraped yet). The one home of this answer: the
+    card, the header, ``--once --json``'s ``engine`` and the exporter all read it through
+    :attr:`ServerView.engine`."""
+    engine = getattr(process, "engine", None) if process is not None and not isinstance(process, str) else None
+    if engine is None and metrics is not None:
+        engine = metrics.engine_kind
+    return engine if isinstance(engine, str) else None
 ProcessArg = Union["ServerProcess", None, Literal["unknown"]]
 
 SERIES_NAMES = ("running", "waiting", "kv_pct", "gen_tps", "prompt_tps")
@@ -223,6 +236,21 @@ class ServerView:
     #: seconds the windowed rates (``gen_tps``, ``prompt_tps``, ``preemptions_ps``) span: at most ``window_s``,
     #: less while vtop has watched less (``doctor --window 15``)
     rate_span_s: float = 0.0
+
+    @property
+    def engine(self) -> str | None:
+        """The engine serving (:func:`engine_kind`); None: not known (read as vLLM)."""
+        return engine_kind(self.process, self.metrics)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine's own name ("vLLM", "SGLang"), vLLM's while it is not known."""
+        return flags_of(self.engine)["name"]
+
+    @property
+    def len_word(self) -> str:
+        """What the engine calls the longest request (vLLM's ``max_model_len``, SGLang's ``context_length``)."""
+        return flags_of(self.engine)["len_word"]
 
     @property
     def is_live(self) -> bool:
@@ -389,7 +417,7 @@ class ServerTracker:
         key = (int(process.pid), float(process.create_time))
         if self._proc_key is not None and key != self._proc_key:
             self._restart_pending = True
-            self._restart_why = f"new vLLM process (pid {process.pid})"
+            self._restart_why = f"new {flags_of(getattr(process, 'engine', None))['name']} process (pid {process.pid})"
         self._proc_key = key
 
     def _take_metrics(self, poll: ServerPoll, m: VllmMetrics) -> None:
@@ -661,6 +689,7 @@ class ServerTracker:
         if state == "starting" and not self._has_process() and self._log_phase is not None:
             return (f"starting: its log shows the start in {self._log_phase}; port refuses connections until "
                     "it is ready (vtop cannot see its process)")
+        name = flags_of(engine_kind(proc, self._metrics))["name"]
         if state == "starting":
             pid = getattr(proc, "pid", "?")
             port = getattr(proc, "port", None) or "?"
@@ -669,20 +698,20 @@ class ServerTracker:
             if isinstance(ct, (int, float)) and ct > 0:
                 age = f" (started {_dur(max(0.0, poll.t - ct))} ago)"
             if self._restart_pending:
-                return (f"restarting: new vLLM process {pid}{age}; port {port} refuses connections until it is "
+                return (f"restarting: new {name} process {pid}{age}; port {port} refuses connections until it is "
                         f"ready; {last_ok}")
             if self._last_ok_mono is not None:
-                return (f"vLLM process {pid} still runs but port {port} stopped accepting connections for {dur} "
+                return (f"{name} process {pid} still runs but port {port} stopped accepting connections for {dur} "
                         f"(shutting down, or restarting inside the same process); {last_ok}")
             return (
-                f"starting: vLLM process {pid} is running{age}, port {port} refuses connections until it is "
+                f"starting: {name} process {pid} is running{age}, port {port} refuses connections until it is "
                 "ready (loading weights, compiling, capturing graphs)"
             )
         if state == "down":
             tail = (
                 "vtop cannot see this server's processes, so it may also be starting"
                 if isinstance(proc, str)
-                else "no vLLM process is running"
+                else f"no {name} process is running"
             )
             return f"down for {dur} (since {at}): {poll.message}; {tail}; {last_ok}"
         if state == "not vllm":

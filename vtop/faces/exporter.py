@@ -59,7 +59,6 @@ from vtop import __version__
 from vtop.config import Config
 from vtop.core.phases.types import Phase
 from vtop.core.server import STATES
-from vtop.faces.headless import server_engine
 from vtop.model.gpu import THROTTLE_BITS
 from vtop.model.redact import scrub_secrets
 from vtop.monitor.live import LiveFeed
@@ -184,7 +183,7 @@ def _servers(monitor: Monitor) -> list[Metric]:
         for s in STATES:
             st.add_metric([url, s], 1.0 if s == v.state else 0.0)
         polls.add_metric([url], float(ws.polls))
-        engine = server_engine(v, monitor.process_arg(ws))
+        engine = v.engine
         if engine is not None:
             info.add_metric([url, engine], {})
     return [st, polls, info]

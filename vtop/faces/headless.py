@@ -42,12 +42,14 @@ import json
 import math
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from vtop import __version__
 from vtop.config import Config
+from vtop.core.engines import flags_of
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.server import UNKNOWN, ServerView
 from vtop.exitcodes import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
@@ -284,7 +286,7 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
         "state": v.state,
         "message": v.message,
         "model": v.model_id,
-        "engine": server_engine(v, process),
+        "engine": v.engine,
         "version": v.version,
         "max_model_len": v.max_model_len,
         "running": _r(m.running, 0) if m else None,
@@ -310,16 +312,6 @@ def server_row(v: ServerView, process: Any, log_point: Any = None, log_age_s: fl
     }
     row.update(signal_fields(v, m))
     return row
-
-
-def server_engine(v: ServerView, process: Any) -> str | None:
-    """Which engine serves: "vllm" or "sglang", by the command line discovery found, else by the families
-    its /metrics serves (``vllm:`` or ``sglang:``); None when neither is known (a URL given with no
-    process on this box, not scraped yet)."""
-    engine = getattr(process, "engine", None) if process not in (None, UNKNOWN) else None
-    if engine is None and v.metrics is not None:
-        engine = v.metrics.engine_kind
-    return engine if isinstance(engine, str) else None
 
 
 SLEEP_STATES = {0: "awake", 1: "weights_offloaded", 2: "discard_all"}
@@ -473,6 +465,11 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     started = clock.monotonic()
     feed.one_round = True
     feed.start()
+    # The rules' modules (about 30 ms of imports) load while the sources' first answers are awaited, not on the
+    # critical path at the first diagnosis: on the H100 (session 26's timeline) that diagnosis ran 212-250 ms
+    # after the spawn, after NVML's answer. Python's per-module import locks make the diagnosis wait for a
+    # half-done import rather than import twice.
+    threading.Thread(target=_load_rules, name="vtop-load-rules", daemon=True).start()
     try:
         deadline = started + max(5.0, 3 * interval)
         while True:
@@ -485,6 +482,10 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     finally:
         await feed.aclose()
     return started
+
+
+def _load_rules() -> None:
+    import vtop.core.rules  # noqa: F401  (loaded for the first diagnosis: see one_round)
 
 
 def _judging_silence(monitor: Monitor, silent_s: float) -> bool:
@@ -698,8 +699,15 @@ def window_text(rep: Report) -> str:
         elif took < asked - 1.0:
             out += f", cut short at {_secs(took)}"
     if rep.history_s:
-        out += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+        out += f", and {dur(rep.history_s)} of the {_log_engine(rep)} log's stats before it"
     return out
+
+
+def _log_engine(rep: Report) -> str:
+    """Whose log the history is, in the engine's own name: the watched servers' engine (SGLang's servers are
+    not vLLM's); vLLM's when they differ or none is known."""
+    names = {flags_of(s.get("engine"))["name"] for s in rep.servers}
+    return names.pop() if len(names) == 1 else "vLLM"
 
 
 def format_text(rep: Report, *, doctor: bool = False) -> str:
@@ -709,7 +717,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     if rep.one_round:
         look = f"one round of readings, {_secs(rep.window_s)}"
         if rep.history_s:
-            look += f", and {dur(rep.history_s)} of the vLLM log's stats before it"
+            look += f", and {dur(rep.history_s)} of the {_log_engine(rep)} log's stats before it"
     lines = [f"vtop {__version__} on {rep.host} at {d['time']} ({look})"]
     if rep.gpus:
         if rep.gpu_status == "stale":
@@ -726,7 +734,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
     else:
         lines.append(f"GPU: {rep.gpu_message or rep.gpu_status}")
     for s in rep.servers:
-        head = f"vLLM {s['url']}: {s['state'].upper()}"
+        head = f"{flags_of(s.get('engine'))['name']} {s['url']}: {s['state'].upper()}"
         if s["model"]:
             head += f" {s['model']}"
         if s["version"]:
@@ -737,7 +745,7 @@ def format_text(rep: Report, *, doctor: bool = False) -> str:
         if s["running"] is not None:
             lines.append(f"  running {_v(s['running'])} waiting {_v(s['waiting'])} KV {_v(s['kv_cache_pct'], '%')} "
                          f"gen {_v(s['gen_tokens_per_s'])} tok/s prompt {_v(s['prompt_tokens_per_s'])} tok/s"
-                         + (f" (vLLM log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
+                         + (f" ({flags_of(s.get('engine'))['name']} log, {s['rates_age_s']:.0f} s ago)" if s.get("rates_from") == "log" else
                             f" (over {s['rate_span_s']:.0f} s)" if s.get("rate_span_s") else ""))
         lines += signals_text(s)
         if s["state"] != "up":

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from vtop.clock import Clock, SystemClock
 from vtop.config import Config
 from vtop.core.download import CacheScan, DownloadProgress, DownloadTracker
+from vtop.core.engines import flags_of
 from vtop.core.gpu_history import GpuHistory
 from vtop.core.phases.phase import Phase
 from vtop.core.requests.conns import READ_EVERY_S, ConnTracker
@@ -446,7 +447,7 @@ class Monitor:
                     name = c.title.split("::", 1)[-1] if "::" in c.title else c.role
                     owner[c.pid] = f"{name} of {port}{where}"
             if not sp.children and sp.pid:
-                owner.setdefault(sp.pid, f"vLLM {port}{where}")
+                owner.setdefault(sp.pid, f"{flags_of(sp.engine)['name']} {port}{where}")
         self.gpu_owner = owner
         self._follow_log(servers)
 

@@ -648,12 +648,15 @@ class VtopApp(ActionKeys, ViewKeys):
         def state(v: Any) -> str:  # a live server put to sleep (POST /sleep) says so
             return "sleeping" if v.sleep_level and v.state == "up" else v.state
 
+        # the engines' own names (SGLang's servers are not vLLM's); both when the box runs both
+        names = sorted({v.engine_name for v in views}, key=lambda n: (n != "vLLM", n))
+        who = "/".join(names)
         if len(views) == 1:
-            return f"vLLM: {state(views[0])}"
+            return f"{who}: {state(views[0])}"
         counts: dict[str, int] = {}
         for v in views:
             counts[state(v)] = counts.get(state(v), 0) + 1
-        return "vLLM: " + ", ".join(f"{n} {st}" for st, n in counts.items())
+        return f"{who}: " + ", ".join(f"{n} {st}" for st, n in counts.items())
 
     def update_status(self) -> None:
         text = self.status_text(self.size.width)

@@ -592,7 +592,7 @@ def process_rows(monitor: Any, info: dict[int, Any], sort: str = "gpu_mem") -> l
         members.sort(key=lambda m: key(m[0]), reverse=True)
         total = sum(gpu_mem(pid) for pid, _ in members)
         where = f" · {sp.placement}" if sp.placement else ""
-        head = (f"vLLM :{port}", f"{len(members)} processes{where}", url, "", f"{total / gib:.1f} GiB", "", "", "",
+        head = (f"{flags_of(sp.engine)['name']} :{port}", f"{len(members)} processes{where}", url, "", f"{total / gib:.1f} GiB", "", "", "",
                 "", "")
         ns = {sp.pid: sp.ns_pid, **{c.pid: c.ns_pid for c in sp.children}}
         rows = []

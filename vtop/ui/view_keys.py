@@ -93,9 +93,9 @@ class ViewKeys(App[int]):
         "toggle_log": "show or hide the log pane (it gives its rows to an alert first)",
         "toggle_warnings": "log pane: warnings and errors only",
         "toggle_probes": "log pane: show / hide uvicorn's access lines of /metrics, /health, /version, /v1/models "
-                         "(hidden by default: vtop's own polls would bury the rest). vLLM keeps them out of its "
-                         "own log with --disable-access-log-for-endpoints /metrics,/health,/version,/v1/models "
-                         "(newer vLLM) or --disable-uvicorn-access-log (every access line)",
+                         "(hidden by default: vtop's own polls would bury the rest; the pane's foot names the "
+                         "engine's flag that keeps them out of its log, and vLLM's --disable-uvicorn-access-log "
+                         "drops every access line)",
         "filter_log": "log pane: only lines with a text (type it; Enter keeps it, Esc clears it)",
         "clear_filter": "clear the log filter",
         "processes": "processes: the GPU ones and each vLLM server's tree (API server, EngineCore, workers) "

@@ -346,13 +346,21 @@ SGL_LIMITS_RE = re.compile(
 #: target prefill graph too where enabled); before: "Capture cuda graph begin. This can take up to several
 #: minutes. avail mem=..." / "Capture cuda graph end. Time elapsed: 8.04 s. mem usage=0.80 GB. avail mem=..."
 SGL_CAPTURE_BEGIN_RE = re.compile(r"Capture (?:[\w ]+? )?(?:cuda|CUDA) graph begin\.")
+#: the end of the capture: the decode graphs' (or the one capture's, before 0.5.17). 0.5.17 captures the target
+#: prefill graphs first ("Capture target prefill CUDA graph end. elapsed=72.09 s": :data:`SGL_PREFILL_CAPTURE_END_RE`),
+#: then the decode graphs: the first end is not the phase's (it read as warmup while the decode graphs were captured)
 SGL_CAPTURE_END_RE = re.compile(
-    r"Capture (?:[\w ]+? )?(?:cuda|CUDA) graph end\. (?:Time elapsed: (?P<s>[\d.]+) s|elapsed=(?P<s2>[\d.]+) s)"
-    r"(?:.*?mem usage=(?P<gib>[\d.]+) GB)?"
+    r"Capture (?!target prefill )(?:[\w ]+? )?(?:cuda|CUDA) graph end\. "
+    r"(?:Time elapsed: (?P<s>[\d.]+) s|elapsed=(?P<s2>[\d.]+) s)(?:.*?mem usage=(?P<gib>[\d.]+) GB)?"
 )
+SGL_PREFILL_CAPTURE_END_RE = re.compile(r"Capture target prefill (?:cuda|CUDA) graph end\.")
 #: ``runner/decode_cuda_graph_runner.py``: tqdm "Capturing batches (bs=160 avail_mem=70.29 GB):  45%|####5 | 23/52
-#: [00:03<00:04,  6.72it/s]" on TP rank 0
-SGL_CAPTURE_BAR_RE = re.compile(r"Capturing batches \([^)]*\):\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)")
+#: [00:03<00:04,  6.72it/s]" on TP rank 0; 0.5.17 first captures the target prefill graphs, one per token count:
+#: "Capturing num tokens (num_tokens=8192 avail_mem=38.90 GB):   0%|          | 0/58" (72 s of a 77 s capture on an
+#: H100 80GB with the tiny model, session 26: without it the longest part of the start showed no progress)
+SGL_CAPTURE_BAR_RE = re.compile(
+    r"Capturing (?P<what>batches|num tokens) \([^)]*\):\s+(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<tot>\d+)"
+)
 #: ``entrypoints/http_server.py`` after its warmup request
 SGL_READY_RE = re.compile(r"The server is fired up and ready to roll!")
 

@@ -83,6 +83,7 @@ from vtop.core.phases.patterns import (
     SGL_KV_ALLOC_RE,
     SGL_LIMITS_RE,
     SGL_POOL_END_RE,
+    SGL_PREFILL_CAPTURE_END_RE,
     SGL_READY_RE,
     SGL_SERVER_ARGS_RE,
     SGL_WEIGHTS_BEGIN_RE,
@@ -322,6 +323,7 @@ _PHASE_LINES: tuple[tuple[Phase, tuple[_Line, ...]], ...] = (
     )),
     (Phase.CUDA_GRAPHS, (
         _Line(SGL_CAPTURE_BEGIN_RE, engine=_SGL),
+        _Line(SGL_PREFILL_CAPTURE_END_RE, engine=_SGL),  # still capturing: the decode graphs come next
         _Line(SGL_CAPTURE_END_RE, "rank_done", (
             ("graph_capture_s", ("s", "s2"), float, "max"), ("graph_memory_gib", ("gib",), float, "max"),
         ), engine=_SGL),
@@ -989,8 +991,9 @@ class PhaseTracker:
             return self._progress(phase, label, int(m.group("n")), int(m.group("tot")), t, arrival, elapsed)
         m = SGL_CAPTURE_BAR_RE.search(msg) if self._facts.get("engine") == _SGL else None
         if m:
-            return self._progress(Phase.CUDA_GRAPHS, "batches", int(m.group("n")), int(m.group("tot")), t, arrival,
-                                  elapsed)
+            # SGLang's decode "batches" and (0.5.17) its prefill graphs by "num tokens": their own words
+            return self._progress(Phase.CUDA_GRAPHS, m.group("what"), int(m.group("n")), int(m.group("tot")), t,
+                                  arrival, elapsed)
         return True
 
     def _on_phase_line(self, ev: LogEvent, msg: str, t: float, arrival: float) -> None:

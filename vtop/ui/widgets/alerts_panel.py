@@ -25,6 +25,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from vtop.core.engines import flags_of
 from vtop.model.requests import ServerRequests, age_words, dur_text, silent_words, state_word
 
 GLYPH = {"critical": "✖ CRITICAL", "warning": "▲ WARNING", "info": "● info"}
@@ -179,7 +180,7 @@ class RequestsLine(Static):
             head = (f"requests in flight: {count}" if level == 0 else f"in flight {count}" if level == 1
                     else f"{count} in flight")
             if answer.running is not None and level < 2:
-                head += (f" (vLLM: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)" if level == 0
+                head += (f" ({flags_of(answer.engine)['name']}: {answer.running:,.0f} running, {answer.waiting or 0:,.0f} waiting)" if level == 0
                          else f" ({answer.running:,.0f} run, {answer.waiting or 0:,.0f} wait)")
             parts = [head]
             if o is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from textual.binding import Binding
 from textual.widgets import Input, Log
 
+from vtop.core.engines import flags_of
 from vtop.core.loghistory import STATS_NEEDLES
 from vtop.model.redact import redact_prompts, scrub_secrets
 
@@ -30,12 +31,12 @@ def is_probe(ln: LogLine) -> bool:
     return "GET /" in ln.text and _PROBE.search(ln.text) is not None
 
 
-#: Said under the pane while it hides probe lines. vLLM's own switches (its
+#: Said under the pane while it hides probe lines: the engine's own switch (``probe_flag`` of
+#: :data:`vtop.core.engines.ENGINE_FLAGS`, by the engine whose log it is). vLLM's (its
 #: ``vllm/entrypoints/.../cli_args.py``): ``--disable-access-log-for-endpoints`` takes a
 #: comma-separated list of paths whose uvicorn access lines are dropped (newer releases, 0.32
 #: has it); ``--disable-uvicorn-access-log`` drops every access line (older ones too). The
 #: help screen (``?``, key ``a``) says both.
-PROBE_FLAG = "--disable-access-log-for-endpoints /metrics,/health,/version,/v1/models"
 
 
 #: The engine's periodic stats line (any engine's, by its needle: :data:`vtop.core.loghistory.STATS_NEEDLES`,
@@ -108,8 +109,15 @@ class LogPane(Log):
     def _room(self) -> int:
         return self.scrollable_content_region.width
 
+    @staticmethod
+    def _label_of(view: LogView | None) -> tuple[str | None, str | None]:
+        """What the pane's title and subtitle say of the log: its source, and its engine (whose switch
+        keeps the polls out)."""
+        snap = getattr(view, "snapshot", None)
+        return getattr(view, "source_label", None), (snap.facts.engine if snap is not None else None)
+
     def show(self, view: LogView) -> None:
-        relabel = getattr(self.view, "source_label", None) != view.source_label
+        relabel = self._label_of(self.view) != self._label_of(view)
         self.view = view
         if relabel:
             self._title()
@@ -137,11 +145,12 @@ class LogPane(Log):
             bits.append(f"lines with {self.substring!r} (Esc: all)")
         if self.show_probes and not self.only_problems:
             bits.append("poll lines shown (a: hide)")
-        label = getattr(self.view, "source_label", None)
+        label, engine = self._label_of(self.view)
         head = f"log · {label}" if label else "log"
+        eng = flags_of(engine)
         self.border_title = f"{head}: " + ", ".join(bits) if bits else f"{head} (w: warnings and errors only)"
         self.border_subtitle = (
-            f"{self.hidden_probes} poll lines hidden (a) · out of vLLM's log: {PROBE_FLAG}"
+            f"{self.hidden_probes} poll lines hidden (a) · out of {eng['name']}'s log: {eng['probe_flag']}"
             if self.hidden_probes and not self.only_problems else ""
         )
 

@@ -156,7 +156,7 @@ class ServerCard(_RunsWidget):
         self.view = view
         self.now = now
         word = state_word(view)
-        bits = [f"vLLM {view.url}", word]
+        bits = [f"{view.engine_name} {view.url}", word]
         if self.extra_title:  # its process and GPUs before the model: they stay in an 80-column title
             bits.append(self.extra_title)
         if view.model_id:
@@ -164,7 +164,7 @@ class ServerCard(_RunsWidget):
         if view.version:
             bits.append(f"v{view.version}")
         if view.max_model_len:
-            bits.append(f"max_model_len {view.max_model_len:,}")
+            bits.append(f"{view.len_word} {view.max_model_len:,}")
         title = " · ".join(bits)
         if title != self.border_title:
             self.border_title = title
@@ -225,10 +225,10 @@ class ServerCard(_RunsWidget):
         v = self.view
         port = self.key.rsplit(":", 1)[-1] if ":" in self.key.split("//")[-1] else self.key
         if v is None:
-            return [(f"vLLM :{port} waiting for the first poll…", "dim")]
+            return [(f":{port} waiting for the first poll…", "dim")]
         word = state_word(v)
         style = "lost" if v.state in BAD_STATES else "warn" if v.state in WARN_STATES or word == "SLEEPING" else "label"
-        out: list[Run] = [(f"vLLM :{port} ", "label"), (word, style)]
+        out: list[Run] = [(f"{v.engine_name} :{port} ", "label"), (word, style)]
         t = v.total
         seen = self.seen if self.seen is not None else v.last_seen(self.now)
         if seen is not None:

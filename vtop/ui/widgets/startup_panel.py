@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widgets import Static
 
+from vtop.core.engines import flags_of
 from vtop.core.phases.types import Phase, PhaseView, StartupSnapshot
 from vtop.model.fmt import clip
 
@@ -217,7 +218,8 @@ class StartupPanel(Static):
             return out
         snap = v.snapshot
         f = snap.facts
-        head = "vLLM start"
+        eng = flags_of(f.engine)  # the engine whose log this is: SGLang's start is not "vLLM start"
+        head = f"{eng['name']} start"
         if f.version:
             head += f" v{f.version}"
         if f.model:
@@ -291,16 +293,16 @@ class StartupPanel(Static):
                 busy = util >= 50
                 gpu = f"GPU during the silence: {'busy' if busy else 'idle'} (util {util:.0f}%"
                 gpu += f", SM activity {sm:.0f}%)" if sm is not None else ")"
-            out.append(f"\n  {gpu}. Take a py-spy dump of the EngineCore to see where it is stuck"
-                       " (py-spy dump --pid <EngineCore pid>).")
+            out.append(f"\n  {gpu}. Take a py-spy dump of {eng['engine_proc']} to see where it is stuck"
+                       f" (py-spy dump --pid {eng['engine_pid']}).")
             if st.hint:
                 out.append(f"\n  {st.hint}", style="dim")
         elif (not compact and snap.state == "starting" and snap.current in BUSY_PHASES
               and self.gpu_activity(v.mono - 30.0)[0] is not None):
             # Only where there are GPU readings: on a box with no GPU (a CPU vLLM) the line
             # spoke of a 100 % GPU that does not exist.
-            out.append("\n  100% GPU is expected while vLLM compiles, profiles memory and captures CUDA graphs.",
-                       style="dim")
+            out.append(f"\n  100% GPU is expected while {eng['name']} compiles, profiles memory and captures CUDA "
+                       "graphs.", style="dim")
         return out
 
     def _timeline(self, out: Text, v: LogView, *, compact: bool = False) -> None:
