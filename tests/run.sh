@@ -19,7 +19,8 @@
 #
 # Env: VTOP_VLLM_VENV (default /tmp/vllmcpu) and VTOP_VLLM_MODEL (/tmp/tinyllama)
 # say where the vLLM CPU build and the model live; VTOP_REAL_VLLM_ARGS adds
-# `vllm serve` flags to every start (e.g. "--enforce-eager").
+# `vllm serve` flags to every start (e.g. "--enforce-eager"); VTOP_RUN_SUMMARY names a file that
+# gets the summary's lines (each phase's time; .ci/run prints them at its end).
 # If the vLLM install fails, the real tests are skipped with the reason --
 # except under CI (CI=true), where that fails the run.
 set -uo pipefail
@@ -30,7 +31,7 @@ cd "$ROOT"
 TIER=all
 case "${1:-}" in
   fast|real|all) TIER="$1"; shift ;;
-  -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 
 # Bytecode caching on: with PYTHONDONTWRITEBYTECODE set (as on some CI images) every pytest
@@ -101,15 +102,32 @@ EOF
   TOTAL_PASSED=$((TOTAL_PASSED + $1)); TOTAL_FAILED=$((TOTAL_FAILED + $2)); TOTAL_SKIPPED=$((TOTAL_SKIPPED + $3))
 }
 
+# CPU seconds (user + sys) of this shell's reaped children so far: `times` run in this shell (in a $(...)
+# subshell it would count that subshell's children), its second line parsed. Counts pytest and what it
+# started and waited for (the vLLM servers, vtop subprocesses); not daemons (tmux's server, dockerd's
+# containers) nor the rest of the box.
+# Sets CPU_NOW (called as `children_cpu`, never as `$(children_cpu)`).
+children_cpu() {
+  times > "$WORK/times"
+  CPU_NOW=$(awk 'NR == 2 { n = split($0, f, /[ ms]+/); t = 0; for (i = 1; i + 1 <= n; i += 2) t += f[i] * 60 + f[i + 1]
+                           printf "%.1f", t }' "$WORK/times")
+}
+
 # run_pytest NAME MARKEXPR [pytest args...]; sets RC
 run_pytest() {
-  local name="$1" expr="$2" t0; shift 2
+  local name="$1" expr="$2" t0 c0 wall cpu; shift 2
   t0=$(date +%s.%N)
+  children_cpu; c0=$CPU_NOW
   say "pytest -m \"$expr\" $*"
   "$PY" -m pytest -m "$expr" --junitxml="$WORK/$name.xml" "$@"
   RC=$?
   count_junit "$WORK/$name.xml"
-  note "pytest $name (rc $RC)" "$(since "$t0")"
+  wall=$(since "$t0")
+  children_cpu
+  cpu=$(awk -v a="$c0" -v b="$CPU_NOW" 'BEGIN { printf "%.0f", b - a }')
+  # how busy it kept the cores: what is left for running more at once (nproc cores in all)
+  note "pytest $name (rc $RC)" "$wall" "CPU ${cpu} s, $(awk -v c="$cpu" -v w="$wall" -v n="$(nproc 2>/dev/null || echo 2)" \
+    'BEGIN { printf "%.0f", (w > 0 ? 100 * c / (w * n) : 0) }')% of $(nproc 2>/dev/null || echo 2) cores"
 }
 
 count_real_tests() {  # how many tests `-m real` selects (with the extra args)
@@ -188,19 +206,28 @@ if [ "$TIER" = real ] || [ "$TIER" = all ]; then
     export VTOP_REAL_STARTS_FILE="$WORK/real-starts.json"
     run_pytest real "real" --durations=0 --durations-min=15 "$@"
     [ "$RC" -eq 0 ] || [ "$RC" -eq 5 ] || FAILED+=("real (pytest exit $RC)")
-    if [ -s "$VTOP_REAL_STARTS_FILE" ]; then  # the real tier's server starts (tests/real/conftest.py)
-      STARTS="$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); h = [x for x in d["healthy_s"] if x]
-print(f"""{d["starts"]} starts, {sum(h):.0f} s to healthy in all ({", ".join(f"{x:.0f}" for x in h)})""")' \
-        "$VTOP_REAL_STARTS_FILE" 2>/dev/null)"
-      [ -n "$STARTS" ] && SUMMARY+=("$(printf '%-28s %7s    %s' "  real vLLM server" "" "$STARTS")")
+    if [ -s "$VTOP_REAL_STARTS_FILE" ]; then  # the real tier's server starts and groups (tests/real/conftest.py)
+      while IFS= read -r line; do SUMMARY+=("$line"); done < <("$PY" - "$VTOP_REAL_STARTS_FILE" <<'EOF' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))
+h = [x for x in d["healthy_s"] if x]
+print(f"{'  real vLLM server':<28} {'':>7}    {d['starts']} starts, {sum(h):.0f} s to healthy in all "
+      f"({', '.join(f'{x:.0f}' for x in h)})")
+for g in d.get("groups", []):  # each group of tests that share one server flag set, in the order they ran
+    print(f"{'    group':<28} {g['seconds']:7.1f} s  {g['tests']} tests, {g['starts']} starts "
+          f"({g['healthy_s']:.0f} s to healthy): {g['group']}")
+EOF
+)
     fi
   fi
 fi
 
+SUMMARY+=("$(printf '%-28s %7s s' total "$(since "$T_ALL")")")
 echo
 say "summary ($TIER):"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
-echo "  $(printf '%-28s %7s s' total "$(since "$T_ALL")")"
+# .ci/run lists these phases again in its own summary, at the very end of the log
+[ -n "${VTOP_RUN_SUMMARY:-}" ] && printf '%s\n' "${SUMMARY[@]}" > "$VTOP_RUN_SUMMARY"
 if [ ${#FAILED[@]} -gt 0 ]; then
   for f in "${FAILED[@]}"; do say "FAILED: $f"; done
 fi

@@ -114,6 +114,11 @@ MAX_LOAD_CONCURRENCY = 64
 MAX_LOAD_TIME_S = 600.0
 
 _SERVERS: list[RealVllm] = []
+#: the test running now (its node id), so that each server start names the test it was made for
+_CURRENT_TEST = [""]
+#: each real test's group (the server flags it runs with, see _group_label) and its seconds per phase
+_GROUP_OF: dict[str, str] = {}
+_TIMES: dict[str, dict[str, float]] = {}
 
 
 # --- collection ---------------------------------------------------------------
@@ -173,7 +178,11 @@ def _server_order(items: list[pytest.Item]) -> list[pytest.Item]:
     default = _flags_key_of_defaults()
     keys = [k for k in groups if k != default] + ([default] if default in groups else [])
     out = list(no_server)
+    for it in no_server:
+        _GROUP_OF[it.nodeid] = "no session server"
     for k in keys:
+        for it in groups[k]:
+            _GROUP_OF[it.nodeid] = _group_label(k)
         # a test that launches its own server needs none up before it and leaves none up after it: first in the
         # group, where the group's own start comes anyway (the previous group's server is stopped by its launch)
         own = [it for it in groups[k] if it.get_closest_marker("vllm_own_start")]
@@ -190,6 +199,49 @@ def _server_order(items: list[pytest.Item]) -> list[pytest.Item]:
     return out
 
 
+def _group_label(key: tuple[Any, ...]) -> str:
+    """A flag set (_flags_key) in words: its `vllm serve` flags beyond the defaults."""
+    extra, mml, log_requests, fresh_cache = key
+    words = list(extra)
+    if mml != DEFAULT_MAX_MODEL_LEN:
+        words[:0] = ["--max-model-len", str(mml)]
+    if not log_requests:
+        words.append("(no --enable-log-requests)")
+    if fresh_cache:
+        words.append("(fresh compile cache)")
+    return " ".join(words) or "(default flags)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _CURRENT_TEST[0] = item.nodeid
+    yield
+    _CURRENT_TEST[0] = ""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid in _GROUP_OF:
+        _TIMES.setdefault(report.nodeid, {})[report.when] = report.duration
+
+
+def _groups_summary() -> list[dict[str, Any]]:
+    """Per group of the run (in the order they ran): its tests, its seconds, its server starts."""
+    starts_of: dict[str, list[StartRecord]] = {}
+    for srv in _SERVERS:
+        for rec in srv.starts:
+            starts_of.setdefault(rec.test, []).append(rec)
+    out: dict[str, dict[str, Any]] = {}
+    for nodeid, times in _TIMES.items():
+        g = out.setdefault(_GROUP_OF[nodeid], {"group": _GROUP_OF[nodeid], "tests": 0, "seconds": 0.0,
+                                                "starts": 0, "healthy_s": 0.0})
+        g["tests"] += 1
+        g["seconds"] += sum(times.values())
+        for rec in starts_of.get(nodeid, []):
+            g["starts"] += 1
+            g["healthy_s"] += rec.healthy_after_s or 0.0
+    return [{**g, "seconds": round(g["seconds"], 1), "healthy_s": round(g["healthy_s"], 1)} for g in out.values()]
+
+
 def _flags_key_of_defaults() -> tuple[Any, ...]:
     c = _config((), None, True, False)
     return (c["extra_args"], c["max_model_len"], c["log_requests"], c["fresh_cache"])
@@ -204,6 +256,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for rec in srv.starts:
             tr.write_line(rec.describe())
         tr.write_line(f"logs: {srv.log_dir}")
+    groups = _groups_summary()
+    if groups:
+        terminalreporter.write_sep("-", "real tier by server flags (the order of the run)")
+        for g in groups:
+            terminalreporter.write_line(
+                f"{g['seconds']:7.1f} s  {g['tests']:2d} tests  {g['starts']:2d} starts ({g['healthy_s']:.0f} s to "
+                f"healthy)  {g['group']}")
     # tests/run.sh puts the starts in its summary: how many, and the seconds they took to /health
     out = os.environ.get("VTOP_REAL_STARTS_FILE")
     if out:
@@ -213,6 +272,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                 "starts": len(recs),
                 "healthy_s": [None if r.healthy_after_s is None else round(r.healthy_after_s, 1) for r in recs],
                 "failed": sum(1 for r in recs if r.failed),
+                "groups": groups,
+                "per_start": [{"test": r.test, "args": " ".join(r.args), "healthy_s": r.healthy_after_s} for r in recs],
             }) + "\n")
 
 
@@ -234,6 +295,8 @@ class StartRecord:
     failed: str | None = None
     #: PSS (bytes) of each process of the tree once healthy: {"vllm": ..., "VLLM::EngineCore": ...}
     memory: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the test it was made for (its node id; "" outside a test)
+    test: str = ""
 
     def describe(self) -> str:
         if self.failed:
@@ -247,7 +310,8 @@ class StartRecord:
             total = sum(self.memory.values())
             parts = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in self.memory.items())
             mem = f"; PSS {total / 2**30:.2f} GiB ({parts} MiB)"
-        return f"start #{self.n} pid {self.pid} {' '.join(self.args) or '(default flags)'}: {state}{mem}"
+        test = f" [{self.test.rsplit('/', 1)[-1]}]" if self.test else ""
+        return f"start #{self.n} pid {self.pid} {' '.join(self.args) or '(default flags)'}: {state}{mem}{test}"
 
 
 @dataclasses.dataclass
@@ -590,7 +654,8 @@ class RealVllm:
             shown = cmd[cmd.index("--dtype") + 2:]
             if self.config["max_model_len"] != DEFAULT_MAX_MODEL_LEN:
                 shown = ["--max-model-len", str(self.config["max_model_len"]), *shown]
-            self.starts.append(StartRecord(n, tuple(shown), self.log_path, self.proc.pid, time.monotonic()))
+            self.starts.append(StartRecord(n, tuple(shown), self.log_path, self.proc.pid, time.monotonic(),
+                                           test=_CURRENT_TEST[0]))
             return self.log_path
 
     def _model_for(self, max_model_len: int) -> Path:
