@@ -117,7 +117,7 @@ def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  #
 
     rec = tmp_path / "once.jsonl"
     r = run("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, (r.stdout, r.stderr)
     header, events = load(rec)
     assert header["mode"] == "once"
     polls = [e.data for e in events if e.kind == "server"]
