@@ -341,8 +341,8 @@ def stall_alert(f: StallFinding, th: Thresholds) -> Alert:
 
 
 def _answers(f: StallFinding) -> str:
-    """What the server answered: ``/health 200, /metrics in 11 ms``; a /health with no status to quote (SGLang's
-    waits 20 s on a stopped scheduler) is left out, not said as "?"."""
+    """What the server answered: ``/health 200, /metrics in 11 ms``; a /health with no status to quote (an engine whose
+    /health waits on its stopped scheduler, 20 s) is left out, not said as "?"."""
     bits = [f"/health {f.health}"] if f.health is not None else []
     if f.latency_s is not None:
         bits.append(f"/metrics in {f.latency_s * 1000:.0f} ms")
