@@ -298,36 +298,33 @@ def test_rule_modules_name_no_sglang() -> None:
     assert hits == []
 
 
+def _rule_strings() -> list[tuple[str, str]]:
+    """Every string of the rule modules that is not a docstring (what an alert may say), as (file:line, text)."""
+    out = []
+    for p in sorted((ROOT / "vtop" / "core" / "rules").glob("*.py")):
+        tree = ast.parse(p.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        out += [(f"{p.name}:{n.lineno}", n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and isinstance(n.value, str) and id(n) not in docs]
+    return out
+
+
 def test_rule_modules_take_every_engine_flag_from_the_table() -> None:
     """No rule module spells a flag the engines' table holds (vLLM's --max-num-seqs, --enable-log-requests,
     --kv-cache-memory-bytes...): each takes it from vtop/core/engines.py by the server's engine."""
     flags = {w for fl in ENGINE_FLAGS.values() for v in fl.values() for w in re.findall(r"--[a-z][a-z0-9-]+", v)}
     assert {"--max-num-seqs", "--enable-log-requests", "--kv-cache-memory-bytes", "--log-requests"} <= flags
     lit = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, flags), key=len, reverse=True)) + r")(?![\w-])")
-    hits = []
-    for p in sorted((ROOT / "vtop" / "core" / "rules").glob("*.py")):
-        tree = ast.parse(p.read_text())
-        docs = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
-                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        hits += [f"{p.name}:{n.lineno}: {n.value}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
-                 and isinstance(n.value, str) and id(n) not in docs and lit.search(n.value)]
-    assert hits == []
+    assert [f"{where}: {text}" for where, text in _rule_strings() if lit.search(text)] == []
 
 
 def test_rule_modules_say_no_engines_name() -> None:
     """No rule's words spell an engine's name: "vLLM" or "SGLang" in an alert comes from the engines' table
     (``name``, and the engine-only advice: ``preempt_why``, ``logprobs_runner``, ``wedge_seen``...), so an SGLang
     server's alert never says vLLM. Docstrings and comments may."""
-    hits = []
-    for p in sorted((ROOT / "vtop" / "core" / "rules").glob("*.py")):
-        tree = ast.parse(p.read_text())
-        docs = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
-                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        hits += [f"{p.name}:{n.lineno}: {n.value}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
-                 and isinstance(n.value, str) and id(n) not in docs and re.search(r"vLLM|SGLang", n.value)]
-    assert hits == []
+    assert [f"{where}: {text}" for where, text in _rule_strings() if re.search(r"vLLM|SGLang", text)] == []
 
 
 def test_a_stalled_sglang_capture_is_hinted_in_sglangs_flags() -> None:

@@ -1317,6 +1317,14 @@ def _steady_load(ctx: Ctx, seconds: float) -> Any:
     return ctx.srv.start_load(n=2000, concurrency=4, max_tokens=64, time_limit_s=seconds, request_timeout_s=150)
 
 
+def _clean_stop(ctx: Ctx, of: str) -> None:
+    """Stop the server cleanly (SIGTERM), its stop and its exit on the trace's timeline."""
+    pid = ctx.srv.pid
+    ctx.event("sigterm", pid=pid, of=of)
+    ctx.srv.stop()
+    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+
+
 def _end_load(ctx: Ctx, fut: Any, timeout: float = 200) -> None:
     try:
         res = fut.result(timeout=timeout)
@@ -1419,10 +1427,7 @@ def restart_counter_reset(ctx: Ctx) -> None:
     ctx.sleep(ctx.seconds)
     _end_load(ctx, fut, 60)
     ctx.sleep(3)
-    pid = ctx.srv.pid
-    ctx.event("sigterm", pid=pid, of="api_server (restart)")
-    ctx.srv.stop()
-    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    _clean_stop(ctx, "api_server (restart)")
     ctx.sleep(3)
     ctx.start(log_requests=True)
     fut = _steady_load(ctx, ctx.seconds)
@@ -1813,10 +1818,7 @@ def restart_idle(ctx: Ctx) -> None:
     res = ctx.srv.load(n=8, concurrency=2, max_tokens=32, time_limit_s=30)
     ctx.event("load_end", kind="few", ok=res.ok, failed=res.failed)
     ctx.sleep(15)
-    pid = ctx.srv.pid
-    ctx.event("sigterm", pid=pid, of="api_server (restart)")
-    ctx.srv.stop()
-    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    _clean_stop(ctx, "api_server (restart)")
     ctx.sleep(3)
     ctx.start(log_requests=True)
     res = ctx.srv.load(n=4, concurrency=2, max_tokens=32, time_limit_s=30)
@@ -1897,10 +1899,7 @@ def startup_stall_compile_history_noprocs(ctx: Ctx) -> None:
     ctx.sampler.skip_procs = True
     ctx.start(log_requests=True)
     ctx.sleep(10)
-    pid = ctx.srv.pid
-    ctx.event("sigterm", pid=pid, of="api_server (the second start follows)")
-    ctx.srv.stop()
-    ctx.event("server_exit", pid=pid, returncode=ctx.srv.proc.returncode if ctx.srv.proc else None)
+    _clean_stop(ctx, "api_server (the second start follows)")
     ctx.sleep(3)
     ctx.launch(log_requests=True)
     if not ctx.wait_log(r"Warming up model for the compilation", 300):
