@@ -112,11 +112,15 @@ def test_doctor_bad_input_is_one_line_exit_3_unknown() -> None:
     assert r.returncode == 3 and "no such file" in r.stderr
 
 
-def test_once_records_what_it_saw(run, burst_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_once_records_what_it_saw(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from vtop.sources.recording.record import load
 
     rec = tmp_path / "once.jsonl"
-    r = run("--once", burst_server.url, "--no-gpu", "--window", "2", "--record", str(rec))
+    # A server of its own, its payloads from the burst's first second: the shared one's position depends on the
+    # scrapes of the tests before it, and twice (a CI run and a clean clone's fast tier, session 26) this test
+    # got exit 1, "[PENDING] engine_stall ... not yet decided", on a loaded box (the cause was not pinned down).
+    with MetricsServer(h200_payloads(19, 6)) as srv:
+        r = run("--once", srv.url, "--no-gpu", "--window", "2", "--record", str(rec))
     assert r.returncode == 0, (r.stdout, r.stderr)
     header, events = load(rec)
     assert header["mode"] == "once"
