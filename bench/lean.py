@@ -10,7 +10,8 @@ Figures, each per vtop code (``--code NAME=DIR``: DIR holds the ``vtop`` package
 * **live CPU, % of one core**: ``vtop --interval 1`` (nvitop: ``nvitop --interval 1``, its monitor mode)
   in its own 120x40 pseudo-terminal; utime+stime (and its reaped children's) from ``/proc/PID/stat`` over
   ``--window`` seconds after ``--warmup``. Every monitor of a round runs at the same time, watching the same GPUs under the same load.
-* **live peak RSS**: ``VmHWM`` of ``/proc/PID/status`` at the end of the window.
+* **live peak RSS**: ``VmHWM`` of ``/proc/PID/status`` at the end of the window; beside it where the
+  resident memory is (``/proc/PID/smaps`` per mapping) and the window's CPU per thread.
 * **``--once --json`` median**: ``vtop --once --json`` wall time, spawn to exit (``nvitop --once``
   beside it), ``--once-runs`` each, the programs taking turns run by run.
 * **Python's start alone**: ``python -c pass``, taking turns with the one-shots.
@@ -96,6 +97,43 @@ class Term:
         except OSError:
             return None
         return None
+
+    def rss_by_mapping(self, top: int = 8) -> dict[str, float] | None:
+        """Where the resident memory is now (MB): ``/proc/PID/smaps`` summed per mapping, the anonymous
+        memory (``[anon]``, ``[heap]``: Python's objects and malloc's arenas) apart from each shared
+        library, the largest ``top`` and the rest."""
+        try:
+            text = Path(f"/proc/{self.proc.pid}/smaps").read_text()
+        except OSError:
+            return None
+        kb: dict[str, int] = {}
+        name = "[anon]"
+        for line in text.splitlines():
+            parts = line.split()
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):
+                name = parts[5].rsplit("/", 1)[-1] if len(parts) > 5 else "[anon]"
+            elif parts and parts[0] == "Rss:":
+                kb[name] = kb.get(name, 0) + int(parts[1])
+        ranked = sorted(kb.items(), key=lambda kv: -kv[1])
+        out = {k: round(v / 1024, 2) for k, v in ranked[:top]}
+        out["(the rest)"] = round(sum(v for _, v in ranked[top:]) / 1024, 2)
+        return out
+
+    def cpu_by_thread(self) -> dict[str, float]:
+        """CPU seconds so far per thread name (``/proc/PID/task/*/comm``; threads of one name summed)."""
+        out: dict[str, float] = {}
+        try:
+            tasks = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return out
+        for tid in tasks:
+            try:
+                f = Path(f"/proc/{self.proc.pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                name = Path(f"/proc/{self.proc.pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                continue
+            out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / TICK
+        return out
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -251,6 +289,7 @@ def main() -> int:
                 terms["nvitop"] = Term([py, "-m", "nvitop", "--interval", "1"], env_for(None))
             time.sleep(a.warmup)
             c0 = {k: t.cpu_s() for k, t in terms.items()}
+            th0 = {k: t.cpu_by_thread() for k, t in terms.items()}
             t0 = time.monotonic()
             time.sleep(a.window)
             el = time.monotonic() - t0
@@ -259,7 +298,12 @@ def main() -> int:
                 alive = t.proc.poll() is None
                 c = c0[k]
                 row = {"cpu_pct": None if c is None or c1 is None else round(100 * (c1 - c) / el, 3),
-                       "peak_rss_mb": t.hwm_mb(), "alive": alive}
+                       "peak_rss_mb": t.hwm_mb(), "alive": alive,
+                       # where the memory and the CPU go (ms of CPU a second, per thread name)
+                       "rss_mb_by_mapping": t.rss_by_mapping(),
+                       "cpu_ms_per_s_by_thread": {n: round(1000 * (s - th0[k].get(n, 0.0)) / el, 2)
+                                                  for n, s in sorted(t.cpu_by_thread().items())
+                                                  if s - th0[k].get(n, 0.0) > 0}}
                 if not alive:
                     row["exit"] = t.proc.returncode
                     row["tail"] = t.tail.decode(errors="replace")[-300:]
@@ -267,6 +311,8 @@ def main() -> int:
                 print(f"round {rnd + 1} live {k:>8}: CPU {row['cpu_pct']} % of a core, peak RSS "
                       f"{row['peak_rss_mb'] and round(row['peak_rss_mb'], 1)} MB{'' if alive else ' (EXITED)'}",
                       flush=True)
+                print(f"    RSS by mapping (MB): {row['rss_mb_by_mapping']}", flush=True)
+                print(f"    CPU by thread (ms/s): {row['cpu_ms_per_s_by_thread']}", flush=True)
             for t in terms.values():
                 t.stop()
 

@@ -377,7 +377,11 @@ class VtopApp(ActionKeys, ViewKeys):
         with self.batch_update():
             ap.set_level(max(TITLES, level.get("alerts", FULL)))
             ap.show_alerts(alerts)  # drawn anew only if the width changed (a resize)
-            ap.styles.max_height = h.get("alerts", 0) or None
+            # Textual refreshes the whole layout on every set of None, changed or not (its ScalarProperty,
+            # textual 8.2): set to None each tick, this reflowed the screen every second.
+            cap = h.get("alerts", 0) or None
+            if cap != (None if ap.styles.max_height is None else ap.styles.max_height.value):
+                ap.styles.max_height = cap
             if "gpu" in level:
                 gpu.display = h["gpu"] > 0
                 gpu.max_height = max(1, h["gpu"] - msg_rows)
