@@ -284,3 +284,37 @@ async def test_poll_lines_are_hidden_counted_said_once_and_a_shows_them(tmp_path
         await pilot.pause()
         assert pane.hidden_probes == 4 and not any("GET /metrics" in r for r in pane.lines)
         assert "4 poll lines hidden (a)" in str(pane.border_subtitle)
+
+
+async def test_lines_that_arrive_are_appended_once_filtered_and_the_poll_lines_counted(tmp_path: Path) -> None:
+    # The pane filters only what arrived since its last redraw (not its whole ring at every line):
+    # each new line shows once, in order, poll lines stay out and are counted, and a burst of poll
+    # lines alone adds no row.
+    poll = '(APIServer pid=7) INFO:     127.0.0.1:50312 - "GET /metrics HTTP/1.1" 200 OK'
+    work = '(APIServer pid=7) INFO:     127.0.0.1:50400 - "POST /v1/completions HTTP/1.1" 200 OK ({})'
+    (log := tmp_path / "vllm.log").write_text("\n".join([work.format(0), poll]) + "\n")
+    app = app_with_log(log)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.poll_log_once()
+        await pilot.pause()
+        pane = app.query_one(LogPane)
+        for k in range(1, 6):
+            with log.open("a") as f:
+                f.write("\n".join([poll, work.format(k), poll]) + "\n")
+            await app.poll_log_once()
+            await pilot.pause()
+        with log.open("a") as f:
+            f.write((poll + "\n") * 3)
+        await app.poll_log_once()
+        await pilot.pause()
+        rows = [r for r in pane.lines if "POST /v1/completions" in r]
+        assert [r[-3:] for r in rows] == [f"({k})" for k in range(6)], list(pane.lines)
+        assert not any("GET /metrics" in r for r in pane.lines)
+        assert pane.hidden_probes == 1 + 2 * 5 + 3
+        assert f"{pane.hidden_probes} poll lines hidden (a)" in str(pane.border_subtitle)
+        await pilot.press("w")  # a filter change rebuilds from the ring: none of these is a warning
+        await pilot.pause()
+        assert not any("POST /v1/completions" in r for r in pane.lines)
+        await pilot.press("w")
+        await pilot.pause()
+        assert sum("POST /v1/completions" in r for r in pane.lines) == 6

@@ -8,11 +8,16 @@ actually read. :mod:`vtop.core.phases` gives all three, the parser only when it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, field, fields
 
 from vtop.core.phases.phase import Phase
 
 _LEVEL_NUM = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+
+#: uvicorn's access line of an endpoint monitors poll (vLLM's and SGLang's API servers both write them):
+#: ``INFO:     127.0.0.1:50844 - "GET /metrics HTTP/1.1" 200 OK``.
+_PROBE = re.compile(r'"GET /(?:metrics|health|version|v1/models|ping)/?(?:\?[^ "]*)? HTTP/[\d.]+" 200')
 
 _ORDER = list(Phase)
 _INDEX = {p: i for i, p in enumerate(_ORDER)}
@@ -285,6 +290,13 @@ class LogLine:
     text: str
     proc: str | None
     progress: str | None = None  # bar name for tqdm frames (consecutive frames collapse)
+    probe: bool = field(init=False)
+    """An access line of a monitoring endpoint (``"GET /metrics HTTP/1.1" 200``: vtop's own scrapes,
+    health checks): the log pane hides them unless asked. Decided once, when the line is read (the pane
+    counted them over its whole ring of lines at every tick)."""
+
+    def __post_init__(self) -> None:
+        self.probe = "GET /" in self.text and _PROBE.search(self.text) is not None
 
     def at_least(self, level: str) -> bool:
         return _LEVEL_NUM.get(self.level or "INFO", 20) >= _LEVEL_NUM.get(level, 20)

@@ -7,7 +7,6 @@ bar), ANSI codes already stripped.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from textual.binding import Binding
@@ -24,11 +23,9 @@ if TYPE_CHECKING:
 
 #: uvicorn's access lines for monitoring probes (vtop's own scrapes among them):
 #: one a second per monitor, they would bury everything else. Still in snapshots.
-_PROBE = re.compile(r'"GET /(?:metrics|health|version|v1/models|ping)/?(?:\?[^ "]*)? HTTP/[\d.]+" 200')
-
-
 def is_probe(ln: LogLine) -> bool:
-    return "GET /" in ln.text and _PROBE.search(ln.text) is not None
+    """An access line of a monitoring endpoint (decided when the line was read: ``LogLine.probe``)."""
+    return ln.probe
 
 
 #: Said under the pane while it hides probe lines: the engine's own switch (``probe_flag`` of
@@ -97,6 +94,9 @@ class LogPane(Log):
         self._key: tuple[int, bool, str, bool] | None = None
         self.view: LogView | None = None
         self._last: LogLine | None = None
+        """The newest line shown."""
+        self._seen: LogLine | None = None
+        """The newest line of the ring at the last redraw, shown or filtered out."""
         self._last_text = ""
         self._wrap_width = 0
         """The width the rows were wrapped to (a resize rebuilds them)."""
@@ -173,22 +173,31 @@ class LogPane(Log):
             return
         rebuild = self._key is None or key[1:] != self._key[1:]
         self._key = key
-        lines = [ln for ln in v.recent if self.keep(ln)]
-        hidden = 0 if self.show_probes else sum(1 for ln in v.recent if is_probe(ln))
+        recent = v.recent
+        hidden = 0 if self.show_probes else sum(1 for ln in recent if ln.probe)
         if hidden != self.hidden_probes:
             self.hidden_probes = hidden
             self._title()
+        # What came since the last redraw: the ring's lines after the last one seen (found by identity
+        # from the end), filtered. The whole ring is filtered only on a rebuild: filtering its 1,000
+        # lines at every new line was a third of the dashboard's tick while vtop's own scrapes
+        # wrote an access line a second.
         new: list[LogLine] | None = None
-        if not rebuild and self._last is not None:
-            for i in range(len(lines) - 1, -1, -1):
-                if lines[i] is self._last:
-                    new = lines[i + 1 :]
+        lines: list[LogLine] = []
+        if not rebuild and self._seen is not None:
+            for i in range(len(recent) - 1, -1, -1):
+                if recent[i] is self._seen:
+                    lines = new = [ln for ln in recent[i + 1 :] if self.keep(ln)]
                     break
-            if new is not None and self._last_text != fmt_line(self._last, redact=self.redact_prompts):
+            if (new is not None and self._last is not None
+                    and self._last_text != fmt_line(self._last, redact=self.redact_prompts)):
                 new = None  # the last line changed in place (a progress bar moved on)
         if new is None:
             self.clear()
+            lines = [ln for ln in recent if self.keep(ln)]
             new = lines[-300:]
+            self._last = None
+        self._seen = recent[-1] if recent else None
         if new:
             width = self._wrap_width = self._room()
             self.write_lines((row for ln in new for row in pane_rows(fmt_line(ln, redact=self.redact_prompts), width)),
