@@ -144,6 +144,8 @@ class StartupPanel(Static):
         self.message: str | None = None
         self._last: str | None = None
         self._lines = 0
+        self._rows_memo: dict[bool, tuple[tuple[str, int], int]] = {}
+        """:meth:`rows`' last answer for the whole and the short form: (text, width) -> rows."""
 
     def set_message(self, text: str | None) -> None:
         """A line about the log itself (not found, how to pass it)."""
@@ -186,7 +188,16 @@ class StartupPanel(Static):
 
     def rows(self, width: int, *, compact: bool = False) -> int:
         """Rows of text the panel takes in ``width`` columns (``compact``: in its short form)."""
-        return max(1, len(self.build(compact=compact).wrap(self.app.console, max(10, width))))
+        text = self.build(compact=compact)
+        key = (text.plain, max(10, width))
+        memo = self._rows_memo.get(compact)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        # Wrapping is most of this (the layout asks every tick, once or twice): done again only when
+        # the text or the width changed (the same text wraps the same way at one width).
+        n = max(1, len(text.wrap(self.app.console, key[1])))
+        self._rows_memo[compact] = (key, n)
+        return n
 
     def is_story(self) -> bool:
         """A start in progress, failed, or stalled: the panel is what the user came for."""
