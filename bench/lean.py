@@ -12,6 +12,8 @@ Figures, each per vtop code (``--code NAME=DIR``: DIR holds the ``vtop`` package
   ``--window`` seconds after ``--warmup``. Every monitor of a round runs at the same time, watching the same GPUs under the same load.
 * **live peak RSS**: ``VmHWM`` of ``/proc/PID/status`` at the end of the window; beside it where the
   resident memory is (``/proc/PID/smaps`` per mapping) and the window's CPU per thread.
+* ``--floor``: the smallest Textual app that redraws a line every second (``bench/textual_floor.py --tick``),
+  live beside them: the share of vtop's memory and CPU that any Textual monitor pays.
 * **``--once --json`` median**: ``vtop --once --json`` wall time, spawn to exit (``nvitop --once``
   beside it), ``--once-runs`` each, the programs taking turns run by run.
 * **Python's start alone**: ``python -c pass``, taking turns with the one-shots.
@@ -226,6 +228,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="live rounds, the codes' order reversed every other")
     ap.add_argument("--once-runs", type=int, default=8, help="one-shots of each program (default 8)")
     ap.add_argument("--no-nvitop", action="store_true")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the Textual floor (bench/textual_floor.py --tick) live beside them: what any "
+                         "Textual monitor pays")
     ap.add_argument("--out", help="also write the figures as JSON")
     a = ap.parse_args()
 
@@ -279,6 +284,8 @@ def main() -> int:
     live: dict[str, list[dict[str, Any]]] = {n: [] for n, _ in codes}
     if nvitop:
         live["nvitop"] = []
+    if a.floor:
+        live["textual floor"] = []
     try:
         for rnd in range(a.rounds):
             order = codes if rnd % 2 == 0 else list(reversed(codes))
@@ -287,6 +294,8 @@ def main() -> int:
                 terms[name] = Term([py, "-m", "vtop", "--interval", "1", *gpu_args, *urls], env_for(d))
             if nvitop:
                 terms["nvitop"] = Term([py, "-m", "nvitop", "--interval", "1"], env_for(None))
+            if a.floor:
+                terms["textual floor"] = Term([py, str(HERE / "textual_floor.py"), "--tick"], env_for(None))
             time.sleep(a.warmup)
             c0 = {k: t.cpu_s() for k, t in terms.items()}
             th0 = {k: t.cpu_by_thread() for k, t in terms.items()}
@@ -377,6 +386,10 @@ def main() -> int:
         print(line)
     print(f"| Python's start alone | {fmt(res['python_start_s']['median'], ' s', 3)} "
           f"(CPU {fmt(res['python_start_s']['cpu_median'], ' s', 3)}) |")
+    if a.floor:
+        print(f"| the Textual floor, live (bench/textual_floor.py --tick) | CPU "
+              f"{fmt(live_med('textual floor', 'cpu_pct'), ' %', 2)}, peak RSS "
+              f"{fmt(live_med('textual floor', 'peak_rss_mb'), ' MB', 1)} |")
     for k in names:
         if once_rc[k] - {0, 1, 2}:
             print(f"note: {k} one-shot exit codes {sorted(once_rc[k])}")
