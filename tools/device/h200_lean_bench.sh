@@ -14,6 +14,7 @@
 #     textual==8.2.8 textual-plotext==1.0.1 plotext==5.3.2 mdit-py-plugins platformdirs rich markdown-it-py \
 #     mdurl pygments typing-extensions linkify-it-py uc-micro-py h11==0.16.0 nvidia-ml-py==13.615.71 nvitop==1.7.2
 #
+# The Textual floor (bench/textual_floor.py --tick: what any Textual monitor pays) runs live beside them.
 # (.whl is in .gitignore.) Time: ~75 s a round (10 s warm-up, the window, the stops) plus ~20 s of
 # one-shots and the install: 2 rounds of 60 s fit a 420 s call. Writes $OUT/lean.json and $OUT/lean.txt; then
 # (~15 s, the matmul stopped) where each one-shot's wall time goes, step by step, for both codes
@@ -29,7 +30,7 @@ echo "base: $(cd "$BASE" && python3 -c 'import vtop; print(vtop.__version__)') f
 OUT=${OUT:-/tmp/lean-out}; mkdir -p "$OUT"
 set -o pipefail
 python3 bench/lean.py --code "base=$BASE" --code new=. --gpu real --load matmul --rounds "$ROUNDS" \
-  --window "$WINDOW" --warmup 10 --once-runs "$RUNS" --out "$OUT/lean.json" 2>&1 | tee "$OUT/lean.txt"
+  --window "$WINDOW" --warmup 10 --once-runs "$RUNS" --floor --out "$OUT/lean.json" 2>&1 | tee "$OUT/lean.txt"
 rc=$?
 for code in "$BASE" .; do
   echo "## $code"; python3 bench/once_timeline.py --runs 8 --code "$code" 2>&1
