@@ -72,6 +72,11 @@ def make_server(command: str, host: str, port: int, token: str, *, public_url: s
     def refuse() -> web.HTTPForbidden:
         return web.HTTPForbidden(text=REFUSED)
 
+    import asyncio
+
+    tabs: set[asyncio.Task[Any]] = set()
+    """The websocket handlers of the open tabs (one vtop each)."""
+
     class TokenServer(Server):
         def initialize_logging(self) -> None:
             import logging
@@ -80,6 +85,18 @@ def make_server(command: str, host: str, port: int, token: str, *, public_url: s
 
         async def on_startup(self, app: web.Application) -> None:
             say(f"vtop web: open {public_url}/?token={token}")
+
+        async def on_shutdown(self, app: web.Application) -> None:
+            """Ctrl+C or SIGTERM: end every open tab's vtop now. aiohttp waits for the handlers still
+            running (each open tab's websocket) up to its shutdown timeout, 60 s, which textual-serve does
+            not set: a stop with a browser attached took 24 s or more. Cancelling a tab's handler is
+            what textual-serve does itself when aiohttp cancels it: the tab's vtop is told to quit and
+            waited for, and the websocket is closed."""
+            await super().on_shutdown(app)
+            for t in list(tabs):
+                t.cancel()
+            if tabs:
+                await asyncio.wait(list(tabs), timeout=10)
 
         async def handle_index(self, request: web.Request) -> web.StreamResponse:
             if not ok(request, from_query=True):
@@ -92,7 +109,13 @@ def make_server(command: str, host: str, port: int, token: str, *, public_url: s
         async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
             if not ok(request, from_query=False):
                 raise refuse()  # before textual-serve starts a vtop for it
-            return await super().handle_websocket(request)
+            task = asyncio.current_task()
+            if task is not None:
+                tabs.add(task)
+            try:
+                return await super().handle_websocket(request)
+            finally:
+                tabs.discard(task)  # type: ignore[arg-type]
 
         async def handle_download(self, request: web.Request) -> web.StreamResponse:
             if not ok(request, from_query=False):
