@@ -115,7 +115,7 @@ def make_server(command: str, host: str, port: int, token: str, *, public_url: s
             try:
                 return await super().handle_websocket(request)
             finally:
-                tabs.discard(task)  # type: ignore[arg-type]
+                tabs.discard(task)
 
         async def handle_download(self, request: web.Request) -> web.StreamResponse:
             if not ok(request, from_query=False):
