@@ -212,7 +212,8 @@ def test_live_scan_tolerates_vanishing_processes(monkeypatch: pytest.MonkeyPatch
 
 
 def test_proc_reader_agrees_with_psutil() -> None:
-    """The direct /proc reader (used on Linux because it is ~5x cheaper) sees what psutil sees."""
+    """The direct /proc reader (used on Linux because it is ~5x cheaper) sees what psutil sees, less the
+    kernel threads (children of kthreadd, PID 2, on this box: it runs in no PID namespace of its own)."""
     import os
 
     fast = {r.pid: r for r in d._read_proc_linux()}
@@ -224,7 +225,10 @@ def test_proc_reader_agrees_with_psutil() -> None:
     ct = p.cpu_times()
     assert me.cpu is not None and me.cpu <= ct.user + ct.system + 0.02
     assert ct.user + ct.system - me.cpu < 1.0
-    slow = {r.pid: r for r in d._read_psutil()}
+    everything = {r.pid: r for r in d._read_psutil()}
+    kernel = {pid for pid, r in everything.items() if pid == 2 or r.ppid == 2}
+    assert kernel and not kernel & set(fast), "the kernel threads are left out"
+    slow = {pid: r for pid, r in everything.items() if pid not in kernel}
     assert slow[os.getpid()].cpu is not None
     again = {r.pid: r for r in d._read_proc_linux()}
     both = set(fast) & set(slow)
@@ -241,3 +245,19 @@ def test_proc_reader_agrees_with_psutil() -> None:
             assert fast[pid].cmdline == slow[pid].cmdline
         assert fast[pid].ppid == slow[pid].ppid
     assert [s.pid for s in d.discover(fast.values()).servers] == [s.pid for s in d.discover(slow.values()).servers]
+
+
+def test_a_kernel_thread_is_told_by_its_flag_not_by_its_parent() -> None:
+    """PF_KTHREAD (0x00200000) in field 9 of /proc/PID/stat: a kworker is one; a process whose parent is
+    PID 2 is not (inside a PID namespace PID 2 is an ordinary process, a container's vLLM)."""
+    from vtop.sources.procs import stat_is_kernel_thread
+
+    kworker = b"123 (kworker/0:1-events) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 9 0 0"
+    engine = b"57 (VLLM::EngineCor) S 2 2 1 0 -1 4194560 9 0 0 0 12 3 0 0 20 0 40 0 310 0 0"
+    assert stat_is_kernel_thread(kworker)
+    assert not stat_is_kernel_thread(engine)
+    assert not stat_is_kernel_thread(b"garbage") and not stat_is_kernel_thread(b"1 (x) S 0 1")
+    with open("/proc/2/stat", "rb") as f:  # kthreadd itself, on this box
+        assert stat_is_kernel_thread(f.read())
+    with open("/proc/self/stat", "rb") as f:
+        assert not stat_is_kernel_thread(f.read())

@@ -46,7 +46,7 @@ from typing import Any
 from vtop.model.fmt import to_float as _float
 from vtop.model.fmt import to_int as _int
 from vtop.model.procs import ServerProcess, VllmChild
-from vtop.sources.procs import parse_stat, stat_cpu_s, stat_state
+from vtop.sources.procs import parse_stat, stat_cpu_s, stat_is_kernel_thread, stat_state
 from vtop.sources.urls import url_for
 
 __all__ = [
@@ -514,6 +514,10 @@ def _read_proc_linux() -> list[ProcRecord]:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
         except OSError:  # gone, or not ours to read
+            continue
+        if stat_is_kernel_thread(stat):
+            # Most of a GPU box's process table (hundreds: per-core kworkers, the driver's threads); no
+            # record for them (building one was most of a scan's cost).
             continue
         fields = parse_stat(stat)
         if fields is None:

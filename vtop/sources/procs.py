@@ -102,6 +102,26 @@ def stat_state(raw: bytes) -> str | None:
     return rest[:1] if rest[:1].isalpha() else None
 
 
+#: ``PF_KTHREAD`` in the flags of ``/proc/PID/stat`` (field 9; include/linux/sched.h): a kernel thread.
+PF_KTHREAD = 0x00200000
+
+
+def stat_is_kernel_thread(raw: bytes) -> bool:
+    """A kernel thread (``kworker``, ``ksoftirqd``, the NVIDIA driver's threads...), by the ``PF_KTHREAD``
+    flag of ``/proc/PID/stat``: never a server, never a GPU process, never anyone's parent but another
+    kernel thread's. The flag, not a parent PID of 2: inside a PID namespace PID 2 is an ordinary
+    process (a container's vLLM, whose engine is then its child). False when the text is not shaped
+    like it."""
+    rp = raw.rfind(b")")
+    if rp < 0:
+        return False
+    rest = raw[rp + 2 :].split(None, 7)
+    try:
+        return bool(int(rest[6]) & PF_KTHREAD)
+    except (IndexError, ValueError):
+        return False
+
+
 def proc_start(pid: int) -> object:
     """The start ticks of ``pid`` (see :func:`parse_stat`). None when that process is
     not there (gone, or not in our PID namespace); ``_NO_PROC`` when there is no
