@@ -290,7 +290,9 @@ def _title(short: str, s: Sample, f: Finding, silent_older: bool = False) -> str
         tail = f" (client {o.client})" if o.client else ", while other requests finish" \
             if o.evidence[0] == METRICS_BOUND else ""
         word = "in flight" if o.answer_pending else "running"
-        return f"Runaway decode on {short}: a request {word} {age_words(o)}, {f.rate:,.0f} tok/s over {w}{tail}"
+        # the rate is the server's, the other requests' tokens in it: said so, or it reads as this request's
+        return (f"Runaway decode on {short}: a request {word} {age_words(o)}, the server at {f.rate:,.0f} tok/s "
+                f"over {w}{tail}")
     if o is not None and o.age_min_s is not None:
         oldest = "the oldest still answering" if silent_older else "the oldest"
         return (f"Runaway decode on {short}: {plural(n, 'request')} running, {oldest} {age_words(o)}, "
