@@ -17,7 +17,6 @@
 # pyproject.toml and the constraints are unchanged). The fast tier includes the
 # layer contracts (import-linter), mypy and ruff (tests/unit/test_code_checks.py).
 #
-# VTOP_OVERLAP=1 runs the fast tier beside the real one (nice 10) in `all` (below, where it is set).
 # Env: VTOP_VLLM_VENV (default /tmp/vllmcpu) and VTOP_VLLM_MODEL (/tmp/tinyllama)
 # say where the vLLM CPU build and the model live; VTOP_REAL_VLLM_ARGS adds
 # `vllm serve` flags to every start (e.g. "--enforce-eager"); VTOP_RUN_SUMMARY names a file that
@@ -171,27 +170,13 @@ if ! ensure_venv; then
   exit 1
 fi
 
-# Four workers or one per core, up to 8 (pytest-xdist). Half of the fast tier's time is
-# waiting (real terminals, sockets, timeouts that are the point of a test), so more
-# workers than cores pays: on the 2-core dev box 64-66 s with -n 2, 38-45 s with -n 4
-# (four runs, none flaky), 46 s with -n 6.
-NPROC=$(nproc 2>/dev/null || echo 2)
-WORKERS=$(( NPROC > 8 ? 8 : (NPROC < 4 ? 4 : NPROC) ))
-# VTOP_OVERLAP=1 (with `all`, no extra pytest args): the fast tier runs beside the real one, at nice 10, instead
-# of before it. The real tier keeps the cores 29 % busy on average (its time is mostly server starts it waits
-# for and the fixed periods its tests watch), so the fast tier's ~320 CPU-seconds fit in its idle time; nice 10
-# gives the real tier's servers the CPU when both want it (a starved server looks like a stall to the tests
-# that watch for one). Off by default: see docs/testing.md, "Where the CI's time goes".
-OVERLAP=0
-if [ "$TIER" = all ] && [ "${VTOP_OVERLAP:-0}" = 1 ] && [ $# -eq 0 ]; then OVERLAP=1; fi
-FAST_PID=""
-if [ "$OVERLAP" = 1 ]; then
-  T_FAST=$(date +%s.%N)
-  say "fast tier beside the real one (VTOP_OVERLAP=1, nice 10): pytest -m \"not real\" -n $WORKERS; its output at the end"
-  ( nice -n 10 "$PY" -m pytest -m "not real" -n "$WORKERS" --timeout 180 --junitxml="$WORK/fast.xml" \
-      > "$WORK/fast.log" 2>&1; echo $? > "$WORK/fast.rc"; date +%s.%N > "$WORK/fast.end" ) &
-  FAST_PID=$!
-elif [ "$TIER" = fast ] || [ "$TIER" = all ]; then
+if [ "$TIER" = fast ] || [ "$TIER" = all ]; then
+  # Four workers or one per core, up to 8 (pytest-xdist). Half of the fast tier's time is
+  # waiting (real terminals, sockets, timeouts that are the point of a test), so more
+  # workers than cores pays: on the 2-core dev box 64-66 s with -n 2, 38-45 s with -n 4
+  # (four runs, none flaky), 46 s with -n 6.
+  NPROC=$(nproc 2>/dev/null || echo 2)
+  WORKERS=$(( NPROC > 8 ? 8 : (NPROC < 4 ? 4 : NPROC) ))
   run_pytest fast "not real" -n "$WORKERS" --timeout 180 "$@"
   [ "$RC" -eq 0 ] || FAILED+=("fast (pytest exit $RC)")
 fi
@@ -235,16 +220,6 @@ EOF
 )
     fi
   fi
-fi
-
-if [ -n "$FAST_PID" ]; then
-  wait "$FAST_PID"
-  echo; say "the fast tier's output (it ran beside the real tier):"; cat "$WORK/fast.log"
-  RC=$(cat "$WORK/fast.rc" 2>/dev/null || echo 1)
-  count_junit "$WORK/fast.xml"
-  note "pytest fast, beside (rc $RC)" "$(awk -v a="$T_FAST" -v b="$(cat "$WORK/fast.end" 2>/dev/null || date +%s.%N)" \
-    'BEGIN { printf "%.1f", b - a }')" "at nice 10, while the real tier ran"
-  [ "$RC" -eq 0 ] || FAILED+=("fast (pytest exit $RC)")
 fi
 
 SUMMARY+=("$(printf '%-28s %7s s' total "$(since "$T_ALL")")")
