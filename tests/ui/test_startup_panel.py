@@ -318,3 +318,43 @@ async def test_lines_that_arrive_are_appended_once_filtered_and_the_poll_lines_c
         await pilot.press("w")
         await pilot.pause()
         assert sum("POST /v1/completions" in r for r in pane.lines) == 6
+
+
+async def test_the_newest_log_line_stays_at_the_bottom_when_the_pane_shrinks_and_a_scrolled_view_stays(tmp_path: Path) -> None:
+    # At 80x24 the layout gives the pane its rows after its lines came (a start's panel grows above it): the
+    # pane, at its end before, shows the newest line after, not the lines that were at its bottom; scrolled up
+    # by the user, it stays where it was.
+    from textual.app import App, ComposeResult
+
+    from vtop.core.phases.types import LogLine
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield LogPane(id="pane")
+
+    lines = [LogLine(float(i), None, "INFO", f"line {i:03d}", None) for i in range(60)]
+
+    class View:
+        recent = lines
+        lines_total = len(lines)
+        source_label = None
+        snapshot = None
+
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(LogPane)
+        pane.styles.height = 12
+        await pilot.pause()
+        pane.show(View())  # type: ignore[arg-type]
+        await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y > 0
+        pane.styles.height = 4  # the layout shrinks it
+        await pilot.pause()
+        await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y, (pane.scroll_y, pane.max_scroll_y)
+        pane.scroll_to(y=10, animate=False, immediate=True)  # the user scrolls up to read
+        await pilot.pause()
+        pane.styles.height = 8
+        await pilot.pause()
+        await pilot.pause()
+        assert pane.scroll_y == 10

@@ -98,13 +98,20 @@ class LogPane(Log):
         self._seen: LogLine | None = None
         """The newest line of the ring at the last redraw, shown or filtered out."""
         self._last_text = ""
+        self._rows = 0
+        """The pane's rows at its last resize."""
         self._wrap_width = 0
         """The width the rows were wrapped to (a resize rebuilds them)."""
 
     def on_resize(self) -> None:
+        old_rows, self._rows = self._rows, self.scrollable_content_region.height
         if self._wrap_width and self._room() != self._wrap_width:
             self._key = None  # wrapped for another width: rebuild
             self._redraw()
+        elif old_rows and self.scroll_y >= self.virtual_size.height - old_rows - 1:
+            # The layout gives the pane its rows after the lines came (a start's panel growing above it at 80x24):
+            # the newest line stays at the bottom if it was there (scrolled up to read, the view stays put).
+            self.scroll_end(animate=False, immediate=True)
 
     def _room(self) -> int:
         return self.scrollable_content_region.width
