@@ -48,6 +48,8 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.helpers.vllm_env import SERVER_ENV
+
 IMAGE = "vtop-empty"
 #: what the container needs of the host, read-only (the venv's python links into pyenv)
 HOST_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ssl", "/etc/alternatives", "/root/.pyenv")
@@ -382,6 +384,7 @@ def run_args(name: str, venv: Path, model_dir: Path, *, publish: int, network: s
         "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": "root",
         # as the real tier's own server (tests/real/conftest.py): its engine's sockets on the loopback
         "VLLM_HOST_IP": "127.0.0.1",
+        **SERVER_ENV,
     }
     envs = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
     cmd = [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--host", "0.0.0.0", "--port", str(port),

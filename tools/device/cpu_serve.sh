@@ -20,7 +20,8 @@ mkdir -p "$RUN" "$(dirname "$LOG")"
 PORT=${VTOP_CPU_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 \
-  VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VENV/cache} HF_HOME=$VENV/hf PATH=$VENV/bin:$PATH
+  VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VENV/cache} HF_HOME=$VENV/hf PATH=$VENV/bin:$PATH \
+  VLLM_USE_AOT_COMPILE=${VLLM_USE_AOT_COMPILE:-0}  # as tests/helpers/vllm_env.py says why
 unset PYTHONPATH
 CMD=("$VENV/bin/vllm" serve "$MODEL" --host 127.0.0.1 --port "$PORT" --max-model-len 2048 --dtype bfloat16 "$@")
 rm -f "$RUN/serve.pid"

@@ -142,7 +142,12 @@ do_start() {
   #   VLLM_CPU_OMP_THREADS_BIND  default "auto": on 2 cores the worker gets core 0,
   #                              core 1 is reserved for the API server.
   #   VLLM_HOST_IP=127.0.0.1     keep every internal address on loopback
-  #   VLLM_CACHE_ROOT            torch.compile AOT cache (warm restarts are faster)
+  #   VLLM_CACHE_ROOT            torch.compile cache (warm restarts are faster)
+  #   VLLM_USE_AOT_COMPILE=0     vLLM 0.32.0 CPU never loads its AOT compile cache ("Compiling model again
+  #                              due to a load failure ... no attribute 'finalize_loading'"), so every start
+  #                              compiled afresh; the older path's cache loads: ~32 s to /health, not ~37
+  #                              (tests/helpers/vllm_env.py, which the tests use, has the measurement)
+  export VLLM_USE_AOT_COMPILE="${VLLM_USE_AOT_COMPILE:-0}"
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
   export VLLM_HOST_IP=127.0.0.1
   export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$VENV/cache}"
