@@ -267,3 +267,44 @@ def test_one_round_judges_a_refused_port_by_the_log_it_has_read(tmp_path: Path) 
     assert rep.startup is not None and rep.startup["state"] == "starting"
     assert server["state"] == "starting", server["message"]
     assert rep.exit_code == 0
+
+
+def test_one_round_is_woken_by_each_answer_not_by_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round waits on the sources' answers (``LiveFeed.wake``): a poll thread's result, the process scan,
+    a scrape applied. Before, it looked every ``ROUND_STEP_S`` (10 ms) and found the last answer up to a step
+    late (8 ms of a 204 ms one-shot on the H100). Here the step is an hour, so only the answers can end the
+    round: the process scan answers after the round is waiting, and the scrapes start only then. Nothing is
+    timed; the outer bound only turns a hang into a failure."""
+    import asyncio
+
+    import vtop.faces.headless as headless
+    from vtop.config import Config
+    from vtop.model.gpu import GpuPoll
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+
+    monkeypatch.setattr(headless, "ROUND_STEP_S", 3600.0)
+
+    class Gpu:
+        def poll(self) -> GpuPoll:
+            return GpuPoll(t=time.time(), mono=time.monotonic(), status="absent", message="no GPU here")
+
+        def close(self) -> None:
+            pass
+
+    def discover() -> list[Any]:
+        time.sleep(0.2)  # the round is waiting by now
+        return []
+
+    with MetricsServer(h200_payloads(19, 1)) as srv:
+        monitor = Monitor(Config(interval=0.25, urls=(srv.url,)), box_history=False)
+        feed = LiveFeed(monitor, gpu_source=Gpu(), discover=discover)
+
+        async def go() -> None:
+            await asyncio.wait_for(headless.one_round(monitor, feed), 120)
+
+        asyncio.run(go())
+        scrapes = srv.scrapes
+    assert feed.gpu_loop is not None and feed.gpu_loop.polls == 1
+    assert monitor.discovered_once
+    assert scrapes == 1 and monitor.servers[srv.url].polls == 1

@@ -444,7 +444,8 @@ async def _finish(monitor: Monitor, feed: LiveFeed, deadline: float, started: fl
         monitor.notes.append(f"{what}: no answer within {clock.monotonic() - started:.0f} s")
 
 
-#: ``--once`` without ``--window``: how often the one round looks whether every source has answered.
+#: ``--once`` without ``--window``: how often the one round looks whether every source has answered when
+#: none has woken it (``LiveFeed.wake``): its deadline, and the scrapes a slow first log read holds back.
 ROUND_STEP_S = 0.01
 
 
@@ -464,6 +465,11 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     interval = monitor.config.interval
     started = clock.monotonic()
     feed.one_round = True
+    # Each source's answer wakes the round (``LiveFeed.wake``), which looked only every ROUND_STEP_S before:
+    # on the H100 (session 27's timeline) the round found the last answer 8 ms after it came, and the
+    # process scan's answer started the scrapes up to 10 ms late.
+    news = asyncio.Event()
+    feed.wake = news.set
     feed.start()
     # The rules' modules (about 30 ms of imports) load while the sources' first answers are awaited, not on the
     # critical path at the first diagnosis: on the H100 (session 26's timeline) that diagnosis ran 212-250 ms
@@ -473,7 +479,11 @@ async def one_round(monitor: Monitor, feed: LiveFeed) -> float:
     try:
         deadline = started + max(5.0, 3 * interval)
         while True:
-            await asyncio.sleep(ROUND_STEP_S)
+            try:
+                await asyncio.wait_for(news.wait(), ROUND_STEP_S)
+            except asyncio.TimeoutError:  # nothing came: the deadline, and a log read slow to start the scrapes
+                pass
+            news.clear()
             feed.collect()
             monitor.tick()
             if not _waiting_for(monitor, feed, 1) or clock.monotonic() >= deadline:

@@ -102,6 +102,9 @@ class LiveFeed:
         #: ``vtop --once`` without a window (:func:`vtop.faces.headless.one_round`): one GPU poll, no second one
         #: for the exit to wait on (set before :meth:`start`)
         self.one_round = False
+        #: called on the event loop's thread when a source's answer is there (a poll thread's result waiting
+        #: for :meth:`collect`, a scrape applied): the one round waits on it (set before :meth:`start`)
+        self.wake: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- lifecycle
     @property
@@ -118,18 +121,20 @@ class LiveFeed:
         self.monitor.add_cli_urls()
         if self.gpu_source is not None:
             self.gpu_loop = PollLoop("gpu", self.config.interval, self.gpu_blocking, self._on_gpu, at_tick=True,
-                                     max_polls=1 if self.one_round else None)
+                                     max_polls=1 if self.one_round else None, on_ready=self.wake)
             self.gpu_loop.start()
         self._start_log_loop()
         self._conn_ports, self._conn_netns = self._busy_ports(), self._busy_netns()
-        self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True)
+        self.conns_loop = PollLoop("conns", self._conns_every(), self.conns_blocking, self._on_conns, at_tick=True,
+                                   on_ready=self.wake)
         self.conns_loop.start()
         self._download_target = self.monitor.download_target()
         self.download_loop = PollLoop("download", self.DOWNLOAD_EVERY_S, self.download_blocking, self._on_download,
-                                      at_tick=True)
+                                      at_tick=True, on_ready=self.wake)
         self.download_loop.start()
         if self.discover is not None:
-            self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery)
+            self.disc_loop = PollLoop("discovery", self._scan_every(), self.discover, self.on_discovery,
+                                      on_ready=self.wake)
             self.disc_loop.start()
         else:
             self._scraping = True
@@ -337,7 +342,7 @@ class LiveFeed:
         lw = self.monitor.log_watch
         if lw is None or self.log_loop is not None or self._stopped:
             return
-        self.log_loop = PollLoop("log", self.config.interval, lw.poll, self._on_log, at_tick=True)
+        self.log_loop = PollLoop("log", self.config.interval, lw.poll, self._on_log, at_tick=True, on_ready=self.wake)
         self.log_loop.start()
 
     def _on_log(self, view: Any, error: BaseException | None) -> None:
@@ -423,6 +428,8 @@ class LiveFeed:
         was = ws.last_view.state if ws is not None and ws.last_view is not None else None
         poll = await self.scraper(url).poll()
         view = self.monitor.apply_server(url, poll)
+        if self.wake is not None:
+            self.wake()
         if was == "up" and view.state != "up" and self.disc_loop is not None:
             self.disc_loop.poke()  # is its process still there? (scans are slow while all is well)
         return view

@@ -65,8 +65,12 @@ class PollLoop:
         *,
         at_tick: bool = False,
         max_polls: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.at_tick = at_tick
+        #: called on the loop's thread after each result is left for :meth:`collect` (``at_tick``) or applied:
+        #: ``vtop --once`` wakes its round on it instead of finding the result at its next 10 ms step
+        self.on_ready = on_ready
         self.max_polls = max_polls
         """Stop after this many results were applied (None: poll until stopped). ``vtop --once`` without a
         window wants one answer of each source: a second NVML poll, started while other sources were still
@@ -128,13 +132,15 @@ class PollLoop:
             if self._stop.is_set():
                 return
             self._applied.clear()
-            if self.at_tick:
-                self._ready = (result, error, ended - started)
-            else:
-                try:
+            try:
+                if self.at_tick:
+                    self._ready = (result, error, ended - started)
+                else:
                     loop.call_soon_threadsafe(self._deliver, result, error, ended - started)
-                except RuntimeError:  # the app's loop has closed: we are exiting
-                    return
+                if self.on_ready is not None:
+                    loop.call_soon_threadsafe(self.on_ready)
+            except RuntimeError:  # the app's loop has closed: we are exiting
+                return
             self._applied.wait()
             if self.max_polls is not None and self.polls >= self.max_polls:
                 return
