@@ -3,8 +3,10 @@ the reference (§5): launch forms, flags, titles, GPU holders, orphans."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -261,3 +263,37 @@ def test_a_kernel_thread_is_told_by_its_flag_not_by_its_parent() -> None:
         assert stat_is_kernel_thread(f.read())
     with open("/proc/self/stat", "rb") as f:
         assert not stat_is_kernel_thread(f.read())
+
+
+def test_a_scan_reads_no_kernel_thread_again_until_its_list_is_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel threads a scan found are not read again by the next ones (most of a box's process table;
+    2.0 -> 0.7 ms a scan on the dev VM), until the list is ``_KTHREADS_FOR_S`` old: then each is read again,
+    so a process that got a kernel thread's PID is found at most that late."""
+    import builtins
+    import time
+
+    monkeypatch.setattr(d, "_KTHREADS", frozenset())
+    monkeypatch.setattr(d, "_KTHREADS_SINCE", 0.0)
+    first = {r.pid for r in d._read_proc_linux()}
+    kernel = set(d._KTHREADS)
+    assert kernel and not {int(p) for p in kernel} & first, "kernel threads are listed, and get no record"
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def spy(path: Any, *a: Any, **k: Any) -> Any:
+        opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    def stats_read() -> set[str]:
+        return {p.split("/")[2] for p in opened if p.startswith("/proc/") and p.endswith("/stat")}
+
+    monkeypatch.setattr(builtins, "open", spy)
+    again = {r.pid for r in d._read_proc_linux()}
+    assert not stats_read() & kernel, "a kernel thread's stat was read again"
+    assert os.getpid() in again and str(os.getpid()) in stats_read()
+    assert set(d._KTHREADS) <= kernel | stats_read()
+    opened.clear()
+    monkeypatch.setattr(d, "_KTHREADS_SINCE", time.monotonic() - d._KTHREADS_FOR_S - 1.0)
+    d._read_proc_linux()
+    alive = kernel & set(os.listdir("/proc"))
+    assert alive and alive <= stats_read(), "an old list is read afresh"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -503,11 +504,30 @@ def _boot_time() -> float:
     return _BOOT
 
 
+#: The PIDs (as named in /proc) the last scans found to be kernel threads, and when that list was begun
+#: (monotonic): a scan does not read them again. Kernel threads are most of a GPU box's process table
+#: (hundreds: per-core kworkers, the driver's threads; 58 of 68 PIDs on the dev VM), and reading each one's
+#: stat was most of a scan's cost (2.0 ms a scan on the dev VM, every 5 s while no server answers). A PID
+#: is only reused after the kernel has gone through ``pid_max`` of them, and the list is begun afresh every
+#: ``_KTHREADS_FOR_S`` whatever happens, so a process that got a kernel thread's PID in between is found
+#: at most that late. Replaced, never changed in place: scans in two threads (tests) may read it at once.
+_KTHREADS: frozenset[str] = frozenset()
+_KTHREADS_SINCE = 0.0
+_KTHREADS_FOR_S = 60.0
+
+
 def _read_proc_linux() -> list[ProcRecord]:
+    global _KTHREADS, _KTHREADS_SINCE
     boot = _boot_time()
     out: list[ProcRecord] = []
+    now = time.monotonic()
+    known = _KTHREADS if now - _KTHREADS_SINCE < _KTHREADS_FOR_S else frozenset()
+    kthreads: list[str] = []
     for entry in os.scandir("/proc"):
         name = entry.name
+        if name in known:
+            kthreads.append(name)
+            continue
         if not name.isdigit():
             continue
         try:
@@ -516,8 +536,8 @@ def _read_proc_linux() -> list[ProcRecord]:
         except OSError:  # gone, or not ours to read
             continue
         if stat_is_kernel_thread(stat):
-            # Most of a GPU box's process table (hundreds: per-core kworkers, the driver's threads); no
-            # record for them (building one was most of a scan's cost).
+            # no record for them (building one was most of a scan's cost), and no read next time
+            kthreads.append(name)
             continue
         fields = parse_stat(stat)
         if fields is None:
@@ -543,6 +563,9 @@ def _read_proc_linux() -> list[ProcRecord]:
         out.append(ProcRecord(pid=int(name), ppid=ppid, name=comm, cmdline=cmd,
                               create_time=boot + start_ticks / _TICKS, cpu=stat_cpu_s(stat, _TICKS),
                               state=stat_state(stat)))
+    if not known:
+        _KTHREADS_SINCE = now
+    _KTHREADS = frozenset(kthreads)  # those gone since are dropped
     return out
 
 
