@@ -55,7 +55,19 @@ def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str
         "mem_clock": lambda: n.nvmlDeviceGetClockInfo(handle, n.NVML_CLOCK_MEM),
         "throttle": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(handle),
         "procs": lambda: n.nvmlDeviceGetComputeRunningProcesses(handle),
+        # each process's SM share, asked as vtop asks it (since the newest sample it has seen): read every 4 s
+        # while a process is on the GPU; the one call of vtop's slow tick not timed before (session 28)
+        "proc_util": lambda: proc_util(),
     }
+    seen_us = [0]
+
+    def proc_util() -> None:
+        try:
+            got = n.nvmlDeviceGetProcessUtilization(handle, seen_us[0])
+        except n.NVMLError:  # no sample since (NotFound), or not supported
+            return
+        for smp in got:
+            seen_us[0] = max(seen_us[0], int(smp.timeStamp))
     samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
     times: dict[str, list[float]] = {k: [] for k in [*calls, "gpm_sample", "gpm_metrics"]}
     mg = gpm_metrics_get(n)  # what vtop asks

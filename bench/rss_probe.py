@@ -11,8 +11,8 @@ arenas 1 MiB) and the threads. The variants tell the parts apart:
 * ``vtop``: as users run it (``--interval 1``);
 * ``vtop-sim``: ``--simulate-gpus 1``: no NVML library loaded (vtop's fake NVML);
 * ``vtop-arena1``: ``MALLOC_ARENA_MAX=1``: one malloc arena for every thread (what per-thread arenas cost);
-* ``vtop-no-gpm``, ``vtop-no-xid``, ``vtop-no-pcie``: vtop with its NVML source's GPM samples, XID event set or
-  PCIe thread left out (each an argument of ``NvmlSource``, set by a wrapper: no flag of vtop's has them);
+* ``vtop-no-gpm``, ``vtop-no-xid``, ``vtop-no-pcie``, ``vtop-no-procs``: vtop with its NVML source's GPM samples,
+  XID event set, PCIe thread or process list (and each process's SM share) left out (each an argument of ``NvmlSource``, set by a wrapper: no flag of vtop's has them);
 * ``imports``: Python with the modules a live vtop imports, doing nothing (the code's share);
 * ``nvml``: Python, pynvml and a one-second loop of the calls vtop makes each tick (NVML's own share);
 * ``nvitop`` (where importable) and the Textual floor (``bench/textual_floor.py --tick``).
@@ -132,6 +132,7 @@ def main() -> int:
         ("vtop-no-gpm", [py, "-c", WITHOUT.format(kw="gpm=False"), *gpu], env),
         ("vtop-no-xid", [py, "-c", WITHOUT.format(kw="xid=False"), *gpu], env),
         ("vtop-no-pcie", [py, "-c", WITHOUT.format(kw="pcie_every_s=None"), *gpu], env),
+        ("vtop-no-procs", [py, "-c", WITHOUT.format(kw="processes=False"), *gpu], env),
         ("imports", [py, "-c", IMPORTS], env),
         ("floor", [py, str(HERE / "textual_floor.py"), "--tick"], env),
     ]
