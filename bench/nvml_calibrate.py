@@ -46,6 +46,16 @@ def per_poll_ms(src: NvmlSource, polls: int, gap_s: float) -> dict[str, float]:
 def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str, float]:
     """Median CPU time of each call vtop makes a tick, called as vtop calls them (a tick apart)."""
     n = N  # the real binding
+    seen_us = [0]
+
+    def proc_util() -> None:
+        try:
+            got = n.nvmlDeviceGetProcessUtilization(handle, seen_us[0])
+        except n.NVMLError:  # no sample since (NotFound), or not supported
+            return
+        for smp in got:
+            seen_us[0] = max(seen_us[0], int(smp.timeStamp))
+
     calls = {
         "utilization": lambda: n.nvmlDeviceGetUtilizationRates(handle),
         "memory": lambda: n.nvmlDeviceGetMemoryInfo(handle),
@@ -57,17 +67,8 @@ def per_call_us(N: object, handle: object, polls: int, gap_s: float) -> dict[str
         "procs": lambda: n.nvmlDeviceGetComputeRunningProcesses(handle),
         # each process's SM share, asked as vtop asks it (since the newest sample it has seen): read every 4 s
         # while a process is on the GPU; the one call of vtop's slow tick not timed before (session 28)
-        "proc_util": lambda: proc_util(),
+        "proc_util": proc_util,
     }
-    seen_us = [0]
-
-    def proc_util() -> None:
-        try:
-            got = n.nvmlDeviceGetProcessUtilization(handle, seen_us[0])
-        except n.NVMLError:  # no sample since (NotFound), or not supported
-            return
-        for smp in got:
-            seen_us[0] = max(seen_us[0], int(smp.timeStamp))
     samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
     times: dict[str, list[float]] = {k: [] for k in [*calls, "gpm_sample", "gpm_metrics"]}
     mg = gpm_metrics_get(n)  # what vtop asks
