@@ -49,7 +49,7 @@ def test_cpu_by_thread_names_the_thread_that_burned_it() -> None:
 
     if not sys.platform.startswith("linux"):
         pytest.skip("per-thread CPU from /proc: Linux")
-    from vtop.monitor.polling import name_this_thread
+    from vtop.threadname import name_this_thread
 
     go, done = threading.Event(), threading.Event()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -492,4 +494,83 @@ def test_pcie_is_read_by_its_own_thread_not_the_poll() -> None:
             break
         threading.Event().wait(0.01)
     assert s2.poll().gpus[0].pcie_rx_kbs == 3400.0
+    if sys.platform.startswith("linux"):  # its kernel name, for top -H and the benchmarks' per-thread CPU
+        assert th.native_id is not None
+        assert Path(f"/proc/self/task/{th.native_id}/comm").read_text().strip() == "vtop-pcie"
     assert s2.close() and not th.is_alive()
+
+
+# --- the one-shot's first poll, begun early (NvmlSource.begin) ----------------------------------
+
+
+class _GatedInit(FakeNvml):
+    """A fake whose ``nvmlInit`` waits for ``gate`` and notes the thread that called it."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__([FakeGpu()], **kw)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.init_thread = ""
+
+    def nvmlInit(self) -> None:
+        self.init_thread = threading.current_thread().name
+        self.entered.set()
+        assert self.gate.wait(10.0), "the test never opened the gate"
+        super().nvmlInit()
+
+
+def test_begin_takes_the_first_poll_in_a_thread_of_its_own_and_poll_returns_it() -> None:
+    clock = FakeClock()
+    fake = _GatedInit(clock=clock.monotonic)
+    s = NvmlSource(fake, clock=clock)
+    s.begin()
+    # the driver is entered before anyone polls, from the early thread, not from this one
+    assert fake.entered.wait(10.0)
+    assert fake.init_thread == "vtop-nvml-first" != threading.current_thread().name
+    first_stamp = clock.monotonic()
+    clock.advance(5.0)  # the poll is asked for later (the imports): it returns the early reading
+    fake.gate.set()
+    p = s.poll()
+    assert p.status == OK and len(p.gpus) == 1 and p.mono == first_stamp
+    assert fake.inited == 1
+    # from then on, each poll reads anew
+    p2 = s.poll()
+    assert p2.mono == first_stamp + 5.0 and fake.inited == 1
+    s.begin()  # too late: polled already, nothing begun
+    assert s._first is None
+    assert s.close()
+
+
+def test_an_error_of_the_early_poll_is_raised_by_the_poll_that_takes_it() -> None:
+    s, _ = src([FakeGpu()])
+
+    def boom() -> Any:
+        raise RuntimeError("the driver said no")
+
+    s._poll_now = boom  # type: ignore[method-assign]
+    s.begin()
+    with pytest.raises(RuntimeError, match="the driver said no"):
+        s.poll()
+
+
+def test_a_hung_early_poll_is_a_hung_poll_and_close_does_not_wait_on_it() -> None:
+    fake = _GatedInit()
+    s = NvmlSource(fake)
+    s.begin()
+    assert fake.entered.wait(10.0)
+    asked = threading.Event()
+    got: list[Any] = []
+
+    def ask() -> None:
+        asked.set()
+        got.append(s.poll())
+
+    th = threading.Thread(target=ask, daemon=True)
+    th.start()
+    assert asked.wait(10.0)
+    th.join(0.2)
+    assert th.is_alive() and not got  # the poll waits on the early one, as on any hung driver call
+    assert s.close(wait_s=0.05) is False  # no shutdown beside a call in flight
+    fake.gate.set()
+    th.join(10.0)
+    assert got and got[0].status == OK

@@ -308,3 +308,44 @@ def test_one_round_is_woken_by_each_answer_not_by_its_step(monkeypatch: pytest.M
     assert feed.gpu_loop is not None and feed.gpu_loop.polls == 1
     assert monitor.discovered_once
     assert scrapes == 1 and monitor.servers[srv.url].polls == 1
+
+
+_ORDER = r'''
+import json, os, sys
+import vtop.sources.nvml as nv
+order = []
+begin = nv.NvmlSource.begin
+def noted(self):
+    order.append("gpu poll begun")
+    begin(self)
+nv.NvmlSource.begin = noted
+nv.driver_present = lambda: os.environ["DRIVER"] == "1"  # this box may have no NVIDIA driver
+class Seen:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vtop.faces.headless":
+            order.append("headless imported")
+        return None
+sys.meta_path.insert(0, Seen())
+import vtop.cli
+rc = vtop.cli.main(sys.argv[1:])
+print(json.dumps(order), file=sys.stderr)
+sys.exit(rc)
+'''
+
+
+@pytest.mark.parametrize("argv", [["--once", "--json"], ["doctor", "--window", "0.2", "--json"]])
+def test_the_gpu_poll_begins_before_the_headless_path_is_imported(argv: list[str]) -> None:
+    """The one-shot's NVML poll (its init and readings, mostly in the driver with the GIL released) runs beside
+    the headless path's ~60 ms of imports, not after them (``NvmlSource.begin``); with ``--no-gpu``, simulated
+    GPUs or no driver there is none to begin. Told by the order of two events in a real ``python`` child, not by a clock."""
+    def order(**env: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-c", _ORDER, *argv, "http://127.0.0.1:9"], env={**ENV, **env},
+                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+        assert r.returncode == 2, r.stderr[-2000:]  # the server is down
+        return json.loads(r.stderr.strip().splitlines()[-1])
+
+    assert order(DRIVER="1") == ["gpu poll begun", "headless imported"]
+    # nothing in a driver to wait on: no thread of Python beside the imports
+    assert order(DRIVER="0") == ["headless imported"]
+    assert order(DRIVER="1", VTOP_SIMULATE_GPUS="1") == ["headless imported"]
+    assert order(DRIVER="1", VTOP_NO_GPU="1") == ["headless imported"]

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from vtop.monitor.polling import PollLoop, name_this_thread
+from vtop.monitor.polling import PollLoop
+from vtop.threadname import name_this_thread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel thread names: Linux")
 

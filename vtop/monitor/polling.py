@@ -34,25 +34,12 @@ what (the benchmark reports CPU by thread this way).
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-
-def name_this_thread(name: str) -> None:
-    """Give the calling thread a kernel name (Linux: 15 bytes, seen by ``top -H``,
-    ``ps -L`` and ``/proc/PID/task/TID/comm``). Best effort: never raises."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode("ascii", "replace")[:15], 0, 0, 0)  # 15 = PR_SET_NAME
-    except Exception:  # noqa: BLE001 - a name is a nicety
-        pass
+from vtop.threadname import name_this_thread
 
 
 class PollLoop:
