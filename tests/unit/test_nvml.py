@@ -154,10 +154,11 @@ def test_gpm_first_tick_none_then_values_and_no_leak() -> None:
         assert g.sm_active == pytest.approx(95.48)  # a tick without a GPM sample shows the last reading
     # Every tick utilization, memory, power and one XID event-set wait (nothing queued: one call);
     # every fourth tick (SLOW_EVERY_S: 4 s) also temperature, two clocks, throttle reasons,
-    # processes and their utilization samples, one GPM sample and one metrics get: no alloc, no free
-    assert sorted(per_tick) == [4] * 6 + [12, 12]
-    first = per_tick.index(12)
-    assert per_tick[first + 4] == 12 if first < 4 else per_tick[first - 4] == 12
+    # processes, one GPM sample and one metrics get: no alloc, no free (the one process's utilization
+    # samples only every LONE_PROC_UTIL_S: read at the first poll, not within these 14 s)
+    assert sorted(per_tick) == [4] * 6 + [11, 11]
+    first = per_tick.index(11)
+    assert per_tick[first + 4] == 11 if first < 4 else per_tick[first - 4] == 11
     for _ in range(50):
         p = tick()
     assert fake.gpm_live == 2 and p.gpus[0].sm_active == pytest.approx(95.48)
@@ -288,14 +289,17 @@ def test_simulated_gpus_spin_what_each_call_cost_on_the_h200() -> None:
     from vtop.sources.fake_nvml import H200_CALL_S, simulated
 
     s = NvmlSource(simulated(1))
-    s.SLOW_EVERY_S = 0.0  # every call on every tick here (vtop makes some every other second)
+    s.SLOW_EVERY_S = 0.0  # every call on every tick here (vtop makes some every fourth second)
+    s.LONE_PROC_UTIL_S = 0.0  # and the lone process's SM share (every 30 s)
     for _ in range(3):
         s.poll()  # init, static fields, both GPM samples allocated
     t0 = time.thread_time()
     s.poll()
     spent = time.thread_time() - t0
     assert spent >= sum(H200_CALL_S.values())  # a tick makes each listed call once
-    assert sum(H200_CALL_S.values()) == pytest.approx(386e-6, rel=0.01)
+    # the H200's calls, and the per-process utilization measured on an H100 (1.6 ms: the dearest by far)
+    assert sum(v for k, v in H200_CALL_S.items() if k != "proc_util") == pytest.approx(386e-6, rel=0.01)
+    assert H200_CALL_S["proc_util"] == pytest.approx(1.6e-3)
 
 
 def test_a_simulated_call_spins_to_its_price_and_not_a_hashing_step_more(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -392,7 +396,7 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     """``--simulate-gpus`` for a demo: calls cost no spin. The benchmark opts in to the H200's
     prices with VTOP_SIMULATED_NVML_COST=h200 (bench/harness.py sets it)."""
     from vtop.config import Config
-    from vtop.sources.fake_nvml import ASSUMED_CALL_S, H200_CALL_S
+    from vtop.sources.fake_nvml import H200_CALL_S
     from vtop.sources.nvml import make_gpu_source
 
     monkeypatch.delenv("VTOP_SIMULATED_NVML_COST", raising=False)
@@ -400,7 +404,7 @@ def test_simulate_gpus_costs_nothing_unless_the_benchmark_prices_it(monkeypatch)
     assert src.poll().gpus and src.binding.call_cost_s == 0.0  # type: ignore[union-attr]
     monkeypatch.setenv("VTOP_SIMULATED_NVML_COST", "h200")
     src = make_gpu_source(Config(simulate_gpus=2))
-    assert src.poll().gpus and src.binding.call_cost_s == {**H200_CALL_S, **ASSUMED_CALL_S}  # type: ignore[union-attr]
+    assert src.poll().gpus and src.binding.call_cost_s == H200_CALL_S  # type: ignore[union-attr]
 
 
 def test_one_round_source_takes_no_gpm_sample_no_xid_set_and_no_pcie_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -574,3 +578,48 @@ def test_a_hung_early_poll_is_a_hung_poll_and_close_does_not_wait_on_it() -> Non
     fake.gate.set()
     th.join(10.0)
     assert got and got[0].status == OK
+
+
+def test_a_lone_process_share_is_read_every_30_s_and_two_processes_share_every_slow_tick() -> None:
+    """nvmlDeviceGetProcessUtilization costs 1.6 ms of CPU (H100, under load): read at each slow tick only
+    while two or more processes share the GPU (whose share it is), else when the lone process is new or its
+    reading is LONE_PROC_UTIL_S old; between, the last reading stands (never a gap, never a made-up one)."""
+    clock = FakeClock()
+    gpu = FakeGpu()
+    s, fake = src([gpu], clock)
+    reads: list[float] = []
+    ask = fake.nvmlDeviceGetProcessUtilization
+
+    def counted(h: Any, seen: int) -> Any:
+        reads.append(clock.monotonic())
+        return ask(h, seen)
+
+    fake.nvmlDeviceGetProcessUtilization = counted  # type: ignore[method-assign]
+    t0 = clock.monotonic()
+    first = s.poll().gpus[0].procs[0].sm_util  # type: ignore[index]
+    assert reads == [t0] and first is not None
+    shown = []
+    for _ in range(40):
+        clock.advance(1.0)
+        g = s.poll().gpus[0]
+        shown.append((clock.monotonic() - t0, g.procs[0].sm_util))  # type: ignore[index]
+    assert [r - t0 for r in reads] == [0.0, 32.0]  # the first slow tick 30 s on (every 4 s: 0, 4, ... 32)
+    assert all(v == first for t, v in shown if t < 32)  # the last reading stands
+    # a second process comes: read at the next slow tick, and at every slow tick while both are there
+    gpu.overrides["procs"] = [SimpleNamespace(pid=4000, usedGpuMemory=2**30), SimpleNamespace(pid=5000,
+                                                                                          usedGpuMemory=2**30)]
+    gpu.overrides["proc_util"] = {4000: 30.0, 5000: 60.0}
+    n = len(reads)
+    for _ in range(12):
+        clock.advance(1.0)
+        p = s.poll()
+    assert len(reads) - n == 3  # 12 s: three slow ticks, three reads
+    assert {q.pid: q.sm_util for q in p.gpus[0].procs} == {4000: 30.0, 5000: 60.0}  # type: ignore[union-attr]
+    # back to one process, another one: new, so read at once (its first slow tick)
+    gpu.overrides["procs"] = [SimpleNamespace(pid=6000, usedGpuMemory=2**30)]
+    gpu.overrides["proc_util"] = {6000: 80.0}
+    n = len(reads)
+    for _ in range(4):
+        clock.advance(1.0)
+        p = s.poll()
+    assert len(reads) - n == 1 and p.gpus[0].procs[0].sm_util == 80.0  # type: ignore[index]

@@ -381,15 +381,15 @@ H200_CALL_S: dict[str, float] = {
     "procs": 34.3e-6,
     "gpm_sample": 182.2e-6,
     "gpm_metrics": 7.9e-6,
+    # nvmlDeviceGetProcessUtilization with a process running kernels: measured on a lent H100 80GB, not the H200
+    # (bench/nvml_calibrate.py, 2026-12-06, under a bf16 matmul: 1,589 us a call 20 ms apart, 1,616 us 1 s apart)
+    "proc_util": 1.6e-3,
 }
 DEFAULT_CALL_S = 5e-6
-#: Calls the H200 probe did not measure (it predates them), priced as a like call that it did: the
-#: per-process utilization samples as the process list.
-ASSUMED_CALL_S: dict[str, float] = {"proc_util": H200_CALL_S["procs"]}
 
 
 def simulated(n: int, *, call_cost_s: float | dict[str, float] | None = None) -> FakeNvml:
     """``n`` H200-like GPUs with staggered load waves (for ``--simulate-gpus`` and benchmarks);
     each call spins the CPU time the real call took on the H200 box (:data:`H200_CALL_S`)."""
-    cost = {**H200_CALL_S, **ASSUMED_CALL_S} if call_cost_s is None else call_cost_s
+    cost = dict(H200_CALL_S) if call_cost_s is None else call_cost_s
     return FakeNvml([FakeGpu(phase=i * 0.7) for i in range(n)], call_cost_s=cost)
