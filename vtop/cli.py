@@ -223,21 +223,6 @@ def doctor_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _begin_gpu(cfg: Any, window: float | None) -> Any:
-    """The one-shot's GPU source (None with ``--no-gpu``), its first poll already begun
-    (:meth:`vtop.sources.nvml.NvmlSource.begin`): NVML's init and readings, mostly in the
-    driver, run beside the headless path's imports that come next instead of after them.
-    Only where a driver is there to be waited on: simulated GPUs and a box without one have
-    nothing in a driver, and a second thread of Python beside the imports only slows both
-    (+6 % of the one-shot's wall on the dev VM, 40 runs each, 2026-12-06)."""
-    from vtop.sources import nvml
-
-    gpu = nvml.make_gpu_source(cfg, one_round=window is None)
-    if isinstance(gpu, nvml.NvmlSource) and not cfg.simulate_gpus and nvml.driver_present():
-        gpu.begin()
-    return gpu
-
-
 def _run_doctor(argv: Sequence[str], program: bool = False) -> int:
     """``vtop doctor``; ``program``: run as the program (it exits when this returns)."""
     p = doctor_parser()
@@ -258,12 +243,10 @@ def _run_doctor(argv: Sequence[str], program: bool = False) -> int:
     if cfg.prometheus_url:
         return _run_fleet(p, cfg, ns, once=True, as_json=as_json, window=window, doctor=True)
     from vtop import gc_tuning
-
-    gpu = _begin_gpu(cfg, window)
     from vtop.faces.headless import run_once
 
     try:
-        return run_once(cfg, window_s=window, as_json=as_json, doctor=True, gpu_source=gpu)
+        return run_once(cfg, window_s=window, as_json=as_json, doctor=True)
     except OSError as e:
         p.exit(EXIT_USAGE, f"vtop doctor: error: {e}\n")
     finally:
@@ -409,12 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if program:
             gc_tuning.one_shot(window)
-        gpu = _begin_gpu(cfg, window)
         from vtop.faces.headless import run_once
 
         try:
             # No --window: one round of readings (the gauges at once; rates need a window).
-            return run_once(cfg, window_s=window, as_json=as_json, gpu_source=gpu)
+            return run_once(cfg, window_s=window, as_json=as_json)
         except OSError as e:
             p.exit(EXIT_USAGE, f"vtop: error: {e}\n")
         finally:

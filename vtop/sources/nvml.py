@@ -210,9 +210,6 @@ class NvmlSource:
         self._pcie_every_s = pcie_every_s
         self._pcie_thread: threading.Thread | None = None
         self._pcie_stop = threading.Event()
-        #: the first poll begun early (:meth:`begin`): its thread and, once done, its answer or error
-        self._first: tuple[threading.Thread, list[tuple[GpuPoll | None, BaseException | None]]] | None = None
-        self._polled = False
 
     @property
     def binding(self) -> NvmlBinding | None:
@@ -662,43 +659,7 @@ class NvmlSource:
         d.gpm_prev = d.gpm_spare = d.gpm_get = None
 
     # ------------------------------------------------------------------ public
-    def begin(self) -> None:
-        """Take the first poll now, in a daemon thread of its own; the first :meth:`poll` returns it.
-
-        For the one-shot (``vtop --once``, ``vtop doctor``), called as soon as the command line is
-        read: the headless path's imports come next (60 ms on the lent H100, 2026-12-06, session 28's
-        timeline), and only then the round, whose first NVML poll took 67 ms more, most of it in the
-        driver (``nvmlInit``, the handles, the readings) with the GIL released. Begun here, the two
-        overlap. Call it once, before any :meth:`poll`; the poll thread that later asks waits for this
-        one (a hung driver call here is the same hung poll there, which the feed's deadline names)."""
-        if self._first is not None or self._polled:
-            return
-        box: list[tuple[GpuPoll | None, BaseException | None]] = []
-
-        def first() -> None:
-            try:
-                box.append((self._poll_now(), None))
-            except BaseException as e:  # noqa: BLE001 - handed to the poll that asks for it
-                box.append((None, e))
-
-        th = threading.Thread(target=first, name="vtop-nvml-first", daemon=True)
-        self._first = (th, box)
-        th.start()
-
     def poll(self) -> GpuPoll:
-        first, self._first = self._first, None
-        self._polled = True
-        if first is None:
-            return self._poll_now()
-        th, box = first
-        th.join()
-        got, err = box[0]
-        if err is not None:
-            raise err
-        assert got is not None
-        return got
-
-    def _poll_now(self) -> GpuPoll:
         with self._lock:
             t0 = time.perf_counter()
             now = self._clock.monotonic()
@@ -819,16 +780,6 @@ def _pct_or_none(v: Any) -> float | None:
     if f != f or f < 0:  # NaN: GPM returns it for a metric it could not compute
         return None
     return min(f, 100.0)
-
-
-#: the control device node every NVIDIA driver makes (Linux, containers given GPUs included): without it NVML
-#: has no driver to open, and ``nvmlInit`` fails at once
-NVIDIA_CTL = "/dev/nvidiactl"
-
-
-def driver_present() -> bool:
-    """An NVIDIA driver is there for NVML to open (its control node exists)."""
-    return os.path.exists(NVIDIA_CTL)
 
 
 def make_gpu_source(config: Any, *, one_round: bool = False) -> Any:
