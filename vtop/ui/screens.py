@@ -620,8 +620,9 @@ class ProcessScreen(ModalScreen[None]):
         Binding("c", "sort('cpu')", "Sort CPU"),
         Binding("i", "sort('pid')", "Sort PID"),
     ]
-    #: "SM %": the process's share of its GPU's SM time since the poll before (NVML's per-process
-    #: samples; "-" where the driver gives none)
+    #: "SM %": the process's share of its GPU's SM time since the read before (NVML's per-process
+    #: samples, read every 4 s while processes share a GPU, every 30 s for one alone; "-" where the
+    #: driver gives none)
     COLUMNS = ("PID", "role", "server", "GPU", "GPU mem", "SM %", "CPU %", "host mem", "user", "command")
 
     def __init__(self, monitor: Any, *, live: bool = True) -> None:
