@@ -23,7 +23,10 @@ Design (after nvitop's NVML discipline, written anew):
 * Temperature, clocks, throttle reasons and the process list move slowly or
   matter at a coarser grain (the diagnoser compares processes' memory over
   minutes), and cost 61 us of CPU a GPU a tick on the H200: read every
-  ``SLOW_EVERY_S`` too. Utilization, memory and power (133 us) are read every
+  ``SLOW_EVERY_S`` too. Each process's SM share (``nvmlDeviceGetProcessUtilization``,
+  1.6 ms of CPU a call on an H100 under load: the dearest call vtop makes) is read at
+  those ticks only while two or more processes share the GPU, else every
+  ``LONE_PROC_UTIL_S`` (30 s). Utilization, memory and power (133 us) are read every
   tick: the memory curve is what tells the OOMs apart. Measured on the H200 box
   with 8 simulated GPUs at its call costs, 4 s instead of 2 s took the NVML
   thread from 2.62-2.72 to 2.09-2.18 ms of CPU a second (bench/h200/ab-*session9*).
