@@ -122,31 +122,22 @@ class Term:
         return out
 
     def cpu_by_thread(self) -> dict[str, float]:
-        """CPU seconds so far per thread (``/proc/PID/task/*/comm`` names it; a second thread of one name is
-        ``NAME#2``, in the order of their ids). From ``schedstat`` (nanoseconds): ``stat``'s clock ticks are
-        10 ms, 0.25 ms a second over a 40 s window, as large as the figures told apart (session 28's NVML thread
-        read 0.75-1.25 ms/s between variants that differ by less)."""
+        """CPU seconds so far per thread, from ``schedstat`` (nanoseconds; ``stat``'s 10 ms clock ticks were
+        0.25 ms a second over a 40 s window, as large as the figures told apart), read by
+        :func:`harness.thread_cpu_ns`; a second thread of one name is ``NAME#2``, in the order of their ids."""
+        from harness import thread_cpu_ns
+
         out: dict[str, float] = {}
         try:
-            tasks = sorted(os.listdir(f"/proc/{self.proc.pid}/task"), key=int)
-        except OSError:
+            threads = thread_cpu_ns(self.proc.pid)
+        except OSError:  # the process is gone
             return out
-        for tid in tasks:
-            base = f"/proc/{self.proc.pid}/task/{tid}"
-            try:
-                name = Path(f"{base}/comm").read_text().strip()
-                try:
-                    secs = int(Path(f"{base}/schedstat").read_text().split()[0]) / 1e9
-                except (OSError, ValueError, IndexError):  # a kernel without schedstats
-                    f = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()
-                    secs = (int(f[11]) + int(f[12])) / TICK
-            except OSError:
-                continue
+        for _tid, (name, ns) in sorted(threads.items()):
             key, n = name, 1
             while key in out:
                 n += 1
                 key = f"{name}#{n}"
-            out[key] = secs
+            out[key] = ns / 1e9
         return out
 
     def stop(self) -> None:
