@@ -372,3 +372,22 @@ def test_the_live_feed_scans_again_at_once_while_a_finding_is_pending_or_a_stall
             assert loop.interval == LiveFeed.SETTLED_SCAN_S and not pokes
         else:
             assert loop.interval == feed._scan_every() < LiveFeed.SETTLED_SCAN_S and pokes == [1], what
+
+
+def test_a_stall_is_pending_only_once_a_scrape_saw_nothing_move() -> None:
+    """The newest scrape showing tokens made says nothing of the second after it: no scrape yet is not a stopped
+    engine. A one-shot whose window ended a second after a burst's second scrape said "[PENDING] engine_stall"
+    (tests/unit/test_headless.py, three CI runs on a loaded box). A scrape with nothing moved makes it pending."""
+    base = F.fixture_metrics("h200-0.26.0-metrics-burst-running1024.txt")
+    ses = F.Session(Thresholds())
+    t0 = F.R.BASE
+    gen = base.generation_tokens_total or 0.0
+    ses.metrics(F.grow(base, generation_tokens_total=gen), mono=t0, max_model_len=32768)
+    ses.metrics(F.grow(base, generation_tokens_total=gen + 9000.0), mono=t0 + 1.0, max_model_len=32768)
+    ses.to(t0 + 2.6)  # no scrape since the one that saw tokens made
+    ses.tick()
+    assert not [p for p in ses.diag.pending if p.rule == "engine_stall"]
+    ses.metrics(F.grow(base, generation_tokens_total=gen + 9000.0), mono=t0 + 2.7, max_model_len=32768)
+    ses.tick()
+    (p,) = [p for p in ses.diag.pending if p.rule == "engine_stall"]
+    assert p.threshold_s == Thresholds().engine_stall_s
