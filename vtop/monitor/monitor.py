@@ -174,6 +174,8 @@ class Monitor:
         self._diagnoser: Diagnoser | None = None
         self.alerts: list[Alert] = []
         self.alert_log: list[AlertChange] = []
+        self._alerts_key: tuple[tuple[str, str, str | None], ...] | None = None
+        """The set of alerts (``AlertChange.key``) the last diagnosis found; None before the first."""
         """Every change of the alerts, in order (the replay test and the scoreboard)."""
         self.notes: list[str] = []
         """Things that went wrong that no panel shows (``--once`` prints them)."""
@@ -849,7 +851,13 @@ class Monitor:
             self._changes.add(ALERTS)  # a title or its evidence moved on (an age, a rate): repaint
         self.alerts = alerts
         change = AlertChange(now, self.clock.time(), tuple(alerts))
-        if not self.alert_log or self.alert_log[-1].key() != change.key():
+        key = change.key()
+        if key != self._alerts_key:
+            # The first diagnosis says "none" once (the panel's empty state, the recording's first
+            # line); after it, only a new set of alerts is a change. Keyed on the last set seen, not
+            # on alert_log (which starts with the first alert): with no alert since the start, every
+            # round repainted the alerts panel, refitted the screen and recorded an empty list.
+            self._alerts_key = key
             if self.alert_log or alerts:
                 _append_bounded(self.alert_log, change, self._keep_changes)
             self._changes.add(ALERTS)
@@ -909,6 +917,7 @@ class Monitor:
         self.diagnoser = Diagnoser(self.diagnoser.thresholds)  # its history ran ahead of the new position
         self.alerts = []
         self.alert_log = []
+        self._alerts_key = None
         self.log_view = None
         self.download.reset()
         if not self.box_history and self.config.start_history:
