@@ -13,7 +13,8 @@ Figures, each per vtop code (``--code NAME=DIR``: DIR holds the ``vtop`` package
 * **live peak RSS**: ``VmHWM`` of ``/proc/PID/status`` at the end of the window; beside it where the
   resident memory is (``/proc/PID/smaps`` per mapping) and the window's CPU per thread.
 * ``--floor``: the smallest Textual app that redraws a line every second (``bench/textual_floor.py --tick``),
-  live beside them: the share of vtop's memory and CPU that any Textual monitor pays.
+  live beside them: the share of vtop's memory and CPU that any Textual monitor pays; on real GPUs also the
+  same app reading GPU 0 through NVML every second (``--tick --nvml``): what any Textual GPU monitor pays.
 * **``--once --json`` median**: ``vtop --once --json`` wall time, spawn to exit (``nvitop --once``
   beside it), ``--once-runs`` each, the programs taking turns run by run.
 * **Python's start alone**: ``python -c pass``, taking turns with the one-shots.
@@ -289,6 +290,8 @@ def main() -> int:
         live["nvitop"] = []
     if a.floor:
         live["textual floor"] = []
+        if gpu == "real":
+            live["textual floor + NVML"] = []
     try:
         for rnd in range(a.rounds):
             order = codes if rnd % 2 == 0 else list(reversed(codes))
@@ -299,6 +302,9 @@ def main() -> int:
                 terms["nvitop"] = Term([py, "-m", "nvitop", "--interval", "1"], env_for(None))
             if a.floor:
                 terms["textual floor"] = Term([py, str(HERE / "textual_floor.py"), "--tick"], env_for(None))
+                if gpu == "real":
+                    terms["textual floor + NVML"] = Term([py, str(HERE / "textual_floor.py"), "--tick", "--nvml"],
+                                                         env_for(None))
             time.sleep(a.warmup)
             c0 = {k: t.cpu_s() for k, t in terms.items()}
             th0 = {k: t.cpu_by_thread() for k, t in terms.items()}
@@ -393,6 +399,10 @@ def main() -> int:
         print(f"| the Textual floor, live (bench/textual_floor.py --tick) | CPU "
               f"{fmt(live_med('textual floor', 'cpu_pct'), ' %', 2)}, peak RSS "
               f"{fmt(live_med('textual floor', 'peak_rss_mb'), ' MB', 1)} |")
+        if "textual floor + NVML" in live:
+            print(f"| the Textual floor reading NVML (--tick --nvml) | CPU "
+                  f"{fmt(live_med('textual floor + NVML', 'cpu_pct'), ' %', 2)}, peak RSS "
+                  f"{fmt(live_med('textual floor + NVML', 'peak_rss_mb'), ' MB', 1)} |")
     for k in names:
         if once_rc[k] - {0, 1, 2}:
             print(f"note: {k} one-shot exit codes {sorted(once_rc[k])}")

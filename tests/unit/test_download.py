@@ -128,3 +128,49 @@ def test_scan_of_a_real_cache_layout(tmp_path: Path) -> None:
     assert s.done == 4234
     missing = HubCacheScanner().scan(None, "acme/other", mono=1.0)
     assert not missing.repo_seen and missing.error is not None
+
+
+def test_the_download_thread_sleeps_while_no_start_downloads_and_wakes_when_one_does(monkeypatch) -> None:
+    """No download to scan: the thread looks every DOWNLOAD_IDLE_S, not every 2 s; the tick a start's
+    download phase appears it is poked (scanned at once), then scans every DOWNLOAD_EVERY_S."""
+    import asyncio
+
+    from vtop.config import Config
+    from vtop.monitor import Monitor
+    from vtop.monitor.live import LiveFeed
+
+    m = Monitor(Config(no_gpu=True), find_logs=False)
+    target: list[tuple[int | None, str] | None] = [None]
+    monkeypatch.setattr(m, "download_target", lambda: target[0])
+    scanned: list[tuple[int | None, str]] = []
+
+    async def run() -> None:
+        feed = LiveFeed(m, gpu_source=None, discover=None)
+        monkeypatch.setattr(feed, "download_blocking",
+                            lambda: scanned.append(feed._download_target) if feed._download_target else None)
+        feed.start()
+        try:
+            loop = feed.download_loop
+            assert loop is not None
+            pokes: list[float] = []
+            real_poke = loop.poke
+            monkeypatch.setattr(loop, "poke", lambda: (pokes.append(loop.interval), real_poke()))
+            feed.collect()
+            assert loop.interval == LiveFeed.DOWNLOAD_IDLE_S and pokes == []
+            target[0] = (1234, REPO)  # the log says the start is downloading
+            feed.collect()
+            assert loop.interval == LiveFeed.DOWNLOAD_EVERY_S and pokes == [LiveFeed.DOWNLOAD_EVERY_S]
+            feed.collect()
+            assert len(pokes) == 1  # the same download: no second poke
+            for _ in range(400):  # woken, it scans now, not at the end of its idle minute
+                if scanned:
+                    break
+                await asyncio.sleep(0.05)
+            assert scanned and scanned[0] == (1234, REPO)
+            target[0] = None
+            feed.collect()
+            assert loop.interval == LiveFeed.DOWNLOAD_IDLE_S and len(pokes) == 1
+        finally:
+            feed.stop()
+
+    asyncio.run(run())
