@@ -80,3 +80,37 @@ def test_a_seek_says_the_alerts_again(tmp_path) -> None:
     m.take_changes()
     m.diagnose()
     assert ALERTS in m.take_changes()
+
+
+def test_a_one_shot_waits_for_the_start_history_being_written_before_it_exits(tmp_path, monkeypatch) -> None:
+    """The history is saved in a thread; a one-shot that ended in the round a start reached ready exited first
+    and the start was lost (tests/unit/test_start_history.py's corrupt-file test failed now and then)."""
+    import threading
+    import time
+
+    from vtop.faces import headless
+
+    m, _rules, _clock, _rec = _monitor(tmp_path)
+    written = threading.Event()
+
+    def slow_save() -> None:
+        time.sleep(0.3)
+        written.set()
+
+    t = threading.Thread(target=slow_save, daemon=True)
+    m._writes.append(t)
+    t.start()
+    assert m.finish_writes(0.01) is False and not written.is_set()  # the deadline holds
+    assert m.finish_writes(5.0) is True and written.is_set()
+    # run_once waits for them before it reports and exits
+    seen: list[bool] = []
+    monkeypatch.setattr(Monitor, "finish_writes", lambda self, timeout_s=2.0: seen.append(True) or True)
+
+    async def no_round(monitor, feed):  # type: ignore[no-untyped-def]
+        return 0.0
+
+    monkeypatch.setattr(headless, "one_round", no_round)
+    with open(tmp_path / "out.json", "w") as out:
+        headless.run_once(Config(no_gpu=True, urls=("http://127.0.0.1:9",)), window_s=None, as_json=True,
+                          out=out, gpu_source=None)
+    assert seen == [True]

@@ -869,6 +869,7 @@ def run_once(cfg: Config, *, window_s: float | None, as_json: bool, doctor: bool
     except KeyboardInterrupt:
         return 130
     finally:
+        monitor.finish_writes()  # a start kept in the last round is on disk before the exit (and its note read)
         if recorder is not None:
             recorder.close()
     rep = report(monitor, started, gpu_off=gpu_source is None, window_asked_s=window_s,

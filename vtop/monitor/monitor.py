@@ -192,6 +192,8 @@ class Monitor:
         self._usual_cache: tuple[Any, StartUsual | None] = (None, None)
         self._budget_cache: tuple[Any, list[MemoryBudget]] = (None, [])
         self._kept_start: float | None = None
+        self._writes: list[Any] = []
+        """The threads writing this box's files (the start history): :meth:`finish_writes` waits for them."""
         #: this monitor reads and keeps this box's start history: live and no recording (a raw trace is replayed
         #: ``live``, its launch and ready worked out as live, but its starts are another box's: kept, they became this
         #: box's history, and each replay was judged against the recordings replayed before it)
@@ -670,7 +672,21 @@ class Monitor:
             if problem:
                 self.notes.append(problem)
 
-        threading.Thread(target=run, name="vtop-start-history-save", daemon=True).start()
+        t = threading.Thread(target=run, name="vtop-start-history-save", daemon=True)
+        self._writes = [w for w in self._writes if w.is_alive()] + [t]
+        t.start()
+
+    def finish_writes(self, timeout_s: float = 2.0) -> bool:
+        """Wait, ``timeout_s`` at most in all, for the files being written in threads (the start history): a
+        one-shot that ends in the round a start reached ready exited before the thread wrote it, and the start
+        was lost (the corrupt-history test saw the old file left, now and then). False: one still writes."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        for t in self._writes:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._writes = [t for t in self._writes if t.is_alive()]
+        return not self._writes
 
     def memory_budget(self) -> list[MemoryBudget]:
         """The followed start's GPU memory budget, per GPU (:func:`vtop.core.membudget.memory_budget`, the

@@ -707,5 +707,6 @@ class VtopApp(ActionKeys, ViewKeys):
                 pass
         if self.delivery is not None:
             self.delivery.close()
+        self.monitor.finish_writes(1.0)
         if self.recorder is not None:
             self.recorder.close()
