@@ -145,10 +145,12 @@ async def replay_until(rec: Path, name: str, size: tuple[int, int], until: Calla
 
 
 async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: float, keys: tuple[str, ...] = (),
-                       size: tuple[int, int] = (120, 40), attach_s: float | None = None) -> None:
+                       size: tuple[int, int] = (120, 40), attach_s: float | None = None,
+                       with_log: bool | None = None) -> None:
     """A trace of the incident corpus (tests/corpus/traces/), replayed with default settings to
     ``offset_s`` after its ``after_event`` event (``runaway_begin``...); with ``attach_s``, as vtop
-    started ``attach_s`` after that event would have seen it (a late look: the log before read at once)."""
+    started ``attach_s`` after that event would have seen it (a late look: the log before read at once);
+    ``with_log=False``: without its log (vLLM's output on a pipe, in a container)."""
     import json
 
     from vtop.ui.replay import replay_app
@@ -161,7 +163,7 @@ async def corpus_trace(trace: str, name: str, *, after_event: str, offset_s: flo
         mono = next(float(e["mono"]) for e in map(json.loads, (path / "events.jsonl").read_text().splitlines())
                     if e.get("what") == after_event)
         attach = mono + attach_s
-    app = replay_app(str(path), config=Config(), name=trace, attach_at=attach)
+    app = replay_app(str(path), config=Config(), name=trace, attach_at=attach, with_log=with_log)
     async with app.run_test(size=size) as pilot:
         d = app.replay
         assert d is not None
@@ -262,6 +264,11 @@ async def h100_starts(name: str, size: tuple[int, int]) -> None:
             else:
                 os.environ["XDG_STATE_HOME"] = old_state
     print("wrote", OUT / name)
+
+
+#: a start that failed while vtop could not read its log (tests/corpus/traces/startup-failure-missing-module played
+#: without its log), named from its processes
+NOLOG_FAILURE = ("startup-failure-nolog-cpu.svg", "startup-failure-nolog-cpu-80x24.svg")
 
 
 #: the real KV-cache failure on the lent H100 (issue 40): the start at 0.0072 failed, 2 s before the recorder
@@ -379,7 +386,7 @@ MADE = (
     "server-h200-sleeping.svg", "server-h200-sleeping-80x24.svg",
     "requests-h200-conns-runaway.svg", "requests-h200-conns-runaway-80x24.svg",
     "late-look-cpu-runaway.svg", "late-look-cpu-runaway-80x24.svg", "late-look-cpu-restart-timeline.svg",
-    *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS, *(name for name, _, _ in SGLANG),
+    *NOLOG_FAILURE, *H100_STARTS, *H100_KV, *H100_RUNTIME, *TWO_SERVERS, *(name for name, _, _ in SGLANG),
 )
 
 
@@ -438,6 +445,11 @@ async def main() -> None:
                        after_event="runaway_begin", offset_s=55.0, keys=("r",))
     await corpus_trace("h200-runaway-short-traffic-2", "requests-h200-conns-runaway-80x24.svg",
                        after_event="runaway_begin", offset_s=55.0, keys=("r",), size=(80, 24))
+    # a start that failed while vtop could not read its log (the real CPU server, a missing package): named from
+    # its processes, gone before its port ever answered
+    for name, size in zip(NOLOG_FAILURE, ((120, 40), (80, 24)), strict=True):
+        await corpus_trace("startup-failure-missing-module", name, after_event="server_exit", offset_s=8.0,
+                           size=size, with_log=False)
     # a late look (issue #45): vtop started 3 minutes into the load, the log's clock 8 h behind; the charts
     # before it from the log's stats lines; then the log's timeline (h) of a server restarted in place
     await late_look()

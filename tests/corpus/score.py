@@ -18,7 +18,9 @@ TRACE --doctor`` and the screen would, as fast as it goes. Per trace:
   without a log).
 
 ``--no-log`` plays every trace without its log (as vtop sees a server whose stdout is a pipe it
-cannot follow); a trace whose truth says ``"log_for_vtop": false`` is always played so.
+cannot follow); a trace whose truth says ``"log_for_vtop": false`` is always played so. There a start
+failure is due by its server's exit (``server_exit``) plus one process scan, not by its log's error
+line, which such a vtop never sees.
 
 ``tests/corpus/test_scoreboard.py`` runs this in the fast tier and fails when a trace
 does worse than ``tests/corpus/baseline.json`` says it did.
@@ -38,6 +40,9 @@ TRACES = HERE / "traces"
 BASELINE = HERE / "baseline.json"
 BAD = ("warning", "critical")
 SLACK_S = 1.0
+#: how often a live vtop scans the process table while a start is watched (vtop.monitor.live: 5 s): without
+#: the log, a failed start is known at the first scan after its processes exited
+NOLOG_SCAN_S = 5.0
 
 
 @dataclass
@@ -86,6 +91,11 @@ def score_trace(path: Path, *, with_log: bool | None = None) -> Score:
     began, by, ended = truth.get("began"), truth.get("should_alert_by"), truth.get("ended")
     player = open_recording(str(path), config=Config(), with_log=with_log)
     no_log = with_log is False or (with_log is None and truth.get("log_for_vtop") is False)
+    exit_t = truth.get("server_exit")
+    if no_log and truth.get("class") == "startup_failure" and isinstance(exit_t, (int, float)) and by is not None:
+        # A start that failed says so first in its log; without it the first sign is its processes gone:
+        # the exit, seen at the next process scan (every NOLOG_SCAN_S while a start is watched).
+        by = max(float(by), float(exit_t) + NOLOG_SCAN_S)
     m = player.play_to_end()
     first_t: float | None = None
     first_title = None

@@ -35,6 +35,37 @@ def test_a_normal_start_and_load_without_its_log_raise_no_stall(name: str) -> No
     assert not stalls, stalls
 
 
+#: every start failure of the corpus: the real CPU build's (a bad max-model-len, a KV cache too large or too
+#: small, a missing package) and the H100's and H200's (max-model-len, CUDA OOM)
+START_FAILURES = ["startup-failure-bad-max-model-len", "startup-failure-kv-too-large", "startup-failure-kv-too-small",
+                  "startup-failure-missing-module", "h100-startup-failure-max-model-len",
+                  "h100-startup-failure-max-model-len-2", "h200-startup-failure-cuda-oom"]
+#: servers that answered, then went (a SIGTERM, a restart, an engine death), and starts that succeed:
+#: a start failure is no answer for any of them
+ANSWERED = NORMAL + ["clean-sigterm-idle", "clean-sigterm-shutdown", "restart-counter-reset",
+                     "h100-starts-history-budget", "engine-death-worker-load", "engine-death-enginecore-idle",
+                     "normal-start-load-nolog"]
+
+
+@pytest.mark.parametrize("name", START_FAILURES)
+def test_a_start_that_failed_without_its_log_is_named_by_its_processes(name: str) -> None:
+    """No log: the first sign is the start's processes gone before its port ever answered (the scoreboard
+    gives it until the server's exit and one process scan)."""
+    s = score_trace(TRACES / name, with_log=False)
+    assert s.named and s.in_time, s
+    assert not s.false_alarms, s.false_alarms
+    assert s.first_title is not None and "exited while starting" in s.first_title and "no log" in s.first_title, \
+        s.first_title
+
+
+@pytest.mark.parametrize("name", ANSWERED)
+def test_a_server_that_answered_is_no_start_failure_without_its_log(name: str) -> None:
+    s = score_trace(TRACES / name, with_log=False)
+    assert not [f for f in s.false_alarms if "startup_failure" in f], s.false_alarms
+    if s.expect:
+        assert "startup_failure" not in (s.first_title or ""), s.first_title
+
+
 STREAMS = TRACES / "engine-stall-streaming-nolog"
 
 

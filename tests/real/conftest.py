@@ -336,6 +336,15 @@ class LoadResult:
     elapsed_s: float = 0.0
 
 
+def _copy_out(proc: subprocess.Popen[bytes], path: Path) -> None:
+    """A server's piped output into its log file, as it comes, until it closes."""
+    assert proc.stdout is not None
+    with open(path, "ab") as f:
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            f.write(chunk)
+            f.flush()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -610,12 +619,15 @@ class RealVllm:
         fresh_cache: bool = False,
         model: str | None = None,
         env: dict[str, str] | None = None,
+        output: str = "file",
     ) -> Path:
         """Start a server (stopping the current one first) and return at once; returns the new log path.
 
         ``model``: serve this (a Hub repo id, say) instead of the tiny model's folder; ``env``: more
         environment for the server (``HF_ENDPOINT``, ``HF_HOME``, ...), over the defaults. A start with
-        either is never taken for the defaults' by :meth:`ensure`."""
+        either is never taken for the defaults' by :meth:`ensure`. ``output="pipe"``: the server writes to
+        a pipe (as under a supervisor, or ``vllm serve ... | cat``) that a thread of the test copies into the
+        log file: the test reads its log, vtop finds no file to follow."""
         with self._lock:
             self.stop()
             if not (self.venv / "bin" / "vllm").exists():
@@ -647,9 +659,12 @@ class RealVllm:
                     {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
                 )
                 self.proc = subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**self._env(fresh_cache, n), **(env or {})}, cwd=str(self.log_dir), **kw,
+                    cmd, stdin=subprocess.DEVNULL, stdout=log if output == "file" else subprocess.PIPE,
+                    stderr=subprocess.STDOUT, env={**self._env(fresh_cache, n), **(env or {})},
+                    cwd=str(self.log_dir), **kw,
                 )
+            if output == "pipe":
+                threading.Thread(target=_copy_out, args=(self.proc, self.log_path), daemon=True).start()
             with contextlib.suppress(OSError):
                 PID_DIR.mkdir(parents=True, exist_ok=True)
                 PIDFILE.write_text(f"{self.proc.pid}\n")

@@ -391,3 +391,69 @@ def test_a_stall_is_pending_only_once_a_scrape_saw_nothing_move() -> None:
     ses.tick()
     (p,) = [p for p in ses.diag.pending if p.rule == "engine_stall"]
     assert p.threshold_s == Thresholds().engine_stall_s
+
+
+# --------------------------------------------------------------------------- a start that failed, without a log
+
+
+def _failures(alerts: list[Alert]) -> list[Alert]:
+    return [a for a in alerts if a.rule == "startup_failure"]
+
+
+def test_a_start_whose_processes_went_before_the_port_answered_failed_and_stays_failed_until_it_answers() -> None:
+    """No log: a server process seen while the port refused, then the process table without it, the port never
+    having answered. A crash loop's next start keeps the alert (it ends when the server answers)."""
+    from vtop.sources.vllm import poll_from_body
+
+    base0 = F.cpu_process()
+    ses = F.Session(url=base0.url, process=base0)
+    first = dataclasses.replace(base0, create_time=ses.clock.time() - 5.0)
+    i = 0
+
+    def refused(process: Any) -> list[Alert]:
+        nonlocal i
+        ses.server(poll_from_error(base0.url, "refused", t=F.R.BASE + i + ses.wall_offset, mono=F.R.BASE + i),
+                   process=process)
+        i += 1
+        return ses.tick(log_target=None)
+
+    for _ in range(20):  # starting: a process, the port refusing
+        assert not _failures(refused(with_cpu(first, 3.0 + i)))
+    (a,) = _failures(refused(None))  # the process table holds none of it
+    assert a.severity == "critical" and a.target == base0.url
+    m = re.search(r"exited while starting after running (\d+)s, before its port ever answered \(no log", a.title)
+    assert m and 24 <= int(m.group(1)) <= 30, a.title  # created 5 s before the first of 20 ticks a second apart
+    assert any(f"process {base0.pid} was seen starting" in e for e in a.evidence), a.evidence
+    assert any("cannot say why" in e for e in a.evidence)
+    assert any("docker logs" in f for f in a.fix) and any("--log" in f for f in a.fix)
+    for _ in range(5):  # down: still failed, the same alert
+        (b,) = _failures(refused(None))
+        assert b.since == a.since
+    second = dataclasses.replace(base0, pid=base0.pid + 100, create_time=ses.clock.time())
+    (c,) = _failures(refused(with_cpu(second, 1.0)))  # a crash loop's next start: not over yet
+    assert c.since == a.since and any("a new start is running" in e for e in c.evidence)
+    text = (Path(F.VLLM) / LOAD).read_text()
+    ses.server(poll_from_body(base0.url, text, t=F.R.BASE + i + ses.wall_offset, mono=F.R.BASE + i),
+               process=with_cpu(second, 30.0))
+    assert not _failures(ses.tick(log_target=None))  # it answers: the start did not fail
+
+
+def test_a_server_that_answered_and_then_closed_its_port_is_no_failed_start() -> None:
+    """The process that answered, seen again while its port refuses (shutting down, or restarting inside
+    the same process), then gone: a stop, not a start that failed."""
+    from vtop.sources.vllm import poll_from_body
+
+    base0 = F.cpu_process()
+    ses = F.Session(url=base0.url, process=base0)
+    proc = dataclasses.replace(base0, create_time=ses.clock.time() - 100.0)
+    text = (Path(F.VLLM) / LOAD).read_text()
+    out = []
+    for i in range(30):
+        mono = F.R.BASE + i
+        if i < 10:
+            ses.server(poll_from_body(base0.url, text, t=mono + ses.wall_offset, mono=mono), process=proc)
+        else:
+            ses.server(poll_from_error(base0.url, "refused", t=mono + ses.wall_offset, mono=mono),
+                       process=proc if i < 20 else None)
+        out.append(ses.tick(log_target=None))
+    assert not [a for tick in out for a in _failures(tick)]

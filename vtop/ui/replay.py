@@ -21,16 +21,16 @@ if TYPE_CHECKING:
 
 
 def replay_app(path: str, *, config: Any, speed: float = 1.0, name: str | None = None,
-               demo: bool = False, attach_at: float | None = None) -> VtopApp:
+               demo: bool = False, attach_at: float | None = None, with_log: bool | None = None) -> VtopApp:
     """The app playing ``path``; raises ``ValueError``/``OSError`` with a plain message.
     ``demo``: pause where a warning or critical alert first shows, and stop at the end
     of the incident (the ``end`` chapter) rather than on the recorded shutdown. ``attach_at``
     (recorded monotonic seconds): as vtop started then would have seen it (the log before it read
-    at once, a late look)."""
+    at once, a late look). ``with_log=False``: a trace played without its log (what a vtop that cannot read it sees)."""
     from vtop.monitor.player import _mmss, open_recording
     from vtop.ui.app import VtopApp
 
-    player = open_recording(path, config=config, speed=speed, name=name, attach_at=attach_at)
+    player = open_recording(path, config=config, speed=speed, name=name, attach_at=attach_at, with_log=with_log)
     if demo:
         player.pause_on_alert = True
         player.stop_at = next((at for n, at in player.chapters if n == "end"), None)

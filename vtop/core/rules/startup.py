@@ -29,11 +29,15 @@ vtop/data/demo-h200-vllm-0.26.0.jsonl.gz (graph capture progress frames).
 never became ready (its telling line, its phase, the usual fix; for a KV cache or max_model_len
 that does not fit, the other processes on the GPU). CUDA OOMs are the OOM rules'. Corpus traces:
 tests/corpus/traces/startup-failure-bad-max-model-len, startup-failure-kv-too-large,
-startup-failure-kv-too-small.
+startup-failure-kv-too-small. Without the log (vLLM's output on a pipe, in a container, in a unit's
+journal), a start that failed is told by its processes (:func:`failed_start`): a server process seen while
+its port refused, then gone, the port never having answered; the alert says the cause is in the output.
+Every start failure of the corpus played with ``--no-log`` (tests/corpus/test_nolog_corpus.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -51,6 +55,8 @@ from vtop.model.fmt import clip
 if TYPE_CHECKING:
     from vtop.core.membudget import MemoryBudget
     from vtop.core.phases.types import Failure, StallInfo, StartupSnapshot
+    from vtop.core.rules.state import ServerState
+    from vtop.core.server import ServerView
 
 
 class StartupStall:
@@ -72,9 +78,11 @@ class StartupFailure:
     ids = ("startup_failure",)
 
     def check(self, ctx: Evidence, mem: Memory) -> list[Alert]:
+        # a start vtop has no log of: its processes went before its port ever answered
+        gone = per_server(ctx, mem, failed_start)
         f = tracker_failure(ctx, mem)
         if f is None or f.phase is Phase.READY:
-            return []
+            return gone
         from vtop.core.membudget import MEMORY_FAILURES
 
         where = f" during {f.phase.label}" if f.phase is not None else ""
@@ -85,6 +93,43 @@ class StartupFailure:
         title = f"{flags_of(f.engine)['name']} on {short_url(ctx.log_target)} failed to start{where}: {message}"
         return [Alert("startup_failure", "critical", title, failure_evidence(ctx, mem, f, where), (words.fix,),
                       ctx.log_target, f.arrival)]
+
+
+def failed_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerState) -> Alert | None:
+    """A start without a log that failed, told by its processes: vtop saw a server process while the port
+    refused connections, then the process table held none, and the port had not answered since the start
+    was seen (:meth:`~vtop.core.rules.state.ServerState.note_start`). On until the server answers: the next
+    start of a crash loop is no proof that the failure is over. Without the log vtop cannot say why (a
+    max_model_len that does not fit, memory, a missing package: the log's rule names each) nor tell a
+    failure from a stop during the start; the alert says so and where the error is."""
+    fs = st.failed_start
+    if fs is None or fs.gone is None or (ev.startup is not None and ev.log_target == url):
+        return None  # with the log, its tracker's failure is the rule's (and names the cause)
+    proc = fs.proc
+    fl = flags_of(proc.engine)
+    ran = f" after running {dur(fs.ran_s)}" if fs.ran_s is not None else ""
+    title = (f"{fl['name']} on {short_url(url)} exited while starting{ran}, before its port ever answered "
+             "(no log: the error is in its output)")
+    def at(mono: float) -> str:  # a moment as the clock on the wall says it (the same words every tick)
+        if ev.wall is None:
+            return f"{dur(ev.now - mono)} ago"
+        return "at " + time.strftime("%H:%M:%S", time.localtime(ev.wall - (ev.now - mono)))
+
+    lines = [
+        f"no log: {fl['name']} process {proc.pid} was seen starting {at(fs.seen)} (port {proc.port} refusing "
+        f"connections); {at(fs.gone)} the process table held none of its processes, and the port had never "
+        "answered",
+        f"command line: {clip(proc.display_argv())}",
+        "vtop cannot read its output (a pipe, a container, a unit's journal), so it cannot say why, nor tell a "
+        "failure from a stop",
+    ]
+    if v.state == "starting":
+        lines.append("a new start is running: this alert ends when the server answers")
+    fix = (f"Read the start's error where its output goes: the terminal or file of `{fl['serve']}`, `docker logs "
+           "<container>`, `journalctl -u <unit>`, `kubectl logs <pod> --previous`.",
+           f"Give vtop the log (`{fl['serve']} ... 2>&1 | tee {fl['log_name']}`, then `--log {fl['log_name']}`): it "
+           "names the failure and its fix (max-model-len, GPU memory, a missing package).")
+    return Alert("startup_failure", "critical", title, tuple(lines), fix, url, fs.gone)
 
 
 def tracker_failure(ctx: Evidence, mem: Memory) -> Failure | None:

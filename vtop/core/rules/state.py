@@ -19,7 +19,21 @@ from vtop.model.gpu import GpuProcess
 from vtop.model.metrics import Histogram, VllmMetrics
 from vtop.model.procs import ServerProcess
 
-__all__ = ["KEEP_STEP_S", "CpuSample", "GpuPoint", "GpuState", "Sample", "ServerState", "keep_recent", "sample_of"]
+__all__ = ["KEEP_STEP_S", "CpuSample", "GpuPoint", "GpuState", "Sample", "SeenStart", "ServerState", "keep_recent", "sample_of"]
+
+
+class SeenStart:
+    """A start followed by its process (no log needed): the process, when vtop first and last saw it
+    starting (monotonic), how long it had run by then (from its create_time), when it was found gone."""
+
+    __slots__ = ("gone", "last_seen", "proc", "ran_s", "seen")
+
+    def __init__(self, proc: ServerProcess, seen: float) -> None:
+        self.proc = proc
+        self.seen = seen
+        self.last_seen = seen
+        self.ran_s: float | None = None
+        self.gone: float | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +167,34 @@ class ServerState:
         self.cpu_times: list[float] = []
         self.cpu_samples: list[CpuSample] = []
         self.cpu_seen: object = None
+        #: a start seen in the process table (a vLLM process while the port refused), until the server answers
+        self.start: SeenStart | None = None
+        #: the last such start whose processes were gone before the port ever answered: what a start that
+        #: failed looks like with no log (kept through the next starts until one answers: a crash loop)
+        self.failed_start: SeenStart | None = None
+
+    def note_start(self, now: float, wall: float | None, state: str, process: Any, last_ok: float | None,
+                   last_ok_wall: float | None = None) -> None:
+        """Follow a start by its process, once a tick: seen starting (a process, the port refusing), then
+        answering (it started), or gone with the port never answered since it was seen (it failed). A
+        process made before the port's last answer is the one that answered (shutting down, or its port
+        closed): no start."""
+        if state in ("up", "restarted"):
+            self.start = self.failed_start = None
+        elif state == "starting" and isinstance(process, ServerProcess) and not (
+                last_ok_wall is not None and process.create_time and process.create_time <= last_ok_wall):
+            st = self.start
+            if st is None or st.proc.key != process.key:
+                st = self.start = SeenStart(process, now)
+            st.last_seen = now
+            if wall is not None and process.create_time:
+                st.ran_s = max(0.0, wall - process.create_time)
+        elif state == "down" and process is None and self.start is not None:
+            # the process table was read and holds no process of this server
+            st, self.start = self.start, None
+            if last_ok is None or last_ok < st.seen:
+                st.gone = now
+                self.failed_start = st
 
     def note_cpu(self, t: float, proc: ServerProcess, keep_s: float) -> None:
         """Take the CPU seconds of a server's process scan, once per scan (the same object on the
