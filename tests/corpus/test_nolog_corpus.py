@@ -66,6 +66,18 @@ def test_a_server_that_answered_is_no_start_failure_without_its_log(name: str) -
         assert "startup_failure" not in (s.first_title or ""), s.first_title
 
 
+SGLANG = ["h100-sglang-launch-burst-runaway", "h100-sglang-launch-burst-runaway-2", "h100-sglang-normal-load",
+          "h100-sglang-scheduler-stall", "h100-sglang-scheduler-stall-2"]
+
+
+@pytest.mark.parametrize("name", SGLANG)
+def test_sglang_answering_health_503_is_no_engine_death_without_its_log(name: str) -> None:
+    """SGLang's /health answers 503 while it is not ready to serve (its warm-up, a busy scheduler): four of
+    these five real traces do; none of them is an engine death."""
+    s = score_trace(TRACES / name, with_log=False)
+    assert not [f for f in s.false_alarms if "engine_died" in f], s.false_alarms
+
+
 STREAMS = TRACES / "engine-stall-streaming-nolog"
 
 
@@ -90,3 +102,12 @@ def test_doctor_30_and_60_s_after_the_stop_names_the_stall_dated_by_the_connecti
         assert m, got[0].title
         secs = int(m.group(1) or 0) * 60 + int(m.group(2))
         assert secs >= float(after) + 15 - 3, (after, got[0].title)
+
+
+@pytest.mark.parametrize("name", ["engine-death-enginecore-idle", "engine-death-worker-idle",
+                                  "engine-death-enginecore-load", "engine-death-worker-load"])
+def test_with_its_log_an_engine_death_is_named_by_the_log_with_its_cause(name: str) -> None:
+    """/health's 503 is the rule's evidence only without the log: with it, the log's line names the death."""
+    s = score_trace(TRACES / name)
+    assert s.named and s.in_time, s
+    assert s.first_title is not None and "no log" not in s.first_title, s.first_title

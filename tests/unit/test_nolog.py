@@ -457,3 +457,36 @@ def test_a_server_that_answered_and_then_closed_its_port_is_no_failed_start() ->
                        process=proc if i < 20 else None)
         out.append(ses.tick(log_target=None))
     assert not [a for tick in out for a in _failures(tick)]
+
+
+# --------------------------------------------------------------------------- an engine found dead, without a log
+
+
+def _dead_engine(seconds_dead: int, *, log: bool = False) -> tuple[F.Session, list[list[Alert]]]:
+    """A vLLM server answering /metrics, then /health 503 (EngineDeadError) for ``seconds_dead`` s, then refusing."""
+    from vtop.sources.vllm import poll_from_body
+
+    base0 = F.cpu_process()
+    ses = F.Session(url=base0.url, process=base0)
+    text = (Path(F.VLLM) / LOAD).read_text()
+    out = []
+    for i in range(10 + seconds_dead + 5):
+        mono = F.R.BASE + i
+        if i < 10 + seconds_dead:
+            health = 200 if i < 10 else 503
+            ses.server(poll_from_body(base0.url, text, t=mono + ses.wall_offset, mono=mono, health=health,
+                                      health_polled=True))
+        else:
+            ses.server(poll_from_error(base0.url, "refused", t=mono + ses.wall_offset, mono=mono), process=None)
+        out.append(ses.tick(log_target=base0.url if log else None))
+    return ses, out
+
+
+def test_an_engine_found_dead_by_health_without_a_log_is_named_and_stays_named_after_the_exit() -> None:
+    ses, out = _dead_engine(4)
+    assert not [a for a in out[9] if a.rule == "engine_died"]
+    (a,) = [a for a in out[10] if a.rule == "engine_died"]  # the first 503
+    assert a.severity == "critical" and "died: /health answered 503 (no log" in a.title, a.title
+    assert any("EngineDeadError" in e for e in a.evidence)
+    (b,) = [a for a in out[-1] if a.rule == "engine_died"]  # the API server exited: still dead, the same alert
+    assert b.since == a.since and any("the API server exited after it" in e for e in b.evidence)

@@ -43,8 +43,9 @@ __all__ = ["ENGINE_FLAGS", "ENGINES", "flags_of", "kv_bytes_flag"]
 #: ``logprobs_runner``: a runner that computes prompt logprobs in pieces; ``wedge_seen``: where a wedged queue was
 #: seen and what fixed it; ``flashinfer_off``: how to run without flashinfer; ``mem_default``: the memory fraction
 #: when its flag is not given (``mem_default_before`` before the version ``mem_default_since``); ``queue_grep``:
-#: the /metrics gauges of running and waiting requests, as a grep pattern. ``""``: the engine has none (the
-#: fix leaves the line out).
+#: the /metrics gauges of running and waiting requests, as a grep pattern; ``dead_health``: what a ``/health`` 5xx
+#: says of the engine (vLLM: its engine is dead, EngineDeadError; SGLang answers 503 while it warms up or is busy,
+#: four of its five real traces: no proof of anything). ``""``: the engine has none (the fix leaves the line out).
 #: ``""``: the engine has no such flag.
 ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
     "vllm": {
@@ -73,6 +74,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
         "flashinfer_off": ", or set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not need it",
         # the memory fraction when the flag is not given: 0.92 from vLLM 0.20 (``mem_default_since``), 0.9 before
         "mem_default": "0.92", "mem_default_before": "0.9", "mem_default_since": "0.20",
+        "dead_health": "vLLM's answer when its engine is dead (EngineDeadError)",
     },
     "sglang": {
         "name": "SGLang", "mem": "--mem-fraction-static", "seqs": "--max-running-requests", "len": "--context-length", "len_word": "context_length",
@@ -97,7 +99,7 @@ ENGINE_FLAGS: Mapping[str, Mapping[str, str]] = {
                       "(sgl-project/sglang#24140, #33858): upgrade SGLang if your version predates their fixes.",
         "flashinfer_off": "",
         # SGLang works its --mem-fraction-static out from the GPU's size and the model when it is not given
-        "mem_default": "", "mem_default_before": "", "mem_default_since": "",
+        "mem_default": "", "mem_default_before": "", "mem_default_since": "", "dead_health": "",
     },
 }
 #: the engines known, in the order vtop tries them

@@ -198,6 +198,10 @@ def restrict_exposition(text: str, names: frozenset[str] | set[str] | tuple[str,
     return "".join(out)
 
 
+#: seconds between ``/health`` polls while it answers 200 (every poll while it does not, and on a new connection)
+HEALTH_EVERY_S = 5.0
+
+
 class ScrapePlan:
     """Which ``/metrics`` a poll asks for, and what a restricted answer is worth: the
     scraper's schedule without the I/O, so that a replayed trace (:mod:`vtop.sources.recording.trace`,
@@ -407,7 +411,7 @@ class VllmScraper:
         timeout: Timeout | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         thread_parse_bytes: int = THREAD_PARSE_BYTES,
-        health_every_s: float = 5.0,
+        health_every_s: float = HEALTH_EVERY_S,
         info_every_s: float = 60.0,
         deadline_s: float | None = None,
     ) -> None:

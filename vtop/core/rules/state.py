@@ -172,6 +172,9 @@ class ServerState:
         #: the last such start whose processes were gone before the port ever answered: what a start that
         #: failed looks like with no log (kept through the next starts until one answers: a crash loop)
         self.failed_start: SeenStart | None = None
+        #: the engine found dead by /health: (when first seen, the status it answered), until the server answers
+        #: again (a new start); what an engine death is with no log
+        self.engine_dead: tuple[float, int | None] | None = None
 
     def note_start(self, now: float, wall: float | None, state: str, process: Any, last_ok: float | None,
                    last_ok_wall: float | None = None) -> None:
@@ -180,7 +183,7 @@ class ServerState:
         process made before the port's last answer is the one that answered (shutting down, or its port
         closed): no start."""
         if state in ("up", "restarted"):
-            self.start = self.failed_start = None
+            self.start = self.failed_start = self.engine_dead = None
         elif state == "starting" and isinstance(process, ServerProcess) and not (
                 last_ok_wall is not None and process.create_time and process.create_time <= last_ok_wall):
             st = self.start

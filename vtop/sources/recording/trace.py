@@ -148,7 +148,7 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
     no log (``"log_for_vtop": false``: vLLM's stdout on a pipe; the trace keeps it for the reader)."""
     from vtop.sources.discovery import discover_servers
     from vtop.sources.logtail import LineSplitter
-    from vtop.sources.vllm import ScrapePlan, poll_from_error
+    from vtop.sources.vllm import HEALTH_EVERY_S, ScrapePlan, poll_from_error
 
     p = Path(path)
     truth = truth_of(p)
@@ -173,14 +173,24 @@ def load_trace(path: str | os.PathLike[str], *, with_log: bool | None = None) ->
     # in between (histograms_age_s), so each row is cut down to what that poll asked for.
     plan = ScrapePlan()
     connected = False
+    # /health as the live scraper asks it (VllmScraper._extras): on a new connection, at every poll while its last
+    # answer was not 200, else every HEALTH_EVERY_S; a trace holds one a second, and feeding each made a 503 that
+    # lasted 4 s (an idle engine's death) a sure catch that a live vtop makes 4 times in 5
+    health_at: float | None = None
+    health_bad = False
     for r in _rows(p / "metrics.jsonl.gz"):
         try:
             t, mono = float(r["t"]), float(r["mono"])
         except (KeyError, TypeError, ValueError):
             continue
         h = latest(health, mono)
-        extra = _extra(h[1] if h else None, latest(info, mono))
         status, text = r.get("status"), r.get("text")
+        due = (not connected or health_bad or health_at is None or mono - health_at >= HEALTH_EVERY_S
+               or status is None or text is None)
+        hrow = h[1] if h is not None and due else None
+        if hrow is not None:
+            health_at, health_bad = mono, hrow.get("status") != 200
+        extra = _extra(hrow, latest(info, mono))
         poll: ServerPoll
         if status is None or text is None:
             connected = False
