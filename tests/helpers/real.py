@@ -71,6 +71,16 @@ class Watch:
 REC = os.environ.get("VTOP_RECORD_DIR")
 
 
+async def until(pilot: Any, cond: Callable[[], Any], timeout: float, what: str) -> None:
+    """Let the app run (``pilot.pause``) until ``cond()`` holds; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await pilot.pause(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def app_for(srv: Any, tmp: Path, name: str, **cfg: Any) -> VtopApp:
     rec = Path(REC) / f"{name}.jsonl.gz" if REC else tmp / f"{name}.jsonl.gz"
     rec.parent.mkdir(parents=True, exist_ok=True)

@@ -19,12 +19,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers.fake_hub import FakeHub, padded_model
-from tests.helpers.real import app_for, shot
+from tests.helpers.real import app_for, shot, until
 from tests.real.conftest import MODEL_DIR
 from vtop.core.rules import Diagnoser, Thresholds
 from vtop.ui.widgets.startup_panel import StartupPanel
@@ -35,15 +34,6 @@ REPO = "vtop-test/tiny-padded"
 PAD = 300_000_000
 RATE = 10_000_000  # bytes/s per connection: 300 MB in about 30 s
 STALL_S = 20.0
-
-
-async def _until(pilot: Any, cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await pilot.pause(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.mark.vllm_own_start  # launches its own server (the Hub repo) and stops it
@@ -60,7 +50,7 @@ async def test_download_progress_eta_and_stall(real_vllm, tmp_path: Path) -> Non
         app.monitor.diagnoser = Diagnoser(Thresholds(download_stall_s=STALL_S))
         async with app.run_test(size=(120, 40)) as pilot:
             m = app.monitor
-            await _until(pilot, lambda: (p := m.download_progress()) is not None and p.done > 0, 240,
+            await until(pilot, lambda: (p := m.download_progress()) is not None and p.done > 0, 240,
                          "the download in the Hub cache")
             samples: list[tuple[int, int, float | None]] = []
             seen: float | None = None
@@ -97,7 +87,7 @@ async def test_download_progress_eta_and_stall(real_vllm, tmp_path: Path) -> Non
             assert any(eta is not None for *_, eta in samples)
             assert "downloading" in panel_text and "left" in panel_text, panel_text
             # the Hub paused mid-file: no byte comes; the stall named within the threshold and a few scans
-            await _until(pilot, lambda: any(a.rule == "startup_stall" and "downloading" in a.title
+            await until(pilot, lambda: any(a.rule == "startup_stall" and "downloading" in a.title
                                             for a in app.alerts), STALL_S + 20, "the download stall named")
             took = time.monotonic() - paused_at
             a = next(a for a in app.alerts if a.rule == "startup_stall")
@@ -108,6 +98,6 @@ async def test_download_progress_eta_and_stall(real_vllm, tmp_path: Path) -> Non
             print(f"samples (vtop bytes, bytes served, eta): {samples}; stall named {took:.1f} s after the pause")
             print(f"alert: {a.title}; the --once text: {dl['text']}")
             hub.resume()
-            await _until(pilot, lambda: not any(a.rule == "startup_stall" for a in app.alerts), 60,
+            await until(pilot, lambda: not any(a.rule == "startup_stall" for a in app.alerts), 60,
                          "the stall to clear once bytes come again")
         srv.stop()

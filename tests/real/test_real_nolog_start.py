@@ -7,28 +7,18 @@ gone before it ever answered."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.real import shot
+from tests.helpers.real import shot, until
 from tests.helpers.screen_text import screen_text
 from tests.real.conftest import MODEL_DIR, RealVllm
 from vtop.config import Config
 from vtop.ui.app import VtopApp
 
 pytestmark = pytest.mark.real
-
-
-async def _until(pilot: Any, cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await pilot.pause(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 async def test_a_start_that_fails_on_a_pipe_is_named_from_its_processes(tmp_path: Path) -> None:
@@ -45,13 +35,13 @@ async def test_a_start_that_fails_on_a_pipe_is_named_from_its_processes(tmp_path
             def state() -> str | None:
                 return ws.last_view.state if ws.last_view is not None else None
 
-            await _until(pilot, lambda: state() == "starting", 120, "the card to say STARTING (the process seen)")
+            await until(pilot, lambda: state() == "starting", 120, "the card to say STARTING (the process seen)")
             assert m.log_watch is None, "vtop followed a log: the server's output was to be a pipe"
 
             def failure() -> Any:
                 return next((a for a in m.alerts if a.rule == "startup_failure"), None)
 
-            await _until(pilot, lambda: failure() is not None, 180, "the start failure to be named")
+            await until(pilot, lambda: failure() is not None, 180, "the start failure to be named")
             assert srv.proc is not None and srv.proc.poll() is not None, "named while the server still ran"
             out = srv.log_text()
             assert "max_model_len" in out or "max-model-len" in out, out[-2000:]  # it failed for the config

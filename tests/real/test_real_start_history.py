@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.real import shot
+from tests.helpers.real import shot, until
 from vtop.config import Config
 from vtop.core.phases import Phase
 from vtop.ui.app import VtopApp
@@ -46,15 +46,6 @@ def _app(srv: Any) -> VtopApp:
     # discover=lambda: []: vtop sees no vLLM process (no launch time, no CPU time, no process state)
     return VtopApp(Config(urls=(srv.url,), log=str(srv.log_path), no_gpu=True, interval=0.5), hostname="cpu-box",
                    discover=lambda: [])
-
-
-async def _until(pilot: Any, cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await pilot.pause(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _stop_at_compile(srv: Any, log: Path, stopped: threading.Event, done: threading.Event) -> None:
@@ -82,7 +73,7 @@ async def test_second_start_shows_the_first_and_a_hidden_compile_hang_is_named_f
     app = _app(srv)
     async with app.run_test(size=(120, 40)) as pilot:
         m = app.monitor
-        await _until(pilot, lambda: m.log_view is not None and m.log_view.snapshot.state == "ready"
+        await until(pilot, lambda: m.log_view is not None and m.log_view.snapshot.state == "ready"
                      and kept.exists(), 120, "the first start read to ready and kept")
     first = json.loads(kept.read_text())
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
@@ -101,7 +92,7 @@ async def test_second_start_shows_the_first_and_a_hidden_compile_hang_is_named_f
     try:
         async with app2.run_test(size=(120, 40)) as pilot:
             m2 = app2.monitor
-            await _until(pilot, lambda: m2.start_usual() is not None and m2.log_view is not None
+            await until(pilot, lambda: m2.start_usual() is not None and m2.log_view is not None
                          and m2.log_view.snapshot.current is not None
                          and m2.log_view.snapshot.current.value in ("torch_compile", "memory_profiling"),
                          240, "the second start in torch.compile with its history")
@@ -121,7 +112,7 @@ async def test_second_start_shows_the_first_and_a_hidden_compile_hang_is_named_f
             assert startup["usually"].get("torch_compile") == m2.start_usual().of(Phase.TORCH_COMPILE).words()  # type: ignore[union-attr]
             # 3. the hang named from the history, before the ceiling
             t0 = time.monotonic()
-            await _until(pilot, lambda: any(a.rule == "startup_stall" for a in app2.alerts), threshold + 60,
+            await until(pilot, lambda: any(a.rule == "startup_stall" for a in app2.alerts), threshold + 60,
                          f"the stall named from history (threshold {threshold:.0f} s)")
             a = next(a for a in app2.alerts if a.rule == "startup_stall")
             ev = "\n".join(a.evidence)

@@ -174,9 +174,9 @@ class Monitor:
         self._diagnoser: Diagnoser | None = None
         self.alerts: list[Alert] = []
         self.alert_log: list[AlertChange] = []
+        """Every change of the alerts, in order (the replay test and the scoreboard)."""
         self._alerts_key: tuple[tuple[str, str, str | None], ...] | None = None
         """The set of alerts (``AlertChange.key``) the last diagnosis found; None before the first."""
-        """Every change of the alerts, in order (the replay test and the scoreboard)."""
         self.notes: list[str] = []
         """Things that went wrong that no panel shows (``--once`` prints them)."""
         self.on_server_view: list[Callable[[WatchedServer, ServerView], None]] = []

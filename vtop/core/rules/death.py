@@ -11,7 +11,6 @@ clean-sigterm-shutdown (vLLM logs ``EngineDeadError`` after ``shutdown triggered
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from vtop.core.engines import flags_of
@@ -19,7 +18,7 @@ from vtop.core.phases.phase import Phase
 from vtop.core.rules.alert import Alert
 from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.startup import failure_evidence, failure_words, tracker_failure
-from vtop.core.rules.util import engine_of, short_url, xid_short
+from vtop.core.rules.util import engine_of, said_at, short_url, xid_short
 
 if TYPE_CHECKING:
     from vtop.core.rules.state import ServerState
@@ -67,8 +66,7 @@ def dead_by_health(ev: Evidence, mem: Memory, url: str, v: ServerView, st: Serve
     name = fl["name"]
     said = f"/health answered {status}" if status is not None else "/health answered an error"
     title = f"{name} engine on {short_url(url)} died: {said} (no log: its cause is in its output)"
-    at = "" if ev.wall is None else " at " + time.strftime("%H:%M:%S", time.localtime(ev.wall - (ev.now - since)))
-    lines = [f"no log: {said}{at}: {fl['dead_health']}",
+    lines = [f"no log: {said} {said_at(ev, since)}: {fl['dead_health']}",
              "vtop cannot read its output (a pipe, a container, a unit's journal), so it cannot say why"]
     if v.state == "down":
         lines.append("the API server exited after it")

@@ -100,9 +100,7 @@ class Diagnoser:
                 st.add(sample_of(t, m), th.kv_saturation_pct, th.history_s)
             if v.state in LIVE and st.first_up_t is None:
                 st.first_up_t = ev.now
-            st.note_start(ev.now, ev.wall, v.state, v.process, v.last_ok_mono, v.last_ok_t)
-            if v.state == "engine dead" and st.engine_dead is None:
-                st.engine_dead = (ev.now, v.health)
+            st.note_start(ev.now, ev.wall, v.state, v.process, v.last_ok_mono, v.last_ok_t, v.health)
             proc = ev.process_of(url)
             if proc is not None:
                 st.last_proc = proc

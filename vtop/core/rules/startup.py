@@ -37,7 +37,6 @@ Every start failure of the corpus played with ``--no-log`` (tests/corpus/test_no
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -48,7 +47,7 @@ from vtop.core.rules.context import Evidence, Memory, per_server
 from vtop.core.rules.download import download_in_flight, download_stall
 from vtop.core.rules.oom import is_oom_failure
 from vtop.core.rules.stillness import still_start
-from vtop.core.rules.util import dur, engine_of, short_url
+from vtop.core.rules.util import dur, engine_of, said_at, short_url
 from vtop.core.stats import fmean
 from vtop.model.fmt import clip
 
@@ -110,15 +109,10 @@ def failed_start(ev: Evidence, mem: Memory, url: str, v: ServerView, st: ServerS
     ran = f" after running {dur(fs.ran_s)}" if fs.ran_s is not None else ""
     title = (f"{fl['name']} on {short_url(url)} exited while starting{ran}, before its port ever answered "
              "(no log: the error is in its output)")
-    def at(mono: float) -> str:  # a moment as the clock on the wall says it (the same words every tick)
-        if ev.wall is None:
-            return f"{dur(ev.now - mono)} ago"
-        return "at " + time.strftime("%H:%M:%S", time.localtime(ev.wall - (ev.now - mono)))
-
     lines = [
-        f"no log: {fl['name']} process {proc.pid} was seen starting {at(fs.seen)} (port {proc.port} refusing "
-        f"connections); {at(fs.gone)} the process table held none of its processes, and the port had never "
-        "answered",
+        f"no log: {fl['name']} process {proc.pid} was seen starting {said_at(ev, fs.seen)} (port {proc.port} "
+        f"refusing connections); {said_at(ev, fs.gone)} the process table held none of its processes, and the port "
+        "had never answered",
         f"command line: {clip(proc.display_argv())}",
         "vtop cannot read its output (a pipe, a container, a unit's journal), so it cannot say why, nor tell a "
         "failure from a stop",

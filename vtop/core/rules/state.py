@@ -177,13 +177,16 @@ class ServerState:
         self.engine_dead: tuple[float, int | None] | None = None
 
     def note_start(self, now: float, wall: float | None, state: str, process: Any, last_ok: float | None,
-                   last_ok_wall: float | None = None) -> None:
+                   last_ok_wall: float | None = None, health: int | None = None) -> None:
         """Follow a start by its process, once a tick: seen starting (a process, the port refusing), then
         answering (it started), or gone with the port never answered since it was seen (it failed). A
         process made before the port's last answer is the one that answered (shutting down, or its port
-        closed): no start."""
+        closed): no start. And the engine found dead by /health (``health``: its status), until it answers."""
         if state in ("up", "restarted"):
             self.start = self.failed_start = self.engine_dead = None
+        elif state == "engine dead":
+            if self.engine_dead is None:
+                self.engine_dead = (now, health)
         elif state == "starting" and isinstance(process, ServerProcess) and not (
                 last_ok_wall is not None and process.create_time and process.create_time <= last_ok_wall):
             st = self.start

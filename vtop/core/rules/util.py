@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -121,3 +122,14 @@ def xid_short(xids: Iterable[XidEvent]) -> str:
     where = f" on gpu{x.gpu}" if x.gpu is not None else ""
     more = f" (+{len(xs) - 1} more)" if len(xs) > 1 else ""
     return f"XID {x.xid}{where}{more}"
+
+
+def said_at(ctx: Evidence, mono: float) -> str:
+    """A moment of the tick's monotonic clock as the wall clock says it, ``at 05:10:53`` (the same words at
+    every tick, so an alert's evidence does not repaint each second); ``42s ago`` where the wall is not known."""
+    if ctx.wall is None:
+        return f"{dur(ctx.now - mono)} ago"
+    try:
+        return "at " + time.strftime("%H:%M:%S", time.localtime(ctx.wall - (ctx.now - mono)))
+    except (OverflowError, ValueError, OSError):
+        return f"{dur(ctx.now - mono)} ago"
